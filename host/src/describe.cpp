@@ -1,0 +1,144 @@
+// loom_describe_plugins: what `loom plugins` and `loom describe` print, as JSON.
+#include <loom/embed.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "plugin_library.hpp"
+#include "status.hpp"
+#include "validate.hpp"
+
+namespace loom::host {
+namespace {
+
+const char* type_name(int32_t type) {
+  switch (type) {
+    case LOOM_PARAM_BOOL: return "bool";
+    case LOOM_PARAM_INT: return "int";
+    case LOOM_PARAM_FLOAT: return "float";
+    case LOOM_PARAM_STRING: return "string";
+    case LOOM_PARAM_INT_LIST: return "int_list";
+    case LOOM_PARAM_FLOAT_LIST: return "float_list";
+    case LOOM_PARAM_STRING_LIST: return "string_list";
+    case LOOM_PARAM_REF: return "ref";
+    default: return "unknown";
+  }
+}
+
+nlohmann::json bound(double v) {
+  if (std::isinf(v)) return nullptr;  // unbounded
+  return v;
+}
+
+nlohmann::json default_json(const loom_param_spec& spec) {
+  if (spec.required != 0) return nullptr;
+  const loom_value& v = spec.default_value;
+  auto list = [&](auto get) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (size_t i = 0; i < v.count; ++i) arr.push_back(get(i));
+    return arr;
+  };
+  switch (spec.type) {
+    case LOOM_PARAM_BOOL: return v.int_value != 0;
+    case LOOM_PARAM_INT: return v.int_value;
+    case LOOM_PARAM_FLOAT: return v.float_value;
+    case LOOM_PARAM_STRING:
+    case LOOM_PARAM_REF:
+      return v.string_value != nullptr ? nlohmann::json(v.string_value) : nlohmann::json(nullptr);
+    case LOOM_PARAM_INT_LIST:
+      if (v.int_list == nullptr) return nlohmann::json::array();
+      return list([&](size_t i) { return nlohmann::json(v.int_list[i]); });
+    case LOOM_PARAM_FLOAT_LIST:
+      if (v.float_list == nullptr) return nlohmann::json::array();
+      return list([&](size_t i) { return nlohmann::json(v.float_list[i]); });
+    case LOOM_PARAM_STRING_LIST:
+      if (v.string_list == nullptr) return nlohmann::json::array();
+      return list([&](size_t i) {
+        return nlohmann::json(v.string_list[i] != nullptr ? v.string_list[i] : "");
+      });
+    default: return nullptr;
+  }
+}
+
+nlohmann::json plugin_json(const PluginInfo& p) {
+  nlohmann::json kinds = nlohmann::json::array();
+  for (const auto& f : p.factories) {
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& s : f.specs) {
+      nlohmann::json j{{"name", s.name},
+                       {"type", type_name(s.type)},
+                       {"type_phrase", param_type_phrase(s)},
+                       {"required", s.required != 0},
+                       {"default", default_json(s)},
+                       {"doc", s.doc != nullptr ? s.doc : ""}};
+      if (s.type == LOOM_PARAM_INT || s.type == LOOM_PARAM_FLOAT ||
+          s.type == LOOM_PARAM_INT_LIST || s.type == LOOM_PARAM_FLOAT_LIST) {
+        j["min"] = bound(s.min);
+        j["max"] = bound(s.max);
+      }
+      if (s.list_length > 0) j["list_length"] = s.list_length;
+      if (s.choices != nullptr) {
+        nlohmann::json c = nlohmann::json::array();
+        for (const char* const* x = s.choices; *x != nullptr; ++x) c.push_back(*x);
+        j["choices"] = c;
+      }
+      if (s.type == LOOM_PARAM_REF) j["ref_kind"] = s.ref_kind;
+      params.push_back(j);
+    }
+    kinds.push_back({{"kind", f.kind},
+                     {"has_state", f.raw.export_state != nullptr},
+                     {"params", params}});
+  }
+  return {{"name", p.name},
+          {"version", p.version},
+          {"description", p.description},
+          {"abi", std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)},
+          {"path", p.path.string()},
+          {"kinds", kinds}};
+}
+
+}  // namespace
+}  // namespace loom::host
+
+extern "C" LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path,
+                                                  char** json_out) {
+  using loom::host::PluginCatalog;
+  try {
+    if (json_out == nullptr) return LOOM_ERR_INVALID_ARGUMENT;
+    *json_out = nullptr;
+    const PluginCatalog catalog(
+        PluginCatalog::search_path({}, plugin_path != nullptr ? plugin_path : ""));
+    nlohmann::json doc{{"search_path", nlohmann::json::array()},
+                       {"plugins", nlohmann::json::array()},
+                       {"errors", nlohmann::json::array()}};
+    for (const auto& d : catalog.dirs()) doc["search_path"].push_back(d.string());
+    int32_t rc = LOOM_OK;
+    if (name != nullptr) {
+      try {
+        doc["plugins"].push_back(loom::host::plugin_json(*catalog.load(name)));
+      } catch (const loom::host::Error& e) {
+        doc["errors"].push_back({{"path", catalog.locate(name).string()}, {"error", e.what()}});
+        rc = e.code();
+      }
+    } else {
+      for (const auto& file : catalog.available_files()) {
+        try {
+          doc["plugins"].push_back(loom::host::plugin_json(*loom::host::load_plugin(file)));
+        } catch (const loom::host::Error& e) {
+          doc["errors"].push_back({{"path", file.string()}, {"error", e.what()}});
+        }
+      }
+    }
+    const std::string text = doc.dump(2);
+    *json_out = static_cast<char*>(std::malloc(text.size() + 1));
+    if (*json_out == nullptr) return LOOM_ERR_RESOURCE_EXHAUSTED;
+    std::memcpy(*json_out, text.c_str(), text.size() + 1);
+    return rc;
+  } catch (...) {
+    return LOOM_ERR_INTERNAL;
+  }
+}
+
+extern "C" LOOM_API void loom_free_string(char* s) { std::free(s); }

@@ -1,0 +1,335 @@
+// The embedding C API (loom/embed.h): thin, exception-free wrappers over Session.
+#include <loom/embed.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kinds.hpp"
+#include "session.hpp"
+#include "status.hpp"
+
+using loom::host::Error;
+using loom::host::Instance;
+using loom::host::Session;
+
+// The opaque C handles are the host's objects.
+struct loom_session {
+  std::unique_ptr<Session> session;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+thread_local int32_t g_last_code = LOOM_OK;
+
+int32_t succeed() {
+  g_last_error.clear();
+  g_last_code = LOOM_OK;
+  return LOOM_OK;
+}
+
+int32_t fail(int32_t code, std::string message) {
+  g_last_error = std::move(message);
+  g_last_code = code;
+  return code;
+}
+
+// Runs `fn`, mapping every exception to an error code and message.
+template <typename Fn>
+int32_t api_call(Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    return fail(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(LOOM_ERR_RESOURCE_EXHAUSTED, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(LOOM_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(LOOM_ERR_INTERNAL, "unknown exception");
+  }
+}
+
+// Calls into the plugin behind `inst`, turning its status (or exception) into our error.
+template <typename Fn>
+int32_t plugin_call(Instance* inst, const char* what, Fn&& fn) {
+  auto taken = loom::host::take_status(
+      loom::host::guarded_call(inst->label + " " + what, std::forward<Fn>(fn)));
+  if (!taken.ok()) return fail(taken.code, inst->label + ": " + what + ": " + taken.message);
+  return succeed();
+}
+
+loom::host::OpenOptions to_options(const loom_open_options* o) {
+  loom::host::OpenOptions out;
+  if (o == nullptr) return out;
+  // Read only the fields the caller's struct has.
+  auto has = [&](size_t end) { return o->struct_size >= end; };
+  if (has(offsetof(loom_open_options, validate_only) + sizeof(int32_t))) {
+    out.validate_only = o->validate_only != 0;
+  }
+  if (has(offsetof(loom_open_options, plugin_path) + sizeof(char*)) && o->plugin_path) {
+    out.plugin_path = o->plugin_path;
+  }
+  if (has(offsetof(loom_open_options, bootstrap) + sizeof(void*))) out.bootstrap = o->bootstrap;
+  if (has(offsetof(loom_open_options, log_level) + sizeof(int32_t))) out.log_level = o->log_level;
+  return out;
+}
+
+// loom_instance is an incomplete type for callers; the handle is the Instance itself.
+Instance* impl(const loom_instance* h) {
+  return reinterpret_cast<Instance*>(const_cast<loom_instance*>(h));  // NOLINT
+}
+loom_instance* handle(Instance* inst) { return reinterpret_cast<loom_instance*>(inst); }  // NOLINT
+
+int32_t check_kind(const Instance* inst, const char* kind) {
+  if (inst->kind != kind) {
+    return fail(LOOM_ERR_INVALID_ARGUMENT, inst->label + " is a " + inst->kind + " instance, not " +
+                                               kind);
+  }
+  return LOOM_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+LOOM_API const char* loom_version(void) { return LOOM_VERSION_STRING; }
+LOOM_API uint32_t loom_abi_major(void) { return LOOM_ABI_MAJOR; }
+LOOM_API uint32_t loom_abi_minor(void) { return LOOM_ABI_MINOR; }
+LOOM_API const char* loom_last_error(void) { return g_last_error.c_str(); }
+LOOM_API int32_t loom_last_error_code(void) { return g_last_code; }
+
+LOOM_API int32_t loom_open_file(const char* path, const loom_open_options* options,
+                                loom_session** out) {
+  return api_call([&] {
+    if (path == nullptr || out == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_open_file: path and out must not be NULL");
+    }
+    *out = nullptr;
+    auto s = std::make_unique<loom_session>();
+    s->session = Session::open_file(path, to_options(options));
+    *out = s.release();
+    return succeed();
+  });
+}
+
+LOOM_API int32_t loom_open_string(const char* toml, const char* origin,
+                                  const loom_open_options* options, loom_session** out) {
+  return api_call([&] {
+    if (toml == nullptr || out == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_open_string: toml and out must not be NULL");
+    }
+    *out = nullptr;
+    std::filesystem::path base = std::filesystem::current_path();
+    std::string name = "<string>";
+    if (origin != nullptr && *origin != '\0') {
+      name = origin;
+      base = std::filesystem::absolute(origin).parent_path();
+    }
+    auto s = std::make_unique<loom_session>();
+    s->session = Session::open_text(toml, name, base, to_options(options));
+    *out = s.release();
+    return succeed();
+  });
+}
+
+LOOM_API void loom_close(loom_session* session) {
+  try {
+    delete session;
+  } catch (...) {  // destroy errors were logged by the session; nothing to return
+  }
+}
+
+LOOM_API size_t loom_instance_count(const loom_session* session) {
+  return session != nullptr ? session->session->instances().size() : 0;
+}
+
+LOOM_API loom_instance* loom_instance_at(loom_session* session, size_t index) {
+  if (session == nullptr || index >= session->session->instances().size()) return nullptr;
+  return handle(session->session->instances()[index].get());
+}
+
+LOOM_API int32_t loom_find_instance(loom_session* session, const char* kind, const char* name,
+                                    loom_instance** out) {
+  return api_call([&] {
+    if (session == nullptr || name == nullptr || out == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_find_instance: NULL argument");
+    }
+    *out = nullptr;
+    std::string_view kind_id;
+    if (kind != nullptr && *kind != '\0') {
+      kind_id = loom::host::normalize_kind(kind);
+      if (kind_id.empty()) {
+        return fail(LOOM_ERR_INVALID_ARGUMENT, std::string("unknown kind '") + kind + "'");
+      }
+    }
+    Instance* inst = session->session->find(kind_id, name);
+    if (inst == nullptr) {
+      return fail(LOOM_ERR_NOT_FOUND, "no " + (kind_id.empty() ? std::string("") : std::string(kind_id) + " ") +
+                                          "instance named '" + name + "' in " +
+                                          session->session->manifest().origin);
+    }
+    *out = handle(inst);
+    return succeed();
+  });
+}
+
+LOOM_API const char* loom_instance_name(const loom_instance* instance) {
+  return instance != nullptr ? impl(instance)->name.c_str() : "";
+}
+LOOM_API const char* loom_instance_kind(const loom_instance* instance) {
+  return instance != nullptr ? impl(instance)->kind.c_str() : "";
+}
+LOOM_API const char* loom_instance_plugin(const loom_instance* instance) {
+  return instance != nullptr ? impl(instance)->plugin_name().c_str() : "";
+}
+LOOM_API void* loom_instance_object(const loom_instance* instance) {
+  return instance != nullptr ? impl(instance)->object : nullptr;
+}
+LOOM_API const void* loom_instance_vtable(const loom_instance* instance) {
+  return instance != nullptr ? impl(instance)->factory().vtable : nullptr;
+}
+
+LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffer,
+                                            size_t capacity, size_t* size) {
+  return api_call([&] {
+    if (instance == nullptr || size == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_instance_export_state: NULL argument");
+    }
+    Instance* inst = impl(instance);
+    *size = 0;
+    const auto exporter = inst->factory().export_state;
+    if (exporter == nullptr) return succeed();  // stateless: an empty blob
+    // The plugin writes in pieces; collect them, then copy out (or only report the size).
+    std::vector<unsigned char> blob;
+    struct Sink {
+      std::vector<unsigned char>* blob;
+    } sink{&blob};
+    loom_state_writer writer{LOOM_STATE_WRITER_SIZE, 0, &sink,
+                             [](void* ctx, const void* data, size_t bytes) noexcept -> loom_status* {
+                               try {
+                                 auto* b = static_cast<Sink*>(ctx)->blob;
+                                 const auto* p = static_cast<const unsigned char*>(data);
+                                 if (bytes > 0 && p == nullptr) {
+                                   return loom::host::make_status(LOOM_ERR_INVALID_ARGUMENT,
+                                                                  "state write of NULL data");
+                                 }
+                                 b->insert(b->end(), p, p + bytes);
+                                 return nullptr;
+                               } catch (...) {
+                                 return loom::host::make_status(LOOM_ERR_RESOURCE_EXHAUSTED,
+                                                                "out of memory writing state");
+                               }
+                             }};
+    const int32_t rc =
+        plugin_call(inst, "export_state", [&] { return exporter(inst->object, &writer); });
+    if (rc != LOOM_OK) return rc;
+    *size = blob.size();
+    if (buffer == nullptr) return succeed();
+    if (capacity < blob.size()) {
+      return fail(LOOM_ERR_OUT_OF_RANGE, inst->label + ": export_state needs " +
+                                             std::to_string(blob.size()) + " bytes, buffer has " +
+                                             std::to_string(capacity));
+    }
+    if (!blob.empty()) std::memcpy(buffer, blob.data(), blob.size());
+    return succeed();
+  });
+}
+
+LOOM_API int32_t loom_instance_import_state(loom_instance* instance, const void* data,
+                                            size_t size) {
+  return api_call([&] {
+    if (instance == nullptr || (data == nullptr && size > 0)) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_instance_import_state: NULL argument");
+    }
+    Instance* inst = impl(instance);
+    const auto importer = inst->factory().import_state;
+    if (importer == nullptr) {
+      if (size == 0) return succeed();
+      return fail(LOOM_ERR_INVALID_ARGUMENT,
+                  inst->label + " has no state, but a state of " + std::to_string(size) +
+                      " bytes was given");
+    }
+    return plugin_call(inst, "import_state",
+                       [&] { return importer(inst->object, data, size); });
+  });
+}
+
+LOOM_API int32_t loom_optimizer_step(loom_instance* instance,
+                                     const loom_optimizer_step_args* args) {
+  return api_call([&] {
+    if (instance == nullptr || args == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step: NULL argument");
+    }
+    Instance* inst = impl(instance);
+    if (const int32_t rc = check_kind(inst, LOOM_KIND_OPTIMIZER); rc != LOOM_OK) return rc;
+    const auto* vt = static_cast<const loom_optimizer_v1*>(inst->factory().vtable);
+    return plugin_call(inst, "step", [&] { return vt->step(inst->object, args); });
+  });
+}
+
+LOOM_API int32_t loom_optimizer_step_f32(loom_instance* instance, float* const* params,
+                                         const float* const* grads, const int64_t* numels,
+                                         size_t count, double lr) {
+  return api_call([&] {
+    if (instance == nullptr || (count > 0 && (params == nullptr || grads == nullptr ||
+                                              numels == nullptr))) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step_f32: NULL argument");
+    }
+    // Wrap the plain arrays as 1-D fp32 CPU DLTensors with explicit strides.
+    std::vector<DLTensor> p(count), g(count);
+    std::vector<loom_optimizer_tensor> tensors(count);
+    static const int64_t kUnitStride = 1;
+    for (size_t i = 0; i < count; ++i) {
+      if (params[i] == nullptr || grads[i] == nullptr || numels[i] < 0) {
+        return fail(LOOM_ERR_INVALID_ARGUMENT,
+                    "loom_optimizer_step_f32: tensor " + std::to_string(i) +
+                        " has a NULL pointer or a negative size");
+      }
+      const DLDataType f32{kDLFloat, 32, 1};
+      p[i] = DLTensor{params[i], DLDevice{kDLCPU, 0}, 1, f32, const_cast<int64_t*>(&numels[i]),
+                      const_cast<int64_t*>(&kUnitStride), 0};
+      g[i] = DLTensor{const_cast<float*>(grads[i]), DLDevice{kDLCPU, 0}, 1, f32,
+                      const_cast<int64_t*>(&numels[i]), const_cast<int64_t*>(&kUnitStride), 0};
+      tensors[i] = loom_optimizer_tensor{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &p[i], &g[i], nullptr};
+    }
+    const loom_optimizer_group group{LOOM_OPTIMIZER_GROUP_SIZE, 0, tensors.data(), count, 1.0,
+                                     std::numeric_limits<double>::quiet_NaN()};
+    const loom_optimizer_step_args args{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &group, 1, lr, 1.0, 0,
+                                        nullptr};
+    return loom_optimizer_step(instance, &args);
+  });
+}
+
+LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
+                                          loom_optimizer_comm_info* out) {
+  return api_call([&] {
+    if (instance == nullptr || out == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_get_comm_info: NULL argument");
+    }
+    Instance* inst = impl(instance);
+    if (const int32_t rc = check_kind(inst, LOOM_KIND_OPTIMIZER); rc != LOOM_OK) return rc;
+    const uint32_t size = out->struct_size;
+    if (size < LOOM_STRUCT_SIZE(loom_optimizer_comm_info, owns_communication)) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT,
+                  "loom_optimizer_get_comm_info: set out->struct_size to LOOM_OPTIMIZER_COMM_INFO_SIZE");
+    }
+    const auto* vt = static_cast<const loom_optimizer_v1*>(inst->factory().vtable);
+    const bool has_fn = vt->struct_size >= LOOM_OPTIMIZER_V1_SIZE && vt->comm_info != nullptr;
+    // Hand the plugin a full-size struct, then copy back what the caller's size holds.
+    loom_optimizer_comm_info full{};
+    full.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
+    if (has_fn) {
+      const int32_t rc =
+          plugin_call(inst, "comm_info", [&] { return vt->comm_info(inst->object, &full); });
+      if (rc != LOOM_OK) return rc;
+    }
+    full.struct_size = size < LOOM_OPTIMIZER_COMM_INFO_SIZE ? size : LOOM_OPTIMIZER_COMM_INFO_SIZE;
+    std::memcpy(out, &full, full.struct_size);
+    return succeed();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,36 @@
+// Statuses made by the host, and turning a plugin's status into a host error.
+#pragma once
+
+#include <loom/abi.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace loom::host {
+
+// An error inside the host, with the loom_code the C API returns for it.
+class Error : public std::runtime_error {
+ public:
+  Error(loom_code code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  [[nodiscard]] loom_code code() const { return code_; }
+
+ private:
+  loom_code code_;
+};
+
+// A status whose destroy is the host's. Never returns NULL for a non-OK code.
+loom_status* make_status(int32_t code, const char* message);
+
+// Takes ownership of `status` (destroys it through its own destroy). Returns its message,
+// prefixed with `context`, or "" for NULL (success).
+struct TakenStatus {
+  loom_code code = LOOM_OK;
+  std::string message;
+  [[nodiscard]] bool ok() const { return code == LOOM_OK; }
+};
+TakenStatus take_status(loom_status* status);
+
+// The name of a loom_code, e.g. "INVALID_ARGUMENT".
+const char* code_name(int32_t code);
+
+}  // namespace loom::host
