@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "bootstrap.hpp"
 #include "device_memory.hpp"
 #include "kinds.hpp"
 #include "plugin_library.hpp"
@@ -60,16 +61,6 @@ loom_status* svc_device_free(void* /*ctx*/, DLDevice device, void* ptr, void* st
   return device_free(device, ptr, stream);
 }
 
-loom_status* single_allgather(void* /*ctx*/, const void* send, size_t bytes, void* recv) noexcept {
-  if (bytes > 0 && (send == nullptr || recv == nullptr)) {
-    return make_status(LOOM_ERR_INVALID_ARGUMENT, "bootstrap allgather: NULL buffer");
-  }
-  if (bytes > 0) std::memmove(recv, send, bytes);
-  return nullptr;
-}
-
-loom_status* single_barrier(void* /*ctx*/) noexcept { return nullptr; }
-
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -83,12 +74,6 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 }  // namespace
-
-const loom_bootstrap* single_process_bootstrap() {
-  static const loom_bootstrap b{LOOM_BOOTSTRAP_SIZE, 0, 1, 0, nullptr, single_allgather,
-                                single_barrier};
-  return &b;
-}
 
 std::unique_ptr<Session> Session::open_file(const std::filesystem::path& path,
                                             const OpenOptions& options) {
@@ -105,7 +90,9 @@ std::unique_ptr<Session> Session::open_text(std::string_view text, const std::st
   Diagnostics diags;
   s->manifest_ = parse_manifest(text, origin, base_dir, diags);
   s->setup_logging(options);
-  s->bootstrap_ = options.bootstrap != nullptr ? options.bootstrap : single_process_bootstrap();
+  std::string how = "the embedding program's";
+  s->bootstrap_ = options.bootstrap != nullptr ? options.bootstrap : default_bootstrap(&how);
+  s->log_->debug("bootstrap: {}", how);
   if (s->bootstrap_->struct_size < LOOM_BOOTSTRAP_SIZE || s->bootstrap_->allgather == nullptr ||
       s->bootstrap_->barrier == nullptr || s->bootstrap_->size < 1 || s->bootstrap_->rank < 0 ||
       s->bootstrap_->rank >= s->bootstrap_->size) {

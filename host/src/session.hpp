@@ -86,7 +86,5 @@ loom_status* guarded_call(const std::string& what, Fn&& fn) noexcept {
   }
 }
 
-// A world of one: rank 0 of 1, allgather copies, barrier returns.
-const loom_bootstrap* single_process_bootstrap();
 
 }  // namespace loom::host

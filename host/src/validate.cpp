@@ -269,6 +269,28 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
         }
         p.value = default_value(spec);
         set.params.push_back(p);
+        // A reference with a default names an instance too; resolve it like a given one.
+        if (spec.type == LOOM_PARAM_REF && spec.required == 0 && p.value.string_value != nullptr &&
+            *p.value.string_value != '\0') {
+          const std::string target = p.value.string_value;
+          const auto t = by_name.find(target);
+          const std::string what = "parameter '" + std::string(spec.name) + "' of " + decl.label();
+          if (t == by_name.end()) {
+            diags.error(decl.pos, what + " defaults to instance '" + target +
+                                      "', which the manifest does not declare; declare it or set '" +
+                                      spec.name + "'");
+            usable[i] = false;
+          } else if (manifest.instances[t->second].kind != spec.ref_kind) {
+            diags.error(decl.pos, what + " defaults to '" + target + "', which is " +
+                                      manifest.instances[t->second].label() + ", not a " +
+                                      spec.ref_kind + " instance");
+            usable[i] = false;
+          } else {
+            set.params.back().value.string_value = set.strings.emplace_back(target).c_str();
+            edges[i].emplace_back(s, t->second);
+            edge_pos[{i, t->second}] = decl.pos;
+          }
+        }
         continue;
       }
       const ManifestEntry& entry = *it->second;

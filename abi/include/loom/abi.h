@@ -6,8 +6,9 @@
  *    set to LOOM_<NAME>_SIZE (offset of the last field plus its size). Structs
  *    only grow at the end within a major version; a reader reads the prefix it
  *    knows and treats fields beyond struct_size as absent (zero / NULL).
- *  - An array of ABI structs (param_specs, params) is laid out with its elements'
- *    struct_size as the stride, so a reader built against another minor walks it right.
+ *  - Arrays of ABI structs (param specs, params, optimizer groups and tensors) are
+ *    walked with the first element's struct_size as the stride, so a reader built
+ *    against another minor walks them right (loom/sdk does this for plugins).
  *  - A struct may omit trailing fields documented as optional (NULL = absent); the
  *    reader fills them with zero. Mandatory fields never move.
  *  - loom_value is embedded by value in other structs and is frozen for major 1.
@@ -35,7 +36,8 @@ extern "C" {
 
 /* Size of a struct up to and including its last field (trailing padding excluded). */
 #define LOOM_STRUCT_SIZE(type, last_field) \
-  ((uint32_t)(offsetof(type, last_field) + sizeof(((type *)0)->last_field)))
+  ((uint32_t)(offsetof(type, last_field) + \
+              sizeof(((type *)0)->last_field))) /* NOLINT(bugprone-sizeof-expression) */
 
 /* Every struct's LOOM_<NAME>_SIZE must equal its sizeof: a field appended without
  * updating the size macro breaks the build instead of the ABI. */

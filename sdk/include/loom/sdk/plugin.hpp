@@ -1,0 +1,476 @@
+// From a C++ class to the C tables: kind base classes, factory<T>() and LOOM_PLUGIN.
+//
+//   class Sgd : public loom::sdk::Optimizer {
+//    public:
+//     explicit Sgd(loom::sdk::Context& ctx);
+//     static loom::sdk::Schema schema();                             // optional
+//     void step(const loom_optimizer_step_args& args);
+//     void export_state(loom::sdk::StateWriter& out);                // optional, with
+//     void import_state(std::span<const std::byte> blob);            //   import_state
+//   };
+//   LOOM_PLUGIN("sgd", "1.0.0", "SGD with momentum", loom::sdk::factory<Sgd>());
+//
+// Every generated C function is noexcept and reports exceptions as statuses (see guard()).
+#ifndef LOOM_SDK_PLUGIN_HPP
+#define LOOM_SDK_PLUGIN_HPP
+
+#include <loom/abi.h>
+#include <loom/kinds/codec.h>
+#include <loom/kinds/comm.h>
+#include <loom/kinds/optimizer.h>
+#include <loom/sdk/context.hpp>
+#include <loom/sdk/schema.hpp>
+#include <loom/sdk/state.hpp>
+#include <loom/sdk/status.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace loom::sdk {
+
+// What LOOM_PLUGIN takes for each kind: a function that builds the factory on first call
+// (inside the entry point, where a broken schema can be reported rather than crash).
+using FactoryFn = const loom_factory* (*)();
+
+// ---- kind base classes: derive from exactly one to say which kind a class implements.
+// They hold nothing; the methods a kind needs are listed beside each and found at compile
+// time, so a missing required method is a compile error and a missing optional one leaves
+// its table entry NULL.
+
+// "loom.optimizer/1"
+//   required: void step(const loom_optimizer_step_args&)
+//   optional: void comm_info(loom_optimizer_comm_info&)
+struct Optimizer {
+  static constexpr const char* kKind = LOOM_KIND_OPTIMIZER;
+};
+
+// "loom.comm/1"
+//   required: int32_t rank(), int32_t size(), bool supports_device(DLDevice),
+//             void allreduce(const loom_allreduce_args&),
+//             void allgather(const loom_allgather_args&),
+//             void all_to_all(const loom_all_to_all_args&),
+//             void broadcast(const loom_broadcast_args&), void barrier(void* stream),
+//             void stats(loom_comm_stats&)
+//   optional: NativeHandle native_handle()
+struct Comm {
+  static constexpr const char* kKind = LOOM_KIND_COMM;
+};
+
+// What Comm::native_handle returns: e.g. {"nccl", comm}, owned by the instance.
+struct NativeHandle {
+  const char* kind = nullptr;
+  void* handle = nullptr;
+};
+
+// "loom.codec/1"
+//   required: void layout(loom_codec_layout&), bool supports_device(DLDevice),
+//             void encode(const loom_codec_encode_args&),
+//             void decode(const loom_codec_decode_args&)
+struct Codec {
+  static constexpr const char* kKind = LOOM_KIND_CODEC;
+};
+
+namespace detail {
+
+// An instance as the host sees it: the Context first, so it outlives the object that may
+// hold a reference to it.
+template <class T>
+struct Holder {
+  explicit Holder(const loom_host_services* host) : ctx(host), object(ctx) {}
+
+  Context ctx;
+  T object;
+};
+
+template <class T>
+T& object(void* instance) {
+  if (instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "instance is NULL");
+  return static_cast<Holder<T>*>(instance)->object;
+}
+
+// Copies an args struct from the caller into a zeroed full-size one, so plugin code can
+// read every field it knows: fields an older caller did not send read as zero. The
+// caller's struct_size is kept, so a plugin can still tell.
+template <class Args>
+Args normalized(const Args* in, const char* what) {
+  if (in == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+  if (in->struct_size < sizeof(uint32_t)) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + " has no struct_size");
+  }
+  Args out;
+  std::memset(&out, 0, sizeof(Args));
+  std::memcpy(&out, in, in->struct_size < sizeof(Args) ? in->struct_size : sizeof(Args));
+  return out;
+}
+
+// For in/out structs whose struct_size the caller sets: the plugin fills a full-size copy,
+// and only the prefix the caller knows is written back.
+template <class Out, class Fn>
+void fill(Out* out, const char* what, Fn&& fn) {
+  Out full = normalized(out, what);
+  const uint32_t caller_size = out->struct_size;
+  std::forward<Fn>(fn)(full);
+  full.struct_size = caller_size;
+  std::memcpy(out, &full, caller_size < sizeof(Out) ? caller_size : sizeof(Out));
+}
+
+template <class T, class Base>
+constexpr bool kIs = std::is_base_of_v<Base, T>;
+
+// ---- the optimizer table
+
+template <class T>
+struct OptimizerTable {
+  static loom_status* step(void* instance, const loom_optimizer_step_args* args) noexcept {
+    return guard([&] { object<T>(instance).step(normalized(args, "step args")); });
+  }
+  static loom_status* comm_info(void* instance, loom_optimizer_comm_info* out) noexcept {
+    return guard([&] {
+      fill(out, "comm_info out",
+           [&](loom_optimizer_comm_info& full) { object<T>(instance).comm_info(full); });
+    });
+  }
+
+  static const loom_optimizer_v1* get() {
+    static_assert(
+        requires(T & t, const loom_optimizer_step_args& a) { t.step(a); },
+        "an Optimizer needs void step(const loom_optimizer_step_args&)");
+    static const loom_optimizer_v1 table = [] {
+      loom_optimizer_v1 v{};
+      v.struct_size = LOOM_OPTIMIZER_V1_SIZE;
+      v.step = &step;
+      if constexpr (requires(T & t, loom_optimizer_comm_info & o) { t.comm_info(o); }) {
+        v.comm_info = &comm_info;
+      }
+      return v;
+    }();
+    return &table;
+  }
+};
+
+// ---- the comm table
+
+template <class T>
+struct CommTable {
+  static int32_t rank(void* instance) noexcept {
+    return guard_value<int32_t>(-1, [&] { return object<T>(instance).rank(); });
+  }
+  static int32_t size(void* instance) noexcept {
+    return guard_value<int32_t>(0, [&] { return object<T>(instance).size(); });
+  }
+  static int32_t supports_device(void* instance, DLDevice device) noexcept {
+    return guard_value<int32_t>(
+        0, [&] { return object<T>(instance).supports_device(device) ? 1 : 0; });
+  }
+  static loom_status* allreduce(void* instance, const loom_allreduce_args* args) noexcept {
+    return guard([&] { object<T>(instance).allreduce(normalized(args, "allreduce args")); });
+  }
+  static loom_status* allgather(void* instance, const loom_allgather_args* args) noexcept {
+    return guard([&] { object<T>(instance).allgather(normalized(args, "allgather args")); });
+  }
+  static loom_status* all_to_all(void* instance, const loom_all_to_all_args* args) noexcept {
+    return guard([&] { object<T>(instance).all_to_all(normalized(args, "all_to_all args")); });
+  }
+  static loom_status* broadcast(void* instance, const loom_broadcast_args* args) noexcept {
+    return guard([&] { object<T>(instance).broadcast(normalized(args, "broadcast args")); });
+  }
+  static loom_status* barrier(void* instance, void* stream) noexcept {
+    return guard([&] { object<T>(instance).barrier(stream); });
+  }
+  static loom_status* stats(void* instance, loom_comm_stats* out) noexcept {
+    return guard([&] {
+      fill(out, "stats out", [&](loom_comm_stats& full) { object<T>(instance).stats(full); });
+    });
+  }
+  static loom_status* native_handle(void* instance, const char** kind, void** handle) noexcept {
+    return guard([&] {
+      if (kind == nullptr || handle == nullptr) {
+        throw Error(LOOM_ERR_INVALID_ARGUMENT, "native_handle outputs are NULL");
+      }
+      NativeHandle h = object<T>(instance).native_handle();
+      *kind = h.kind;
+      *handle = h.handle;
+    });
+  }
+
+  static const loom_comm_v1* get() {
+    static_assert(
+        requires(T & t) {
+          { t.rank() } -> std::convertible_to<int32_t>;
+          { t.size() } -> std::convertible_to<int32_t>;
+        },
+        "a Comm needs int32_t rank() and int32_t size()");
+    static_assert(
+        requires(T & t, DLDevice d) {
+          { t.supports_device(d) } -> std::convertible_to<bool>;
+        },
+        "a Comm needs bool supports_device(DLDevice)");
+    static_assert(
+        requires(T & t, const loom_allreduce_args& a, const loom_allgather_args& g,
+                 const loom_all_to_all_args& x, const loom_broadcast_args& b) {
+          t.allreduce(a);
+          t.allgather(g);
+          t.all_to_all(x);
+          t.broadcast(b);
+        },
+        "a Comm needs allreduce, allgather, all_to_all and broadcast taking their args");
+    static_assert(
+        requires(T & t, void* s, loom_comm_stats& st) {
+          t.barrier(s);
+          t.stats(st);
+        },
+        "a Comm needs void barrier(void* stream) and void stats(loom_comm_stats&)");
+    static const loom_comm_v1 table = [] {
+      loom_comm_v1 v{};
+      v.struct_size = LOOM_COMM_V1_SIZE;
+      v.rank = &rank;
+      v.size = &size;
+      v.supports_device = &supports_device;
+      v.allreduce = &allreduce;
+      v.allgather = &allgather;
+      v.all_to_all = &all_to_all;
+      v.broadcast = &broadcast;
+      v.barrier = &barrier;
+      v.stats = &stats;
+      if constexpr (requires(T & t) {
+                      { t.native_handle() } -> std::convertible_to<NativeHandle>;
+                    }) {
+        v.native_handle = &native_handle;
+      }
+      return v;
+    }();
+    return &table;
+  }
+};
+
+// ---- the codec table
+
+template <class T>
+struct CodecTable {
+  static loom_status* layout(void* instance, loom_codec_layout* layout) noexcept {
+    return guard([&] {
+      fill(layout, "codec layout",
+           [&](loom_codec_layout& full) { object<T>(instance).layout(full); });
+    });
+  }
+  static int32_t supports_device(void* instance, DLDevice device) noexcept {
+    return guard_value<int32_t>(
+        0, [&] { return object<T>(instance).supports_device(device) ? 1 : 0; });
+  }
+  static loom_status* encode(void* instance, const loom_codec_encode_args* args) noexcept {
+    return guard([&] { object<T>(instance).encode(normalized(args, "encode args")); });
+  }
+  static loom_status* decode(void* instance, const loom_codec_decode_args* args) noexcept {
+    return guard([&] { object<T>(instance).decode(normalized(args, "decode args")); });
+  }
+
+  static const loom_codec_v1* get() {
+    static_assert(
+        requires(T & t, loom_codec_layout & l, DLDevice d, const loom_codec_encode_args& e,
+                 const loom_codec_decode_args& x) {
+          t.layout(l);
+          { t.supports_device(d) } -> std::convertible_to<bool>;
+          t.encode(e);
+          t.decode(x);
+        },
+        "a Codec needs layout, supports_device, encode and decode");
+    static const loom_codec_v1 table = [] {
+      loom_codec_v1 v{};
+      v.struct_size = LOOM_CODEC_V1_SIZE;
+      v.layout = &layout;
+      v.supports_device = &supports_device;
+      v.encode = &encode;
+      v.decode = &decode;
+      return v;
+    }();
+    return &table;
+  }
+};
+
+// ---- the factory
+
+template <class T>
+constexpr bool kHasState = requires(T& t, StateWriter& w, std::span<const std::byte> b) {
+  t.export_state(w);
+  t.import_state(b);
+};
+
+template <class T>
+struct FactoryThunks {
+  static loom_status* create(const loom_host_services* host, void** out_instance) noexcept {
+    return guard([&] {
+      if (out_instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "out_instance is NULL");
+      *out_instance = nullptr;
+      // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
+      *out_instance = new Holder<T>(host);  // NOLINT(bugprone-unhandled-exception-at-new)
+    });
+  }
+  static void destroy(void* instance) noexcept {
+    // A throwing destructor has nowhere to report to; the C signature returns nothing.
+    try {
+      delete static_cast<Holder<T>*>(instance);
+    } catch (...) {
+    }
+  }
+  static loom_status* export_state(void* instance, const loom_state_writer* writer) noexcept {
+    return guard([&] {
+      StateWriter w(writer);
+      object<T>(instance).export_state(w);
+    });
+  }
+  static loom_status* import_state(void* instance, const void* data, std::size_t bytes) noexcept {
+    return guard([&] {
+      if (data == nullptr && bytes != 0) {
+        throw Error(LOOM_ERR_INVALID_ARGUMENT, "state data is NULL");
+      }
+      object<T>(instance).import_state(
+          std::span<const std::byte>(static_cast<const std::byte*>(data), data ? bytes : 0));
+    });
+  }
+};
+
+// Everything one factory points to, built once on first use and kept in static storage.
+template <class T>
+struct FactoryStorage {
+  FactoryStorage() : schema(make_schema()) {
+    factory.struct_size = LOOM_FACTORY_SIZE;
+    factory.param_specs = schema.data();
+    factory.param_count = schema.size();
+    factory.create = &FactoryThunks<T>::create;
+    factory.destroy = &FactoryThunks<T>::destroy;
+    if constexpr (kIs<T, Optimizer>) {
+      factory.kind = Optimizer::kKind;
+      factory.vtable = OptimizerTable<T>::get();
+    } else if constexpr (kIs<T, Comm>) {
+      factory.kind = Comm::kKind;
+      factory.vtable = CommTable<T>::get();
+    } else {
+      factory.kind = Codec::kKind;
+      factory.vtable = CodecTable<T>::get();
+    }
+    if constexpr (kHasState<T>) {
+      factory.export_state = &FactoryThunks<T>::export_state;
+      factory.import_state = &FactoryThunks<T>::import_state;
+    }
+  }
+
+  static Schema make_schema() {
+    if constexpr (requires {
+                    { T::schema() } -> std::convertible_to<Schema>;
+                  }) {
+      return T::schema();
+    } else {
+      return Schema{};
+    }
+  }
+
+  SchemaStorage schema;
+  loom_factory factory{};
+};
+
+// Reports a broken plugin declaration where a developer will see it: there is no status to
+// return from the entry point, and the host reports the NULL it gets.
+inline void report_declaration_error(const char* plugin, const char* message) noexcept {
+  std::fprintf(stderr, "loom plugin '%s': %s\n", plugin != nullptr ? plugin : "?", message);
+}
+
+inline const char* current_exception_message() noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// The loom_plugin_v1 behind the entry symbol. Never throws; get() is NULL when the
+// declaration is invalid (bad name, duplicate kind, invalid schema).
+class PluginStorage {
+ public:
+  PluginStorage(const char* name, const char* version, const char* description,
+                std::initializer_list<FactoryFn> factories) noexcept {
+    try {
+      if (!valid_name(name)) {
+        report_declaration_error(name, "plugin name must match [a-z0-9_]+");
+        return;
+      }
+      for (auto make : factories) {
+        const loom_factory* f = make();
+        for (const loom_factory* g : factories_) {
+          if (std::strcmp(g->kind, f->kind) == 0) {
+            report_declaration_error(name,
+                                     (std::string("two factories for kind ") + f->kind).c_str());
+            return;
+          }
+        }
+        factories_.push_back(f);
+      }
+      plugin_.struct_size = LOOM_PLUGIN_V1_SIZE;
+      plugin_.abi_major = LOOM_ABI_MAJOR;
+      plugin_.abi_minor = LOOM_ABI_MINOR;
+      plugin_.name = name;
+      plugin_.version = version != nullptr ? version : "";
+      plugin_.description = description != nullptr ? description : "";
+      plugin_.factories = factories_.data();
+      plugin_.factory_count = factories_.size();
+      ok_ = true;
+    } catch (...) {
+      report_declaration_error(name, current_exception_message());
+    }
+  }
+
+  const loom_plugin_v1* get() const noexcept { return ok_ ? &plugin_ : nullptr; }
+
+ private:
+  static bool valid_name(const char* name) {
+    if (name == nullptr || *name == '\0') return false;
+    for (const char* c = name; *c != '\0'; ++c) {
+      if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_')) return false;
+    }
+    return true;
+  }
+
+  std::vector<const loom_factory*> factories_;
+  loom_plugin_v1 plugin_{};
+  bool ok_ = false;
+};
+
+}  // namespace detail
+
+// The factory for class T (deriving from Optimizer, Comm or Codec).
+template <class T>
+FactoryFn factory() {
+  static_assert(detail::kIs<T, Optimizer> + detail::kIs<T, Comm> + detail::kIs<T, Codec> == 1,
+                "derive the plugin class from exactly one of loom::sdk::Optimizer, Comm, Codec");
+  static_assert(std::is_constructible_v<T, Context&>,
+                "the plugin class needs a constructor taking loom::sdk::Context&");
+  return [] {
+    static const detail::FactoryStorage<T> storage;
+    return static_cast<const loom_factory*>(&storage.factory);
+  };
+}
+
+}  // namespace loom::sdk
+
+// Defines the plugin's one exported symbol. The arguments after the description are
+// loom::sdk::factory<T>() for each kind the plugin provides. Use once per plugin, at
+// namespace scope in one source file, followed by a semicolon.
+#define LOOM_PLUGIN(name, version, description, ...)                                 \
+  extern "C" LOOM_EXPORT const loom_plugin_v1* loom_plugin_entry_v1(void) noexcept { \
+    static const ::loom::sdk::detail::PluginStorage loom_sdk_plugin_storage(         \
+        name, version, description, {__VA_ARGS__});                                  \
+    return loom_sdk_plugin_storage.get();                                            \
+  }                                                                                  \
+  static_assert(true, "LOOM_PLUGIN(...) is followed by a semicolon")
+
+#endif  // LOOM_SDK_PLUGIN_HPP

@@ -1,0 +1,189 @@
+// DLTensor helpers: sizes, layout and dtype predicates, and expect_* checks that throw
+// Error(INVALID_ARGUMENT) with a message naming the offending tensor.
+#ifndef LOOM_SDK_TENSOR_HPP
+#define LOOM_SDK_TENSOR_HPP
+
+#include <dlpack/dlpack.h>
+#include <loom/sdk/status.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loom::sdk {
+
+inline int64_t numel(const DLTensor& t) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// Bytes per element (lanes included); 0 for sub-byte types.
+inline std::size_t element_bytes(DLDataType dtype) {
+  return static_cast<std::size_t>(dtype.bits) * dtype.lanes / 8;
+}
+
+inline std::size_t nbytes(const DLTensor& t) {
+  return static_cast<std::size_t>(numel(t)) * element_bytes(t.dtype);
+}
+
+// Row-major and dense. Strides of size-1 dimensions do not matter (as in PyTorch), and
+// NULL strides mean row-major by definition.
+inline bool is_contiguous(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int32_t i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] == 0) return true;
+    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+inline bool is_dtype(const DLTensor& t, uint8_t code, uint8_t bits) {
+  return t.dtype.code == code && t.dtype.bits == bits && t.dtype.lanes == 1;
+}
+inline bool is_fp32(const DLTensor& t) { return is_dtype(t, kDLFloat, 32); }
+inline bool is_fp16(const DLTensor& t) { return is_dtype(t, kDLFloat, 16); }
+inline bool is_bf16(const DLTensor& t) { return is_dtype(t, kDLBfloat, 16); }
+
+// kDLCUDAHost (pinned) memory is host memory as far as a CPU kernel is concerned.
+inline bool is_cpu(const DLDevice& d) {
+  return d.device_type == kDLCPU || d.device_type == kDLCUDAHost;
+}
+inline bool is_cpu(const DLTensor& t) { return is_cpu(t.device); }
+inline bool is_cuda(const DLDevice& d) { return d.device_type == kDLCUDA; }
+inline bool is_cuda(const DLTensor& t) { return is_cuda(t.device); }
+inline bool same_device(const DLDevice& a, const DLDevice& b) {
+  return a.device_type == b.device_type && a.device_id == b.device_id;
+}
+
+inline bool same_shape(const DLTensor& a, const DLTensor& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int32_t i = 0; i < a.ndim; ++i) {
+    if (a.shape[i] != b.shape[i]) return false;
+  }
+  return true;
+}
+
+// The first element, byte_offset applied.
+template <class T>
+T* data_as(const DLTensor& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data) + t.byte_offset);
+}
+
+// "[4,5]"
+inline std::string shape_string(const DLTensor& t) {
+  std::string s = "[";
+  for (int32_t i = 0; i < t.ndim; ++i) {
+    if (i > 0) s += ",";
+    s += std::to_string(t.shape[i]);
+  }
+  return s + "]";
+}
+
+// "float32", "bfloat16", "int8x4"
+inline std::string dtype_string(DLDataType d) {
+  std::string s;
+  switch (d.code) {
+    case kDLInt:
+      s = "int";
+      break;
+    case kDLUInt:
+      s = "uint";
+      break;
+    case kDLFloat:
+      s = "float";
+      break;
+    case kDLBfloat:
+      s = "bfloat";
+      break;
+    default:
+      s = "dtype" + std::to_string(d.code) + "_";
+      break;
+  }
+  s += std::to_string(d.bits);
+  if (d.lanes != 1) s += "x" + std::to_string(d.lanes);
+  return s;
+}
+
+// "cpu", "cuda:1"
+inline std::string device_string(DLDevice d) {
+  std::string s;
+  switch (d.device_type) {
+    case kDLCPU:
+      return "cpu";
+    case kDLCUDA:
+      s = "cuda";
+      break;
+    case kDLCUDAHost:
+      return "cuda_host";
+    default:
+      s = "device" + std::to_string(static_cast<int>(d.device_type));
+      break;
+  }
+  return s + ":" + std::to_string(d.device_id);
+}
+
+// ---- checks; `what` names the tensor in the message, e.g. "grad 3".
+
+inline void fail_argument(const std::string& message) {
+  throw Error(LOOM_ERR_INVALID_ARGUMENT, message);
+}
+
+inline const DLTensor& expect_tensor(const DLTensor* t, std::string_view what) {
+  if (t == nullptr) fail_argument(std::string(what) + " is NULL");
+  if (t->data == nullptr && numel(*t) != 0) fail_argument(std::string(what) + " has no data");
+  return *t;
+}
+
+inline void expect_dtype(const DLTensor& t, DLDataType dtype, std::string_view what) {
+  if (t.dtype.code != dtype.code || t.dtype.bits != dtype.bits || t.dtype.lanes != dtype.lanes) {
+    fail_argument(std::string(what) + " has dtype " + dtype_string(t.dtype) + ", expected " +
+                  dtype_string(dtype));
+  }
+}
+inline void expect_fp32(const DLTensor& t, std::string_view what) {
+  expect_dtype(t, DLDataType{kDLFloat, 32, 1}, what);
+}
+inline void expect_contiguous(const DLTensor& t, std::string_view what) {
+  if (!is_contiguous(t)) fail_argument(std::string(what) + " is not contiguous");
+}
+inline void expect_cpu(const DLTensor& t, std::string_view what) {
+  if (!is_cpu(t)) {
+    fail_argument(std::string(what) + " is on " + device_string(t.device) +
+                  ", expected host memory");
+  }
+}
+inline void expect_device(const DLTensor& t, DLDevice device, std::string_view what) {
+  if (!same_device(t.device, device)) {
+    fail_argument(std::string(what) + " is on " + device_string(t.device) + ", expected " +
+                  device_string(device));
+  }
+}
+// "grad 3 has shape [4,5] but param 3 has [4,4]"
+inline void expect_same_shape(const DLTensor& a, std::string_view a_what, const DLTensor& b,
+                              std::string_view b_what) {
+  if (!same_shape(a, b)) {
+    fail_argument(std::string(a_what) + " has shape " + shape_string(a) + " but " +
+                  std::string(b_what) + " has " + shape_string(b));
+  }
+}
+inline void expect_same_device(const DLTensor& a, std::string_view a_what, const DLTensor& b,
+                               std::string_view b_what) {
+  if (!same_device(a.device, b.device)) {
+    fail_argument(std::string(a_what) + " is on " + device_string(a.device) + " but " +
+                  std::string(b_what) + " is on " + device_string(b.device));
+  }
+}
+inline void expect_numel(const DLTensor& t, int64_t n, std::string_view what) {
+  if (numel(t) != n) {
+    fail_argument(std::string(what) + " has " + std::to_string(numel(t)) + " elements, expected " +
+                  std::to_string(n));
+  }
+}
+
+}  // namespace loom::sdk
+
+#endif  // LOOM_SDK_TENSOR_HPP
