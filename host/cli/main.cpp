@@ -2,9 +2,14 @@
 // public C API, exactly as a third-party tool would use it.
 #include <loom/embed.h>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -153,6 +158,35 @@ int cmd_check(const std::string& manifest, const std::string& plugin_path) {
 
 }  // namespace
 
+// `loom bench NAME ARGS...` runs the benchmark program loom-bench-NAME installed beside
+// `loom`: benchmarks link what they compare against (MPI, BLAS) and the CLI need not.
+int cmd_bench(const std::string& name, const std::vector<std::string>& args) {
+  std::error_code ec;
+  const auto self = std::filesystem::canonical("/proc/self/exe", ec);
+  const auto dir = ec ? std::filesystem::path(".") : self.parent_path();
+  const auto program = dir / ("loom-bench-" + name);
+  if (!std::filesystem::exists(program, ec)) {
+    std::vector<std::string> known;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind("loom-bench-", 0) == 0) known.push_back(f.substr(11));
+    }
+    std::sort(known.begin(), known.end());
+    std::cerr << "loom bench: no benchmark '" << name << "' (no " << program.string() << ")"
+              << "; available: " << (known.empty() ? "none" : join(known, ", ")) << "\n";
+    return kExitError;
+  }
+  std::vector<std::string> storage{program.string()};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(program.c_str(), argv.data());
+  std::cerr << "loom bench: cannot run " << program.string() << ": " << std::strerror(errno)
+            << "\n";
+  return kExitError;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"loom: a plugin host for training-efficiency techniques"};
   app.require_subcommand(0, 1);
@@ -180,6 +214,13 @@ int main(int argc, char** argv) {
   check->add_option("--plugin-path", plugin_path,
                     "Extra plugin folders (':'-separated), searched after the manifest's");
 
+  auto* bench = app.add_subcommand("bench", "Run a benchmark (loom bench NAME [ARGS...])");
+  std::string bench_name;
+  std::vector<std::string> bench_args;
+  bench->add_option("NAME", bench_name, "Benchmark: comm, optim, ...")->required();
+  bench->add_option("ARGS", bench_args, "Arguments for the benchmark");
+  bench->prefix_command();  // everything after NAME goes to the benchmark untouched
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -194,6 +235,11 @@ int main(int argc, char** argv) {
     if (plugins->parsed()) return cmd_plugins(plugins_json, plugin_path);
     if (desc->parsed()) return cmd_describe(desc_name, desc_json, plugin_path);
     if (check->parsed()) return cmd_check(check_manifest, plugin_path);
+    if (bench->parsed()) {
+      auto rest = bench->remaining();
+      bench_args.insert(bench_args.end(), rest.begin(), rest.end());
+      return cmd_bench(bench_name, bench_args);
+    }
     std::cout << app.help();
     return 0;
   } catch (const std::exception& e) {
