@@ -214,12 +214,15 @@ int main(int argc, char** argv) {
   check->add_option("--plugin-path", plugin_path,
                     "Extra plugin folders (':'-separated), searched after the manifest's");
 
-  auto* bench = app.add_subcommand("bench", "Run a benchmark (loom bench NAME [ARGS...])");
-  std::string bench_name;
-  std::vector<std::string> bench_args;
-  bench->add_option("NAME", bench_name, "Benchmark: comm, optim, ...")->required();
-  bench->add_option("ARGS", bench_args, "Arguments for the benchmark");
-  bench->prefix_command();  // everything after NAME goes to the benchmark untouched
+  // Handled before parsing: everything after NAME belongs to the benchmark, untouched.
+  app.add_subcommand("bench", "Run a benchmark: loom bench NAME [ARGS...] (comm, optim, ...)");
+  if (argc >= 2 && std::string(argv[1]) == "bench") {
+    if (argc < 3) {
+      std::cerr << "usage: loom bench NAME [ARGS...]\n";
+      return kExitError;
+    }
+    return cmd_bench(argv[2], std::vector<std::string>(argv + 3, argv + argc));
+  }
 
   try {
     app.parse(argc, argv);
@@ -235,11 +238,7 @@ int main(int argc, char** argv) {
     if (plugins->parsed()) return cmd_plugins(plugins_json, plugin_path);
     if (desc->parsed()) return cmd_describe(desc_name, desc_json, plugin_path);
     if (check->parsed()) return cmd_check(check_manifest, plugin_path);
-    if (bench->parsed()) {
-      auto rest = bench->remaining();
-      bench_args.insert(bench_args.end(), rest.begin(), rest.end());
-      return cmd_bench(bench_name, bench_args);
-    }
+
     std::cout << app.help();
     return 0;
   } catch (const std::exception& e) {
