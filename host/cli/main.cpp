@@ -113,7 +113,8 @@ int cmd_describe(const std::string& name, bool json, const std::string& plugin_p
   std::cout << "\n  file: " << p["path"].get<std::string>()
             << "\n  ABI:  " << p["abi"].get<std::string>() << "\n";
   for (const auto& k : p["kinds"]) {
-    std::cout << "\n" << k["kind"].get<std::string>()
+    std::cout << "\n"
+              << k["kind"].get<std::string>()
               << (k["has_state"].get<bool>() ? " (exports state)" : "") << "\n";
     if (k["params"].empty()) {
       std::cout << "  (no parameters)\n";
@@ -179,6 +180,7 @@ int cmd_bench(const std::string& name, const std::vector<std::string>& args) {
   std::vector<std::string> storage{program.string()};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(storage.size() + 1);
   for (auto& a : storage) argv.push_back(a.data());
   argv.push_back(nullptr);
   ::execv(program.c_str(), argv.data());

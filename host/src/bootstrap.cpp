@@ -58,16 +58,16 @@ Mpi& mpi() {
 // Waits for a non-blocking MPI request, up to the configured timeout, so a rank that died
 // or never started turns into an error instead of a hang.
 loom_status* wait_request(Mpi& m, Mpi::Request* req, const char* what) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(m.timeout_s);
+  if (m.test == nullptr) return make_status(LOOM_ERR_INTERNAL, "MPI is not initialised");
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(m.timeout_s);
   auto sleep = std::chrono::microseconds(1);
   for (;;) {
     int done = 0;
     if (m.test(req, &done, nullptr) != 0) {
-      return make_status(LOOM_ERR_UNAVAILABLE,
-                         (std::string("MPI bootstrap ") + what + " failed on rank " +
-                          std::to_string(m.rank))
-                             .c_str());
+      return make_status(LOOM_ERR_UNAVAILABLE, (std::string("MPI bootstrap ") + what +
+                                                " failed on rank " + std::to_string(m.rank))
+                                                   .c_str());
     }
     if (done != 0) return nullptr;
     if (std::chrono::steady_clock::now() > deadline) {
@@ -86,6 +86,7 @@ loom_status* wait_request(Mpi& m, Mpi::Request* req, const char* what) {
 
 loom_status* mpi_allgather(void* /*ctx*/, const void* send, size_t bytes, void* recv) noexcept {
   Mpi& m = mpi();
+  if (m.iallgather == nullptr) return make_status(LOOM_ERR_INTERNAL, "MPI is not initialised");
   if (bytes > static_cast<size_t>(INT32_MAX)) {
     return make_status(LOOM_ERR_OUT_OF_RANGE, "bootstrap allgather: more than 2 GiB per rank");
   }
@@ -99,14 +100,20 @@ loom_status* mpi_allgather(void* /*ctx*/, const void* send, size_t bytes, void* 
 
 loom_status* mpi_barrier(void* /*ctx*/) noexcept {
   Mpi& m = mpi();
+  if (m.ibarrier == nullptr) return make_status(LOOM_ERR_INTERNAL, "MPI is not initialised");
   Mpi::Request req = nullptr;
-  if (m.ibarrier(m.world, &req) != 0) return make_status(LOOM_ERR_UNAVAILABLE, "MPI_Ibarrier failed");
+  if (m.ibarrier(m.world, &req) != 0)
+    return make_status(LOOM_ERR_UNAVAILABLE, "MPI_Ibarrier failed");
   return wait_request(m, &req, "barrier");
 }
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(v, &end, 10);
+  return end != v && *end == '\0' && parsed >= 0 && parsed <= INT32_MAX ? static_cast<int>(parsed)
+                                                                        : fallback;
 }
 
 const loom_bootstrap* init_mpi() {
@@ -136,9 +143,9 @@ const loom_bootstrap* init_mpi() {
   m.finalize = reinterpret_cast<int (*)()>(sym("MPI_Finalize"));
   m.comm_rank = reinterpret_cast<int (*)(Mpi::Comm, int*)>(sym("MPI_Comm_rank"));
   m.comm_size = reinterpret_cast<int (*)(Mpi::Comm, int*)>(sym("MPI_Comm_size"));
-  m.iallgather = reinterpret_cast<int (*)(const void*, int, Mpi::Datatype, void*, int,
-                                          Mpi::Datatype, Mpi::Comm, Mpi::Request*)>(
-      sym("MPI_Iallgather"));
+  m.iallgather =
+      reinterpret_cast<int (*)(const void*, int, Mpi::Datatype, void*, int, Mpi::Datatype,
+                               Mpi::Comm, Mpi::Request*)>(sym("MPI_Iallgather"));
   m.ibarrier = reinterpret_cast<int (*)(Mpi::Comm, Mpi::Request*)>(sym("MPI_Ibarrier"));
   m.test = reinterpret_cast<int (*)(Mpi::Request*, int*, void*)>(sym("MPI_Test"));
   // NOLINTEND(cppcoreguidelines-pro-type-reinterpret-cast)
@@ -155,16 +162,17 @@ const loom_bootstrap* init_mpi() {
     m.we_initialized = true;
     std::atexit([] {
       int done = 0;
-      mpi().finalized(&done);
-      if (done == 0) mpi().finalize();
+      Mpi& mm = mpi();
+      if (mm.finalized != nullptr) mm.finalized(&done);
+      if (done == 0 && mm.finalize != nullptr) mm.finalize();
     });
   }
   m.comm_rank(m.world, &m.rank);
   m.comm_size(m.world, &m.size);
   m.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", 0));
   m.timeout_s = env_int("LOOM_BOOTSTRAP_TIMEOUT", 300);
-  m.table = loom_bootstrap{LOOM_BOOTSTRAP_SIZE, m.rank, m.size, m.local_rank, nullptr,
-                           mpi_allgather, mpi_barrier};
+  m.table = loom_bootstrap{LOOM_BOOTSTRAP_SIZE, m.rank,     m.size, m.local_rank, nullptr,
+                           mpi_allgather,       mpi_barrier};
   return &m.table;
 }
 
@@ -185,16 +193,15 @@ const loom_bootstrap* default_bootstrap(std::string* how) {
     const char* force = std::getenv("LOOM_BOOTSTRAP");
     const std::string mode = force != nullptr ? force : "";
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
-                          std::getenv("PMIX_RANK") != nullptr ||
-                          std::getenv("PMI_RANK") != nullptr;
+                          std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
     if (!mode.empty() && mode != "mpi" && mode != "single") {
       throw Error(LOOM_ERR_INVALID_ARGUMENT,
                   "LOOM_BOOTSTRAP='" + mode + "' is not one of mpi, single");
     }
     if (mode == "mpi" || (mode.empty() && launched)) {
       chosen = init_mpi();
-      chosen_how = "MPI: rank " + std::to_string(chosen->rank) + " of " +
-                   std::to_string(chosen->size);
+      chosen_how =
+          "MPI: rank " + std::to_string(chosen->rank) + " of " + std::to_string(chosen->size);
     } else {
       chosen = single_process_bootstrap();
       chosen_how = "a world of one";

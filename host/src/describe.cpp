@@ -15,15 +15,24 @@ namespace {
 
 const char* type_name(int32_t type) {
   switch (type) {
-    case LOOM_PARAM_BOOL: return "bool";
-    case LOOM_PARAM_INT: return "int";
-    case LOOM_PARAM_FLOAT: return "float";
-    case LOOM_PARAM_STRING: return "string";
-    case LOOM_PARAM_INT_LIST: return "int_list";
-    case LOOM_PARAM_FLOAT_LIST: return "float_list";
-    case LOOM_PARAM_STRING_LIST: return "string_list";
-    case LOOM_PARAM_REF: return "ref";
-    default: return "unknown";
+    case LOOM_PARAM_BOOL:
+      return "bool";
+    case LOOM_PARAM_INT:
+      return "int";
+    case LOOM_PARAM_FLOAT:
+      return "float";
+    case LOOM_PARAM_STRING:
+      return "string";
+    case LOOM_PARAM_INT_LIST:
+      return "int_list";
+    case LOOM_PARAM_FLOAT_LIST:
+      return "float_list";
+    case LOOM_PARAM_STRING_LIST:
+      return "string_list";
+    case LOOM_PARAM_REF:
+      return "ref";
+    default:
+      return "unknown";
   }
 }
 
@@ -41,9 +50,12 @@ nlohmann::json default_json(const loom_param_spec& spec) {
     return arr;
   };
   switch (spec.type) {
-    case LOOM_PARAM_BOOL: return v.int_value != 0;
-    case LOOM_PARAM_INT: return v.int_value;
-    case LOOM_PARAM_FLOAT: return v.float_value;
+    case LOOM_PARAM_BOOL:
+      return v.int_value != 0;
+    case LOOM_PARAM_INT:
+      return v.int_value;
+    case LOOM_PARAM_FLOAT:
+      return v.float_value;
     case LOOM_PARAM_STRING:
     case LOOM_PARAM_REF:
       return v.string_value != nullptr ? nlohmann::json(v.string_value) : nlohmann::json(nullptr);
@@ -58,7 +70,8 @@ nlohmann::json default_json(const loom_param_spec& spec) {
       return list([&](size_t i) {
         return nlohmann::json(v.string_list[i] != nullptr ? v.string_list[i] : "");
       });
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 
@@ -73,8 +86,8 @@ nlohmann::json plugin_json(const PluginInfo& p) {
                        {"required", s.required != 0},
                        {"default", default_json(s)},
                        {"doc", s.doc != nullptr ? s.doc : ""}};
-      if (s.type == LOOM_PARAM_INT || s.type == LOOM_PARAM_FLOAT ||
-          s.type == LOOM_PARAM_INT_LIST || s.type == LOOM_PARAM_FLOAT_LIST) {
+      if (s.type == LOOM_PARAM_INT || s.type == LOOM_PARAM_FLOAT || s.type == LOOM_PARAM_INT_LIST ||
+          s.type == LOOM_PARAM_FLOAT_LIST) {
         j["min"] = bound(s.min);
         j["max"] = bound(s.max);
       }
@@ -87,9 +100,8 @@ nlohmann::json plugin_json(const PluginInfo& p) {
       if (s.type == LOOM_PARAM_REF) j["ref_kind"] = s.ref_kind;
       params.push_back(j);
     }
-    kinds.push_back({{"kind", f.kind},
-                     {"has_state", f.raw.export_state != nullptr},
-                     {"params", params}});
+    kinds.push_back(
+        {{"kind", f.kind}, {"has_state", f.raw.export_state != nullptr}, {"params", params}});
   }
   return {{"name", p.name},
           {"version", p.version},

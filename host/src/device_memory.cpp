@@ -37,12 +37,11 @@ loom_status* device_alloc(DLDevice device, size_t bytes, void* stream, void** ou
     const cudaError_t err = cudaMallocAsync(out, bytes, static_cast<cudaStream_t>(stream));
     if (current != device.device_id) cudaSetDevice(current);
     if (err != cudaSuccess) {
-      return make_status(err == cudaErrorMemoryAllocation ? LOOM_ERR_RESOURCE_EXHAUSTED
-                                                          : LOOM_ERR_UNAVAILABLE,
-                         (std::string("cudaMallocAsync of ") + std::to_string(bytes) +
-                          " bytes on cuda:" + std::to_string(device.device_id) +
-                          " failed: " + cudaGetErrorString(err))
-                             .c_str());
+      return make_status(
+          err == cudaErrorMemoryAllocation ? LOOM_ERR_RESOURCE_EXHAUSTED : LOOM_ERR_UNAVAILABLE,
+          (std::string("cudaMallocAsync of ") + std::to_string(bytes) + " bytes on cuda:" +
+           std::to_string(device.device_id) + " failed: " + cudaGetErrorString(err))
+              .c_str());
     }
     return nullptr;
   }
@@ -65,9 +64,9 @@ loom_status* device_free(DLDevice device, void* ptr, void* stream) noexcept {
     const cudaError_t err = cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream));
     return err == cudaSuccess
                ? nullptr
-               : make_status(LOOM_ERR_INTERNAL,
-                             (std::string("cudaFreeAsync failed: ") + cudaGetErrorString(err))
-                                 .c_str());
+               : make_status(
+                     LOOM_ERR_INTERNAL,
+                     (std::string("cudaFreeAsync failed: ") + cudaGetErrorString(err)).c_str());
   }
 #else
   (void)ptr;

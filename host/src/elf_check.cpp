@@ -28,11 +28,11 @@ std::string check_elf_file(const std::filesystem::path& path) {
   if (eh.e_ident[EI_CLASS] != ELFCLASS64) return "not a 64-bit ELF file";
   if (eh.e_type != ET_DYN) return "not a shared library (ELF type is not ET_DYN)";
 #if defined(__x86_64__)
-  if (eh.e_machine != EM_X86_64) return "built for another processor (ELF machine " +
-                                        std::to_string(eh.e_machine) + ")";
+  if (eh.e_machine != EM_X86_64)
+    return "built for another processor (ELF machine " + std::to_string(eh.e_machine) + ")";
 #elif defined(__aarch64__)
-  if (eh.e_machine != EM_AARCH64) return "built for another processor (ELF machine " +
-                                         std::to_string(eh.e_machine) + ")";
+  if (eh.e_machine != EM_AARCH64)
+    return "built for another processor (ELF machine " + std::to_string(eh.e_machine) + ")";
 #endif
   auto truncated = [&](uint64_t need) {
     std::ostringstream os;
@@ -67,8 +67,8 @@ std::string check_plugin_permissions(const std::filesystem::path& path) {
       std::ostringstream os;
       os << p.string() << " can be written by users other than its owner (mode " << std::oct
          << (st.st_mode & 07777)
-         << "); loading a plugin runs its code, so Loom refuses it (fix: chmod go-w "
-         << p.string() << ")";
+         << "); loading a plugin runs its code, so Loom refuses it (fix: chmod go-w " << p.string()
+         << ")";
       *why = os.str();
       return true;
     }

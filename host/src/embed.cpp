@@ -85,8 +85,8 @@ loom_instance* handle(Instance* inst) { return reinterpret_cast<loom_instance*>(
 
 int32_t check_kind(const Instance* inst, const char* kind) {
   if (inst->kind != kind) {
-    return fail(LOOM_ERR_INVALID_ARGUMENT, inst->label + " is a " + inst->kind + " instance, not " +
-                                               kind);
+    return fail(LOOM_ERR_INVALID_ARGUMENT,
+                inst->label + " is a " + inst->kind + " instance, not " + kind);
   }
   return LOOM_OK;
 }
@@ -167,9 +167,9 @@ LOOM_API int32_t loom_find_instance(loom_session* session, const char* kind, con
     }
     Instance* inst = session->session->find(kind_id, name);
     if (inst == nullptr) {
-      return fail(LOOM_ERR_NOT_FOUND, "no " + (kind_id.empty() ? std::string("") : std::string(kind_id) + " ") +
-                                          "instance named '" + name + "' in " +
-                                          session->session->manifest().origin);
+      return fail(LOOM_ERR_NOT_FOUND,
+                  "no " + (kind_id.empty() ? std::string("") : std::string(kind_id) + " ") +
+                      "instance named '" + name + "' in " + session->session->manifest().origin);
     }
     *out = handle(inst);
     return succeed();
@@ -192,8 +192,8 @@ LOOM_API const void* loom_instance_vtable(const loom_instance* instance) {
   return instance != nullptr ? impl(instance)->factory().vtable : nullptr;
 }
 
-LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffer,
-                                            size_t capacity, size_t* size) {
+LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffer, size_t capacity,
+                                            size_t* size) {
   return api_call([&] {
     if (instance == nullptr || size == nullptr) {
       return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_instance_export_state: NULL argument");
@@ -207,22 +207,22 @@ LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffe
     struct Sink {
       std::vector<unsigned char>* blob;
     } sink{&blob};
-    loom_state_writer writer{LOOM_STATE_WRITER_SIZE, 0, &sink,
-                             [](void* ctx, const void* data, size_t bytes) noexcept -> loom_status* {
-                               try {
-                                 auto* b = static_cast<Sink*>(ctx)->blob;
-                                 const auto* p = static_cast<const unsigned char*>(data);
-                                 if (bytes > 0 && p == nullptr) {
-                                   return loom::host::make_status(LOOM_ERR_INVALID_ARGUMENT,
-                                                                  "state write of NULL data");
-                                 }
-                                 b->insert(b->end(), p, p + bytes);
-                                 return nullptr;
-                               } catch (...) {
-                                 return loom::host::make_status(LOOM_ERR_RESOURCE_EXHAUSTED,
-                                                                "out of memory writing state");
-                               }
-                             }};
+    loom_state_writer writer{
+        LOOM_STATE_WRITER_SIZE, 0, &sink,
+        [](void* ctx, const void* data, size_t bytes) noexcept -> loom_status* {
+          try {
+            auto* b = static_cast<Sink*>(ctx)->blob;
+            const auto* p = static_cast<const unsigned char*>(data);
+            if (bytes > 0 && p == nullptr) {
+              return loom::host::make_status(LOOM_ERR_INVALID_ARGUMENT, "state write of NULL data");
+            }
+            b->insert(b->end(), p, p + bytes);
+            return nullptr;
+          } catch (...) {
+            return loom::host::make_status(LOOM_ERR_RESOURCE_EXHAUSTED,
+                                           "out of memory writing state");
+          }
+        }};
     const int32_t rc =
         plugin_call(inst, "export_state", [&] { return exporter(inst->object, &writer); });
     if (rc != LOOM_OK) return rc;
@@ -248,12 +248,10 @@ LOOM_API int32_t loom_instance_import_state(loom_instance* instance, const void*
     const auto importer = inst->factory().import_state;
     if (importer == nullptr) {
       if (size == 0) return succeed();
-      return fail(LOOM_ERR_INVALID_ARGUMENT,
-                  inst->label + " has no state, but a state of " + std::to_string(size) +
-                      " bytes was given");
+      return fail(LOOM_ERR_INVALID_ARGUMENT, inst->label + " has no state, but a state of " +
+                                                 std::to_string(size) + " bytes was given");
     }
-    return plugin_call(inst, "import_state",
-                       [&] { return importer(inst->object, data, size); });
+    return plugin_call(inst, "import_state", [&] { return importer(inst->object, data, size); });
   });
 }
 
@@ -274,8 +272,8 @@ LOOM_API int32_t loom_optimizer_step_f32(loom_instance* instance, float* const* 
                                          const float* const* grads, const int64_t* numels,
                                          size_t count, double lr) {
   return api_call([&] {
-    if (instance == nullptr || (count > 0 && (params == nullptr || grads == nullptr ||
-                                              numels == nullptr))) {
+    if (instance == nullptr ||
+        (count > 0 && (params == nullptr || grads == nullptr || numels == nullptr))) {
       return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step_f32: NULL argument");
     }
     // Wrap the plain arrays as 1-D fp32 CPU DLTensors with explicit strides.
@@ -284,27 +282,41 @@ LOOM_API int32_t loom_optimizer_step_f32(loom_instance* instance, float* const* 
     static const int64_t kUnitStride = 1;
     for (size_t i = 0; i < count; ++i) {
       if (params[i] == nullptr || grads[i] == nullptr || numels[i] < 0) {
-        return fail(LOOM_ERR_INVALID_ARGUMENT,
-                    "loom_optimizer_step_f32: tensor " + std::to_string(i) +
-                        " has a NULL pointer or a negative size");
+        return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step_f32: tensor " +
+                                                   std::to_string(i) +
+                                                   " has a NULL pointer or a negative size");
       }
       const DLDataType f32{kDLFloat, 32, 1};
-      p[i] = DLTensor{params[i], DLDevice{kDLCPU, 0}, 1, f32, const_cast<int64_t*>(&numels[i]),
-                      const_cast<int64_t*>(&kUnitStride), 0};
-      g[i] = DLTensor{const_cast<float*>(grads[i]), DLDevice{kDLCPU, 0}, 1, f32,
-                      const_cast<int64_t*>(&numels[i]), const_cast<int64_t*>(&kUnitStride), 0};
+      p[i] = DLTensor{params[i],
+                      DLDevice{kDLCPU, 0},
+                      1,
+                      f32,
+                      const_cast<int64_t*>(&numels[i]),
+                      const_cast<int64_t*>(&kUnitStride),
+                      0};
+      g[i] = DLTensor{const_cast<float*>(grads[i]),
+                      DLDevice{kDLCPU, 0},
+                      1,
+                      f32,
+                      const_cast<int64_t*>(&numels[i]),
+                      const_cast<int64_t*>(&kUnitStride),
+                      0};
       tensors[i] = loom_optimizer_tensor{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &p[i], &g[i], nullptr};
     }
-    const loom_optimizer_group group{LOOM_OPTIMIZER_GROUP_SIZE, 0, tensors.data(), count, 1.0,
+    const loom_optimizer_group group{LOOM_OPTIMIZER_GROUP_SIZE,
+                                     0,
+                                     tensors.data(),
+                                     count,
+                                     1.0,
                                      std::numeric_limits<double>::quiet_NaN()};
-    const loom_optimizer_step_args args{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &group, 1, lr, 1.0, 0,
-                                        nullptr};
+    const loom_optimizer_step_args args{
+        LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &group, 1, lr, 1.0, 0, nullptr};
     return loom_optimizer_step(instance, &args);
   });
 }
 
 LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
-                                          loom_optimizer_comm_info* out) {
+                                              loom_optimizer_comm_info* out) {
   return api_call([&] {
     if (instance == nullptr || out == nullptr) {
       return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_get_comm_info: NULL argument");
@@ -313,8 +325,9 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
     if (const int32_t rc = check_kind(inst, LOOM_KIND_OPTIMIZER); rc != LOOM_OK) return rc;
     const uint32_t size = out->struct_size;
     if (size < LOOM_STRUCT_SIZE(loom_optimizer_comm_info, owns_communication)) {
-      return fail(LOOM_ERR_INVALID_ARGUMENT,
-                  "loom_optimizer_get_comm_info: set out->struct_size to LOOM_OPTIMIZER_COMM_INFO_SIZE");
+      return fail(
+          LOOM_ERR_INVALID_ARGUMENT,
+          "loom_optimizer_get_comm_info: set out->struct_size to LOOM_OPTIMIZER_COMM_INFO_SIZE");
     }
     const auto* vt = static_cast<const loom_optimizer_v1*>(inst->factory().vtable);
     const bool has_fn = vt->struct_size >= LOOM_OPTIMIZER_V1_SIZE && vt->comm_info != nullptr;

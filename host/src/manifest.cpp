@@ -53,8 +53,8 @@ ManifestValue convert(const toml::node& node, const std::string& origin) {
 bool valid_instance_name(std::string_view s) {
   if (s.empty()) return false;
   for (const char c : s) {
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '_' || c == '-')) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '-')) {
       return false;
     }
   }
@@ -123,13 +123,13 @@ void parse_kind_section(const std::string& section, const toml::table& table, Ma
     const SourcePos kpos = pos_of(key.source(), m.origin);
     const auto* inst = node.as_table();
     if (inst == nullptr) {
-      diags.error(kpos, "'" + section + "." + name + "' must be a table: instances are declared as [" +
-                            section + ".NAME] with plugin = \"...\" inside");
+      diags.error(kpos, "'" + section + "." + name +
+                            "' must be a table: instances are declared as [" + section +
+                            ".NAME] with plugin = \"...\" inside");
       continue;
     }
     if (!valid_instance_name(name)) {
-      diags.error(kpos, "instance name '" + name +
-                            "' may only use letters, digits, '_' and '-'");
+      diags.error(kpos, "instance name '" + name + "' may only use letters, digits, '_' and '-'");
       continue;
     }
     InstanceDecl decl;
@@ -145,7 +145,8 @@ void parse_kind_section(const std::string& section, const toml::table& table, Ma
         has_plugin = true;
         decl.plugin_pos = pos_of(inode.source(), m.origin);
         if (!inode.is_string() || inode.as_string()->get().empty()) {
-          diags.error(decl.plugin_pos, decl.label() + ": plugin must be a plugin name string, not " +
+          diags.error(decl.plugin_pos, decl.label() +
+                                           ": plugin must be a plugin name string, not " +
                                            type_phrase(convert(inode, m.origin).type));
         } else {
           decl.plugin = inode.as_string()->get();
@@ -156,8 +157,9 @@ void parse_kind_section(const std::string& section, const toml::table& table, Ma
           ManifestEntry{k, pos_of(ikey.source(), m.origin), convert(inode, m.origin)});
     }
     if (!has_plugin) {
-      diags.error(decl.pos, decl.label() + " is missing required key 'plugin' (the plugin that "
-                                           "implements it, e.g. plugin = \"name\")");
+      diags.error(decl.pos, decl.label() +
+                                " is missing required key 'plugin' (the plugin that "
+                                "implements it, e.g. plugin = \"name\")");
     }
     m.instances.push_back(std::move(decl));
   }
@@ -167,13 +169,20 @@ void parse_kind_section(const std::string& section, const toml::table& table, Ma
 
 std::string type_phrase(ManifestValue::Type type) {
   switch (type) {
-    case ManifestValue::Type::kBool: return "a boolean";
-    case ManifestValue::Type::kInt: return "an integer";
-    case ManifestValue::Type::kFloat: return "a float";
-    case ManifestValue::Type::kString: return "a string";
-    case ManifestValue::Type::kArray: return "an array";
-    case ManifestValue::Type::kTable: return "a table";
-    case ManifestValue::Type::kOther: return "a date or time";
+    case ManifestValue::Type::kBool:
+      return "a boolean";
+    case ManifestValue::Type::kInt:
+      return "an integer";
+    case ManifestValue::Type::kFloat:
+      return "a float";
+    case ManifestValue::Type::kString:
+      return "a string";
+    case ManifestValue::Type::kArray:
+      return "an array";
+    case ManifestValue::Type::kTable:
+      return "a table";
+    case ManifestValue::Type::kOther:
+      return "a date or time";
   }
   return "a value";
 }
@@ -200,7 +209,8 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
   toml::parse_result parsed = toml::parse(text, origin);
   if (!parsed) {
     const auto& err = parsed.error();
-    diags.error(pos_of(err.source(), origin), "TOML syntax error: " + std::string(err.description()));
+    diags.error(pos_of(err.source(), origin),
+                "TOML syntax error: " + std::string(err.description()));
     return m;
   }
   const toml::table& root = parsed.table();

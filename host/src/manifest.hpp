@@ -46,8 +46,8 @@ struct InstanceDecl {
 };
 
 struct Manifest {
-  std::string origin;             // the file name used in messages
-  std::filesystem::path base_dir; // relative plugin_path entries resolve against it
+  std::string origin;              // the file name used in messages
+  std::filesystem::path base_dir;  // relative plugin_path entries resolve against it
   int64_t abi = 1;
   std::vector<std::filesystem::path> plugin_path;  // absolute
   std::optional<std::string> log_level;

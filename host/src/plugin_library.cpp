@@ -73,8 +73,9 @@ FactoryInfo read_factory(const std::filesystem::path& path, const std::string& p
   const std::string where = "plugin '" + plugin_name + "' factory " + std::to_string(index);
   if (f == nullptr) fail(path, where + " is NULL");
   if (f->struct_size < kMinFactorySize) {
-    fail(path, where + " has struct_size " + std::to_string(f->struct_size) +
-                   ", smaller than the minimum " + std::to_string(kMinFactorySize),
+    fail(path,
+         where + " has struct_size " + std::to_string(f->struct_size) +
+             ", smaller than the minimum " + std::to_string(kMinFactorySize),
          LOOM_ERR_ABI_MISMATCH);
   }
   FactoryInfo info;
@@ -86,9 +87,9 @@ FactoryInfo read_factory(const std::filesystem::path& path, const std::string& p
   }
   const uint32_t vt_size = *static_cast<const uint32_t*>(info.raw.vtable);
   if (vt_size < min_vtable_size(info.kind)) {
-    fail(path, where + " (" + info.kind + ") has a function table of " +
-                   std::to_string(vt_size) + " bytes, smaller than the minimum " +
-                   std::to_string(min_vtable_size(info.kind)),
+    fail(path,
+         where + " (" + info.kind + ") has a function table of " + std::to_string(vt_size) +
+             " bytes, smaller than the minimum " + std::to_string(min_vtable_size(info.kind)),
          LOOM_ERR_ABI_MISMATCH);
   }
   if (info.raw.param_count > 0 && info.raw.param_specs == nullptr) {
@@ -98,8 +99,9 @@ FactoryInfo read_factory(const std::filesystem::path& path, const std::string& p
   const auto* bytes = reinterpret_cast<const unsigned char*>(info.raw.param_specs);  // NOLINT
   const uint32_t stride = info.raw.param_count > 0 ? info.raw.param_specs[0].struct_size : 0;
   if (info.raw.param_count > 0 && stride < kMinSpecSize) {
-    fail(path, where + " has param specs of " + std::to_string(stride) +
-                   " bytes, smaller than the minimum " + std::to_string(kMinSpecSize),
+    fail(path,
+         where + " has param specs of " + std::to_string(stride) +
+             " bytes, smaller than the minimum " + std::to_string(kMinSpecSize),
          LOOM_ERR_ABI_MISMATCH);
   }
   std::set<std::string> names;
@@ -140,7 +142,8 @@ std::shared_ptr<const PluginInfo> read_plugin(const std::filesystem::path& path,
   if (desc.abi_major != LOOM_ABI_MAJOR) {
     fail(path,
          "it was built for Loom ABI " + std::to_string(desc.abi_major) + "." +
-             std::to_string(desc.abi_minor) + " but exports loom_plugin_entry_v1; this host speaks ABI " +
+             std::to_string(desc.abi_minor) +
+             " but exports loom_plugin_entry_v1; this host speaks ABI " +
              std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR),
          LOOM_ERR_ABI_MISMATCH);
   }
@@ -272,7 +275,8 @@ std::vector<std::filesystem::path> PluginCatalog::search_path(
     size_t start = 0;
     while (start <= list.size()) {
       const size_t end = std::min(list.find(':', start), list.size());
-      if (end > start) dirs.emplace_back(std::filesystem::absolute(list.substr(start, end - start)));
+      if (end > start)
+        dirs.emplace_back(std::filesystem::absolute(list.substr(start, end - start)));
       start = end + 1;
     }
   };

@@ -18,12 +18,18 @@ namespace {
 
 spdlog::level::level_enum to_spdlog(int32_t level) {
   switch (level) {
-    case LOOM_LOG_TRACE: return spdlog::level::trace;
-    case LOOM_LOG_DEBUG: return spdlog::level::debug;
-    case LOOM_LOG_INFO: return spdlog::level::info;
-    case LOOM_LOG_WARN: return spdlog::level::warn;
-    case LOOM_LOG_ERROR: return spdlog::level::err;
-    default: return spdlog::level::off;
+    case LOOM_LOG_TRACE:
+      return spdlog::level::trace;
+    case LOOM_LOG_DEBUG:
+      return spdlog::level::debug;
+    case LOOM_LOG_INFO:
+      return spdlog::level::info;
+    case LOOM_LOG_WARN:
+      return spdlog::level::warn;
+    case LOOM_LOG_ERROR:
+      return spdlog::level::err;
+    default:
+      return spdlog::level::off;
   }
 }
 
@@ -168,9 +174,8 @@ void Session::create_instances() {
 
     void* object = nullptr;
     const auto& factory = v.factory->raw;
-    auto taken = take_status(guarded_call(inst->label + " create", [&] {
-      return factory.create(&inst->services, &object);
-    }));
+    auto taken = take_status(guarded_call(
+        inst->label + " create", [&] { return factory.create(&inst->services, &object); }));
     if (taken.ok() && object == nullptr) {
       taken = {LOOM_ERR_INTERNAL, "create returned success but no instance"};
     }

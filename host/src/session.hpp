@@ -86,5 +86,4 @@ loom_status* guarded_call(const std::string& what, Fn&& fn) noexcept {
   }
 }
 
-
 }  // namespace loom::host

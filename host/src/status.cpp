@@ -13,7 +13,8 @@ struct HostStatus {
 
 void destroy_host_status(loom_status* self) {
   // base is the first member, so the pointer is the HostStatus's.
-  delete reinterpret_cast<HostStatus*>(self);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+  delete reinterpret_cast<HostStatus*>(
+      self);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
 }
 
 }  // namespace
@@ -44,8 +45,8 @@ TakenStatus take_status(loom_status* status) {
                  ? static_cast<loom_code>(status->code)
                  : LOOM_ERR_INTERNAL;
   if (out.code == LOOM_OK) out.code = LOOM_ERR_INTERNAL;  // a status object is an error
-  const char* msg = size >= offsetof(loom_status, message) + sizeof(char*) ? status->message
-                                                                           : nullptr;
+  const char* msg =
+      size >= offsetof(loom_status, message) + sizeof(char*) ? status->message : nullptr;
   out.message = msg != nullptr ? msg : "(no message)";
   if (out.message.empty()) out.message = "(no message)";
   if (size >= LOOM_STATUS_SIZE && status->destroy != nullptr) status->destroy(status);
@@ -54,19 +55,32 @@ TakenStatus take_status(loom_status* status) {
 
 const char* code_name(int32_t code) {
   switch (code) {
-    case LOOM_OK: return "OK";
-    case LOOM_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case LOOM_ERR_NOT_FOUND: return "NOT_FOUND";
-    case LOOM_ERR_OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case LOOM_ERR_UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case LOOM_ERR_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case LOOM_ERR_UNAVAILABLE: return "UNAVAILABLE";
-    case LOOM_ERR_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case LOOM_ERR_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case LOOM_ERR_DATA_LOSS: return "DATA_LOSS";
-    case LOOM_ERR_ABI_MISMATCH: return "ABI_MISMATCH";
-    case LOOM_ERR_INTERNAL: return "INTERNAL";
-    default: return "UNKNOWN";
+    case LOOM_OK:
+      return "OK";
+    case LOOM_ERR_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case LOOM_ERR_NOT_FOUND:
+      return "NOT_FOUND";
+    case LOOM_ERR_OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case LOOM_ERR_UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case LOOM_ERR_FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case LOOM_ERR_UNAVAILABLE:
+      return "UNAVAILABLE";
+    case LOOM_ERR_DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case LOOM_ERR_RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case LOOM_ERR_DATA_LOSS:
+      return "DATA_LOSS";
+    case LOOM_ERR_ABI_MISMATCH:
+      return "ABI_MISMATCH";
+    case LOOM_ERR_INTERNAL:
+      return "INTERNAL";
+    default:
+      return "UNKNOWN";
   }
 }
 

@@ -30,18 +30,25 @@ bool is_list(int32_t type) {
 
 int32_t element_type(int32_t list_type) {
   switch (list_type) {
-    case LOOM_PARAM_INT_LIST: return LOOM_PARAM_INT;
-    case LOOM_PARAM_FLOAT_LIST: return LOOM_PARAM_FLOAT;
-    default: return LOOM_PARAM_STRING;
+    case LOOM_PARAM_INT_LIST:
+      return LOOM_PARAM_INT;
+    case LOOM_PARAM_FLOAT_LIST:
+      return LOOM_PARAM_FLOAT;
+    default:
+      return LOOM_PARAM_STRING;
   }
 }
 
 const char* scalar_phrase(int32_t type) {
   switch (type) {
-    case LOOM_PARAM_BOOL: return "a boolean";
-    case LOOM_PARAM_INT: return "an integer";
-    case LOOM_PARAM_FLOAT: return "a number";
-    default: return "a string";
+    case LOOM_PARAM_BOOL:
+      return "a boolean";
+    case LOOM_PARAM_INT:
+      return "an integer";
+    case LOOM_PARAM_FLOAT:
+      return "a number";
+    default:
+      return "a string";
   }
 }
 
@@ -67,8 +74,8 @@ bool check_scalar(const ManifestValue& v, int32_t type, const loom_param_spec& s
       if (v.type == Type::kInt || v.type == Type::kFloat) {
         const double x = v.type == Type::kInt ? static_cast<double>(v.int_value) : v.float_value;
         if (std::isnan(x) || x < spec.min || x > spec.max) {
-          diags.error(v.pos, what + " = " + format_number(x) + " is out of range " +
-                                 range_phrase(spec));
+          diags.error(v.pos,
+                      what + " = " + format_number(x) + " is out of range " + range_phrase(spec));
           return false;
         }
         return true;
@@ -102,13 +109,19 @@ loom_value to_value(const ManifestValue& v, const loom_param_spec& spec, ParamSe
   out.struct_size = LOOM_VALUE_SIZE;
   out.type = spec.type;
   switch (spec.type) {
-    case LOOM_PARAM_BOOL: out.int_value = v.bool_value ? 1 : 0; break;
-    case LOOM_PARAM_INT: out.int_value = v.int_value; break;
+    case LOOM_PARAM_BOOL:
+      out.int_value = v.bool_value ? 1 : 0;
+      break;
+    case LOOM_PARAM_INT:
+      out.int_value = v.int_value;
+      break;
     case LOOM_PARAM_FLOAT:
       out.float_value = v.type == Type::kInt ? static_cast<double>(v.int_value) : v.float_value;
       break;
     case LOOM_PARAM_STRING:
-    case LOOM_PARAM_REF: out.string_value = set.strings.emplace_back(v.string_value).c_str(); break;
+    case LOOM_PARAM_REF:
+      out.string_value = set.strings.emplace_back(v.string_value).c_str();
+      break;
     case LOOM_PARAM_INT_LIST: {
       auto& list = set.int_lists.emplace_back();
       for (const auto& item : v.items) list.push_back(item.int_value);
@@ -128,12 +141,14 @@ loom_value to_value(const ManifestValue& v, const loom_param_spec& spec, ParamSe
     }
     case LOOM_PARAM_STRING_LIST: {
       auto& ptrs = set.string_lists.emplace_back();
-      for (const auto& item : v.items) ptrs.push_back(set.strings.emplace_back(item.string_value).c_str());
+      for (const auto& item : v.items)
+        ptrs.push_back(set.strings.emplace_back(item.string_value).c_str());
       out.count = ptrs.size();
       out.string_list = ptrs.data();
       break;
     }
-    default: break;
+    default:
+      break;
   }
   return out;
 }
@@ -150,7 +165,8 @@ bool check_value(const ManifestValue& v, const loom_param_spec& spec, const std:
                  Diagnostics& diags) {
   if (!is_list(spec.type)) return check_scalar(v, spec.type, spec, what, diags);
   if (v.type != Type::kArray) {
-    diags.error(v.pos, what + " must be " + param_type_phrase(spec) + ", not " + type_phrase(v.type));
+    diags.error(v.pos,
+                what + " must be " + param_type_phrase(spec) + ", not " + type_phrase(v.type));
     return false;
   }
   if (spec.list_length > 0 && v.items.size() != static_cast<size_t>(spec.list_length)) {
@@ -171,16 +187,24 @@ bool check_value(const ManifestValue& v, const loom_param_spec& spec, const std:
 std::string param_type_phrase(const loom_param_spec& spec) {
   const std::string n = spec.list_length > 0 ? std::to_string(spec.list_length) + " " : "";
   switch (spec.type) {
-    case LOOM_PARAM_BOOL: return "a boolean";
-    case LOOM_PARAM_INT: return "an integer";
-    case LOOM_PARAM_FLOAT: return "a number";
-    case LOOM_PARAM_STRING: return "a string";
-    case LOOM_PARAM_INT_LIST: return "an array of " + n + "integers";
-    case LOOM_PARAM_FLOAT_LIST: return "an array of " + n + "numbers";
-    case LOOM_PARAM_STRING_LIST: return "an array of " + n + "strings";
+    case LOOM_PARAM_BOOL:
+      return "a boolean";
+    case LOOM_PARAM_INT:
+      return "an integer";
+    case LOOM_PARAM_FLOAT:
+      return "a number";
+    case LOOM_PARAM_STRING:
+      return "a string";
+    case LOOM_PARAM_INT_LIST:
+      return "an array of " + n + "integers";
+    case LOOM_PARAM_FLOAT_LIST:
+      return "an array of " + n + "numbers";
+    case LOOM_PARAM_STRING_LIST:
+      return "an array of " + n + "strings";
     case LOOM_PARAM_REF:
       return std::string("the name of a ") + (spec.ref_kind ? spec.ref_kind : "?") + " instance";
-    default: return "a value";
+    default:
+      return "a value";
   }
 }
 
@@ -244,11 +268,10 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
       if (out.factory->find_spec(entry.key) == nullptr) {
         std::string known;
         for (const auto& s : specs) known += (known.empty() ? "" : ", ") + std::string(s.name);
-        diags.error(entry.key_pos, "unknown parameter '" + entry.key + "' for " + decl.label() +
-                                       " (plugin '" + decl.plugin + "')" +
-                                       did_you_mean(entry.key, spec_names) +
-                                       (known.empty() ? "; it takes no parameters"
-                                                      : "; it takes: " + known));
+        diags.error(entry.key_pos,
+                    "unknown parameter '" + entry.key + "' for " + decl.label() + " (plugin '" +
+                        decl.plugin + "')" + did_you_mean(entry.key, spec_names) +
+                        (known.empty() ? "; it takes no parameters" : "; it takes: " + known));
         usable[i] = false;
         continue;
       }
@@ -276,9 +299,10 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
           const auto t = by_name.find(target);
           const std::string what = "parameter '" + std::string(spec.name) + "' of " + decl.label();
           if (t == by_name.end()) {
-            diags.error(decl.pos, what + " defaults to instance '" + target +
-                                      "', which the manifest does not declare; declare it or set '" +
-                                      spec.name + "'");
+            diags.error(decl.pos,
+                        what + " defaults to instance '" + target +
+                            "', which the manifest does not declare; declare it or set '" +
+                            spec.name + "'");
             usable[i] = false;
           } else if (manifest.instances[t->second].kind != spec.ref_kind) {
             diags.error(decl.pos, what + " defaults to '" + target + "', which is " +

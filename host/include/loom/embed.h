@@ -36,10 +36,10 @@ typedef struct loom_open_options {
   int32_t validate_only; /* 1: parse, load plugins and validate; create no instance */
   /* Extra plugin folders, ':'-separated, searched after the manifest's plugin_path
    * and before LOOM_PLUGIN_PATH. NULL for none. */
-  const char *plugin_path;
+  const char* plugin_path;
   /* The rank's bootstrap, or NULL: the host picks one (a world of one unless the
    * process was launched as part of a job). Must outlive the session. */
-  const loom_bootstrap *bootstrap;
+  const loom_bootstrap* bootstrap;
   /* Log level for this session: a loom_log_level, or -1 for the manifest's
    * [loom] log_level (LOOM_LOG_LEVEL in the environment overrides both). */
   int32_t log_level;
@@ -49,58 +49,56 @@ typedef struct loom_open_options {
 LOOM_CHECK_STRUCT_SIZE(loom_open_options, LOOM_OPEN_OPTIONS_SIZE);
 
 /* The library's version string ("0.1.0") and the ABI it speaks. */
-LOOM_API const char *loom_version(void);
+LOOM_API const char* loom_version(void);
 LOOM_API uint32_t loom_abi_major(void);
 LOOM_API uint32_t loom_abi_minor(void);
 
 /* The message of the last failed call on this thread ("" when none). Valid until
  * the next Loom call on this thread. Lists every error when a manifest has several,
  * one "FILE:LINE:COL: message" per line. */
-LOOM_API const char *loom_last_error(void);
+LOOM_API const char* loom_last_error(void);
 LOOM_API int32_t loom_last_error_code(void);
 
 /* Opens a manifest. `options` may be NULL. On success *out is a new session. */
-LOOM_API int32_t loom_open_file(const char *path, const loom_open_options *options,
-                                loom_session **out);
+LOOM_API int32_t loom_open_file(const char* path, const loom_open_options* options,
+                                loom_session** out);
 /* The same from TOML text; `origin` names it in messages and is the folder that
  * relative plugin_path entries resolve against (NULL: "<string>" and the working
  * directory). */
-LOOM_API int32_t loom_open_string(const char *toml, const char *origin,
-                                  const loom_open_options *options, loom_session **out);
+LOOM_API int32_t loom_open_string(const char* toml, const char* origin,
+                                  const loom_open_options* options, loom_session** out);
 /* Destroys every instance, in reverse creation order. NULL is a no-op. */
-LOOM_API void loom_close(loom_session *session);
+LOOM_API void loom_close(loom_session* session);
 
 /* Instances, in creation (dependency) order. */
-LOOM_API size_t loom_instance_count(const loom_session *session);
-LOOM_API loom_instance *loom_instance_at(loom_session *session, size_t index);
+LOOM_API size_t loom_instance_count(const loom_session* session);
+LOOM_API loom_instance* loom_instance_at(loom_session* session, size_t index);
 /* `kind` is a manifest section ("optimizer") or a kind ID ("loom.optimizer/1"). */
-LOOM_API int32_t loom_find_instance(loom_session *session, const char *kind, const char *name,
-                                    loom_instance **out);
-LOOM_API const char *loom_instance_name(const loom_instance *instance);
-LOOM_API const char *loom_instance_kind(const loom_instance *instance); /* "loom.optimizer/1" */
-LOOM_API const char *loom_instance_plugin(const loom_instance *instance);
+LOOM_API int32_t loom_find_instance(loom_session* session, const char* kind, const char* name,
+                                    loom_instance** out);
+LOOM_API const char* loom_instance_name(const loom_instance* instance);
+LOOM_API const char* loom_instance_kind(const loom_instance* instance); /* "loom.optimizer/1" */
+LOOM_API const char* loom_instance_plugin(const loom_instance* instance);
 
 /* Full access: the plugin's object and its kind's table (e.g. const loom_optimizer_v1*).
  * Calls through these bypass the host's error capture; prefer the wrappers below. */
-LOOM_API void *loom_instance_object(const loom_instance *instance);
-LOOM_API const void *loom_instance_vtable(const loom_instance *instance);
+LOOM_API void* loom_instance_object(const loom_instance* instance);
+LOOM_API const void* loom_instance_vtable(const loom_instance* instance);
 
 /* State for checkpoints. Call with buffer NULL to learn the size; *size gets the
  * number of bytes the state needs (or wrote). */
-LOOM_API int32_t loom_instance_export_state(loom_instance *instance, void *buffer,
-                                            size_t capacity, size_t *size);
-LOOM_API int32_t loom_instance_import_state(loom_instance *instance, const void *data,
-                                            size_t size);
+LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffer, size_t capacity,
+                                            size_t* size);
+LOOM_API int32_t loom_instance_import_state(loom_instance* instance, const void* data, size_t size);
 
 /* ---- loom.optimizer/1 */
-LOOM_API int32_t loom_optimizer_step(loom_instance *instance,
-                                     const loom_optimizer_step_args *args);
+LOOM_API int32_t loom_optimizer_step(loom_instance* instance, const loom_optimizer_step_args* args);
 /* The simple path: one group of contiguous fp32 CPU tensors. */
-LOOM_API int32_t loom_optimizer_step_f32(loom_instance *instance, float *const *params,
-                                         const float *const *grads, const int64_t *numels,
+LOOM_API int32_t loom_optimizer_step_f32(loom_instance* instance, float* const* params,
+                                         const float* const* grads, const int64_t* numels,
                                          size_t count, double lr);
-LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance *instance,
-                                          loom_optimizer_comm_info *out);
+LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
+                                              loom_optimizer_comm_info* out);
 
 /* ---- plugin discovery */
 
@@ -110,9 +108,8 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance *instance,
  * (`plugin_path` first, then LOOM_PLUGIN_PATH, then the bundled folder); otherwise only
  * that plugin, and a missing or broken one is an error. Free *json_out with
  * loom_free_string. Loading a plugin runs its code: only configured folders are used. */
-LOOM_API int32_t loom_describe_plugins(const char *name, const char *plugin_path,
-                                       char **json_out);
-LOOM_API void loom_free_string(char *s);
+LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path, char** json_out);
+LOOM_API void loom_free_string(char* s);
 
 #ifdef __cplusplus
 }

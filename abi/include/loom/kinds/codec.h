@@ -19,8 +19,8 @@ typedef struct loom_codec_layout {
   uint32_t struct_size;
   uint32_t reserved;
   /* in */
-  uint64_t elements;    /* unpadded length of the buffer */
-  int32_t world_size;   /* number of chunks the buffer will be split into */
+  uint64_t elements;  /* unpadded length of the buffer */
+  int32_t world_size; /* number of chunks the buffer will be split into */
   int32_t reserved2;
   /* out */
   uint64_t padded_elements; /* >= elements, a multiple of world_size, as the codec needs */
@@ -32,10 +32,10 @@ LOOM_CHECK_STRUCT_SIZE(loom_codec_layout, LOOM_CODEC_LAYOUT_SIZE);
 typedef struct loom_codec_encode_args {
   uint32_t struct_size;
   uint32_t chunk_count;
-  const DLTensor *input; /* fp32, padded length (a layout's padded_elements) */
-  DLTensor *error;       /* fp32, same length, error-feedback buffer (in/out); NULL: none */
-  void *output;          /* chunk_count * chunk_bytes bytes, same device as input */
-  void *stream;
+  const DLTensor* input; /* fp32, padded length (a layout's padded_elements) */
+  DLTensor* error;       /* fp32, same length, error-feedback buffer (in/out); NULL: none */
+  void* output;          /* chunk_count * chunk_bytes bytes, same device as input */
+  void* stream;
 } loom_codec_encode_args;
 #define LOOM_CODEC_ENCODE_ARGS_SIZE LOOM_STRUCT_SIZE(loom_codec_encode_args, stream)
 LOOM_CHECK_STRUCT_SIZE(loom_codec_encode_args, LOOM_CODEC_ENCODE_ARGS_SIZE);
@@ -43,11 +43,11 @@ LOOM_CHECK_STRUCT_SIZE(loom_codec_encode_args, LOOM_CODEC_ENCODE_ARGS_SIZE);
 typedef struct loom_codec_decode_args {
   uint32_t struct_size;
   uint32_t chunk_count;
-  const void *input; /* chunk_count encoded chunks */
-  DLTensor *output;  /* fp32, chunk_count * chunk elements */
-  float alpha;       /* decoded values are multiplied by alpha */
+  const void* input;  /* chunk_count encoded chunks */
+  DLTensor* output;   /* fp32, chunk_count * chunk elements */
+  float alpha;        /* decoded values are multiplied by alpha */
   int32_t accumulate; /* 1: output += alpha * decoded; 0: output = alpha * decoded */
-  void *stream;
+  void* stream;
 } loom_codec_decode_args;
 #define LOOM_CODEC_DECODE_ARGS_SIZE LOOM_STRUCT_SIZE(loom_codec_decode_args, stream)
 LOOM_CHECK_STRUCT_SIZE(loom_codec_decode_args, LOOM_CODEC_DECODE_ARGS_SIZE);
@@ -56,14 +56,14 @@ typedef struct loom_codec_v1 {
   uint32_t struct_size;
   uint32_t reserved;
   /* [any] Fills the out fields of `layout`. */
-  loom_status *(*layout)(void *instance, loom_codec_layout *layout);
+  loom_status* (*layout)(void* instance, loom_codec_layout* layout);
   /* [any] 1 when the codec can run on tensors on `device`. */
-  int32_t (*supports_device)(void *instance, DLDevice device);
+  int32_t (*supports_device)(void* instance, DLDevice device);
   /* [main] Encodes input + error into chunks and, when error is set, stores the new
    * residual (input + error - decoded) in error. */
-  loom_status *(*encode)(void *instance, const loom_codec_encode_args *args);
+  loom_status* (*encode)(void* instance, const loom_codec_encode_args* args);
   /* [main] Decodes chunks into output. */
-  loom_status *(*decode)(void *instance, const loom_codec_decode_args *args);
+  loom_status* (*decode)(void* instance, const loom_codec_decode_args* args);
 } loom_codec_v1;
 #define LOOM_CODEC_V1_SIZE LOOM_STRUCT_SIZE(loom_codec_v1, decode)
 LOOM_CHECK_STRUCT_SIZE(loom_codec_v1, LOOM_CODEC_V1_SIZE);

@@ -17,7 +17,8 @@ T element(const T* base, std::size_t i) {
   T out{};
   if (base == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "NULL array");
   const std::size_t stride = base->struct_size;
-  if (stride < sizeof(uint32_t)) throw Error(LOOM_ERR_INVALID_ARGUMENT, "array element has struct_size 0");
+  if (stride < sizeof(uint32_t))
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, "array element has struct_size 0");
   const auto* bytes = reinterpret_cast<const unsigned char*>(base) + i * stride;  // NOLINT
   std::memcpy(&out, bytes, stride < sizeof(T) ? stride : sizeof(T));
   return out;

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Style and static checks over the project's own sources:
+#   clang-format (every C/C++/CUDA file git tracks) and clang-tidy (the host and the CLI,
+#   using the compile database of BUILD_DIR). Usage: scripts/lint.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/release}
+
+mapfile -t sources < <(git ls-files '*.c' '*.cc' '*.cpp' '*.h' '*.hpp' '*.cu' '*.cuh')
+echo "lint: clang-format on ${#sources[@]} files"
+clang-format --dry-run --Werror "${sources[@]}"
+
+if [[ ! -f $build/compile_commands.json ]]; then
+  echo "lint: $build/compile_commands.json is missing; configure first" >&2
+  exit 1
+fi
+mapfile -t tidy < <(git ls-files 'host/*.cpp')
+echo "lint: clang-tidy on ${#tidy[@]} files"
+printf '%s\n' "${tidy[@]}" | xargs -P "$(nproc)" -n 1 clang-tidy -p "$build" --quiet 2>&1 |
+  grep -v "warnings generated" | tee /tmp/loom-tidy.$$ || true
+if grep -qE "(warning|error):" /tmp/loom-tidy.$$; then
+  rm -f /tmp/loom-tidy.$$
+  echo "lint: clang-tidy found problems" >&2
+  exit 1
+fi
+rm -f /tmp/loom-tidy.$$
+echo "lint: ok"

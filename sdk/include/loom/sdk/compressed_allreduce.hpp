@@ -1,0 +1,562 @@
+// The compressed allreduce, written once over any loom.comm transport and any loom.codec
+// codec: the two-phase error-feedback algorithm of 1-bit Adam (research notes, onebit.md
+// §1.3), which averages a tensor across the ranks at about 1/32 of fp32's wire volume with
+// the onebit codec.
+//
+// Each call, on rank r of n (padded length N from the codec's layout, chunk c = N / n):
+//   1. worker:  encode(pad(x), worker_error) into n chunks (the codec adds the error and
+//               stores the new residual), one chunk per destination rank;
+//   2. phase 1: all_to_all of the chunks (as bytes): rank r receives chunk r of every rank;
+//   3. server:  decode those n chunks with alpha = 1/n, accumulating in rank order, into
+//               its slice (c elements), then encode(slice, server_error) as one chunk;
+//   4. phase 2: allgather of the n server chunks;
+//   5. decode the n gathered chunks into the padded output; the first numel elements are
+//      the result.
+// Every rank decodes the same bytes in the same order, so the result is bit-identical on
+// every rank. The error buffers stay rank-private; export them for checkpoints.
+//
+// Usage (in an optimizer plugin holding `comm` and `codec` references):
+//
+//   #include <loom/sdk/compressed_allreduce.hpp>
+//
+//   auto comm = ctx.get_ref<loom_comm_v1>("comm");
+//   auto codec = ctx.get_ref<loom_codec_v1>("codec");
+//   // Collective: every rank constructs it with the same numel.
+//   loom::sdk::CompressedAllreduce allreduce(ctx, comm, codec, numel);
+//   ...
+//   // In place: momentum becomes the compressed average over all ranks.
+//   allreduce.run(momentum_tensor);      // fp32, contiguous, numel elements, host memory
+//   auto t = allreduce.last_traffic();   // bytes this rank sent/received, rounds
+//   ...
+//   allreduce.export_state(writer);      // inside the optimizer's export_state
+//   allreduce.import_state(reader);      // inside its import_state
+//
+// CUDA tensors: pass Options{.device = {kDLCUDA, id}, .stream = s, .device_ops = ops} where
+// ops wraps cudaMemcpyAsync / cudaMemsetAsync (the header itself does not link CUDA); the
+// codec and the transport must both support the device (checked at construction). Define
+// LOOM_SDK_CUDA_RUNTIME before including this header to get those ops from
+// <cuda_runtime_api.h> by default (then link CUDA::cudart).
+//
+// Threads: one call at a time ([main] of the comm and codec instances it uses).
+#ifndef LOOM_SDK_COMPRESSED_ALLREDUCE_HPP
+#define LOOM_SDK_COMPRESSED_ALLREDUCE_HPP
+
+#include <loom/abi.h>
+#include <loom/kinds/codec.h>
+#include <loom/kinds/comm.h>
+#include <loom/sdk/context.hpp>
+#include <loom/sdk/state.hpp>
+#include <loom/sdk/status.hpp>
+#include <loom/sdk/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#ifdef LOOM_SDK_CUDA_RUNTIME
+#include <cuda_runtime_api.h>
+#endif
+
+namespace loom::sdk {
+
+// Traffic counters, read from the transport's stats before and after a call.
+struct CompressedAllreduceTraffic {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t rounds = 0;  // collective calls the transport counted
+};
+
+// What the compressed allreduce needs to move device memory that neither the codec nor the
+// transport does for it. Unused (and may stay empty) for host memory. Each throws Error on
+// failure.
+struct DeviceOps {
+  // Device to device, ordered on `stream`.
+  std::function<void(void* dst, const void* src, std::size_t bytes, void* stream)> copy;
+  // Sets `bytes` bytes to zero, ordered on `stream`.
+  std::function<void(void* dst, std::size_t bytes, void* stream)> zero;
+  // Synchronous copies between host and device (state export/import only).
+  std::function<void(void* host_dst, const void* device_src, std::size_t bytes, void* stream)>
+      to_host;
+  std::function<void(void* device_dst, const void* host_src, std::size_t bytes, void* stream)>
+      from_host;
+};
+
+#ifdef LOOM_SDK_CUDA_RUNTIME
+// DeviceOps over the CUDA runtime.
+inline DeviceOps cuda_device_ops() {
+  auto ok = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      throw Error(LOOM_ERR_INTERNAL, std::string(what) + ": " + cudaGetErrorString(e));
+    }
+  };
+  DeviceOps ops;
+  ops.copy = [ok](void* dst, const void* src, std::size_t bytes, void* stream) {
+    ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                       static_cast<cudaStream_t>(stream)),
+       "cudaMemcpyAsync");
+  };
+  ops.zero = [ok](void* dst, std::size_t bytes, void* stream) {
+    ok(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+  };
+  ops.to_host = [ok](void* dst, const void* src, std::size_t bytes, void* stream) {
+    ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
+       "cudaMemcpyAsync");
+    ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  };
+  ops.from_host = [ok](void* dst, const void* src, std::size_t bytes, void* stream) {
+    ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
+       "cudaMemcpyAsync");
+    ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  };
+  return ops;
+}
+#endif
+
+class CompressedAllreduce {
+ public:
+  struct Options {
+    DLDevice device{kDLCPU, 0};  // where the tensors and every buffer live
+    void* stream = nullptr;      // allocation stream, and run()'s default stream
+    DeviceOps device_ops;        // required unless device is host memory
+  };
+
+  // Buffers from the host's allocators (Context::host_alloc / device_alloc). Collective: every
+  // rank constructs with the same numel (checked over the transport when it supports host
+  // memory; a mismatch is INVALID_ARGUMENT on every rank).
+  CompressedAllreduce(const Context& ctx, InstanceRef<loom_comm_v1> comm,
+                      InstanceRef<loom_codec_v1> codec, int64_t numel, Options options = {})
+      : CompressedAllreduce(std::move(comm), std::move(codec), numel, std::move(options),
+                            make_context_allocator(ctx)) {}
+
+  // Without a Context (trainers, tests, benchmarks): host memory from operator new. Device
+  // memory needs the Context constructor.
+  CompressedAllreduce(InstanceRef<loom_comm_v1> comm, InstanceRef<loom_codec_v1> codec,
+                      int64_t numel, Options options = {})
+      : CompressedAllreduce(std::move(comm), std::move(codec), numel, std::move(options),
+                            Allocator{}) {}
+
+  CompressedAllreduce(const CompressedAllreduce&) = delete;
+  CompressedAllreduce& operator=(const CompressedAllreduce&) = delete;
+  ~CompressedAllreduce() { release(); }
+
+  // output = compressed average over ranks of input. Both fp32, contiguous, numel() elements,
+  // on options.device; output may be input (in place). `stream`: NULL uses options.stream.
+  void run(const DLTensor& input, DLTensor& output, void* stream = nullptr) {
+    if (stream == nullptr) stream = options_.stream;
+    check_tensor(input, "compressed allreduce input");
+    check_tensor(output, "compressed allreduce output");
+    const CompressedAllreduceTraffic before = read_stats();
+    const std::size_t in_bytes = static_cast<std::size_t>(numel_) * sizeof(float);
+
+    // 1. worker: pad (the tail of work_ stays zero from construction) and encode.
+    const float* in = data_as<const float>(input);
+    const float* src = in;
+    if (padded_ != numel_) {
+      copy(work_, in, in_bytes, stream);
+      src = static_cast<const float*>(work_);
+    }
+    DLTensor src_t = tensor(const_cast<float*>(src), &shape_padded_);  // NOLINT
+    DLTensor worker_e = tensor(worker_error_, &shape_padded_);
+    loom_codec_encode_args enc{};
+    enc.struct_size = LOOM_CODEC_ENCODE_ARGS_SIZE;
+    enc.chunk_count = static_cast<uint32_t>(size_);
+    enc.input = &src_t;
+    enc.error = &worker_e;
+    enc.output = send_;
+    enc.stream = stream;
+    codec_.call(&loom_codec_v1::encode, &enc);
+
+    // 2. phase 1: chunk i to rank i.
+    DLTensor send_t = bytes_tensor(send_, &shape_all_chunks_);
+    DLTensor recv_t = bytes_tensor(recv_, &shape_all_chunks_);
+    loom_all_to_all_args a2a{};
+    a2a.struct_size = LOOM_ALL_TO_ALL_ARGS_SIZE;
+    a2a.send = &send_t;
+    a2a.recv = &recv_t;
+    a2a.stream = stream;
+    comm_.call(&loom_comm_v1::all_to_all, &a2a);
+
+    // 3. server: average the n received chunks of this rank's slice, add the server error,
+    // re-encode as one chunk.
+    DLTensor slice_t = tensor(slice_, &shape_chunk_);
+    for (int32_t i = 0; i < size_; ++i) {
+      loom_codec_decode_args dec{};
+      dec.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
+      dec.chunk_count = 1;
+      dec.input = static_cast<const unsigned char*>(recv_) + static_cast<std::size_t>(i) * chunk_bytes_;
+      dec.output = &slice_t;
+      dec.alpha = 1.0f / static_cast<float>(size_);
+      dec.accumulate = i > 0 ? 1 : 0;
+      dec.stream = stream;
+      codec_.call(&loom_codec_v1::decode, &dec);
+    }
+    DLTensor server_e = tensor(server_error_, &shape_chunk_);
+    loom_codec_encode_args senc{};
+    senc.struct_size = LOOM_CODEC_ENCODE_ARGS_SIZE;
+    senc.chunk_count = 1;
+    senc.input = &slice_t;
+    senc.error = &server_e;
+    senc.output = server_chunk_;
+    senc.stream = stream;
+    codec_.call(&loom_codec_v1::encode, &senc);
+
+    // 4. phase 2: every rank gets every server chunk.
+    DLTensor chunk_t = bytes_tensor(server_chunk_, &shape_one_chunk_);
+    DLTensor gathered_t = bytes_tensor(recv_, &shape_all_chunks_);
+    loom_allgather_args ag{};
+    ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
+    ag.send = &chunk_t;
+    ag.recv = &gathered_t;
+    ag.stream = stream;
+    comm_.call(&loom_comm_v1::allgather, &ag);
+
+    // 5. decode everything; the first numel elements are the result.
+    float* out = data_as<float>(output);
+    const bool direct = padded_ == numel_;
+    DLTensor out_t = tensor(direct ? out : static_cast<float*>(work_), &shape_padded_);
+    loom_codec_decode_args fin{};
+    fin.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
+    fin.chunk_count = static_cast<uint32_t>(size_);
+    fin.input = recv_;
+    fin.output = &out_t;
+    fin.alpha = 1.0f;
+    fin.accumulate = 0;
+    fin.stream = stream;
+    codec_.call(&loom_codec_v1::decode, &fin);
+    if (!direct) {
+      copy(out, work_, in_bytes, stream);
+      // work_'s tail must be zero again for the next call's padding.
+      zero(static_cast<float*>(work_) + numel_,
+           static_cast<std::size_t>(padded_ - numel_) * sizeof(float), stream);
+    }
+
+    const CompressedAllreduceTraffic after = read_stats();
+    last_.bytes_sent = after.bytes_sent - before.bytes_sent;
+    last_.bytes_received = after.bytes_received - before.bytes_received;
+    last_.rounds = after.rounds - before.rounds;
+    total_.bytes_sent += last_.bytes_sent;
+    total_.bytes_received += last_.bytes_received;
+    total_.rounds += last_.rounds;
+    ++calls_;
+  }
+  // In place.
+  void run(DLTensor& tensor, void* stream = nullptr) { run(tensor, tensor, stream); }
+
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_; }        // N
+  int64_t chunk_numel() const { return padded_ / size_; }  // c = N / n
+  std::size_t chunk_bytes() const { return chunk_bytes_; }
+  int32_t rank() const { return rank_; }
+  int32_t world_size() const { return size_; }
+  const Options& options() const { return options_; }
+
+  // The error-feedback buffers (fp32, on options.device): worker [N], server [N / n].
+  // Borrowed views; valid while this object lives.
+  DLTensor worker_error() const { return tensor(worker_error_, &shape_padded_); }
+  DLTensor server_error() const { return tensor(server_error_, &shape_chunk_); }
+
+  // Both error buffers as bytes (worker then server, native fp32), e.g. for a checkpoint.
+  std::vector<std::byte> export_errors() const {
+    std::vector<std::byte> out(error_bytes());
+    to_host(out.data(), worker_error_, worker_bytes());
+    to_host(out.data() + worker_bytes(), server_error_, server_bytes());
+    return out;
+  }
+  // Restores what export_errors returned; a blob of another size is INVALID_ARGUMENT and
+  // changes nothing.
+  void import_errors(std::span<const std::byte> blob) {
+    if (blob.size() != error_bytes()) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "compressed allreduce error state has " + std::to_string(blob.size()) +
+                      " bytes, expected " + std::to_string(error_bytes()) + " (padded length " +
+                      std::to_string(padded_) + ", " + std::to_string(size_) + " ranks)");
+    }
+    from_host(worker_error_, blob.data(), worker_bytes());
+    from_host(server_error_, blob.data() + worker_bytes(), server_bytes());
+  }
+
+  // Versioned state for an owner's export_state/import_state: header, numel, padded length,
+  // world size, then the errors. import_state checks all three sizes against this object.
+  void export_state(StateWriter& out) const {
+    out.write_header(kStateMagic, kStateVersion);
+    out.write_pod<int64_t>(numel_);
+    out.write_pod<int64_t>(padded_);
+    out.write_pod<int32_t>(size_);
+    const std::vector<std::byte> errors = export_errors();
+    out.write_pod<uint64_t>(errors.size());
+    out.write(errors.data(), errors.size());
+  }
+  void import_state(StateReader& in) {
+    in.read_header(kStateMagic, kStateVersion);
+    const auto numel = in.read_pod<int64_t>();
+    const auto padded = in.read_pod<int64_t>();
+    const auto size = in.read_pod<int32_t>();
+    if (numel != numel_ || padded != padded_ || size != size_) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "compressed allreduce state is for " + std::to_string(numel) + " elements (" +
+                      std::to_string(padded) + " padded) on " + std::to_string(size) +
+                      " ranks; this one has " + std::to_string(numel_) + " (" +
+                      std::to_string(padded_) + ") on " + std::to_string(size_));
+    }
+    const auto bytes = in.read_pod<uint64_t>();
+    if (bytes != error_bytes()) throw Error(LOOM_ERR_DATA_LOSS, "corrupt error state size");
+    import_errors(in.read_bytes(static_cast<std::size_t>(bytes)));
+  }
+
+  // Zeroes both error buffers (a fresh start, as at construction).
+  void reset() {
+    zero(worker_error_, worker_bytes(), options_.stream);
+    zero(server_error_, server_bytes(), options_.stream);
+  }
+
+  // Traffic of the last run() and of all runs so far, and the number of runs.
+  CompressedAllreduceTraffic last_traffic() const { return last_; }
+  CompressedAllreduceTraffic total_traffic() const { return total_; }
+  uint64_t calls() const { return calls_; }
+
+ private:
+  static constexpr const char* kStateMagic = "loom.compressed_allreduce";
+  static constexpr uint32_t kStateVersion = 1;
+
+  struct Allocator {
+    std::function<void*(std::size_t)> alloc;  // empty: host memory from operator new
+    std::function<void(void*)> free;
+  };
+
+  Allocator make_context_allocator(const Context& ctx) const {
+    // The options are not known yet (delegating constructor); capture by value later.
+    Allocator a;
+    a.alloc = [ctx, this](std::size_t bytes) {
+      return ctx.device_alloc(options_.device, bytes, options_.stream);
+    };
+    a.free = [ctx, this](void* p) noexcept {
+      try {
+        ctx.device_free(options_.device, p, options_.stream);
+      } catch (...) {
+      }
+    };
+    return a;
+  }
+
+  CompressedAllreduce(InstanceRef<loom_comm_v1> comm, InstanceRef<loom_codec_v1> codec,
+                      int64_t numel, Options options, Allocator allocator)
+      : comm_(std::move(comm)),
+        codec_(std::move(codec)),
+        options_(std::move(options)),
+        allocator_(std::move(allocator)),
+        numel_(numel) {
+    if (!comm_) throw Error(LOOM_ERR_INVALID_ARGUMENT, "compressed allreduce: comm is not set");
+    if (!codec_) throw Error(LOOM_ERR_INVALID_ARGUMENT, "compressed allreduce: codec is not set");
+    if (numel_ <= 0) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "compressed allreduce: numel must be positive, got " + std::to_string(numel_));
+    }
+    const bool host = is_cpu(options_.device);
+    if (!host && !allocator_.alloc) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "compressed allreduce on " + device_string(options_.device) +
+                      " needs the Context constructor (device memory comes from the host)");
+    }
+    if (!host && (!options_.device_ops.copy || !options_.device_ops.zero ||
+                  !options_.device_ops.to_host || !options_.device_ops.from_host)) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "compressed allreduce on " +
+                                                 device_string(options_.device) +
+                                                 " needs Options::device_ops (copy, zero, "
+                                                 "to_host, from_host)");
+    }
+    if (comm_.call(&loom_comm_v1::supports_device, options_.device) == 0) {
+      throw Error(LOOM_ERR_UNIMPLEMENTED, "transport '" + comm_.name() + "' cannot use " +
+                                              device_string(options_.device) + " memory");
+    }
+    if (codec_.call(&loom_codec_v1::supports_device, options_.device) == 0) {
+      throw Error(LOOM_ERR_UNIMPLEMENTED, "codec '" + codec_.name() + "' cannot use " +
+                                              device_string(options_.device) + " memory");
+    }
+    rank_ = comm_.call(&loom_comm_v1::rank);
+    size_ = comm_.call(&loom_comm_v1::size);
+    if (size_ <= 0 || rank_ < 0 || rank_ >= size_) {
+      throw Error(LOOM_ERR_FAILED_PRECONDITION, "transport '" + comm_.name() + "' reports rank " +
+                                                    std::to_string(rank_) + " of " +
+                                                    std::to_string(size_));
+    }
+
+    loom_codec_layout layout{};
+    layout.struct_size = LOOM_CODEC_LAYOUT_SIZE;
+    layout.elements = static_cast<uint64_t>(numel_);
+    layout.world_size = size_;
+    codec_.call(&loom_codec_v1::layout, &layout);
+    if (layout.padded_elements < layout.elements ||
+        layout.padded_elements % static_cast<uint64_t>(size_) != 0 || layout.chunk_bytes == 0 ||
+        layout.padded_elements > static_cast<uint64_t>(INT64_MAX / 8)) {
+      throw Error(LOOM_ERR_INTERNAL, "codec '" + codec_.name() + "' returned an invalid layout (" +
+                                         std::to_string(layout.padded_elements) + " padded, " +
+                                         std::to_string(layout.chunk_bytes) + " bytes a chunk)");
+    }
+    padded_ = static_cast<int64_t>(layout.padded_elements);
+    chunk_bytes_ = static_cast<std::size_t>(layout.chunk_bytes);
+    shape_padded_ = padded_;
+    shape_chunk_ = padded_ / size_;
+    shape_one_chunk_ = static_cast<int64_t>(chunk_bytes_);
+    shape_all_chunks_ = static_cast<int64_t>(chunk_bytes_) * size_;
+
+    if (host) check_same_numel();
+
+    try {
+      worker_error_ = allocate(worker_bytes());
+      server_error_ = allocate(server_bytes());
+      work_ = allocate(worker_bytes());
+      slice_ = allocate(server_bytes());
+      send_ = allocate(chunk_bytes_ * static_cast<std::size_t>(size_));
+      recv_ = allocate(chunk_bytes_ * static_cast<std::size_t>(size_));
+      server_chunk_ = allocate(chunk_bytes_);
+      reset();
+      zero(work_, worker_bytes(), options_.stream);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  // Every rank must pass the same numel: exchange it once over the transport.
+  void check_same_numel() {
+    std::vector<int64_t> all(static_cast<std::size_t>(size_));
+    int64_t mine = numel_;
+    int64_t shape1 = 1;
+    int64_t shape_n = size_;
+    DLTensor send{&mine, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &shape1, nullptr, 0};
+    DLTensor recv{all.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &shape_n,
+                  nullptr, 0};
+    loom_allgather_args ag{};
+    ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
+    ag.send = &send;
+    ag.recv = &recv;
+    comm_.call(&loom_comm_v1::allgather, &ag);
+    for (int32_t i = 0; i < size_; ++i) {
+      if (all[static_cast<std::size_t>(i)] != numel_) {
+        throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                    "compressed allreduce: rank " + std::to_string(i) + " has " +
+                        std::to_string(all[static_cast<std::size_t>(i)]) + " elements, rank " +
+                        std::to_string(rank_) + " has " + std::to_string(numel_));
+      }
+    }
+  }
+
+  void check_tensor(const DLTensor& t, const char* what) const {
+    expect_tensor(&t, what);
+    expect_fp32(t, what);
+    expect_contiguous(t, what);
+    expect_numel(t, numel_, what);
+    if (is_cpu(options_.device)) {
+      expect_cpu(t, what);
+    } else {
+      expect_device(t, options_.device, what);
+    }
+  }
+
+  CompressedAllreduceTraffic read_stats() const {
+    loom_comm_stats s{};
+    s.struct_size = LOOM_COMM_STATS_SIZE;
+    comm_.call(&loom_comm_v1::stats, &s);
+    return {s.bytes_sent, s.bytes_received, s.rounds};
+  }
+
+  DLTensor tensor(void* data, int64_t* shape) const {
+    return DLTensor{data, options_.device, 1, DLDataType{kDLFloat, 32, 1}, shape, nullptr, 0};
+  }
+  DLTensor bytes_tensor(void* data, int64_t* shape) const {
+    return DLTensor{data, options_.device, 1, DLDataType{kDLUInt, 8, 1}, shape, nullptr, 0};
+  }
+
+  std::size_t worker_bytes() const { return static_cast<std::size_t>(padded_) * sizeof(float); }
+  std::size_t server_bytes() const {
+    return static_cast<std::size_t>(padded_ / size_) * sizeof(float);
+  }
+  std::size_t error_bytes() const { return worker_bytes() + server_bytes(); }
+
+  void* allocate(std::size_t bytes) {
+    if (allocator_.alloc) return allocator_.alloc(bytes);
+    return ::operator new(bytes, std::align_val_t{64});
+  }
+  void deallocate(void* p) noexcept {
+    if (p == nullptr) return;
+    if (allocator_.free) {
+      allocator_.free(p);
+    } else {
+      ::operator delete(p, std::align_val_t{64});
+    }
+  }
+  void release() noexcept {
+    for (void** p : {&worker_error_, &server_error_, &work_, &slice_, &send_, &recv_,
+                     &server_chunk_}) {
+      deallocate(*p);
+      *p = nullptr;
+    }
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes, void* stream) const {
+    if (bytes == 0 || dst == src) return;
+    if (is_cpu(options_.device)) {
+      std::memcpy(dst, src, bytes);
+    } else {
+      options_.device_ops.copy(dst, src, bytes, stream);
+    }
+  }
+  void zero(void* dst, std::size_t bytes, void* stream) const {
+    if (bytes == 0) return;
+    if (is_cpu(options_.device)) {
+      std::memset(dst, 0, bytes);
+    } else {
+      options_.device_ops.zero(dst, bytes, stream);
+    }
+  }
+  void to_host(void* dst, const void* src, std::size_t bytes) const {
+    if (is_cpu(options_.device)) {
+      std::memcpy(dst, src, bytes);
+    } else {
+      options_.device_ops.to_host(dst, src, bytes, options_.stream);
+    }
+  }
+  void from_host(void* dst, const void* src, std::size_t bytes) const {
+    if (is_cpu(options_.device)) {
+      std::memcpy(dst, src, bytes);
+    } else {
+      options_.device_ops.from_host(dst, src, bytes, options_.stream);
+    }
+  }
+
+  InstanceRef<loom_comm_v1> comm_;
+  InstanceRef<loom_codec_v1> codec_;
+  Options options_;
+  Allocator allocator_;
+  int64_t numel_ = 0;
+  int64_t padded_ = 0;
+  std::size_t chunk_bytes_ = 0;
+  int32_t rank_ = 0;
+  int32_t size_ = 1;
+  // DLTensor shapes point here, so the object must not move (it is neither copyable nor
+  // movable).
+  mutable int64_t shape_padded_ = 0;
+  mutable int64_t shape_chunk_ = 0;
+  mutable int64_t shape_one_chunk_ = 0;
+  mutable int64_t shape_all_chunks_ = 0;
+  void* worker_error_ = nullptr;  // fp32[N]
+  void* server_error_ = nullptr;  // fp32[N / n]
+  void* work_ = nullptr;          // fp32[N]: padded input, then padded output
+  void* slice_ = nullptr;         // fp32[N / n]: this rank's averaged slice
+  void* send_ = nullptr;          // n chunks: the worker's encoding
+  void* recv_ = nullptr;          // n chunks: phase 1's receive, then phase 2's
+  void* server_chunk_ = nullptr;  // 1 chunk: the server's encoding
+  CompressedAllreduceTraffic last_;
+  CompressedAllreduceTraffic total_;
+  uint64_t calls_ = 0;
+};
+
+}  // namespace loom::sdk
+
+#endif  // LOOM_SDK_COMPRESSED_ALLREDUCE_HPP
