@@ -125,6 +125,8 @@ int cmd_describe(const std::string& name, bool json, const std::string& plugin_p
                          prm["type_phrase"].get<std::string>() + ")";
       if (prm["required"].get<bool>()) {
         line += ", required";
+      } else if (prm["default"].is_null()) {
+        line += ", optional";
       } else {
         line += ", default " + value_text(prm["default"]);
       }

@@ -36,8 +36,9 @@ const char* type_name(int32_t type) {
   }
 }
 
-nlohmann::json bound(double v) {
+nlohmann::json bound(double v, bool integral) {
   if (std::isinf(v)) return nullptr;  // unbounded
+  if (integral && std::abs(v) < 9.2e18) return static_cast<int64_t>(v);
   return v;
 }
 
@@ -88,8 +89,9 @@ nlohmann::json plugin_json(const PluginInfo& p) {
                        {"doc", s.doc != nullptr ? s.doc : ""}};
       if (s.type == LOOM_PARAM_INT || s.type == LOOM_PARAM_FLOAT || s.type == LOOM_PARAM_INT_LIST ||
           s.type == LOOM_PARAM_FLOAT_LIST) {
-        j["min"] = bound(s.min);
-        j["max"] = bound(s.max);
+        const bool integral = s.type == LOOM_PARAM_INT || s.type == LOOM_PARAM_INT_LIST;
+        j["min"] = bound(s.min, integral);
+        j["max"] = bound(s.max, integral);
       }
       if (s.list_length > 0) j["list_length"] = s.list_length;
       if (s.choices != nullptr) {

@@ -385,6 +385,7 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
   if (!diags.empty()) return result;  // nothing is created from a manifest with errors
   std::vector<size_t> position(manifest.instances.size());
   for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
+  result.instances.reserve(order.size());
   for (const size_t i : order) {
     for (const auto& [param, target] : edges[i]) {
       checked[i].params.refs.emplace_back(param, position[target]);

@@ -18,6 +18,15 @@ namespace loom::host {
 
 // Owns everything the loom_param array of one instance points at.
 struct ParamSet {
+  // Values point into the deques below, so a ParamSet moves (deques keep their elements in
+  // place) but never copies: a copy would leave the values pointing into the original.
+  ParamSet() = default;
+  ParamSet(const ParamSet&) = delete;
+  ParamSet& operator=(const ParamSet&) = delete;
+  ParamSet(ParamSet&&) = default;
+  ParamSet& operator=(ParamSet&&) = default;
+  ~ParamSet() = default;
+
   std::vector<loom_param> params;  // in schema order
   std::deque<std::string> strings;
   std::deque<std::vector<int64_t>> int_lists;

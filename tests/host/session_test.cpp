@@ -1,0 +1,335 @@
+// host/src/session.cpp and embed.cpp: instances created in dependency order and destroyed
+// in reverse, references resolved to the live objects, state export/import, and the
+// optimizer wrappers' numerics against a reference computed here.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "loom_test.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+class Session : public loom_test::ManifestTest {
+ protected:
+  loom_instance* find(const char* kind, const char* name) {
+    loom_instance* out = nullptr;
+    EXPECT_EQ(loom_find_instance(session_, kind, name, &out), LOOM_OK) << loom_last_error();
+    return out;
+  }
+};
+
+TEST_F(Session, CreatesDependenciesFirstAndDestroysInReverse) {
+  // Declared before what it references; chains optimizer.main -> comm.b -> comm.c.
+  ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\ncomm = \"b\"\n\n"
+                 "[comm.b]\nplugin = \"probe\"\npeer = \"c\"\n\n"
+                 "[comm.c]\nplugin = \"probe\"\n"),
+            LOOM_OK)
+      << error_;
+  probe_events* events = loom_test::probe_event_log(session_, "c");
+  ASSERT_NE(events, nullptr);
+  ASSERT_EQ(loom_instance_count(session_), 3U);
+  EXPECT_STREQ(loom_instance_name(loom_instance_at(session_, 0)), "c");
+  EXPECT_STREQ(loom_instance_name(loom_instance_at(session_, 1)), "b");
+  EXPECT_STREQ(loom_instance_name(loom_instance_at(session_, 2)), "main");
+  EXPECT_EQ(loom_instance_at(session_, 3), nullptr);
+  loom_close(session_);
+  session_ = nullptr;
+  EXPECT_EQ(loom_test::take_events(events), "+c +b +main -main -b -c ");
+}
+
+TEST_F(Session, IndependentInstancesAreCreatedInFileOrder) {
+  ASSERT_EQ(open("[optimizer.zeta]\nplugin = \"probe\"\ntag = \"z\"\n\n"
+                 "[comm.world]\nplugin = \"probe\"\n\n"
+                 "[optimizer.alpha]\nplugin = \"probe\"\ntag = \"a\"\n"),
+            LOOM_OK)
+      << error_;
+  ASSERT_EQ(loom_instance_count(session_), 3U);
+  EXPECT_STREQ(loom_instance_name(loom_instance_at(session_, 0)), "zeta");
+  EXPECT_STREQ(loom_instance_name(loom_instance_at(session_, 1)), "world");
+  EXPECT_STREQ(loom_instance_name(loom_instance_at(session_, 2)), "alpha");
+}
+
+TEST_F(Session, ReferencesResolveToTheLiveInstance) {
+  ASSERT_EQ(open("[comm.world]\nplugin = \"probe\"\n\n"
+                 "[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\ncomm = \"world\"\n"),
+            LOOM_OK)
+      << error_;
+  loom_instance* comm = find("comm", "world");
+  loom_instance* opt = find("loom.optimizer/1", "main");
+  ASSERT_NE(comm, nullptr);
+  ASSERT_NE(opt, nullptr);
+  EXPECT_STREQ(loom_instance_kind(comm), "loom.comm/1");
+  EXPECT_STREQ(loom_instance_kind(opt), "loom.optimizer/1");
+  EXPECT_STREQ(loom_instance_plugin(opt), "probe");
+  const auto* head = static_cast<const probe_object_head*>(loom_instance_object(opt));
+  ASSERT_EQ(head->magic, PROBE_OBJECT_MAGIC);
+  EXPECT_EQ(head->ref_instance, loom_instance_object(comm));
+  EXPECT_EQ(head->ref_vtable, loom_instance_vtable(comm));
+
+  // Stepping averages gradients through that comm: its counters show it.
+  std::vector<float> a(5, 1.0F);
+  std::vector<float> b(3, 1.0F);
+  const std::vector<float> ga(5, 0.5F);
+  const std::vector<float> gb(3, 0.25F);
+  float* params[] = {a.data(), b.data()};
+  const float* grads[] = {ga.data(), gb.data()};
+  const int64_t numels[] = {5, 3};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(loom_optimizer_step_f32(opt, params, grads, numels, 2, 1.0), LOOM_OK)
+        << loom_last_error();
+  }
+  EXPECT_FLOAT_EQ(a[0], 0.0F);
+  EXPECT_FLOAT_EQ(b[0], 0.5F);
+  loom_optimizer_comm_info info{};
+  info.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
+  ASSERT_EQ(loom_optimizer_get_comm_info(opt, &info), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(info.owns_communication, 1);
+  EXPECT_EQ(info.rounds, 4U);
+  EXPECT_EQ(info.bytes_sent, 2U * (5 + 3) * sizeof(float));
+  // A caller with an older, smaller struct gets only its prefix.
+  loom_optimizer_comm_info small{};
+  small.struct_size = LOOM_STRUCT_SIZE(loom_optimizer_comm_info, bytes_sent);
+  small.rounds = 77;
+  ASSERT_EQ(loom_optimizer_get_comm_info(opt, &small), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(small.bytes_sent, info.bytes_sent);
+  EXPECT_EQ(small.rounds, 77U);
+}
+
+TEST_F(Session, FailedCreateNamesThePlaceAndUndoesWhatWasCreated) {
+  ASSERT_EQ(open("[comm.first]\nplugin = \"probe\"\n"), LOOM_OK) << error_;
+  probe_events* events = loom_test::probe_event_log(session_, "first");
+  ASSERT_NE(events, nullptr);
+  loom_close(session_);
+  session_ = nullptr;
+  loom_test::take_events(events);
+
+  EXPECT_EQ(open("[comm.a]\nplugin = \"probe\"\n\n[comm.b]\nplugin = \"probe\"\npeer = "
+                 "\"a\"\nfail_create = true\n"),
+            LOOM_ERR_FAILED_PRECONDITION);
+  EXPECT_EQ(session_, nullptr);
+  EXPECT_EQ(error_, at(4, 1) + "comm.b (plugin 'probe' (" +
+                        loom_test::plugin_file("probe").string() +
+                        ")): create failed: probe: comm 'b' fails as asked");
+  EXPECT_EQ(loom_test::take_events(events), "+a -a ");
+}
+
+TEST_F(Session, ValidateOnlyCreatesNothing) {
+  ASSERT_EQ(open("[comm.first]\nplugin = \"probe\"\n"), LOOM_OK) << error_;
+  probe_events* events = loom_test::probe_event_log(session_, "first");
+  ASSERT_NE(events, nullptr);
+  loom_close(session_);
+  session_ = nullptr;
+  loom_test::take_events(events);
+  EXPECT_EQ(check("[comm.a]\nplugin = \"probe\"\n"), LOOM_OK) << error_;
+  EXPECT_EQ(loom_test::take_events(events), "");
+}
+
+TEST_F(Session, FindInstanceErrors) {
+  ASSERT_EQ(open("[comm.world]\nplugin = \"probe\"\n"), LOOM_OK) << error_;
+  loom_instance* out = nullptr;
+  EXPECT_EQ(loom_find_instance(session_, "optimizer", "world", &out), LOOM_ERR_NOT_FOUND);
+  EXPECT_EQ(loom_last_error(), "no loom.optimizer/1 instance named 'world' in " + file_.string());
+  EXPECT_EQ(loom_find_instance(session_, nullptr, "nobody", &out), LOOM_ERR_NOT_FOUND);
+  EXPECT_THAT(loom_last_error(), HasSubstr("'nobody'"));
+  EXPECT_EQ(loom_find_instance(session_, "router", "world", &out), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("unknown kind 'router'"));
+  EXPECT_EQ(loom_find_instance(session_, "", "world", &out), LOOM_OK);
+  EXPECT_STREQ(loom_last_error(), "");
+  // An optimizer call on a comm instance is refused, not dispatched through the wrong table.
+  float p = 0;
+  const float g = 0;
+  float* params[] = {&p};
+  const float* grads[] = {&g};
+  const int64_t n = 1;
+  EXPECT_EQ(loom_optimizer_step_f32(out, params, grads, &n, 1, 0.1), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("is a loom.comm/1 instance, not loom.optimizer/1"));
+}
+
+TEST_F(Session, StateRoundTrip) {
+  ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\nstart_step = 5\n"), LOOM_OK)
+      << error_;
+  loom_instance* opt = find("optimizer", "main");
+  float p = 1.0F;
+  const float g = 1.0F;
+  float* params[] = {&p};
+  const float* grads[] = {&g};
+  const int64_t n = 1;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(loom_optimizer_step_f32(opt, params, grads, &n, 1, 0.01), LOOM_OK);
+  }
+  size_t size = 0;
+  ASSERT_EQ(loom_instance_export_state(opt, nullptr, 0, &size), LOOM_OK) << loom_last_error();
+  ASSERT_EQ(size, sizeof(probe_state_blob));
+  std::vector<unsigned char> small(size - 1);
+  EXPECT_EQ(loom_instance_export_state(opt, small.data(), small.size(), &size),
+            LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_THAT(loom_last_error(), HasSubstr("needs 24 bytes"));
+  std::vector<unsigned char> blob(sizeof(probe_state_blob));
+  ASSERT_EQ(loom_instance_export_state(opt, blob.data(), blob.size(), &size), LOOM_OK);
+  probe_state_blob parsed{};
+  std::memcpy(&parsed, blob.data(), sizeof parsed);
+  EXPECT_EQ(std::memcmp(parsed.magic, PROBE_STATE_MAGIC, PROBE_STATE_MAGIC_BYTES), 0);
+  EXPECT_EQ(parsed.steps, 8);
+
+  // A fresh instance restored from it exports the same bytes.
+  loom_test::TempDir other;
+  auto r = loom_test::open_file(
+      other.write("m.toml", "[optimizer.copy]\nplugin = \"probe\"\ntag = \"c\"\n"), false);
+  ASSERT_EQ(r.rc, LOOM_OK) << r.error;
+  loom_instance* copy = nullptr;
+  ASSERT_EQ(loom_find_instance(r.session, "optimizer", "copy", &copy), LOOM_OK);
+  ASSERT_EQ(loom_instance_import_state(copy, blob.data(), blob.size()), LOOM_OK)
+      << loom_last_error();
+  std::vector<unsigned char> again(blob.size());
+  ASSERT_EQ(loom_instance_export_state(copy, again.data(), again.size(), &size), LOOM_OK);
+  EXPECT_EQ(again, blob);
+
+  // Foreign and corrupt blobs are refused with DATA_LOSS and leave the state unchanged.
+  std::vector<unsigned char> foreign = blob;
+  foreign[0] = 'X';
+  EXPECT_EQ(loom_instance_import_state(copy, foreign.data(), foreign.size()), LOOM_ERR_DATA_LOSS);
+  EXPECT_THAT(loom_last_error(), HasSubstr("optimizer.copy (plugin 'probe'"));
+  EXPECT_THAT(loom_last_error(), HasSubstr("import_state: probe: foreign state (bad magic)"));
+  EXPECT_EQ(loom_instance_import_state(copy, blob.data(), blob.size() - 1), LOOM_ERR_DATA_LOSS);
+  const char text[] = "definitely not a probe state....";
+  EXPECT_EQ(loom_instance_import_state(copy, text, sizeof(probe_state_blob)), LOOM_ERR_DATA_LOSS);
+  ASSERT_EQ(loom_instance_export_state(copy, again.data(), again.size(), &size), LOOM_OK);
+  EXPECT_EQ(again, blob);
+  loom_close(r.session);
+}
+
+// The probe's update, computed independently: p -= lr * (g / grad_scale + wd * p).
+void reference_step(std::vector<float>& p, const std::vector<float>& g, double lr, double wd,
+                    double grad_scale) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double pv = p[i];
+    p[i] = static_cast<float>(pv - lr * (static_cast<double>(g[i]) / grad_scale + wd * pv));
+  }
+}
+
+TEST_F(Session, StepF32MatchesTheReference) {
+  ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\nweight_decay = 0.1\n"),
+            LOOM_OK)
+      << error_;
+  loom_instance* opt = find("optimizer", "main");
+  std::vector<float> a(257);
+  std::vector<float> b(31);
+  std::vector<float> ga(a.size());
+  std::vector<float> gb(b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = std::sin(static_cast<float>(i));
+    ga[i] = std::cos(static_cast<float>(i) * 0.7F);
+  }
+  for (size_t i = 0; i < b.size(); ++i) {
+    b[i] = static_cast<float>(i) - 15.0F;
+    gb[i] = 0.125F * static_cast<float>(i % 5);
+  }
+  std::vector<float> ra = a;
+  std::vector<float> rb = b;
+  float* params[] = {a.data(), b.data()};
+  const float* grads[] = {ga.data(), gb.data()};
+  const int64_t numels[] = {static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size())};
+  for (int step = 0; step < 3; ++step) {
+    const double lr = 0.05 / (step + 1);
+    ASSERT_EQ(loom_optimizer_step_f32(opt, params, grads, numels, 2, lr), LOOM_OK)
+        << loom_last_error();
+    reference_step(ra, ga, lr, 0.1, 1.0);
+    reference_step(rb, gb, lr, 0.1, 1.0);
+  }
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_FLOAT_EQ(a[i], ra[i]) << "a[" << i << "]";
+  for (size_t i = 0; i < b.size(); ++i) ASSERT_FLOAT_EQ(b[i], rb[i]) << "b[" << i << "]";
+  EXPECT_NE(a, std::vector<float>(a.size()));  // something moved
+}
+
+TEST_F(Session, StepHonoursGroupsAndGradScale) {
+  ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\nweight_decay = 0.5\n"),
+            LOOM_OK)
+      << error_;
+  loom_instance* opt = find("optimizer", "main");
+  std::vector<float> p1{1.0F, -2.0F, 3.0F, 4.0F};
+  std::vector<float> g1{0.5F, 0.5F, -1.0F, 2.0F};
+  std::vector<float> p2{10.0F, 20.0F};
+  std::vector<float> g2{4.0F, -4.0F};
+  int64_t shape1[2] = {2, 2};
+  int64_t shape2[1] = {2};
+  const DLDataType f32{kDLFloat, 32, 1};
+  DLTensor tp1{p1.data(), {kDLCPU, 0}, 2, f32, shape1, nullptr, 0};
+  DLTensor tg1{g1.data(), {kDLCPU, 0}, 2, f32, shape1, nullptr, 0};
+  DLTensor tp2{p2.data(), {kDLCPU, 0}, 1, f32, shape2, nullptr, 0};
+  DLTensor tg2{g2.data(), {kDLCPU, 0}, 1, f32, shape2, nullptr, 0};
+  const loom_optimizer_tensor t1{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp1, &tg1, nullptr};
+  const loom_optimizer_tensor t2{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp2, &tg2, nullptr};
+  const loom_optimizer_group groups[2] = {
+      {LOOM_OPTIMIZER_GROUP_SIZE, 0, &t1, 1, 1.0, std::numeric_limits<double>::quiet_NaN()},
+      {LOOM_OPTIMIZER_GROUP_SIZE, 0, &t2, 1, 0.5, 0.0}};
+  const loom_optimizer_step_args args{
+      LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups, 2, 0.1, 2.0, 1, nullptr};
+  auto r1 = p1;
+  auto r2 = p2;
+  reference_step(r1, g1, 0.1, 0.5, 2.0);   // the instance's weight_decay
+  reference_step(r2, g2, 0.05, 0.0, 2.0);  // lr_scale 0.5, weight_decay overridden to 0
+  ASSERT_EQ(loom_optimizer_step(opt, &args), LOOM_OK) << loom_last_error();
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_FLOAT_EQ(p1[i], r1[i]);
+  for (size_t i = 0; i < p2.size(); ++i) EXPECT_FLOAT_EQ(p2[i], r2[i]);
+
+  // Bad arguments change nothing: a half-precision gradient in the second group.
+  const auto before1 = p1;
+  const auto before2 = p2;
+  tg2.dtype = DLDataType{kDLFloat, 16, 1};
+  EXPECT_EQ(loom_optimizer_step(opt, &args), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("group 1 tensor 0: param and grad must be fp32"));
+  EXPECT_EQ(p1, before1);
+  EXPECT_EQ(p2, before2);
+}
+
+TEST_F(Session, ParametersReachThePlugin) {
+  // maximize, signsgd and clip change the update; expect_numels checks sizes.
+  ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\nmaximize = true\n"
+                 "mode = \"signsgd\"\nclip = [-0.5, 0.5]\nexpect_numels = [3]\n"),
+            LOOM_OK)
+      << error_;
+  loom_instance* opt = find("optimizer", "main");
+  std::vector<float> p{0.0F, 0.0F, 0.0F};
+  const std::vector<float> g{3.0F, -0.25F, 0.0F};
+  float* params[] = {p.data()};
+  const float* grads[] = {g.data()};
+  int64_t n = 3;
+  ASSERT_EQ(loom_optimizer_step_f32(opt, params, grads, &n, 1, 0.5), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(p, (std::vector<float>{0.5F, -0.5F, 0.0F}));
+  n = 2;
+  EXPECT_EQ(loom_optimizer_step_f32(opt, params, grads, &n, 1, 0.5), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("expect_numels"));
+  EXPECT_EQ(p, (std::vector<float>{0.5F, -0.5F, 0.0F}));
+}
+
+TEST_F(Session, OpenStringWithOriginAndPluginPathOption) {
+  loom_open_options opts{};
+  opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+  const std::string dir = loom_test::plugin_dir().string();
+  opts.plugin_path = dir.c_str();
+  opts.log_level = LOOM_LOG_ERROR;
+  loom_session* s = nullptr;
+  const std::string origin = (dir_.path() / "inline.toml").string();
+  ASSERT_EQ(loom_open_string("[comm.w]\nplugin = \"probe\"\n", origin.c_str(), &opts, &s), LOOM_OK)
+      << loom_last_error();
+  EXPECT_EQ(loom_instance_count(s), 1U);
+  loom_close(s);
+  s = nullptr;
+  EXPECT_EQ(
+      loom_open_string("[comm.w]\nplugin = \"probe\"\nbogus = 1\n", origin.c_str(), &opts, &s),
+      LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(s, nullptr);
+  EXPECT_THAT(loom_last_error(), StartsWith(origin + ":3:1: unknown parameter 'bogus'"));
+  EXPECT_EQ(loom_open_string("[comm.w]\nplugin = 1\n", nullptr, &opts, &s),
+            LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), StartsWith("<string>:2:10: "));
+}
+
+}  // namespace
