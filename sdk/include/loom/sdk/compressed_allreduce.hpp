@@ -118,13 +118,16 @@ inline DeviceOps cuda_device_ops() {
 }
 #endif
 
+// Where a CompressedAllreduce works (CompressedAllreduce::Options).
+struct CompressedAllreduceOptions {
+  DLDevice device{kDLCPU, 0};  // where the tensors and every buffer live
+  void* stream = nullptr;      // allocation stream, and run()'s default stream
+  DeviceOps device_ops;        // required unless device is host memory
+};
+
 class CompressedAllreduce {
  public:
-  struct Options {
-    DLDevice device{kDLCPU, 0};  // where the tensors and every buffer live
-    void* stream = nullptr;      // allocation stream, and run()'s default stream
-    DeviceOps device_ops;        // required unless device is host memory
-  };
+  using Options = CompressedAllreduceOptions;
 
   // Buffers from the host's allocators (Context::host_alloc / device_alloc). Collective: every
   // rank constructs with the same numel (checked over the transport when it supports host
@@ -189,7 +192,8 @@ class CompressedAllreduce {
       loom_codec_decode_args dec{};
       dec.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
       dec.chunk_count = 1;
-      dec.input = static_cast<const unsigned char*>(recv_) + static_cast<std::size_t>(i) * chunk_bytes_;
+      dec.input =
+          static_cast<const unsigned char*>(recv_) + static_cast<std::size_t>(i) * chunk_bytes_;
       dec.output = &slice_t;
       dec.alpha = 1.0f / static_cast<float>(size_);
       dec.accumulate = i > 0 ? 1 : 0;
@@ -249,7 +253,7 @@ class CompressedAllreduce {
   void run(DLTensor& tensor, void* stream = nullptr) { run(tensor, tensor, stream); }
 
   int64_t numel() const { return numel_; }
-  int64_t padded_numel() const { return padded_; }        // N
+  int64_t padded_numel() const { return padded_; }         // N
   int64_t chunk_numel() const { return padded_ / size_; }  // c = N / n
   std::size_t chunk_bytes() const { return chunk_bytes_; }
   int32_t rank() const { return rank_; }
@@ -430,8 +434,8 @@ class CompressedAllreduce {
     int64_t shape1 = 1;
     int64_t shape_n = size_;
     DLTensor send{&mine, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &shape1, nullptr, 0};
-    DLTensor recv{all.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &shape_n,
-                  nullptr, 0};
+    DLTensor recv{all.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &shape_n, nullptr,
+                  0};
     loom_allgather_args ag{};
     ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
     ag.send = &send;
@@ -481,19 +485,19 @@ class CompressedAllreduce {
 
   void* allocate(std::size_t bytes) {
     if (allocator_.alloc) return allocator_.alloc(bytes);
-    return ::operator new(bytes, std::align_val_t{64});
+    return ::operator new (bytes, std::align_val_t{64});
   }
   void deallocate(void* p) noexcept {
     if (p == nullptr) return;
     if (allocator_.free) {
       allocator_.free(p);
     } else {
-      ::operator delete(p, std::align_val_t{64});
+      ::operator delete (p, std::align_val_t{64});
     }
   }
   void release() noexcept {
-    for (void** p : {&worker_error_, &server_error_, &work_, &slice_, &send_, &recv_,
-                     &server_chunk_}) {
+    for (void** p :
+         {&worker_error_, &server_error_, &work_, &slice_, &send_, &recv_, &server_chunk_}) {
       deallocate(*p);
       *p = nullptr;
     }
