@@ -1,0 +1,119 @@
+// adam: Adam and AdamW (adam_w_mode) as torch.optim.Adam / AdamW compute them, fused in
+// one pass per element on the CPU (Highway) or one multi-tensor launch per group on CUDA.
+#include <loom/sdk.hpp>
+
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+using loom::optim::AdamHyper;
+using loom::sdk::Context;
+using loom::sdk::Error;
+
+class Adam : public loom::sdk::Optimizer {
+ public:
+  static loom::sdk::Schema schema() {
+    using namespace loom::sdk;
+    return {
+        FloatList("betas", {0.9, 0.999}, "Decay rates of the first and second moments.")
+            .length(2)
+            .range(0, 0.9999999),
+        Float("eps", 1e-8, "Added to sqrt(v_hat) in the denominator (torch.optim placement).")
+            .range(0, 1),
+        Float("weight_decay", 0.0, "Weight decay; a group's weight_decay overrides it.").min(0),
+        Bool("adam_w_mode", true,
+             "true: decoupled weight decay (AdamW); false: L2 added to the gradient (Adam)."),
+        Bool("bias_correction", true, "Divide the moments by (1 - beta^t)."),
+    };
+  }
+
+  explicit Adam(Context& ctx)
+      : ctx_(ctx),
+        beta1_(ctx.get_float_list("betas")[0]),
+        beta2_(ctx.get_float_list("betas")[1]),
+        eps_(ctx.get_float("eps")),
+        weight_decay_(ctx.get_float("weight_decay")),
+        adam_w_mode_(ctx.get_bool("adam_w_mode")),
+        bias_correction_(ctx.get_bool("bias_correction")) {}
+
+  void step(const loom_optimizer_step_args& args) {
+    auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
+    loom::optim::expect_layout(slots_, groups);
+    loom::optim::ensure_slots(slots_, groups, 2, args.stream);
+    const uint64_t t = steps_ + 1;
+    const double bc1 = bias_correction_ ? 1.0 - std::pow(beta1_, static_cast<double>(t)) : 1.0;
+    const double bc2 = bias_correction_ ? 1.0 - std::pow(beta2_, static_cast<double>(t)) : 1.0;
+    const bool on_cuda = loom::optim::step_on_cuda(groups);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const double lr = args.lr * groups[g].lr_scale;
+      const double wd = groups[g].weight_decay;
+      AdamHyper h;
+      h.beta1 = static_cast<float>(beta1_);
+      h.beta2 = static_cast<float>(beta2_);
+      h.eps = static_cast<float>(eps_);
+      h.inv_scale = static_cast<float>(1.0 / args.grad_scale);
+      h.l2 = adam_w_mode_ ? 0.0f : static_cast<float>(wd);
+      h.decay = adam_w_mode_ ? static_cast<float>(1.0 - lr * wd) : 1.0f;
+      h.step_size = static_cast<float>(lr / bc1);
+      h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+      std::vector<loom::optim::TensorRef> refs;
+      for (std::size_t i = 0; i < groups[g].tensors.size(); ++i) {
+        loom::optim::TensorRef r = groups[g].tensors[i].ref;
+        r.m = slots_[g][i].buffers[0].data();
+        r.v = slots_[g][i].buffers[1].data();
+        refs.push_back(r);
+      }
+      if (on_cuda) {
+#if LOOM_OPTIM_HAVE_CUDA
+        loom::optim::Buffer::check_cuda(
+            loom::optim::cuda::adam(refs.data(), refs.size(), h, args.stream));
+#endif
+      } else {
+        for (const auto& r : refs) loom::optim::adam_cpu(r, h);
+      }
+    }
+    steps_ = t;
+  }
+
+  // Format v1: header, step count, slot table ({m, v} per tensor).
+  void export_state(loom::sdk::StateWriter& out) {
+    out.write_header(kMagic, kVersion);
+    out.write_pod<uint64_t>(steps_);
+    loom::optim::write_slots(out, slots_, nullptr);
+  }
+
+  void import_state(std::span<const std::byte> blob) {
+    loom::sdk::StateReader in(blob);
+    in.read_header(kMagic, kVersion);
+    const auto steps = in.read_pod<uint64_t>();
+    auto slots = loom::optim::read_slots(in, 2);
+    in.expect_end();
+    steps_ = steps;
+    slots_ = std::move(slots);
+    ctx_.debug("restored state at step " + std::to_string(steps_));
+  }
+
+ private:
+  static constexpr const char* kMagic = "loom.adam";
+  static constexpr uint32_t kVersion = 1;
+
+  Context ctx_;
+  double beta1_;
+  double beta2_;
+  double eps_;
+  double weight_decay_;
+  bool adam_w_mode_;
+  bool bias_correction_;
+  uint64_t steps_ = 0;
+  loom::optim::SlotTable slots_;  // {m, v} per tensor
+};
+
+}  // namespace
+
+LOOM_PLUGIN("adam", "1.0.0", "Adam and AdamW, fused CPU (SIMD, threads) and CUDA kernels",
+            loom::sdk::factory<Adam>());

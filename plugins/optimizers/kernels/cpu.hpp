@@ -1,0 +1,78 @@
+// Fused CPU kernels of the optimizers (Highway runtime dispatch, threaded with
+// loom::plugins::parallel_for). Plain C++ interface: no SDK or DLPack types, so the
+// benchmark and the CUDA side can share the argument structs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loom::optim {
+
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// One tensor: p is the fp32 parameter (or the fp32 master copy), g its gradient in
+// `gtype`, m and v the fp32 moments; `low` (optional) is the low-precision parameter
+// written from the updated p with round-to-nearest-even.
+struct TensorRef {
+  float* p = nullptr;
+  const void* g = nullptr;
+  DType gtype = DType::kF32;
+  float* m = nullptr;
+  float* v = nullptr;
+  void* low = nullptr;
+  DType ltype = DType::kBF16;
+  std::size_t n = 0;
+};
+
+// Adam / AdamW as torch.optim.Adam(W) computes it, per element:
+//   g = grad * inv_scale + l2 * p            (l2: coupled weight decay, Adam)
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g * g
+//   p = p * decay - step_size * m / (sqrt(v) * inv_bc2_sqrt + eps)
+// decay = 1 - lr * wd for AdamW (else 1); step_size = lr / bias_correction1;
+// inv_bc2_sqrt = 1 / sqrt(bias_correction2) (1 without bias correction).
+struct AdamHyper {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float inv_scale = 1.0f;
+  float l2 = 0.0f;
+  float decay = 1.0f;
+  float step_size = 1e-3f;
+  float inv_bc2_sqrt = 1.0f;
+};
+
+// LAMB, per element (both passes):
+//   pass 1: g, m, v as in Adam (no l2), u = m * inv_bc1 / (sqrt(v) * inv_bc2_sqrt + eps)
+//           + wd * p; returns sum(p^2) and sum(u^2)
+//   pass 2: p = p - lr_coeff * u   (lr_coeff = lr * trust ratio)
+struct LambHyper {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float inv_scale = 1.0f;
+  float wd = 0.0f;
+  float inv_bc1 = 1.0f;
+  float inv_bc2_sqrt = 1.0f;
+};
+
+void adam_cpu(const TensorRef& t, const AdamHyper& h);
+// Pass 1 of LAMB; sums are accumulated in a fixed order (independent of the thread count).
+void lamb_moments_cpu(const TensorRef& t, const LambHyper& h, double* sum_p2, double* sum_u2);
+void lamb_apply_cpu(const TensorRef& t, const LambHyper& h, float lr_coeff);
+
+// m = beta1 * m + (1 - beta1) * g * inv_scale (the 1-bit family's momentum step).
+void momentum_cpu(float* m, const void* g, DType gtype, std::size_t n, float beta1,
+                  float inv_scale);
+// Writes p (fp32) into low with round-to-nearest-even.
+void copy_out_cpu(const float* p, void* low, DType ltype, std::size_t n);
+// Reads n gradient elements into fp32, times inv_scale.
+void load_grad_cpu(const void* g, DType gtype, std::size_t n, float inv_scale, float* out);
+
+// Scalar conversions (round-to-nearest-even; NaN stays NaN).
+uint16_t f32_to_bf16(float f);
+uint16_t f32_to_f16(float f);
+float bf16_to_f32(uint16_t h);
+float f16_to_f32(uint16_t h);
+
+}  // namespace loom::optim

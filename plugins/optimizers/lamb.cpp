@@ -1,0 +1,145 @@
+// lamb: LAMB (layer-wise adaptive moments) with the trust ratio clamped to
+// [min_coeff, max_coeff], as DeepSpeed's FusedLamb computes it:
+//   m, v as in Adam; u = m_hat / (sqrt(v_hat) + eps) + weight_decay * p
+//   coeff = clamp(|p| / |u|, min_coeff, max_coeff)  (1 when either norm is 0)
+//   p = p - lr * coeff * u
+#include <loom/sdk.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+using loom::optim::LambHyper;
+using loom::sdk::Context;
+using loom::sdk::Error;
+
+class Lamb : public loom::sdk::Optimizer {
+ public:
+  static loom::sdk::Schema schema() {
+    using namespace loom::sdk;
+    return {
+        FloatList("betas", {0.9, 0.999}, "Decay rates of the first and second moments.")
+            .length(2)
+            .range(0, 0.9999999),
+        Float("eps", 1e-8, "Added to sqrt(v_hat) in the denominator.").range(0, 1),
+        Float("weight_decay", 0.0,
+              "Decoupled weight decay inside the update u; a group's "
+              "weight_decay overrides it.")
+            .min(0),
+        Bool("bias_correction", true, "Divide the moments by (1 - beta^t)."),
+        Float("max_coeff", 10.0, "Upper clamp of the trust ratio |p| / |u|.").min(0),
+        Float("min_coeff", 0.01, "Lower clamp of the trust ratio |p| / |u|.").min(0),
+    };
+  }
+
+  explicit Lamb(Context& ctx)
+      : ctx_(ctx),
+        beta1_(ctx.get_float_list("betas")[0]),
+        beta2_(ctx.get_float_list("betas")[1]),
+        eps_(ctx.get_float("eps")),
+        weight_decay_(ctx.get_float("weight_decay")),
+        bias_correction_(ctx.get_bool("bias_correction")),
+        max_coeff_(ctx.get_float("max_coeff")),
+        min_coeff_(ctx.get_float("min_coeff")) {
+    if (min_coeff_ > max_coeff_) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "min_coeff " + std::to_string(min_coeff_) +
+                                                 " is above max_coeff " +
+                                                 std::to_string(max_coeff_));
+    }
+  }
+
+  void step(const loom_optimizer_step_args& args) {
+    auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
+    loom::optim::expect_layout(slots_, groups);
+    loom::optim::ensure_slots(slots_, groups, 2, args.stream);
+    const uint64_t t = steps_ + 1;
+    const double bc1 = bias_correction_ ? 1.0 - std::pow(beta1_, static_cast<double>(t)) : 1.0;
+    const double bc2 = bias_correction_ ? 1.0 - std::pow(beta2_, static_cast<double>(t)) : 1.0;
+    const bool on_cuda = loom::optim::step_on_cuda(groups);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const double lr = args.lr * groups[g].lr_scale;
+      LambHyper h;
+      h.beta1 = static_cast<float>(beta1_);
+      h.beta2 = static_cast<float>(beta2_);
+      h.eps = static_cast<float>(eps_);
+      h.inv_scale = static_cast<float>(1.0 / args.grad_scale);
+      h.wd = static_cast<float>(groups[g].weight_decay);
+      h.inv_bc1 = static_cast<float>(1.0 / bc1);
+      h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+      std::vector<loom::optim::TensorRef> refs;
+      for (std::size_t i = 0; i < groups[g].tensors.size(); ++i) {
+        loom::optim::TensorRef r = groups[g].tensors[i].ref;
+        r.m = slots_[g][i].buffers[0].data();
+        r.v = slots_[g][i].buffers[1].data();
+        refs.push_back(r);
+      }
+      if (on_cuda) {
+#if LOOM_OPTIM_HAVE_CUDA
+        loom::optim::Buffer::check_cuda(loom::optim::cuda::lamb(
+            refs.data(), refs.size(), h, static_cast<float>(lr), static_cast<float>(min_coeff_),
+            static_cast<float>(max_coeff_), args.stream));
+#endif
+        continue;
+      }
+      for (const auto& r : refs) {
+        double sp = 0.0;
+        double su = 0.0;
+        loom::optim::lamb_moments_cpu(r, h, &sp, &su);
+        loom::optim::lamb_apply_cpu(r, h, static_cast<float>(lr * trust_ratio(sp, su)));
+      }
+    }
+    steps_ = t;
+  }
+
+  void export_state(loom::sdk::StateWriter& out) {
+    out.write_header(kMagic, kVersion);
+    out.write_pod<uint64_t>(steps_);
+    loom::optim::write_slots(out, slots_, nullptr);
+  }
+
+  void import_state(std::span<const std::byte> blob) {
+    loom::sdk::StateReader in(blob);
+    in.read_header(kMagic, kVersion);
+    const auto steps = in.read_pod<uint64_t>();
+    auto slots = loom::optim::read_slots(in, 2);
+    in.expect_end();
+    steps_ = steps;
+    slots_ = std::move(slots);
+  }
+
+ private:
+  static constexpr const char* kMagic = "loom.lamb";
+  static constexpr uint32_t kVersion = 1;
+
+  // Computed in fp32 like the CUDA kernel, so both paths pick the same coefficient.
+  double trust_ratio(double sum_p2, double sum_u2) const {
+    const double pn = std::sqrt(sum_p2);
+    const double un = std::sqrt(sum_u2);
+    if (!(pn > 0.0) || !(un > 0.0)) return 1.0;
+    float c = static_cast<float>(pn / un);
+    c = std::min(std::max(c, static_cast<float>(min_coeff_)), static_cast<float>(max_coeff_));
+    return static_cast<double>(c);
+  }
+
+  Context ctx_;
+  double beta1_;
+  double beta2_;
+  double eps_;
+  double weight_decay_;
+  bool bias_correction_;
+  double max_coeff_;
+  double min_coeff_;
+  uint64_t steps_ = 0;
+  loom::optim::SlotTable slots_;  // {m, v} per tensor
+};
+
+}  // namespace
+
+LOOM_PLUGIN("lamb", "1.0.0", "LAMB with clamped trust ratio, fused CPU and CUDA kernels",
+            loom::sdk::factory<Lamb>());

@@ -1,0 +1,471 @@
+// The adam and lamb plugins against plain scalar reference implementations written here,
+// through the host's C API (the path a trainer takes), plus bad input and state round
+// trips.
+#include <gtest/gtest.h>
+#include <loom/embed.h>
+#include <loom/kinds/optimizer.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------- helpers
+
+struct Session {
+  loom_session* s = nullptr;
+  loom_instance* opt = nullptr;
+  explicit Session(const std::string& toml) {
+    loom_open_options o{};
+    o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+    o.log_level = -1;
+    const int32_t rc = loom_open_string(toml.c_str(), "test.toml", &o, &s);
+    if (rc != 0) ADD_FAILURE() << "open: " << loom_last_error();
+    if (rc == 0 && loom_find_instance(s, "loom.optimizer/1", "opt", &opt) != 0) {
+      ADD_FAILURE() << "find: " << loom_last_error();
+    }
+  }
+  ~Session() { loom_close(s); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  std::vector<uint8_t> export_state() {
+    size_t size = 0;
+    EXPECT_EQ(loom_instance_export_state(opt, nullptr, 0, &size), 0) << loom_last_error();
+    std::vector<uint8_t> buf(size);
+    EXPECT_EQ(loom_instance_export_state(opt, buf.data(), buf.size(), &size), 0)
+        << loom_last_error();
+    buf.resize(size);
+    return buf;
+  }
+};
+
+std::string manifest(const std::string& plugin, const std::string& extra = "") {
+  return "[optimizer.opt]\nplugin = \"" + plugin + "\"\n" + extra;
+}
+
+DLTensor tensor(void* data, int64_t* shape, DLDataType dtype) {
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = dtype;
+  t.shape = shape;
+  return t;
+}
+constexpr DLDataType kF32{kDLFloat, 32, 1};
+constexpr DLDataType kF16{kDLFloat, 16, 1};
+constexpr DLDataType kBF16{kDLBfloat, 16, 1};
+
+// Reference conversions, written differently from the plugin's (frexp / nearbyint).
+uint16_t ref_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t lo = x & 0xFFFF;
+  uint32_t hi = x >> 16;
+  if (lo > 0x8000 || (lo == 0x8000 && (hi & 1))) ++hi;
+  return static_cast<uint16_t>(hi);
+}
+float from_bf16(uint16_t h) {
+  uint32_t x = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+float from_f16(uint16_t h) {
+  const int e = (h >> 10) & 31;
+  const int m = h & 1023;
+  double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  if (e == 31) v = m ? NAN : INFINITY;
+  return static_cast<float>((h & 0x8000) ? -v : v);
+}
+uint16_t ref_f16(float f) {
+  // Nearest of all 65536 candidates would be slow; round the scaled value instead.
+  const double a = std::fabs(static_cast<double>(f));
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  if (a >= 65520.0) return sign | 0x7C00;
+  int e = 0;
+  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+  int exp16 = e - 1;  // a in [2^exp16, 2^(exp16+1))
+  if (exp16 < -14) exp16 = -14;
+  const double ulp = std::ldexp(1.0, exp16 - 10);
+  const double q = std::nearbyint(a / ulp);  // ties to even in the default mode
+  uint32_t bits = 0;
+  if (exp16 == -14 && q < 1024) {
+    bits = static_cast<uint32_t>(q);
+  } else {
+    // q in [1024, 2048]; 2048 carries into the next exponent.
+    bits = static_cast<uint32_t>((exp16 + 15) << 10) + static_cast<uint32_t>(q) - 1024;
+  }
+  return static_cast<uint16_t>(sign | bits);
+}
+
+// A parameter tensor with its gradient, in any of the supported precisions.
+struct Param {
+  std::vector<float> p;       // fp32 param, or the master copy
+  std::vector<uint16_t> low;  // bf16/fp16 param when `low_type` is set
+  std::vector<float> g32;
+  std::vector<uint16_t> g16;
+  DLDataType gtype = kF32;
+  DLDataType low_type{0, 0, 0};
+  int64_t shape[1] = {0};
+  DLTensor tp{}, tg{}, tm{};
+  loom_optimizer_tensor ot{};
+
+  Param(size_t n, DLDataType g, DLDataType lt, std::mt19937& rng) : gtype(g), low_type(lt) {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    p.resize(n);
+    for (auto& x : p) x = d(rng);
+    shape[0] = static_cast<int64_t>(n);
+    if (lt.bits == 16) {
+      low.resize(n);
+      for (size_t i = 0; i < n; ++i) low[i] = lt.code == kDLBfloat ? ref_bf16(p[i]) : ref_f16(p[i]);
+    }
+    g32.resize(n);
+    g16.resize(n);
+  }
+  // The gradient the reference sees (after rounding to the gradient's dtype).
+  std::vector<float> set_grad(std::mt19937& rng, float scale) {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> seen(p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      const float x = d(rng) * scale;
+      if (gtype.bits == 32) {
+        g32[i] = x;
+        seen[i] = x;
+      } else if (gtype.code == kDLBfloat) {
+        g16[i] = ref_bf16(x);
+        seen[i] = from_bf16(g16[i]);
+      } else {
+        g16[i] = ref_f16(x);
+        seen[i] = from_f16(g16[i]);
+      }
+    }
+    return seen;
+  }
+  const loom_optimizer_tensor& view() {
+    tg = tensor(gtype.bits == 32 ? static_cast<void*>(g32.data()) : g16.data(), shape, gtype);
+    if (low_type.bits == 16) {
+      tp = tensor(low.data(), shape, low_type);
+      tm = tensor(p.data(), shape, kF32);
+      ot = {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, &tm};
+    } else {
+      tp = tensor(p.data(), shape, kF32);
+      ot = {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, nullptr};
+    }
+    return ot;
+  }
+};
+
+struct Group {
+  std::vector<Param> params;
+  double lr_scale = 1.0;
+  double wd = NAN;
+  std::vector<loom_optimizer_tensor> views;
+};
+
+int32_t step(Session& s, std::vector<Group>& groups, double lr, double grad_scale, int64_t t) {
+  std::vector<loom_optimizer_group> gs;
+  for (auto& g : groups) {
+    g.views.clear();
+    for (auto& p : g.params) g.views.push_back(p.view());
+    gs.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, g.views.data(), g.views.size(), g.lr_scale, g.wd});
+  }
+  loom_optimizer_step_args a{};
+  a.struct_size = LOOM_OPTIMIZER_STEP_ARGS_SIZE;
+  a.groups = gs.data();
+  a.group_count = gs.size();
+  a.lr = lr;
+  a.grad_scale = grad_scale;
+  a.step = t;
+  return loom_optimizer_step(s.opt, &a);
+}
+
+// ------------------------------------------------------------ references
+
+struct RefAdam {
+  double b1, b2, eps, wd;
+  bool adamw, bias;
+  std::vector<double> m, v;
+  // p is a double copy of the parameter.
+  void step(std::vector<double>& p, const std::vector<float>& g, double lr, double gs, double wd_g,
+            int t) {
+    if (m.empty()) m.assign(p.size(), 0.0), v.assign(p.size(), 0.0);
+    const double bc1 = bias ? 1 - std::pow(b1, t) : 1;
+    const double bc2 = bias ? 1 - std::pow(b2, t) : 1;
+    for (size_t i = 0; i < p.size(); ++i) {
+      double gi = g[i] / gs;
+      if (!adamw) gi += wd_g * p[i];
+      if (adamw) p[i] *= 1 - lr * wd_g;
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      const double denom = std::sqrt(v[i]) / std::sqrt(bc2) + eps;
+      p[i] -= lr / bc1 * m[i] / denom;
+    }
+  }
+};
+
+struct RefLamb {
+  double b1, b2, eps, wd, max_c, min_c;
+  bool bias;
+  std::vector<double> m, v;
+  void step(std::vector<double>& p, const std::vector<float>& g, double lr, double gs, double wd_g,
+            int t) {
+    if (m.empty()) m.assign(p.size(), 0.0), v.assign(p.size(), 0.0);
+    const double bc1 = bias ? 1 - std::pow(b1, t) : 1;
+    const double bc2 = bias ? 1 - std::pow(b2, t) : 1;
+    std::vector<double> u(p.size());
+    double pn = 0, un = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double gi = g[i] / gs;
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      u[i] = (m[i] / bc1) / (std::sqrt(v[i]) / std::sqrt(bc2) + eps) + wd_g * p[i];
+      pn += p[i] * p[i];
+      un += u[i] * u[i];
+    }
+    pn = std::sqrt(pn);
+    un = std::sqrt(un);
+    double c = 1.0;
+    if (pn > 0 && un > 0) c = std::min(std::max(pn / un, min_c), max_c);
+    for (size_t i = 0; i < p.size(); ++i) p[i] -= lr * c * u[i];
+  }
+};
+
+// Runs `steps` steps on the plugin and on the reference, comparing every parameter at the
+// end (and the low-precision copy against the rounded master).
+template <class Ref>
+void run_against_reference(const std::string& toml, Ref proto, DLDataType gtype, DLDataType ltype,
+                           bool two_groups, int steps, double tol) {
+  Session s(toml);
+  ASSERT_NE(s.opt, nullptr);
+  std::mt19937 rng(42);
+  std::vector<Group> groups(two_groups ? 2 : 1);
+  const size_t sizes[] = {1, 7, 1000, 70001};
+  for (size_t i = 0; i < 4; ++i) groups[0].params.emplace_back(sizes[i], gtype, ltype, rng);
+  if (two_groups) {
+    groups[1].params.emplace_back(513, gtype, ltype, rng);
+    groups[1].params.emplace_back(33, gtype, ltype, rng);
+    groups[1].lr_scale = 0.5;
+    groups[1].wd = 0.0;  // the usual "no decay for biases" group
+  }
+  std::vector<std::vector<std::vector<double>>> ref_p(groups.size());
+  std::vector<std::vector<Ref>> refs(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (auto& p : groups[g].params) {
+      ref_p[g].emplace_back(p.p.begin(), p.p.end());
+      refs[g].push_back(proto);
+    }
+  }
+  const double lr = 1e-2;
+  const double gs = 8.0;
+  for (int t = 1; t <= steps; ++t) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t i = 0; i < groups[g].params.size(); ++i) {
+        const auto seen = groups[g].params[i].set_grad(rng, static_cast<float>(gs));
+        const double wd = std::isnan(groups[g].wd) ? proto.wd : groups[g].wd;
+        refs[g][i].step(ref_p[g][i], seen, lr * groups[g].lr_scale, gs, wd, t);
+      }
+    }
+    ASSERT_EQ(step(s, groups, lr, gs, t), 0) << loom_last_error();
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      const Param& p = groups[g].params[i];
+      for (size_t k = 0; k < p.p.size(); ++k) {
+        ASSERT_NEAR(p.p[k], ref_p[g][i][k], tol * (1 + std::fabs(ref_p[g][i][k])))
+            << "group " << g << " tensor " << i << " element " << k;
+        if (ltype.bits == 16) {
+          const uint16_t want = ltype.code == kDLBfloat ? ref_bf16(p.p[k]) : ref_f16(p.p[k]);
+          ASSERT_EQ(p.low[k], want) << "low-precision copy, element " << k << " of " << p.p[k];
+        }
+      }
+    }
+  }
+}
+
+constexpr DLDataType kNone{0, 0, 0};
+
+// ----------------------------------------------------------------- tests
+
+TEST(Conversions, ReferenceRoundsToNearestEven) {
+  EXPECT_EQ(ref_f16(1.0f), 0x3C00);
+  EXPECT_EQ(ref_f16(65504.0f), 0x7BFF);
+  EXPECT_EQ(ref_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie -> even
+  EXPECT_EQ(ref_f16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(ref_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);  // tie -> even
+}
+
+TEST(Adam, AdamWMatchesReference) {
+  RefAdam r{0.9, 0.999, 1e-8, 0.01, true, true, {}, {}};
+  run_against_reference(manifest("adam", "weight_decay = 0.01\n"), r, kF32, kNone, true, 200, 2e-5);
+}
+
+TEST(Adam, L2AdamNoBiasCorrectionMatchesReference) {
+  RefAdam r{0.8, 0.99, 1e-6, 0.05, false, false, {}, {}};
+  run_against_reference(manifest("adam",
+                                 "weight_decay = 0.05\nadam_w_mode = false\n"
+                                 "bias_correction = false\nbetas = [0.8, 0.99]\n"
+                                 "eps = 1e-6\n"),
+                        r, kF32, kNone, true, 150, 2e-5);
+}
+
+TEST(Adam, Bf16ParamsWithMasterAndBf16Grads) {
+  RefAdam r{0.9, 0.999, 1e-8, 0.0, true, true, {}, {}};
+  run_against_reference(manifest("adam"), r, kBF16, kBF16, false, 50, 2e-5);
+}
+
+TEST(Adam, Fp16ParamsWithMasterAndFp16Grads) {
+  RefAdam r{0.9, 0.999, 1e-8, 0.0, true, true, {}, {}};
+  run_against_reference(manifest("adam"), r, kF16, kF16, false, 50, 2e-5);
+}
+
+TEST(Adam, Fp32ParamsWithFp16Grads) {
+  RefAdam r{0.9, 0.999, 1e-8, 0.1, true, true, {}, {}};
+  run_against_reference(manifest("adam", "weight_decay = 0.1\n"), r, kF16, kNone, false, 50, 2e-5);
+}
+
+TEST(Lamb, MatchesReference) {
+  RefLamb r{0.9, 0.999, 1e-6, 0.01, 10.0, 0.01, true, {}, {}};
+  run_against_reference(manifest("lamb", "weight_decay = 0.01\neps = 1e-6\n"), r, kF32, kNone, true,
+                        150, 5e-5);
+}
+
+TEST(Lamb, ClampsTrustRatioAndBf16Master) {
+  // max_coeff 0.3 makes the clamp bind (|p|/|u| is about 1 here).
+  RefLamb r{0.9, 0.99, 1e-8, 0.0, 0.3, 0.01, false, {}, {}};
+  run_against_reference(manifest("lamb",
+                                 "max_coeff = 0.3\nbetas = [0.9, 0.99]\n"
+                                 "bias_correction = false\n"),
+                        r, kBF16, kBF16, false, 60, 5e-5);
+}
+
+// Export after k steps, import into a fresh instance: both continue bit-identically.
+void check_resume(const std::string& plugin) {
+  Session a(manifest(plugin, "weight_decay = 0.01\n"));
+  Session b(manifest(plugin, "weight_decay = 0.01\n"));
+  std::mt19937 rng(7);
+  std::vector<Group> ga(1);
+  ga[0].params.emplace_back(5000, kF32, kNone, rng);
+  ga[0].params.emplace_back(3, kF32, kNone, rng);
+  for (int t = 1; t <= 10; ++t) {
+    for (auto& p : ga[0].params) p.set_grad(rng, 1.0f);
+    ASSERT_EQ(step(a, ga, 1e-3, 1.0, t), 0) << loom_last_error();
+  }
+  const auto blob = a.export_state();
+  ASSERT_EQ(loom_instance_import_state(b.opt, blob.data(), blob.size()), 0) << loom_last_error();
+  std::vector<Group> gb = ga;
+  for (int t = 11; t <= 20; ++t) {
+    std::mt19937 r2 = rng;
+    for (auto& p : ga[0].params) p.set_grad(rng, 1.0f);
+    for (auto& p : gb[0].params) p.set_grad(r2, 1.0f);
+    ASSERT_EQ(step(a, ga, 1e-3, 1.0, t), 0) << loom_last_error();
+    ASSERT_EQ(step(b, gb, 1e-3, 1.0, t), 0) << loom_last_error();
+  }
+  for (size_t i = 0; i < ga[0].params.size(); ++i) {
+    ASSERT_EQ(0, std::memcmp(ga[0].params[i].p.data(), gb[0].params[i].p.data(),
+                             ga[0].params[i].p.size() * 4));
+  }
+  EXPECT_EQ(a.export_state(), b.export_state());
+}
+
+TEST(Adam, ResumesBitIdentically) { check_resume("adam"); }
+TEST(Lamb, ResumesBitIdentically) { check_resume("lamb"); }
+
+// ------------------------------------------------------------- bad input
+
+class BadInput : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(BadInput, ShapeMismatchIsRejectedAndChangesNothing) {
+  Session s(manifest(GetParam()));
+  std::vector<float> p(8, 1.0f), g(9, 1.0f), ok_p(4, 1.0f), ok_g(4, 1.0f);
+  int64_t sp[1] = {8}, sg[1] = {9}, s4[1] = {4};
+  DLTensor tp = tensor(p.data(), sp, kF32), tg = tensor(g.data(), sg, kF32);
+  DLTensor okp = tensor(ok_p.data(), s4, kF32), okg = tensor(ok_g.data(), s4, kF32);
+  // A good tensor first: it must not be updated either.
+  loom_optimizer_tensor ts[2] = {{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &okp, &okg, nullptr},
+                                 {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, nullptr}};
+  loom_optimizer_group grp{LOOM_OPTIMIZER_GROUP_SIZE, 0, ts, 2, 1.0, NAN};
+  loom_optimizer_step_args a{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &grp, 1, 1e-3, 1.0, 1, nullptr};
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("shape"), std::string::npos) << loom_last_error();
+  EXPECT_EQ(ok_p, std::vector<float>(4, 1.0f));
+  EXPECT_EQ(p, std::vector<float>(8, 1.0f));
+}
+
+TEST_P(BadInput, UnsupportedDtypesAreRejected) {
+  Session s(manifest(GetParam()));
+  std::vector<float> p(4, 1.0f);
+  std::vector<int32_t> gi(4, 1);
+  std::vector<double> pd(4, 1.0), gd(4, 1.0);
+  int64_t sh[1] = {4};
+  DLTensor tp = tensor(p.data(), sh, kF32), tg = tensor(gi.data(), sh, {kDLInt, 32, 1});
+  loom_optimizer_tensor t{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, nullptr};
+  loom_optimizer_group grp{LOOM_OPTIMIZER_GROUP_SIZE, 0, &t, 1, 1.0, NAN};
+  loom_optimizer_step_args a{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &grp, 1, 1e-3, 1.0, 1, nullptr};
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("dtype"), std::string::npos) << loom_last_error();
+  DLTensor tpd = tensor(pd.data(), sh, {kDLFloat, 64, 1}), tgd = tensor(gd.data(), sh, kF32);
+  t = {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tpd, &tgd, nullptr};
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(pd, std::vector<double>(4, 1.0));
+  EXPECT_EQ(p, std::vector<float>(4, 1.0f));
+  // bf16 param without a master copy.
+  std::vector<uint16_t> pb(4, 0x3F80);
+  DLTensor tpb = tensor(pb.data(), sh, kBF16), tg32 = tensor(p.data(), sh, kF32);
+  t = {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tpb, &tg32, nullptr};
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("master"), std::string::npos);
+  // grad_scale 0 and a negative lr.
+  t = {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg32, nullptr};
+  a.grad_scale = 0.0;
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  a.grad_scale = 1.0;
+  a.lr = -1.0;
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, std::vector<float>(4, 1.0f));
+}
+
+TEST_P(BadInput, ForeignTruncatedAndNewerStateIsRejected) {
+  const std::string self = GetParam();
+  const std::string other = self == "adam" ? "lamb" : "adam";
+  Session mine(manifest(self)), theirs(manifest(other));
+  std::mt19937 rng(1);
+  std::vector<Group> g(1);
+  g[0].params.emplace_back(10, kF32, kNone, rng);
+  g[0].params[0].set_grad(rng, 1.0f);
+  ASSERT_EQ(step(mine, g, 1e-3, 1.0, 1), 0);
+  ASSERT_EQ(step(theirs, g, 1e-3, 1.0, 1), 0);
+  const auto before = mine.export_state();
+  const auto foreign = theirs.export_state();
+  EXPECT_EQ(loom_instance_import_state(mine.opt, foreign.data(), foreign.size()),
+            LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("loom." + self), std::string::npos)
+      << loom_last_error();
+  auto newer = before;
+  const size_t version_at = 8 + std::string("loom." + self).size();
+  newer[version_at] = 2;
+  EXPECT_EQ(loom_instance_import_state(mine.opt, newer.data(), newer.size()),
+            LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("version"), std::string::npos);
+  EXPECT_EQ(loom_instance_import_state(mine.opt, before.data(), before.size() - 3),
+            LOOM_ERR_DATA_LOSS);
+  EXPECT_EQ(mine.export_state(), before);  // unchanged by the failed imports
+  // A state for other shapes is refused at the next step, parameters untouched.
+  Session fresh(manifest(self));
+  ASSERT_EQ(loom_instance_import_state(fresh.opt, before.data(), before.size()), 0);
+  std::vector<Group> g2(1);
+  g2[0].params.emplace_back(11, kF32, kNone, rng);
+  const auto p0 = g2[0].params[0].p;
+  EXPECT_EQ(step(fresh, g2, 1e-3, 1.0, 2), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(g2[0].params[0].p, p0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, BadInput, ::testing::Values("adam", "lamb"));
+
+}  // namespace
