@@ -161,22 +161,24 @@ int cmd_check(const std::string& manifest, const std::string& plugin_path) {
 
 }  // namespace
 
-// `loom bench NAME ARGS...` runs the benchmark program loom-bench-NAME installed beside
-// `loom`: benchmarks link what they compare against (MPI, BLAS) and the CLI need not.
-int cmd_bench(const std::string& name, const std::vector<std::string>& args) {
+// Runs the program `name` installed beside `loom`, with `args`. Benchmarks and the reference
+// trainer link what they need (MPI, BLAS) and the CLI need not: it stays a client of
+// libloom only. `what` names the command in messages.
+int exec_beside(const std::string& name, const std::vector<std::string>& args,
+                const std::string& what) {
   std::error_code ec;
   const auto self = std::filesystem::canonical("/proc/self/exe", ec);
   const auto dir = ec ? std::filesystem::path(".") : self.parent_path();
-  const auto program = dir / ("loom-bench-" + name);
+  const auto program = dir / name;
   if (!std::filesystem::exists(program, ec)) {
     std::vector<std::string> known;
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
       const std::string f = e.path().filename().string();
-      if (f.rfind("loom-bench-", 0) == 0) known.push_back(f.substr(11));
+      if (f.rfind("loom-", 0) == 0) known.push_back(f);
     }
     std::sort(known.begin(), known.end());
-    std::cerr << "loom bench: no benchmark '" << name << "' (no " << program.string() << ")"
-              << "; available: " << (known.empty() ? "none" : join(known, ", ")) << "\n";
+    std::cerr << "loom " << what << ": " << program.string() << " is not installed"
+              << "; programs beside loom: " << (known.empty() ? "none" : join(known, ", ")) << "\n";
     return kExitError;
   }
   std::vector<std::string> storage{program.string()};
@@ -186,8 +188,8 @@ int cmd_bench(const std::string& name, const std::vector<std::string>& args) {
   for (auto& a : storage) argv.push_back(a.data());
   argv.push_back(nullptr);
   ::execv(program.c_str(), argv.data());
-  std::cerr << "loom bench: cannot run " << program.string() << ": " << std::strerror(errno)
-            << "\n";
+  std::cerr << "loom " << what << ": cannot run " << program.string() << ": "
+            << std::strerror(errno) << "\n";
   return kExitError;
 }
 
@@ -218,14 +220,24 @@ int main(int argc, char** argv) {
   check->add_option("--plugin-path", plugin_path,
                     "Extra plugin folders (':'-separated), searched after the manifest's");
 
-  // Handled before parsing: everything after NAME belongs to the benchmark, untouched.
+  // Handled before parsing: their arguments belong to the program they run, untouched.
   app.add_subcommand("bench", "Run a benchmark: loom bench NAME [ARGS...] (comm, optim, ...)");
-  if (argc >= 2 && std::string(argv[1]) == "bench") {
-    if (argc < 3) {
-      std::cerr << "usage: loom bench NAME [ARGS...]\n";
-      return kExitError;
+  app.add_subcommand("train", "Train with the reference trainer: loom train MANIFEST [ARGS...]");
+  app.add_subcommand("data", "Prepare datasets: loom data prepare [ARGS...]");
+  app.add_subcommand("plot", "Plot runs: loom plot RUN_DIR... -o FILE.png");
+  if (argc >= 2) {
+    const std::string cmd = argv[1];
+    const std::vector<std::string> rest(argv + 2, argv + argc);
+    if (cmd == "bench") {
+      if (rest.empty()) {
+        std::cerr << "usage: loom bench NAME [ARGS...]\n";
+        return kExitError;
+      }
+      return exec_beside("loom-bench-" + rest[0], {rest.begin() + 1, rest.end()}, "bench");
     }
-    return cmd_bench(argv[2], std::vector<std::string>(argv + 3, argv + argc));
+    if (cmd == "train" || cmd == "data" || cmd == "plot") {
+      return exec_beside("loom-" + cmd, rest, cmd);
+    }
   }
 
   try {
