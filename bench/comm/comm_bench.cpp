@@ -1,0 +1,229 @@
+// loom-bench-comm: fp32 allreduce over the `ucx` transport beside OpenMPI's MPI_Allreduce on
+// the same data in the same run, for message sizes from --min-bytes to --max-bytes (powers of
+// 4), then the codec benchmarks when they are built in (codec_bench.hpp).
+//
+//   mpirun -np 4 build/release/bin/loom bench comm [--min-bytes 1M] [--max-bytes 256M]
+//          [--iters N] [--transport-only]
+//
+// One JSON object per line, printed by rank 0:
+//   {"bench":"allreduce","impl":"ucx"|"mpi","op":"sum","dtype":"float32","elements":N,
+//    "bytes":B,"ranks":P,"iters":I,"seconds":median,"seconds_min":best,
+//    "wire_bytes_per_rank":W,"algbw_gbps":B/s,"busbw_gbps":algbw*2(P-1)/P}
+//   {"bench":"allreduce_ratio","bytes":B,"ucx_over_mpi_time":t_ucx/t_mpi}
+// wire_bytes_per_rank is what the transport's counters say one rank sent for one call (for
+// MPI, the ring volume 2 (P-1)/P * B, since MPI does not report it).
+#include <loom/embed.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_context.hpp"
+#if __has_include("codec_bench.hpp") && defined(LOOM_BENCH_HAVE_CODECS)
+#include "codec_bench.hpp"
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::size_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  double mult = 1;
+  if (end != nullptr && *end != '\0') {
+    switch (*end) {
+      case 'k':
+      case 'K':
+        mult = 1024.0;
+        break;
+      case 'm':
+      case 'M':
+        mult = 1024.0 * 1024.0;
+        break;
+      case 'g':
+      case 'G':
+        mult = 1024.0 * 1024.0 * 1024.0;
+        break;
+      default:
+        std::fprintf(stderr, "loom-bench-comm: bad size '%s'\n", s.c_str());
+        std::exit(2);
+    }
+  }
+  if (!(v > 0)) {
+    std::fprintf(stderr, "loom-bench-comm: bad size '%s'\n", s.c_str());
+    std::exit(2);
+  }
+  return static_cast<std::size_t>(v * mult);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void print(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t min_bytes = 1 << 20;
+  std::size_t max_bytes = 256U << 20;
+  int iters = 0;  // 0: chosen per size
+  bool transport_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "loom-bench-comm: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--min-bytes") {
+      min_bytes = parse_bytes(next());
+    } else if (a == "--max-bytes") {
+      max_bytes = parse_bytes(next());
+    } else if (a == "--iters") {
+      iters = std::atoi(next().c_str());
+    } else if (a == "--transport-only") {
+      transport_only = true;
+    } else if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: mpirun -np N loom bench comm [--min-bytes 1M] [--max-bytes 256M] "
+          "[--iters N] [--transport-only]\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "loom-bench-comm: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  if (min_bytes > max_bytes) {
+    std::fprintf(stderr, "loom-bench-comm: --min-bytes is larger than --max-bytes\n");
+    return 2;
+  }
+
+  // MPI first: the host's bootstrap sees MPI_Initialized and reuses it.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  int size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+  loom_session* session = nullptr;
+  if (loom_open_string("[comm.world]\nplugin = \"ucx\"\ntimeout_s = 300.0\n", "comm_bench.toml",
+                       nullptr, &session) != LOOM_OK) {
+    std::fprintf(stderr, "loom-bench-comm: rank %d: %s\n", rank, loom_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  loom_instance* inst = nullptr;
+  loom_find_instance(session, "comm", "world", &inst);
+  void* obj = loom_instance_object(inst);
+  const auto* vt = static_cast<const loom_comm_v1*>(loom_instance_vtable(inst));
+
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = min_bytes; b <= max_bytes; b *= 4) sizes.push_back(b / 4 * 4);
+
+  for (std::size_t bytes : sizes) {
+    const std::size_t n = bytes / 4;
+    const int it =
+        iters > 0 ? iters : std::max(3, std::min(20, static_cast<int>((64U << 20) / bytes)));
+    std::vector<float> data(n);
+    std::vector<float> mpi_out(n);
+    for (std::size_t i = 0; i < n; ++i)
+      data[i] = static_cast<float>((i + static_cast<std::size_t>(rank)) % 7);
+    int64_t shape = static_cast<int64_t>(n);
+    DLTensor t{data.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+
+    std::vector<double> ucx_t;
+    std::vector<double> mpi_t;
+    uint64_t wire = 0;
+    // Interleaved, so both see the same machine state; one warm-up each.
+    for (int k = -1; k < it; ++k) {
+      loom_comm_stats before{};
+      before.struct_size = LOOM_COMM_STATS_SIZE;
+      vt->stats(obj, &before);
+      MPI_Barrier(MPI_COMM_WORLD);
+      auto t0 = Clock::now();
+      loom_allreduce_args args{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_SUM, nullptr, &t, nullptr};
+      loom_status* st = vt->allreduce(obj, &args);
+      const double ucx_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (st != nullptr) {
+        std::fprintf(stderr, "loom-bench-comm: rank %d: ucx allreduce: %s\n", rank, st->message);
+        st->destroy(st);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      loom_comm_stats after{};
+      after.struct_size = LOOM_COMM_STATS_SIZE;
+      vt->stats(obj, &after);
+      wire = after.bytes_sent - before.bytes_sent;
+
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = Clock::now();
+      MPI_Allreduce(data.data(), mpi_out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+      const double mpi_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      // The slowest rank's time is the collective's time.
+      double both[2] = {ucx_s, mpi_s};
+      double worst[2] = {0, 0};
+      MPI_Allreduce(both, worst, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (k >= 0) {
+        ucx_t.push_back(worst[0]);
+        mpi_t.push_back(worst[1]);
+      }
+      // Keep values small: sum back to the start for the next round.
+      for (std::size_t i = 0; i < n; ++i)
+        data[i] = static_cast<float>((i + static_cast<std::size_t>(rank)) % 7);
+    }
+    if (rank == 0) {
+      const double factor = 2.0 * (size - 1) / size;
+      for (int impl = 0; impl < 2; ++impl) {
+        const std::vector<double>& v = impl == 0 ? ucx_t : mpi_t;
+        const double s = median(v);
+        const double algbw = static_cast<double>(bytes) / s / 1e9;
+        print({{"bench", "allreduce"},
+               {"impl", impl == 0 ? "ucx" : "mpi"},
+               {"op", "sum"},
+               {"dtype", "float32"},
+               {"elements", n},
+               {"bytes", bytes},
+               {"ranks", size},
+               {"iters", it},
+               {"seconds", s},
+               {"seconds_min", *std::min_element(v.begin(), v.end())},
+               {"wire_bytes_per_rank",
+                impl == 0 ? wire : static_cast<uint64_t>(factor * static_cast<double>(bytes))},
+               {"algbw_gbps", algbw},
+               {"busbw_gbps", algbw * factor}});
+      }
+      print({{"bench", "allreduce_ratio"},
+             {"bytes", bytes},
+             {"ranks", size},
+             {"ucx_over_mpi_time", median(ucx_t) / median(mpi_t)}});
+    }
+  }
+
+#if __has_include("codec_bench.hpp") && defined(LOOM_BENCH_HAVE_CODECS)
+  if (!transport_only) {
+    loom_bench::CommBenchContext ctx{session, rank, size, sizes, iters > 0 ? iters : 5};
+    loom_bench::run_codec_benchmarks(ctx);
+  }
+#else
+  (void)transport_only;
+#endif
+
+  loom_close(session);
+  MPI_Finalize();
+  return 0;
+}

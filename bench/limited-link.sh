@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# fp32 allreduce against the compressed allreduce on commodity-Ethernet links: 4 ranks, each
+# in its own network namespace, joined by veth pairs to a bridge, every veth shaped to
+# 1 Gbit/s with tc tbf, and all data traffic (UCX and MPI) forced onto those links.
+#
+#   sudo bench/limited-link.sh                       # 256 MiB, build/release
+#   BUILD=build/release SIZE=64M ITERS=2 sudo -E bench/limited-link.sh
+#
+# Prints the benchmark's JSON lines, then as its last line the time ratio
+#   fp32_over_compressed=<t(fp32 ucx allreduce) / t(compressed allreduce)>
+# (only when the benchmark has compressed_allreduce rows; else the last line says so).
+# Needs root (ip netns, tc). Everything it creates is removed on exit, also on failure.
+set -euo pipefail
+
+BUILD=${BUILD:-build/release}
+SIZE=${SIZE:-256M}
+ITERS=${ITERS:-1}
+RATE=${RATE:-1gbit}
+CODEC=${CODEC:-onebit}
+NP=4
+TAG=ll$$                 # keeps names unique (and short: interface names <= 15 chars)
+BR=${TAG}br
+SUBNET=10.213.77
+DEV=lleth0               # the veth's name inside every namespace (UCX_NET_DEVICES)
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=$ROOT/$BUILD/bin/loom-bench-comm
+if [[ $EUID -ne 0 ]]; then
+  echo "limited-link.sh: needs root (network namespaces and tc)" >&2
+  exit 1
+fi
+if [[ ! -x $BENCH ]]; then
+  echo "limited-link.sh: $BENCH not found; build the loom-bench-comm target first" >&2
+  exit 1
+fi
+
+WORK=$(mktemp -d)
+cleanup() {
+  set +e
+  for i in $(seq 0 $((NP - 1))); do
+    ip netns del "${TAG}ns$i" 2>/dev/null
+    ip link del "${TAG}h$i" 2>/dev/null
+  done
+  ip link del "$BR" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+ip link add "$BR" type bridge
+ip addr add "$SUBNET.254/24" dev "$BR"
+ip link set "$BR" up
+for i in $(seq 0 $((NP - 1))); do
+  ns=${TAG}ns$i
+  ip netns add "$ns"
+  ip link add "${TAG}h$i" type veth peer name "${TAG}n$i"
+  ip link set "${TAG}n$i" netns "$ns"
+  ip -n "$ns" link set "${TAG}n$i" name "$DEV"
+  ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev "$DEV"
+  ip -n "$ns" link set "$DEV" up
+  ip -n "$ns" link set lo up
+  ip link set "${TAG}h$i" master "$BR" up
+  # Both directions of each link: into the namespace (host side) and out of it.
+  tc qdisc add dev "${TAG}h$i" root tbf rate "$RATE" burst 128kb latency 100ms
+  tc -n "$ns" qdisc add dev "$DEV" root tbf rate "$RATE" burst 128kb latency 100ms
+done
+
+cat >"$WORK/in-ns.sh" <<EOF
+#!/bin/sh
+exec ip netns exec ${TAG}ns\$OMPI_COMM_WORLD_RANK "\$@"
+EOF
+chmod +x "$WORK/in-ns.sh"
+
+export PMIX_MCA_ptl_tcp_if_include=$SUBNET.0/24
+export PMIX_MCA_ptl_tcp_remote_connections=1
+mpirun --allow-run-as-root --oversubscribe -np $NP \
+  --mca oob_tcp_if_include "$BR" \
+  --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$SUBNET.0/24" \
+  -x UCX_TLS=tcp,self -x UCX_NET_DEVICES=$DEV -x UCX_LOG_LEVEL=error \
+  -x LOOM_BOOTSTRAP_TIMEOUT=600 \
+  "$WORK/in-ns.sh" "$BENCH" --min-bytes "$SIZE" --max-bytes "$SIZE" --iters "$ITERS" \
+  | tee "$WORK/out.jsonl"
+
+python3 - "$WORK/out.jsonl" "$CODEC" <<'EOF'
+import json, sys
+fp32 = None
+comp = {}
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    j = json.loads(line)
+    if j.get("bench") == "allreduce" and j.get("impl") == "ucx":
+        fp32 = j["seconds"]
+    if j.get("bench") == "compressed_allreduce":
+        comp[j.get("codec")] = j["seconds"]
+if fp32 is None:
+    print("fp32_over_compressed=unavailable (no fp32 allreduce row)")
+elif not comp:
+    print("fp32_over_compressed=unavailable (no compressed_allreduce rows: fp32 only, %.3f s)" % fp32)
+else:
+    codec = sys.argv[2] if sys.argv[2] in comp else sorted(comp)[0]
+    print("fp32_over_compressed=%.2f (codec %s, fp32 %.3f s, compressed %.3f s)"
+          % (fp32 / comp[codec], codec, fp32, comp[codec]))
+EOF
