@@ -9,7 +9,9 @@ packages=(
   libboost-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdlpack-dev libcli11-dev nlohmann-json3-dev
-  python3
+  libucx-dev libopenmpi-dev openmpi-bin libhwy-dev libopenblas-dev
+  iproute2 python3
+  fortunes gnuplot-nox
 )
 
 missing=()
