@@ -188,13 +188,10 @@ std::string param_type_phrase(const loom_param_spec& spec) {
   const std::string n = spec.list_length > 0 ? std::to_string(spec.list_length) + " " : "";
   switch (spec.type) {
     case LOOM_PARAM_BOOL:
-      return "a boolean";
     case LOOM_PARAM_INT:
-      return "an integer";
     case LOOM_PARAM_FLOAT:
-      return "a number";
     case LOOM_PARAM_STRING:
-      return "a string";
+      return scalar_phrase(spec.type);
     case LOOM_PARAM_INT_LIST:
       return "an array of " + n + "integers";
     case LOOM_PARAM_FLOAT_LIST:
