@@ -1,0 +1,475 @@
+// The GPT-2 style model, templated over the scalar type: Model (model.hpp) is Gpt<float>;
+// the tests also build Gpt<double> to check the whole model's gradients against finite
+// differences in double precision.
+//
+// Structure: Gpt = encoder (wte + wpe) -> Block x layers -> final LayerNorm -> logits through
+// the tied head (lnf_out * wte^T) -> softmax cross-entropy. Each Block is
+//   x_mid = x + proj(attention(qkv(ln1(x))));   y = x_mid + mlp(ln2(x_mid))
+// and keeps its own activations for backward.
+//
+// Seams:
+//  - MoE: a Block's MLP is a MlpT<T> (position-wise over rows). Gpt::replace_mlp swaps it, e.g.
+//    for an MoE layer plugin; the block only calls mlp->forward/backward on its ln2 rows.
+//  - Token drop: Block::forward/backward take any [B, T', C] activations. A router that keeps
+//    a sorted subset of T' positions of each sequence gathers those rows, calls the block on
+//    them (the causal mask then applies among the kept positions, in order), and scatters
+//    the block's output back over the kept rows; the dropped rows pass through unchanged,
+//    and in backward their gradient passes through unchanged too.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <numbers>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "layers.hpp"
+#include "model.hpp"
+
+namespace loom::trainer {
+
+template <typename T>
+struct ParamRef {
+  std::string name;
+  std::vector<int64_t> shape;
+  T* value;
+  T* grad;
+  size_t numel;
+};
+
+// A position-wise layer over rows of C features (the MLP slot of a Block).
+template <typename T>
+class MlpT {
+ public:
+  virtual ~MlpT() = default;
+  virtual void forward(const T* x, T* y, int rows) = 0;                 // writes y
+  virtual void backward(const T* x, const T* dy, T* dx, int rows) = 0;  // adds into dx
+  virtual std::vector<ParamRef<T>> parameters() = 0;
+  virtual double flops_per_token() const = 0;
+};
+
+// fc (C -> 4C) + GELU + proj (4C -> C).
+template <typename T>
+class DenseMlp final : public MlpT<T> {
+ public:
+  DenseMlp(int C, ParamRef<T> fc_w, ParamRef<T> fc_b, ParamRef<T> proj_w, ParamRef<T> proj_b)
+      : C_(C),
+        fc_w_(std::move(fc_w)),
+        fc_b_(std::move(fc_b)),
+        proj_w_(std::move(proj_w)),
+        proj_b_(std::move(proj_b)) {}
+
+  void forward(const T* x, T* y, int rows) override {
+    const size_t n = static_cast<size_t>(rows) * 4 * C_;
+    if (h_.size() < n) {
+      h_.resize(n);
+      g_.resize(n);
+      dg_.resize(n);
+    }
+    layers::matmul_forward(h_.data(), x, fc_w_.value, fc_b_.value, rows, C_, 4 * C_);
+    layers::gelu_forward(g_.data(), h_.data(), n);
+    layers::matmul_forward(y, g_.data(), proj_w_.value, proj_b_.value, rows, 4 * C_, C_);
+  }
+
+  void backward(const T* x, const T* dy, T* dx, int rows) override {
+    const size_t n = static_cast<size_t>(rows) * 4 * C_;
+    std::fill(dg_.begin(), dg_.begin() + static_cast<std::ptrdiff_t>(n), T(0));
+    layers::matmul_backward(dg_.data(), proj_w_.grad, proj_b_.grad, dy, g_.data(), proj_w_.value,
+                            rows, 4 * C_, C_);
+    // dh overwrites g (no longer needed): dh = gelu'(h) * dg
+    std::fill(g_.begin(), g_.begin() + static_cast<std::ptrdiff_t>(n), T(0));
+    layers::gelu_backward(g_.data(), h_.data(), dg_.data(), n);
+    layers::matmul_backward(dx, fc_w_.grad, fc_b_.grad, g_.data(), x, fc_w_.value, rows, C_,
+                            4 * C_);
+  }
+
+  std::vector<ParamRef<T>> parameters() override { return {fc_w_, fc_b_, proj_w_, proj_b_}; }
+  double flops_per_token() const override { return 6.0 * 8.0 * C_ * static_cast<double>(C_); }
+
+ private:
+  int C_;
+  ParamRef<T> fc_w_, fc_b_, proj_w_, proj_b_;
+  std::vector<T> h_, g_, dg_;  // pre-activation, GELU output (dh in backward), dg
+};
+
+template <typename T>
+struct BlockParams {
+  ParamRef<T> ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b;
+};
+
+// Scratch shared by all blocks during backward.
+template <typename T>
+struct BlockScratch {
+  std::vector<T> dmid, dln, datty, dqkv, datt;
+  void reserve(size_t N, int C, int NH, size_t B, size_t Tn) {
+    const size_t nc = N * C;
+    if (dmid.size() < nc) {
+      dmid.resize(nc);
+      dln.resize(nc);
+      datty.resize(nc);
+      dqkv.resize(3 * nc);
+    }
+    if (datt.size() < B * NH * Tn * Tn) datt.resize(B * NH * Tn * Tn);
+  }
+};
+
+template <typename T>
+class Block {
+ public:
+  Block(int C, int NH, BlockParams<T> p, std::unique_ptr<MlpT<T>> mlp)
+      : C_(C), NH_(NH), p_(std::move(p)), mlp_(std::move(mlp)) {}
+
+  MlpT<T>& mlp() { return *mlp_; }
+  void set_mlp(std::unique_ptr<MlpT<T>> mlp) { mlp_ = std::move(mlp); }
+  const BlockParams<T>& params() const { return p_; }
+
+  // x, y: [B, Tn, C] (y != x). Keeps x's address: x must stay unchanged until backward.
+  void forward(const T* x, T* y, int B, int Tn) {
+    const size_t N = static_cast<size_t>(B) * Tn;
+    const size_t nc = N * C_;
+    if (ln1_.size() < nc) {
+      ln1_.resize(nc);
+      ln2_.resize(nc);
+      atty_.resize(nc);
+      mid_.resize(nc);
+      tmp_.resize(nc);
+      qkv_.resize(3 * nc);
+      stats_.resize(4 * N);
+    }
+    if (att_.size() < static_cast<size_t>(B) * NH_ * Tn * Tn)
+      att_.resize(static_cast<size_t>(B) * NH_ * Tn * Tn);
+    x_ = x;
+    const int n = static_cast<int>(N);
+    T* s = stats_.data();
+    layers::layernorm_forward(ln1_.data(), s, s + N, x, p_.ln1_w.value, p_.ln1_b.value, n, C_);
+    layers::matmul_forward(qkv_.data(), ln1_.data(), p_.qkv_w.value, p_.qkv_b.value, n, C_, 3 * C_);
+    layers::attention_forward(atty_.data(), att_.data(), qkv_.data(), B, Tn, C_, NH_);
+    layers::matmul_forward(tmp_.data(), atty_.data(), p_.proj_w.value, p_.proj_b.value, n, C_, C_);
+    layers::residual_forward(mid_.data(), x, tmp_.data(), nc);
+    layers::layernorm_forward(ln2_.data(), s + 2 * N, s + 3 * N, mid_.data(), p_.ln2_w.value,
+                              p_.ln2_b.value, n, C_);
+    mlp_->forward(ln2_.data(), tmp_.data(), n);
+    layers::residual_forward(y, mid_.data(), tmp_.data(), nc);
+  }
+
+  // dy: gradient of y; writes dx (the gradient of x); adds into the parameter grads.
+  void backward(const T* dy, T* dx, int B, int Tn, BlockScratch<T>& sc) {
+    const size_t N = static_cast<size_t>(B) * Tn;
+    const size_t nc = N * C_;
+    const int n = static_cast<int>(N);
+    sc.reserve(N, C_, NH_, static_cast<size_t>(B), static_cast<size_t>(Tn));
+    const T* s = stats_.data();
+    auto zero = [](std::vector<T>& v, size_t count) {
+      std::fill(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(count), T(0));
+    };
+    // y = mid + mlp(ln2(mid))
+    std::copy(dy, dy + nc, sc.dmid.begin());
+    zero(sc.dln, nc);
+    mlp_->backward(ln2_.data(), dy, sc.dln.data(), n);
+    layers::layernorm_backward(sc.dmid.data(), p_.ln2_w.grad, p_.ln2_b.grad, sc.dln.data(),
+                               mid_.data(), p_.ln2_w.value, s + 2 * N, s + 3 * N, n, C_);
+    // mid = x + proj(attention(qkv(ln1(x))))
+    zero(sc.datty, nc);
+    layers::matmul_backward(sc.datty.data(), p_.proj_w.grad, p_.proj_b.grad, sc.dmid.data(),
+                            atty_.data(), p_.proj_w.value, n, C_, C_);
+    zero(sc.dqkv, 3 * nc);
+    layers::attention_backward(sc.dqkv.data(), sc.datt.data(), sc.datty.data(), qkv_.data(),
+                               att_.data(), B, Tn, C_, NH_);
+    zero(sc.dln, nc);
+    layers::matmul_backward(sc.dln.data(), p_.qkv_w.grad, p_.qkv_b.grad, sc.dqkv.data(),
+                            ln1_.data(), p_.qkv_w.value, n, C_, 3 * C_);
+    std::copy(sc.dmid.begin(), sc.dmid.begin() + static_cast<std::ptrdiff_t>(nc), dx);
+    layers::layernorm_backward(dx, p_.ln1_w.grad, p_.ln1_b.grad, sc.dln.data(), x_, p_.ln1_w.value,
+                               s, s + N, n, C_);
+  }
+
+ private:
+  int C_;
+  int NH_;
+  BlockParams<T> p_;
+  std::unique_ptr<MlpT<T>> mlp_;
+  const T* x_ = nullptr;
+  std::vector<T> ln1_, ln2_, qkv_, att_, atty_, mid_, tmp_, stats_;
+};
+
+inline void validate_config(const ModelConfig& c) {
+  auto bad = [](const std::string& what) {
+    throw std::invalid_argument("loom::trainer::Model: " + what);
+  };
+  if (c.vocab_size < 1 || c.vocab_size > (1 << 22)) bad("vocab_size must be in [1, 4194304]");
+  if (c.context < 1 || c.context > 65536) bad("context must be in [1, 65536]");
+  if (c.layers < 1 || c.layers > 1024) bad("layers must be in [1, 1024]");
+  if (c.heads < 1 || c.dim < 1 || c.dim > 65536) bad("heads and dim must be positive");
+  if (c.dim % c.heads != 0) bad("dim must be divisible by heads");
+  const double params = static_cast<double>(c.vocab_size + c.context) * c.dim +
+                        static_cast<double>(c.layers) * 12.0 * c.dim * c.dim;
+  if (params > 4.0e9) bad("model too large (more than 4e9 parameters)");
+}
+
+template <typename T>
+class Gpt {
+ public:
+  Gpt(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
+    validate_config(cfg);
+    const size_t C = static_cast<size_t>(cfg.dim);
+    const size_t V = static_cast<size_t>(cfg.vocab_size);
+    const size_t L = static_cast<size_t>(cfg.layers);
+    struct Spec {
+      std::string name;
+      std::vector<int64_t> shape;
+      int init;  // 0: zeros, 1: ones, 2: normal 0.02, 3: normal 0.02/sqrt(2L)
+    };
+    auto i64 = [](size_t v) { return static_cast<int64_t>(v); };
+    std::vector<Spec> specs;
+    specs.push_back({"wte", {i64(V), i64(C)}, 2});
+    specs.push_back({"wpe", {i64(cfg.context), i64(C)}, 2});
+    for (size_t l = 0; l < L; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      specs.push_back({p + "ln1.w", {i64(C)}, 1});
+      specs.push_back({p + "ln1.b", {i64(C)}, 0});
+      specs.push_back({p + "attn.qkv.w", {i64(3 * C), i64(C)}, 2});
+      specs.push_back({p + "attn.qkv.b", {i64(3 * C)}, 0});
+      specs.push_back({p + "attn.proj.w", {i64(C), i64(C)}, 3});
+      specs.push_back({p + "attn.proj.b", {i64(C)}, 0});
+      specs.push_back({p + "ln2.w", {i64(C)}, 1});
+      specs.push_back({p + "ln2.b", {i64(C)}, 0});
+      specs.push_back({p + "mlp.fc.w", {i64(4 * C), i64(C)}, 2});
+      specs.push_back({p + "mlp.fc.b", {i64(4 * C)}, 0});
+      specs.push_back({p + "mlp.proj.w", {i64(C), i64(4 * C)}, 3});
+      specs.push_back({p + "mlp.proj.b", {i64(C)}, 0});
+    }
+    specs.push_back({"lnf.w", {i64(C)}, 1});
+    specs.push_back({"lnf.b", {i64(C)}, 0});
+    size_t total = 0;
+    for (const auto& s : specs) {
+      size_t n = 1;
+      for (const int64_t d : s.shape) n *= static_cast<size_t>(d);
+      total += n;
+    }
+    values_.assign(total, T(0));
+    grads_.assign(total, T(0));
+    Rng rng(seed);
+    const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
+    size_t off = 0;
+    std::vector<ParamRef<T>> all;
+    for (const auto& s : specs) {
+      size_t n = 1;
+      for (const int64_t d : s.shape) n *= static_cast<size_t>(d);
+      T* v = values_.data() + off;
+      for (size_t i = 0; i < n; ++i) {
+        switch (s.init) {
+          case 1:
+            v[i] = T(1);
+            break;
+          case 2:
+            v[i] = static_cast<T>(0.02 * rng.normal());
+            break;
+          case 3:
+            v[i] = static_cast<T>(residual_std * rng.normal());
+            break;
+          default:
+            v[i] = T(0);
+            break;
+        }
+      }
+      all.push_back({s.name, s.shape, v, grads_.data() + off, n});
+      off += n;
+    }
+    wte_ = all[0];
+    wpe_ = all[1];
+    for (size_t l = 0; l < L; ++l) {
+      const size_t b = 2 + l * 12;
+      BlockParams<T> bp{all[b],     all[b + 1], all[b + 2], all[b + 3],
+                        all[b + 4], all[b + 5], all[b + 6], all[b + 7]};
+      auto mlp =
+          std::make_unique<DenseMlp<T>>(cfg.dim, all[b + 8], all[b + 9], all[b + 10], all[b + 11]);
+      blocks_.push_back(std::make_unique<Block<T>>(cfg.dim, cfg.heads, bp, std::move(mlp)));
+    }
+    lnf_w_ = all[2 + L * 12];
+    lnf_b_ = all[3 + L * 12];
+    rebuild_params();
+  }
+
+  const ModelConfig& config() const { return cfg_; }
+  std::vector<ParamRef<T>>& parameters() { return params_; }
+  size_t num_parameters() const {
+    size_t n = 0;
+    for (const auto& p : params_) n += p.numel;
+    return n;
+  }
+
+  void replace_mlp(int layer, std::unique_ptr<MlpT<T>> mlp) {
+    if (layer < 0 || layer >= cfg_.layers || !mlp)
+      throw std::invalid_argument("loom::trainer::Model::replace_mlp: bad layer or null mlp");
+    blocks_[static_cast<size_t>(layer)]->set_mlp(std::move(mlp));
+    rebuild_params();
+  }
+
+  double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int Tn) {
+    const double loss = forward(tokens, targets, B, Tn, true);
+    backward(tokens, B, Tn);
+    return loss;
+  }
+  double forward_loss(const int32_t* tokens, const int32_t* targets, int B, int Tn) {
+    return forward(tokens, targets, B, Tn, true);
+  }
+  void forward_logits(const int32_t* tokens, int B, int Tn, T* out) {
+    forward(tokens, nullptr, B, Tn, false);
+    std::copy(logits_.begin(),
+              logits_.begin() +
+                  static_cast<std::ptrdiff_t>(static_cast<size_t>(B) * Tn * cfg_.vocab_size),
+              out);
+  }
+  void zero_grad() {
+    std::fill(grads_.begin(), grads_.end(), T(0));
+    for (auto& p : params_) {  // parameters of replaced MLPs live outside grads_
+      if (p.grad < grads_.data() || p.grad >= grads_.data() + grads_.size())
+        std::fill(p.grad, p.grad + p.numel, T(0));
+    }
+  }
+  double flops_per_token(int seq) const {
+    const double C = cfg_.dim;
+    double f = 6.0 * C * cfg_.vocab_size;  // tied head
+    for (const auto& b : blocks_) f += 6.0 * 4.0 * C * C + b->mlp().flops_per_token();
+    f += 6.0 * cfg_.layers * static_cast<double>(seq) * C;  // causal attention
+    return f;
+  }
+
+ private:
+  // xorshift-based normal generator (Box-Muller), the same on every platform.
+  struct Rng {
+    explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
+    uint64_t next() {
+      s ^= s >> 12;
+      s ^= s << 25;
+      s ^= s >> 27;
+      return s * 0x2545F4914F6CDD1Dull;
+    }
+    double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
+    double normal() {
+      if (has_spare) {
+        has_spare = false;
+        return spare;
+      }
+      const double u = uniform();
+      const double v = uniform();
+      const double r = std::sqrt(-2.0 * std::log(u));
+      spare = r * std::sin(2.0 * std::numbers::pi * v);
+      has_spare = true;
+      return r * std::cos(2.0 * std::numbers::pi * v);
+    }
+    uint64_t s;
+    double spare = 0;
+    bool has_spare = false;
+  };
+
+  void rebuild_params() {
+    params_.clear();
+    params_.push_back(wte_);
+    params_.push_back(wpe_);
+    for (auto& b : blocks_) {
+      const auto& p = b->params();
+      for (const auto* r :
+           {&p.ln1_w, &p.ln1_b, &p.qkv_w, &p.qkv_b, &p.proj_w, &p.proj_b, &p.ln2_w, &p.ln2_b})
+        params_.push_back(*r);
+      for (auto& r : b->mlp().parameters()) params_.push_back(r);
+    }
+    params_.push_back(lnf_w_);
+    params_.push_back(lnf_b_);
+  }
+
+  void check_inputs(const int32_t* tokens, const int32_t* targets, bool need_targets, int B,
+                    int Tn) const {
+    auto bad = [](const std::string& what) {
+      throw std::invalid_argument("loom::trainer::Model: " + what);
+    };
+    if (tokens == nullptr || (need_targets && targets == nullptr)) bad("null tokens/targets");
+    if (B < 1 || Tn < 1) bad("batch and seq must be positive");
+    if (Tn > cfg_.context)
+      bad("seq " + std::to_string(Tn) + " exceeds context " + std::to_string(cfg_.context));
+    if (static_cast<double>(B) * Tn * 4.0 * cfg_.dim > 2.0e9 ||
+        static_cast<double>(B) * Tn * cfg_.vocab_size > 2.0e9)
+      bad("batch too large");
+    const size_t N = static_cast<size_t>(B) * Tn;
+    for (size_t i = 0; i < N; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
+        bad("token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
+            " out of range [0, " + std::to_string(cfg_.vocab_size) + ")");
+      if (need_targets && (targets[i] < 0 || targets[i] >= cfg_.vocab_size))
+        bad("target " + std::to_string(targets[i]) + " at " + std::to_string(i) +
+            " out of range [0, " + std::to_string(cfg_.vocab_size) + ")");
+    }
+  }
+
+  double forward(const int32_t* tokens, const int32_t* targets, int B, int Tn, bool loss) {
+    check_inputs(tokens, targets, loss, B, Tn);
+    const size_t N = static_cast<size_t>(B) * Tn;
+    const int n = static_cast<int>(N);
+    const int C = cfg_.dim;
+    const int V = cfg_.vocab_size;
+    const size_t nc = N * C;
+    if (resid_.size() != static_cast<size_t>(cfg_.layers) + 1 || resid_[0].size() < nc) {
+      resid_.assign(static_cast<size_t>(cfg_.layers) + 1, std::vector<T>(nc));
+      lnf_.resize(nc);
+      dlnf_.resize(nc);
+      lnf_stats_.resize(2 * N);
+      logits_.resize(N * V);
+      probs_.resize(N * V);
+      dresid_a_.resize(nc);
+      dresid_b_.resize(nc);
+    }
+    if (logits_.size() < N * V) {
+      logits_.resize(N * V);
+      probs_.resize(N * V);
+    }
+    layers::encoder_forward(resid_[0].data(), tokens, wte_.value, wpe_.value, B, Tn, C);
+    for (size_t l = 0; l < blocks_.size(); ++l)
+      blocks_[l]->forward(resid_[l].data(), resid_[l + 1].data(), B, Tn);
+    layers::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + N,
+                              resid_.back().data(), lnf_w_.value, lnf_b_.value, n, C);
+    layers::matmul_forward<T>(logits_.data(), lnf_.data(), wte_.value, nullptr, n, C, V);
+    if (!loss) return 0.0;
+    targets_ = targets;
+    return layers::crossentropy_forward(probs_.data(), logits_.data(), targets, n, V);
+  }
+
+  void backward(const int32_t* tokens, int B, int Tn) {
+    const size_t N = static_cast<size_t>(B) * Tn;
+    const int n = static_cast<int>(N);
+    const int C = cfg_.dim;
+    const int V = cfg_.vocab_size;
+    const size_t nc = N * C;
+    // logits reuse as dlogits
+    layers::crossentropy_backward(logits_.data(), probs_.data(), targets_, n, V);
+    std::fill(dlnf_.begin(), dlnf_.begin() + static_cast<std::ptrdiff_t>(nc), T(0));
+    layers::matmul_backward<T>(dlnf_.data(), wte_.grad, nullptr, logits_.data(), lnf_.data(),
+                               wte_.value, n, C, V);
+    std::fill(dresid_a_.begin(), dresid_a_.begin() + static_cast<std::ptrdiff_t>(nc), T(0));
+    layers::layernorm_backward(dresid_a_.data(), lnf_w_.grad, lnf_b_.grad, dlnf_.data(),
+                               resid_.back().data(), lnf_w_.value, lnf_stats_.data(),
+                               lnf_stats_.data() + N, n, C);
+    T* dy = dresid_a_.data();
+    T* dx = dresid_b_.data();
+    for (size_t l = blocks_.size(); l-- > 0;) {
+      blocks_[l]->backward(dy, dx, B, Tn, scratch_);
+      std::swap(dy, dx);
+    }
+    layers::encoder_backward(wte_.grad, wpe_.grad, dy, tokens, B, Tn, C);
+  }
+
+  ModelConfig cfg_;
+  std::vector<T> values_, grads_;
+  std::vector<ParamRef<T>> params_;
+  ParamRef<T> wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<std::unique_ptr<Block<T>>> blocks_;
+  std::vector<std::vector<T>> resid_;
+  std::vector<T> lnf_, dlnf_, lnf_stats_, logits_, probs_, dresid_a_, dresid_b_;
+  BlockScratch<T> scratch_;
+  const int32_t* targets_ = nullptr;
+};
+
+}  // namespace loom::trainer

@@ -1,0 +1,126 @@
+// Model: the float instantiation of Gpt (gpt.hpp), plus the kernels' thread pool.
+#include "model.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "common/parallel_for.hpp"
+#include "gpt.hpp"
+
+namespace loom::trainer {
+namespace {
+
+int default_threads() {
+  if (const char* env = std::getenv("LOOM_NUM_THREADS"); env != nullptr && *env != '\0') {
+    const long v = std::strtol(env, nullptr, 10);
+    if (v > 0 && v < 1024) return static_cast<int>(v);
+  }
+  // Under mpirun, share the cores among the ranks on this node (Open MPI, MPICH).
+  long local_ranks = 1;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    if (const char* env = std::getenv(name); env != nullptr && *env != '\0') {
+      const long v = std::strtol(env, nullptr, 10);
+      if (v > 0) {
+        local_ranks = v;
+        break;
+      }
+    }
+  }
+  const long cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::max(1L, cores / local_ranks));
+}
+
+std::mutex g_pool_mu;
+std::unique_ptr<loom::plugins::ThreadPool> g_pool;
+
+loom::plugins::ThreadPool& pool() {
+  const std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (!g_pool) {
+    // Every sgemm runs single-threaded inside one of our pool's threads (layers::par_gemm
+    // splits the output), so OpenBLAS's own threads would only oversubscribe the cores.
+    openblas_set_num_threads(1);
+    g_pool = std::make_unique<loom::plugins::ThreadPool>(static_cast<size_t>(default_threads()));
+  }
+  return *g_pool;
+}
+
+// Wraps a float Mlp (the public plugin-facing interface) as the model's MlpT<float>.
+class MlpAdapter final : public MlpT<float> {
+ public:
+  explicit MlpAdapter(std::unique_ptr<Mlp> m) : m_(std::move(m)) {}
+  void forward(const float* x, float* y, int rows) override { m_->forward(x, y, rows); }
+  void backward(const float* x, const float* dy, float* dx, int rows) override {
+    m_->backward(x, dy, dx, rows);
+  }
+  std::vector<ParamRef<float>> parameters() override {
+    std::vector<ParamRef<float>> out;
+    for (auto& p : m_->parameters()) out.push_back({p.name, p.shape, p.value, p.grad, p.numel});
+    return out;
+  }
+  double flops_per_token() const override { return m_->flops_per_token(); }
+
+ private:
+  std::unique_ptr<Mlp> m_;
+};
+
+}  // namespace
+
+namespace layers {
+void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
+  pool().parallel_for(n, grain, fn);
+}
+int pool_threads() { return static_cast<int>(pool().size()); }
+}  // namespace layers
+
+void set_num_threads(int threads) {
+  if (threads < 1) threads = default_threads();
+  const std::lock_guard<std::mutex> lock(g_pool_mu);
+  openblas_set_num_threads(1);
+  g_pool = std::make_unique<loom::plugins::ThreadPool>(static_cast<size_t>(threads));
+}
+
+int num_threads() { return layers::pool_threads(); }
+
+struct Model::Impl {
+  Impl(const ModelConfig& cfg, uint64_t seed) : gpt(cfg, seed) { sync(); }
+  void sync() {
+    params.clear();
+    for (auto& p : gpt.parameters()) params.push_back({p.name, p.shape, p.value, p.grad, p.numel});
+  }
+  Gpt<float> gpt;
+  std::vector<ParamTensor> params;
+};
+
+Model::Model(const ModelConfig& cfg, uint64_t seed) : impl_(std::make_unique<Impl>(cfg, seed)) {}
+Model::~Model() = default;
+
+const ModelConfig& Model::config() const { return impl_->gpt.config(); }
+std::vector<ParamTensor>& Model::parameters() { return impl_->params; }
+size_t Model::num_parameters() const { return impl_->gpt.num_parameters(); }
+
+float Model::forward_backward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  return static_cast<float>(impl_->gpt.forward_backward(tokens, targets, batch, seq));
+}
+float Model::forward_loss(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
+  return static_cast<float>(impl_->gpt.forward_loss(tokens, targets, batch, seq));
+}
+void Model::forward_logits(const int32_t* tokens, int batch, int seq, float* logits) {
+  if (logits == nullptr) throw std::invalid_argument("loom::trainer::Model: null logits");
+  impl_->gpt.forward_logits(tokens, batch, seq, logits);
+}
+void Model::zero_grad() { impl_->gpt.zero_grad(); }
+double Model::flops_per_token(int seq) const { return impl_->gpt.flops_per_token(seq); }
+
+void Model::replace_mlp(int layer, std::unique_ptr<Mlp> mlp) {
+  if (!mlp) throw std::invalid_argument("loom::trainer::Model::replace_mlp: null mlp");
+  impl_->gpt.replace_mlp(layer, std::make_unique<MlpAdapter>(std::move(mlp)));
+  impl_->sync();
+}
+
+}  // namespace loom::trainer

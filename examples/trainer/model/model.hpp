@@ -1,0 +1,94 @@
+// The reference trainer's model: a GPT-2 style decoder-only transformer (token + position
+// embeddings, pre-LayerNorm blocks with causal multi-head attention and a GELU MLP of 4*dim,
+// a final LayerNorm, an output head tied to the token embedding), with forward and backward
+// written out by hand in C++ (OpenBLAS sgemm for every matmul, threaded elementwise kernels).
+//
+// Seams for later work (see model.cpp for details):
+//  - MoE: each Block holds its MLP behind the `Mlp` interface below (forward/backward over N
+//    token rows, plus its parameters). An MoE layer plugin replaces a block's DenseMlp with
+//    its own Mlp through Model::replace_mlp().
+//  - Token drop (random-LTD and friends): Block::forward/backward work on any [B, T', C]
+//    activations, where the T' rows of each sequence may be a sorted subset of the
+//    positions (the causal mask is applied in subset order). A router gathers the kept rows,
+//    runs the block, and scatters the outputs back, leaving the dropped rows unchanged.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom::trainer {
+
+struct ModelConfig {
+  int vocab_size = 256;
+  int context = 128;
+  int layers = 4;
+  int heads = 4;
+  int dim = 128;
+};
+
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* value;
+  float* grad;
+  size_t numel;
+};
+
+// Threads used by the model's kernels (its pool runs the split sgemms and the elementwise
+// loops; OpenBLAS itself stays single-threaded). Defaults to LOOM_NUM_THREADS, else the
+// cores divided by the number of MPI ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE or
+// MPI_LOCALNRANKS), else all cores. n < 1 restores the default. Call it before using a model.
+void set_num_threads(int threads);
+int num_threads();
+
+// A position-wise MLP over N rows of `dim` features. forward() keeps whatever it needs for
+// backward() of the same rows; backward() ADDS into dx and into its parameters' grads.
+class Mlp {
+ public:
+  virtual ~Mlp() = default;
+  virtual void forward(const float* x, float* y, int rows) = 0;
+  virtual void backward(const float* x, const float* dy, float* dx, int rows) = 0;
+  virtual std::vector<ParamTensor> parameters() = 0;
+  virtual double flops_per_token() const = 0;  // forward+backward
+};
+
+class Model {
+ public:
+  // GPT-2 init: weights normal(0, 0.02), residual projections (attn.proj.w, mlp.proj.w)
+  // scaled by 1/sqrt(2*layers), biases 0, LayerNorm gains 1. Throws std::invalid_argument
+  // on a bad config (non-positive sizes, dim not divisible by heads).
+  Model(const ModelConfig& cfg, uint64_t seed);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const;
+  // Stable pointers into contiguous fp32 storage (all values in one buffer, all grads in
+  // another, in this order).
+  std::vector<ParamTensor>& parameters();
+  size_t num_parameters() const;
+
+  // tokens/targets: batch*seq int32 (seq <= context). Returns the mean cross-entropy loss;
+  // accumulates (adds) gradients into ParamTensor::grad scaled so they are
+  // d(mean loss)/d(param). Throws std::invalid_argument on bad shapes or out-of-range
+  // tokens/targets.
+  float forward_backward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  float forward_loss(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  // Writes the logits [batch, seq, vocab] (no grads), e.g. for sampling.
+  void forward_logits(const int32_t* tokens, int batch, int seq, float* logits);
+  void zero_grad();
+  double flops_per_token(int seq) const;  // fwd+bwd model FLOPs per token, for MFU
+
+  // The MoE seam: replaces layer `layer`'s MLP. The new Mlp's parameters are appended to
+  // parameters() (they live in its own storage, not in the contiguous buffer).
+  void replace_mlp(int layer, std::unique_ptr<Mlp> mlp);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom::trainer
