@@ -1,0 +1,39 @@
+// Checkpoint files of the reference trainer (docs/trainer.md has the byte layouts):
+//  - model weights as safetensors: 8-byte little-endian header length N, N bytes of JSON
+//    ({"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"format": "pt", "fnv1a64": "<hex of the data section>"}}), then the
+//    raw data;
+//  - blobs (optimizer state, trainer state): magic "LOOMCKPT", uint32 version 1, uint32
+//    kind, uint64 payload bytes, uint64 FNV-1a 64 of the payload, then the payload.
+// Every file is written to FILE.tmp and renamed into place. Readers throw CheckpointError
+// naming the file and what is wrong (truncated, corrupted, shape mismatch...).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+
+namespace loom::trainer {
+
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void write_file_atomic(const std::string& path, const void* data, size_t bytes);
+
+void save_safetensors(const std::string& path, const std::vector<ParamTensor>& params,
+                      const std::map<std::string, std::string>& metadata = {});
+// Loads every tensor of `params` (by name; dtype, shape and size must match); tensors in the
+// file that `params` lacks are an error too.
+void load_safetensors(const std::string& path, const std::vector<ParamTensor>& params);
+
+enum class BlobKind : uint32_t { kOptimizer = 1, kTrainer = 2 };
+void save_blob(const std::string& path, BlobKind kind, const std::vector<uint8_t>& payload);
+std::vector<uint8_t> load_blob(const std::string& path, BlobKind kind);
+
+}  // namespace loom::trainer

@@ -1,0 +1,55 @@
+// The trainer's own configuration file (TOML), which names the Loom manifest it uses.
+// docs/trainer.md lists every key.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "model.hpp"
+
+namespace loom::trainer {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainConfig {
+  std::string config_path;  // the file this was read from
+  // [loom]
+  std::string manifest;            // the Loom manifest (path resolved against the config file)
+  std::string optimizer = "main";  // [optimizer.NAME] in the manifest
+  std::string comm = "world";      // [comm.NAME] in the manifest; "" for none (one rank)
+  // [model]  (vocab_size 0: the dataset's)
+  ModelConfig model{0, 128, 4, 4, 128};
+  // [data]
+  std::string dataset;
+  // [train]
+  int64_t steps = 1000;
+  int batch_size = 16;  // sequences per global batch, split evenly over the ranks
+  int seq_len = 128;
+  uint64_t seed = 1234;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_steps = 100;
+  std::string decay = "cosine";       // "cosine" | "linear" | "constant"
+  double clip_grad_norm = 1.0;        // 0: off
+  int64_t eval_interval = 100;        // 0: only at the end
+  int eval_batches = 8;               // batches of batch_size sequences of seq_len
+  int64_t checkpoint_interval = 100;  // 0: only at the end
+  int64_t log_interval = 10;
+  int64_t stop_after = 0;     // >0: exit (as if killed) after this step, for tests
+  std::string run_dir;        // default: runs/<config stem> beside the config file
+  std::string plot = "auto";  // "auto": RUN_DIR/loss.png; "" or "none": no plot
+  int threads = 0;            // model threads per rank; 0: cores / ranks
+};
+
+// Reads and validates the file; relative paths become relative to its folder.
+TrainConfig load_config(const std::string& path);
+
+// The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
+// warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.
+double lr_at(const TrainConfig& c, int64_t step);
+
+}  // namespace loom::trainer

@@ -1,0 +1,140 @@
+// loom-plot (run as `loom plot RUN_DIR... -o FILE.png`): train and eval loss curves of one or
+// several runs and their communication volume, drawn by gnuplot (Debian's gnuplot-nox) from
+// each RUN_DIR/metrics.jsonl.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string quote(const std::string& s) {  // a gnuplot string literal
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o.push_back('\\');
+    o.push_back(c);
+  }
+  return o + "\"";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom plot: loss curves and communication volume of training runs"};
+  std::vector<std::string> runs;
+  std::string out;
+  std::string title;
+  app.add_option("RUN_DIR", runs, "Run directories (each with metrics.jsonl)")->required();
+  app.add_option("-o,--output", out, "The PNG file to write")->required();
+  app.add_option("--title", title, "Title above the plots");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    char tmpl[] = "/tmp/loom-plot-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("cannot create a temporary folder");
+    const fs::path tmp = tmpl;
+    std::vector<std::string> labels;
+    std::vector<double> losses;
+    double ymin = 1e30, ymax = 0, ymax_all = 0;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const fs::path m = fs::path(runs[r]) / "metrics.jsonl";
+      std::ifstream in(m);
+      if (!in) throw std::runtime_error(m.string() + ": cannot open (is it a run directory?)");
+      std::ofstream tr(tmp / ("train" + std::to_string(r) + ".dat"));
+      std::ofstream ev(tmp / ("eval" + std::to_string(r) + ".dat"));
+      std::string line;
+      size_t n = 0, lineno = 0;
+      while (std::getline(in, line)) {
+        ++lineno;
+        if (line.empty()) continue;
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) {
+          throw std::runtime_error(m.string() + ":" + std::to_string(lineno) + ": not JSON");
+        }
+        const std::string type = j.value("type", "");
+        if (type == "train") {
+          losses.push_back(j.value("loss", 0.0));
+          tr << j.value("step", 0) << " " << j.value("loss", 0.0) << " "
+             << j.value("comm_bytes_sent", 0.0) / 1e6 << " "
+             << j.value("uncompressed_bytes", 0.0) / 1e6 << "\n";
+          ++n;
+        } else if (type == "eval") {
+          ev << j.value("step", 0) << " " << j.value("eval_loss", 0.0) << "\n";
+        }
+      }
+      if (n == 0) throw std::runtime_error(m.string() + ": no train records");
+      // The y range: from the lowest loss to a little above the loss a tenth into the run,
+      // so the first steps' large losses do not flatten the part worth comparing.
+      for (double l : losses) ymin = std::min(ymin, l);
+      ymax = std::max(ymax, losses[losses.size() / 10] * 1.15);
+      ymax_all = std::max(ymax_all, *std::max_element(losses.begin(), losses.end()));
+      losses.clear();
+      labels.push_back(fs::path(runs[r]).lexically_normal().filename().string());
+      if (labels.back().empty())
+        labels.back() = fs::path(runs[r]).parent_path().filename().string();
+    }
+    ymax = std::min(ymax, ymax_all * 1.02);
+    ymin *= 0.97;
+    std::ostringstream g;
+    g << "set terminal pngcairo noenhanced size 1400,520 font \",10\"\n"
+      << "set output " << quote(out) << "\n"
+      << "set multiplot layout 1,2 title " << quote(title) << "\n"
+      << "set grid\nset key top right\nset xlabel \"step\"\nset ylabel \"loss (nats/token)\"\n"
+      << "set yrange [" << ymin << ":" << ymax << "]\n"
+      << "set title \"train (lines) and eval (points) loss\"\nplot ";
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const auto tf = (tmp / ("train" + std::to_string(r) + ".dat")).string();
+      const auto ef = (tmp / ("eval" + std::to_string(r) + ".dat")).string();
+      g << (r ? ", " : "") << quote(tf) << " using 1:2 with lines lw 1.5 lc " << r + 1 << " title "
+        << quote(labels[r] + " train") << ", " << quote(ef)
+        << " using 1:2 with linespoints pt 7 ps 0.8 lc " << r + 1 << " dt 2 title "
+        << quote(labels[r] + " eval");
+    }
+    g << "\nset autoscale y\nset ylabel \"MB sent by rank 0 (cumulative)\"\nset key top left\n"
+      << "set title \"gradient-sync communication (dashed: uncompressed fp32 allreduce)\"\nplot ";
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const auto tf = (tmp / ("train" + std::to_string(r) + ".dat")).string();
+      g << (r ? ", " : "") << quote(tf) << " using 1:3 with lines lw 2 lc " << r + 1 << " title "
+        << quote(labels[r]) << ", " << quote(tf) << " using 1:4 with lines dt 2 lc " << r + 1
+        << " notitle";
+    }
+    g << "\nunset multiplot\n";
+    const fs::path script = tmp / "plot.gp";
+    {
+      std::ofstream s(script);
+      s << g.str();
+    }
+    if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
+    const std::string cmd = "gnuplot " + script.string() + " 2>" + (tmp / "err.txt").string();
+    int rc = std::system(cmd.c_str());
+    if (rc != 0) {
+      std::ifstream e(tmp / "err.txt");
+      std::stringstream es;
+      es << e.rdbuf();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      throw std::runtime_error(
+          "gnuplot failed (install gnuplot-nox; scripts/install-deps.sh "
+          "does): " +
+          es.str());
+    }
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "loom plot: error: " << e.what() << "\n";
+    return 2;
+  }
+}

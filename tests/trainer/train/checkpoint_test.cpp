@@ -1,0 +1,185 @@
+// Checkpoint files (safetensors weights, state blobs) and the trainer config: round trips,
+// and clear errors for truncated or corrupted files and bad configs.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "config.hpp"
+
+namespace fs = std::filesystem;
+using namespace loom::trainer;
+
+namespace {
+
+fs::path temp_dir() {
+  const fs::path d =
+      fs::temp_directory_path() / ("loom-trainer-ckpt-" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+std::vector<char> read(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+void write(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << s;
+}
+void write(const fs::path& p, const std::vector<char>& b) {
+  write(p, std::string(b.begin(), b.end()));
+}
+
+struct Params {
+  std::vector<float> a{1, 2, 3, 4, 5, 6}, b{-1, 0.5f}, ga = a, gb = b;
+  std::vector<ParamTensor> t{{"h.0.w", {2, 3}, a.data(), ga.data(), 6},
+                             {"h.0.b", {2}, b.data(), gb.data(), 2}};
+};
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Safetensors, RoundTripsAndHasTheStandardLayout) {
+  const auto dir = temp_dir();
+  Params p;
+  save_safetensors((dir / "m.safetensors").string(), p.t, {{"step", "7"}});
+  const auto bytes = read(dir / "m.safetensors");
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  ASSERT_EQ(bytes.size(), 8 + n + 32);
+  const std::string header(bytes.data() + 8, n);
+  EXPECT_NE(header.find(R"("h.0.w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]})"),
+            std::string::npos)
+      << header;
+  Params q;
+  std::fill(q.a.begin(), q.a.end(), 0.0f);
+  std::fill(q.b.begin(), q.b.end(), 0.0f);
+  load_safetensors((dir / "m.safetensors").string(), q.t);
+  EXPECT_EQ(q.a, p.a);
+  EXPECT_EQ(q.b, p.b);
+}
+
+TEST(Safetensors, RejectsTruncatedCorruptedAndMismatchedFiles) {
+  const auto dir = temp_dir();
+  Params p;
+  save_safetensors((dir / "m.safetensors").string(), p.t);
+  const auto good = read(dir / "m.safetensors");
+  const auto bad = dir / "bad.safetensors";
+  auto expect = [&](const std::vector<char>& b, const std::string& what) {
+    write(bad, b);
+    Params q;
+    const std::string e = error_of([&] { load_safetensors(bad.string(), q.t); });
+    EXPECT_NE(e.find(bad.string()), std::string::npos) << e;
+    EXPECT_NE(e.find(what), std::string::npos) << "expected '" << what << "' in: " << e;
+    EXPECT_EQ(q.a[0], 1.0f) << "nothing is loaded from a bad file";
+  };
+  expect({good.begin(), good.begin() + 4}, "truncated");
+  expect({good.begin(), good.begin() + 40}, "truncated");
+  expect({good.begin(), good.end() - 1}, "truncated");
+  auto c = good;
+  c[c.size() - 3] ^= 0x10;
+  expect(c, "checksum");
+  c = good;
+  c[8] = 'x';
+  expect(c, "not a JSON object");
+  // A model of another shape.
+  Params other;
+  other.t[0].shape = {3, 2};
+  const std::string e =
+      error_of([&] { load_safetensors((dir / "m.safetensors").string(), other.t); });
+  EXPECT_NE(e.find("has shape [2,3], the model needs [3,2]"), std::string::npos) << e;
+  other = Params();
+  other.t.pop_back();
+  EXPECT_NE(error_of([&] {
+              load_safetensors((dir / "m.safetensors").string(), other.t);
+            }).find("not a parameter of this model"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_safetensors((dir / "none").string(), p.t); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST(Blob, RoundTripsAndRejectsDamage) {
+  const auto dir = temp_dir();
+  const std::vector<uint8_t> payload{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const auto f = (dir / "o.bin").string();
+  save_blob(f, BlobKind::kOptimizer, payload);
+  EXPECT_EQ(load_blob(f, BlobKind::kOptimizer), payload);
+  EXPECT_NE(error_of([&] { load_blob(f, BlobKind::kTrainer); }).find("wrong kind"),
+            std::string::npos);
+  const auto good = read(f);
+  write(f, std::vector<char>(good.begin(), good.end() - 2));
+  EXPECT_NE(error_of([&] { load_blob(f, BlobKind::kOptimizer); }).find("truncated"),
+            std::string::npos);
+  write(f, std::vector<char>(good.begin(), good.begin() + 20));
+  EXPECT_NE(error_of([&] { load_blob(f, BlobKind::kOptimizer); }).find("truncated"),
+            std::string::npos);
+  auto c = good;
+  c.back() ^= 1;
+  write(f, c);
+  EXPECT_NE(error_of([&] { load_blob(f, BlobKind::kOptimizer); }).find("checksum"),
+            std::string::npos);
+  c = good;
+  c[0] = 'X';
+  write(f, c);
+  EXPECT_NE(error_of([&] { load_blob(f, BlobKind::kOptimizer); }).find("bad magic"),
+            std::string::npos);
+}
+
+TEST(Config, ReadsResolvesAndValidates) {
+  const auto dir = temp_dir();
+  const auto cfg = dir / "t.toml";
+  write(cfg,
+        "[manifest]\npath = \"m.toml\"\n[model]\ndim = 64\ncontext = 64\n[data]\n"
+        "dataset = \"d/x.bin\"\n[train]\nsteps = 10\nseq_len = 32\nlr = 1e-3\nmin_lr = 0\n"
+        "warmup_steps = 2\ndecay = \"linear\"\n");
+  TrainConfig c = load_config(cfg.string());
+  EXPECT_EQ(c.manifest, (dir / "m.toml").string());
+  EXPECT_EQ(c.dataset, (dir / "d/x.bin").string());
+  EXPECT_EQ(c.model.dim, 64);
+  EXPECT_EQ(c.run_dir, (dir / "runs" / "t").string());
+  EXPECT_DOUBLE_EQ(lr_at(c, 1), 0.5e-3);
+  EXPECT_DOUBLE_EQ(lr_at(c, 2), 1e-3);
+  EXPECT_DOUBLE_EQ(lr_at(c, 6), 0.5e-3);
+  EXPECT_DOUBLE_EQ(lr_at(c, 10), 0.0);
+  c.decay = "cosine";
+  EXPECT_NEAR(lr_at(c, 6), 0.5e-3, 1e-12);
+  EXPECT_NEAR(lr_at(c, 4), 1e-3 * 0.5 * (1 + std::cos(std::numbers::pi * 0.25)), 1e-12);
+
+  auto err = [&](const std::string& text) {
+    write(cfg, text);
+    return error_of([&] { load_config(cfg.string()); });
+  };
+  const std::string base = "[manifest]\npath = \"m.toml\"\n[data]\ndataset = \"x\"\n";
+  EXPECT_NE(err(base + "[train]\nstepz = 3\n").find(":6:1: [train] stepz: unknown key"),
+            std::string::npos)
+      << err(base + "[train]\nstepz = 3\n");
+  EXPECT_NE(err(base + "[train]\nsteps = -3\n").find("out of range"), std::string::npos);
+  EXPECT_NE(err(base + "[train]\nlr = \"big\"\n").find("expected a number"), std::string::npos);
+  EXPECT_NE(err(base + "[train]\ndecay = \"step\"\n").find("not one of"), std::string::npos);
+  EXPECT_NE(err(base + "[train]\nseq_len = 512\n").find("exceeds [model] context"),
+            std::string::npos);
+  EXPECT_NE(err(base + "[optimizer]\nx = 1\n").find("unknown top-level"), std::string::npos);
+  EXPECT_NE(err("[data]\ndataset = \"x\"\n").find("[manifest] path is required"),
+            std::string::npos);
+  EXPECT_NE(err("[manifest\n").find(cfg.string() + ":1:"), std::string::npos) << err("[manifest\n");
+  EXPECT_NE(error_of([&] { load_config((dir / "none.toml").string()); }).find("cannot open"),
+            std::string::npos);
+}
+
+}  // namespace
