@@ -166,14 +166,7 @@ class CompressedAllreduce {
     }
     DLTensor src_t = tensor(const_cast<float*>(src), &shape_padded_);  // NOLINT
     DLTensor worker_e = tensor(worker_error_, &shape_padded_);
-    loom_codec_encode_args enc{};
-    enc.struct_size = LOOM_CODEC_ENCODE_ARGS_SIZE;
-    enc.chunk_count = static_cast<uint32_t>(size_);
-    enc.input = &src_t;
-    enc.error = &worker_e;
-    enc.output = send_;
-    enc.stream = stream;
-    codec_.call(&loom_codec_v1::encode, &enc);
+    encode(&src_t, &worker_e, static_cast<uint32_t>(size_), send_, stream);
 
     // 2. phase 1: chunk i to rank i.
     DLTensor send_t = bytes_tensor(send_, &shape_all_chunks_);
@@ -201,14 +194,7 @@ class CompressedAllreduce {
       codec_.call(&loom_codec_v1::decode, &dec);
     }
     DLTensor server_e = tensor(server_error_, &shape_chunk_);
-    loom_codec_encode_args senc{};
-    senc.struct_size = LOOM_CODEC_ENCODE_ARGS_SIZE;
-    senc.chunk_count = 1;
-    senc.input = &slice_t;
-    senc.error = &server_e;
-    senc.output = server_chunk_;
-    senc.stream = stream;
-    codec_.call(&loom_codec_v1::encode, &senc);
+    encode(&slice_t, &server_e, 1, server_chunk_, stream);
 
     // 4. phase 2: every rank gets every server chunk.
     DLTensor chunk_t = bytes_tensor(server_chunk_, &shape_one_chunk_);
@@ -325,6 +311,18 @@ class CompressedAllreduce {
   uint64_t calls() const { return calls_; }
 
  private:
+  // Encodes `input` (+ `error`, updated in place) into `chunks` chunks at `output`.
+  void encode(const DLTensor* input, DLTensor* error, uint32_t chunks, void* output, void* stream) {
+    loom_codec_encode_args enc{};
+    enc.struct_size = LOOM_CODEC_ENCODE_ARGS_SIZE;
+    enc.chunk_count = chunks;
+    enc.input = input;
+    enc.error = error;
+    enc.output = output;
+    enc.stream = stream;
+    codec_.call(&loom_codec_v1::encode, &enc);
+  }
+
   static constexpr const char* kStateMagic = "loom.compressed_allreduce";
   static constexpr uint32_t kStateVersion = 1;
 
