@@ -310,6 +310,13 @@ inline void ensure_slots(SlotTable& slots, const std::vector<StepGroup>& groups,
   }
 }
 
+// The whole state of a two-moment optimizer (adam, lamb): header, step count, then {m, v}
+// per tensor. Reading validates the whole blob first, so a bad one changes nothing.
+struct MomentState {
+  uint64_t steps = 0;
+  SlotTable slots;
+};
+
 // State format of the slot table: group count, per group the tensor count, per tensor the
 // buffer count and each buffer as a vector.
 inline void write_slots(loom::sdk::StateWriter& out, const SlotTable& slots, void* stream) {
@@ -348,6 +355,24 @@ inline SlotTable read_slots(loom::sdk::StateReader& in, std::size_t per_tensor) 
     }
   }
   return slots;
+}
+
+inline void write_moment_state(loom::sdk::StateWriter& out, const char* magic, uint32_t version,
+                               uint64_t steps, const SlotTable& slots) {
+  out.write_header(magic, version);
+  out.write_pod<uint64_t>(steps);
+  write_slots(out, slots, nullptr);
+}
+
+inline MomentState read_moment_state(std::span<const std::byte> blob, const char* magic,
+                                     uint32_t version) {
+  loom::sdk::StateReader in(blob);
+  in.read_header(magic, version);
+  MomentState state;
+  state.steps = in.read_pod<uint64_t>();
+  state.slots = read_slots(in, 2);
+  in.expect_end();
+  return state;
 }
 
 inline bool step_on_cuda(const std::vector<StepGroup>& groups) {

@@ -98,19 +98,13 @@ class Lamb : public loom::sdk::Optimizer {
   }
 
   void export_state(loom::sdk::StateWriter& out) {
-    out.write_header(kMagic, kVersion);
-    out.write_pod<uint64_t>(steps_);
-    loom::optim::write_slots(out, slots_, nullptr);
+    loom::optim::write_moment_state(out, kMagic, kVersion, steps_, slots_);
   }
 
   void import_state(std::span<const std::byte> blob) {
-    loom::sdk::StateReader in(blob);
-    in.read_header(kMagic, kVersion);
-    const auto steps = in.read_pod<uint64_t>();
-    auto slots = loom::optim::read_slots(in, 2);
-    in.expect_end();
-    steps_ = steps;
-    slots_ = std::move(slots);
+    auto state = loom::optim::read_moment_state(blob, kMagic, kVersion);
+    steps_ = state.steps;
+    slots_ = std::move(state.slots);
   }
 
  private:
