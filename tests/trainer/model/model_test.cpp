@@ -169,7 +169,9 @@ TEST(TrainerLayers, AttentionGradientAndCausality) {
       double s = 0;
       for (int j = 0; j < T; ++j) {
         const double a = att[(bh * T + i) * T + j];
-        if (j > i) EXPECT_EQ(a, 0.0);
+        if (j > i) {
+          EXPECT_EQ(a, 0.0);
+        }
         s += a;
       }
       EXPECT_NEAR(s, 1.0, 1e-12);
@@ -426,9 +428,15 @@ TEST(TrainerModel, ParametersAreContiguousAndCounted) {
   big.layers = 8;
   lt::Model mb(big, 2);
   for (const auto& p : mb.parameters()) {
-    if (p.name == "wte") EXPECT_NEAR(stdev(p), 0.02, 0.001);
-    if (p.name == "h.3.mlp.proj.w") EXPECT_NEAR(stdev(p), 0.02 / 4.0, 0.0003);
-    if (p.name == "h.0.ln1.w") EXPECT_EQ(p.value[5], 1.0f);
+    if (p.name == "wte") {
+      EXPECT_NEAR(stdev(p), 0.02, 0.001);
+    }
+    if (p.name == "h.3.mlp.proj.w") {
+      EXPECT_NEAR(stdev(p), 0.02 / 4.0, 0.0003);
+    }
+    if (p.name == "h.0.ln1.w") {
+      EXPECT_EQ(p.value[5], 1.0f);
+    }
   }
   EXPECT_NEAR(m.flops_per_token(5), 6.0 * (L * 12 * C * C + V * C) + 6.0 * L * 5 * C, 1e-6);
 }

@@ -155,7 +155,9 @@ TEST_F(TrainerRun, InterruptedAndResumedMatchesUninterrupted) {
     for (size_t i = 0; i < a.size(); ++i) {
       for (const char* k : {"step", "loss", "eval_loss", "grad_norm", "lr", "comm_bytes_sent",
                             "comm_rounds", "uncompressed_bytes", "owns_communication"}) {
-        if (a[i].contains(k)) EXPECT_EQ(a[i][k], b[i][k]) << type << " " << k << " #" << i;
+        if (a[i].contains(k)) {
+          EXPECT_EQ(a[i][k], b[i][k]) << type << " " << k << " #" << i;
+        }
       }
     }
   }
