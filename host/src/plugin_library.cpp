@@ -234,7 +234,7 @@ std::shared_ptr<const PluginInfo> load_uncached(const std::filesystem::path& pat
 uint32_t min_vtable_size(std::string_view kind) {
   if (kind == LOOM_KIND_OPTIMIZER) return LOOM_STRUCT_SIZE(loom_optimizer_v1, step);
   if (kind == LOOM_KIND_COMM) return LOOM_STRUCT_SIZE(loom_comm_v1, stats);
-  if (kind == LOOM_KIND_CODEC) return LOOM_CODEC_V1_SIZE;
+  if (kind == LOOM_KIND_CODEC) return LOOM_STRUCT_SIZE(loom_codec_v1, decode);
   return sizeof(uint32_t);  // a kind this host does not know: only the size field
 }
 

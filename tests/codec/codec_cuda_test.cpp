@@ -76,6 +76,26 @@ TEST_F(OnebitCuda, MatchesCpuBitForBit) {
       std::vector<float> acc_gpu(n);
       ASSERT_EQ(cu::copy_to_host(acc_gpu.data(), ddec.ptr, n * 4), "");
       ASSERT_EQ(std::memcmp(acc_gpu.data(), acc_cpu.data(), n * 4), 0);
+
+      // The chunks' sum into one chunk (the server step), against the CPU kernel.
+      const size_t c = n / chunks;
+      std::vector<float> sum_cpu(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(c));
+      std::vector<const uint8_t*> bits;
+      std::vector<float> vals;
+      for (uint32_t j = 0; j < chunks; ++j) {
+        float s;
+        std::memcpy(&s, want.data() + j * (4 + c / 8), 4);
+        bits.push_back(want.data() + j * (4 + c / 8) + 4);
+        vals.push_back(0.25f * s);
+      }
+      loom::codecs::onebit_unpack_sum(bits.data(), vals.data(), chunks, c, true, sum_cpu.data());
+      ASSERT_EQ(cu::copy_to_device(ddec.ptr, acc.data(), c * 4), "");
+      ASSERT_EQ(cu::onebit_decode_sum(static_cast<uint8_t*>(dout.ptr), chunks, c, 0.25f, true,
+                                      static_cast<float*>(ddec.ptr), nullptr),
+                "");
+      std::vector<float> sum_gpu(c);
+      ASSERT_EQ(cu::copy_to_host(sum_gpu.data(), ddec.ptr, c * 4), "");
+      ASSERT_EQ(std::memcmp(sum_gpu.data(), sum_cpu.data(), c * 4), 0);
     }
   }
 }

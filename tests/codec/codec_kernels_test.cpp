@@ -113,6 +113,48 @@ TEST(OnebitKernels, NontemporalDecodeMatches) {
   });
 }
 
+// The server's one-pass sum of n chunks equals n chunk-by-chunk decodes, bit for bit, plain
+// and accumulating, streaming or not, for chunk counts 1 to 5.
+TEST(OnebitKernels, UnpackSumEqualsChunkByChunkDecode) {
+  for_each_target([] {
+    std::mt19937 rng(17);
+    for (size_t n : {size_t{8}, size_t{72}, size_t{4096 + 8}, size_t{100008}}) {
+      for (size_t count = 1; count <= 5; ++count) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE("n=" + std::to_string(n) + " count=" + std::to_string(count) +
+                       " accumulate=" + std::to_string(accumulate));
+          std::vector<std::vector<uint8_t>> enc;
+          std::vector<const uint8_t*> bits;
+          std::vector<float> v;
+          for (size_t j = 0; j < count; ++j) {
+            enc.push_back(ref::onebit_encode(random_values(n, rng, 0.2f), nullptr, 1));
+            float s;
+            std::memcpy(&s, enc.back().data(), 4);
+            v.push_back(0.25f * s);
+          }
+          for (const auto& e : enc) bits.push_back(e.data() + 4);
+          const std::vector<float> start = random_values(n, rng);
+          std::vector<float> want = start;
+          for (size_t j = 0; j < count; ++j) {
+            loom::codecs::onebit_unpack(bits[j], n, v[j], accumulate || j > 0, want.data());
+          }
+          for (bool nontemporal : {false, true}) {
+            auto* got =
+                static_cast<float*>(::operator new (n * sizeof(float), std::align_val_t{64}));
+            std::memcpy(got, start.data(), n * sizeof(float));
+            loom::codecs::onebit_unpack_sum(bits.data(), v.data(), count, n, accumulate, got,
+                                            nontemporal);
+            for (size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(bits_of(got[i]), bits_of(want[i])) << "i=" << i;
+            }
+            ::operator delete (got, std::align_val_t{64});
+          }
+        }
+      }
+    }
+  });
+}
+
 TEST(OnebitKernels, ZeroAndNegativeZeroAreBitOne) {
   std::vector<float> x(16, 0.0f);
   for (size_t i = 8; i < 16; ++i) x[i] = -0.0f;

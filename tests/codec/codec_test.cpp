@@ -51,6 +51,10 @@ class Codecs : public ::testing::Test {
   }
   static InstanceRef<loom_codec_v1> ef8(int i = 0) { return codec("ef8_" + std::to_string(i)); }
 
+ public:
+  static InstanceRef<loom_codec_v1> onebit_ref(int i) { return onebit(i); }
+
+ protected:
   static inline loom_session* session_ = nullptr;
 };
 
@@ -95,6 +99,19 @@ void decode(const InstanceRef<loom_codec_v1>& c, const uint8_t* in, uint32_t chu
   a.alpha = alpha;
   a.accumulate = accumulate ? 1 : 0;
   c.call(&loom_codec_v1::decode, &a);
+}
+
+void decode_sum(const InstanceRef<loom_codec_v1>& c, const uint8_t* in, uint32_t chunks,
+                std::vector<float>& out, float alpha, bool accumulate) {
+  DLTensor ot = fp32(out.data(), static_cast<int64_t>(out.size()), 2);
+  loom_codec_decode_args a{};
+  a.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
+  a.chunk_count = chunks;
+  a.input = in;
+  a.output = &ot;
+  a.alpha = alpha;
+  a.accumulate = accumulate ? 1 : 0;
+  c.call(&loom_codec_v1::decode_sum, &a);
 }
 
 float scale_of(const std::vector<uint8_t>& bytes, size_t offset) {
@@ -300,6 +317,30 @@ TEST_F(Codecs, OnebitCompressedAllreduceMatchesReference) {
   }
 }
 
+// A codec built against ABI 1.0 has no decode_sum field: its table ends at decode. The
+// compressed allreduce must see that from struct_size and decode chunk by chunk, with the
+// same bits as the one-pass path.
+loom_codec_v1 onebit_tables_v10[kMaxRanks];
+std::atomic<int> stale_decode_sum_calls{0};
+loom_status* stale_decode_sum(void*, const loom_codec_decode_args*) {
+  ++stale_decode_sum_calls;
+  return nullptr;
+}
+InstanceRef<loom_codec_v1> onebit_as_abi_1_0(int i) {
+  InstanceRef<loom_codec_v1> full = Codecs::onebit_ref(i);
+  loom_codec_v1& t = onebit_tables_v10[i];
+  t = *full.vtable();
+  t.struct_size = LOOM_STRUCT_SIZE(loom_codec_v1, decode);
+  t.decode_sum = &stale_decode_sum;  // beyond struct_size: must never be called
+  return {full.name(), full.instance(), &t};
+}
+
+TEST_F(Codecs, OnebitWithoutDecodeSumTakesTheFallbackPath) {
+  EXPECT_FALSE(onebit_as_abi_1_0(0).provides(&loom_codec_v1::decode_sum));
+  for (int n : {2, 4}) check_against_reference(&onebit_as_abi_1_0, true, n, (1 << 16) + 7);
+  EXPECT_EQ(stale_decode_sum_calls.load(), 0);
+}
+
 // A third codec composes with the compressed allreduce without changing it.
 TEST_F(Codecs, Ef8CompressedAllreduceMatchesReference) {
   for (int n : {1, 3, 4}) {
@@ -367,6 +408,45 @@ TEST_F(Codecs, StateExportImportRoundTrips) {
     const DLTensor e = other.worker_error();
     for (int i = 0; i < 16; ++i) EXPECT_EQ(static_cast<const float*>(e.data)[i], 0.0f);
   });
+}
+
+// onebit provides decode_sum (the compressed allreduce's one-pass server step); it equals
+// decoding chunk by chunk with accumulate. ef8 does not provide it, so the compressed
+// allreduce takes the fallback path with ef8 (covered by Ef8CompressedAllreduceMatchesReference).
+TEST_F(Codecs, OnebitDecodeSumEqualsChunkByChunkDecode) {
+  ASSERT_TRUE(onebit().provides(&loom_codec_v1::decode_sum));
+  EXPECT_FALSE(ef8().provides(&loom_codec_v1::decode_sum));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.1f, 1.0f);
+  for (uint32_t chunks : {1u, 3u, 4u}) {
+    const size_t c = 1000 * 8;
+    std::vector<float> x(c * chunks);
+    for (auto& v : x) v = g(rng);
+    const size_t chunk_bytes = 4 + c / 8;
+    const auto enc = encode(onebit(), x, nullptr, chunks, chunk_bytes);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> want(c);
+      for (auto& v : want) v = g(rng);
+      std::vector<float> got = want;
+      for (uint32_t j = 0; j < chunks; ++j) {
+        decode(onebit(), enc.data() + j * chunk_bytes, 1, want, 0.5f, accumulate || j > 0);
+      }
+      decode_sum(onebit(), enc.data(), chunks, got, 0.5f, accumulate);
+      for (size_t i = 0; i < c; ++i) ASSERT_EQ(bits_of(got[i]), bits_of(want[i])) << i;
+    }
+  }
+  // The output must be one chunk of a multiple of 8 elements.
+  std::vector<float> odd(12);
+  std::vector<uint8_t> in(2 * 6);
+  try {
+    decode_sum(onebit(), in.data(), 2, odd, 1.0f, false);
+    ADD_FAILURE() << "no error";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_EQ(e.code(), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("onebit decode_sum: output has 12 elements"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(Codecs, BadInputsGiveClearErrors) {

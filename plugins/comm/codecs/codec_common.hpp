@@ -78,9 +78,10 @@ struct DecodeView {
   DLDevice device{kDLCPU, 0};
 };
 
-inline DecodeView check_decode(const loom_codec_decode_args& a, std::size_t unit,
-                               const char* codec) {
-  const std::string who = std::string(codec) + " decode: ";
+// sum: the args of decode_sum, whose output holds one chunk (the chunks' sum).
+inline DecodeView check_decode(const loom_codec_decode_args& a, std::size_t unit, const char* codec,
+                               bool sum = false) {
+  const std::string who = std::string(codec) + (sum ? " decode_sum: " : " decode: ");
   if (a.input == nullptr) sdk::fail_argument(who + "input is NULL");
   if (a.chunk_count == 0) sdk::fail_argument(who + "chunk_count is 0");
   const DLTensor& out = sdk::expect_tensor(a.output, who + "output");
@@ -93,12 +94,19 @@ inline DecodeView check_decode(const loom_codec_decode_args& a, std::size_t unit
   DecodeView v;
   const auto n = static_cast<std::size_t>(sdk::numel(out));
   v.chunks = a.chunk_count;
-  if (n % v.chunks != 0 || (n / v.chunks) % unit != 0) {
+  if (sum) {
+    if (n % unit != 0) {
+      sdk::fail_argument(who + "output has " + std::to_string(n) +
+                         " elements, not one chunk of a multiple of " + std::to_string(unit));
+    }
+    v.chunk_elements = n;
+  } else if (n % v.chunks != 0 || (n / v.chunks) % unit != 0) {
     sdk::fail_argument(who + "output has " + std::to_string(n) + " elements, not " +
                        std::to_string(v.chunks) + " chunks of a multiple of " +
                        std::to_string(unit));
+  } else {
+    v.chunk_elements = n / v.chunks;
   }
-  v.chunk_elements = n / v.chunks;
   v.in = static_cast<const uint8_t*>(a.input);
   v.out = sdk::data_as<float>(out);
   v.alpha = a.alpha;

@@ -146,6 +146,59 @@ void Unpack(const uint8_t* HWY_RESTRICT bits, size_t n, float v, bool accumulate
   }
 }
 
+// Unpack of `count` chunks summed in chunk order (count >= 1); `words` is scratch for count
+// 64-bit words.
+void UnpackSum(const uint8_t* const* HWY_RESTRICT bits, const float* HWY_RESTRICT v, size_t count,
+               size_t n, bool accumulate, float* HWY_RESTRICT out, bool nontemporal,
+               uint64_t* HWY_RESTRICT words) {
+  const hn::ScalableTag<float> d;
+  const size_t L = hn::Lanes(d);
+  size_t i = 0;
+  const bool stream =
+      nontemporal && !accumulate && reinterpret_cast<uintptr_t>(out) % (L * sizeof(float)) == 0;
+  if (L <= 64 && 64 % L == 0) {
+    for (; i + 64 <= n; i += 64) {
+      for (size_t j = 0; j < count; ++j) {
+        uint64_t w;
+        std::memcpy(&w, bits[j] + i / 8, sizeof(w));
+        words[j] = ReverseBitsInBytes(w);  // MSB-first bytes -> lane order
+      }
+      for (size_t k = 0; k < 64; k += L) {
+        auto acc = hn::Zero(d);
+        for (size_t j = 0; j < count; ++j) {
+          uint8_t mb[8];
+          const uint64_t w = words[j] >> k;
+          std::memcpy(mb, &w, sizeof(mb));
+          const auto val =
+              hn::IfThenElse(hn::LoadMaskBits(d, mb), hn::Set(d, v[j]), hn::Set(d, -v[j]));
+          // The first term starts the sum (or is added to out), as unpack without / with
+          // accumulate would do, so the rounding matches chunk-by-chunk decoding exactly.
+          if (j == 0) {
+            acc = accumulate ? hn::Add(hn::LoadU(d, out + i + k), val) : val;
+          } else {
+            acc = hn::Add(acc, val);
+          }
+        }
+        if (stream) {
+          hn::Stream(acc, d, out + i + k);
+        } else {
+          hn::StoreU(acc, d, out + i + k);
+        }
+      }
+    }
+    if (stream) hwy::FlushStream();
+  }
+  for (; i < n; ++i) {
+    float acc = 0.0f;
+    for (size_t j = 0; j < count; ++j) {
+      const bool bit = ((bits[j][i / 8] >> (7 - i % 8)) & 1u) != 0;
+      const float val = bit ? v[j] : -v[j];
+      acc = j == 0 ? (accumulate ? out[i] + val : val) : acc + val;
+    }
+    out[i] = acc;
+  }
+}
+
 // ef8 pass 1: max |x + e|; false when a value is not finite.
 bool MaxAbs(const float* HWY_RESTRICT x, const float* HWY_RESTRICT e, size_t n,
             float* HWY_RESTRICT max_abs) {
@@ -218,6 +271,7 @@ namespace loom::codecs {
 HWY_EXPORT(BlockSumSquares);
 HWY_EXPORT(SignPack);
 HWY_EXPORT(Unpack);
+HWY_EXPORT(UnpackSum);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(MaxAbs);
 HWY_EXPORT(Quantize);
@@ -272,6 +326,16 @@ void onebit_sign_pack(const float* x, float* e, std::size_t n, float scale, uint
 void onebit_unpack(const uint8_t* bits, std::size_t n, float v, bool accumulate, float* out,
                    bool nontemporal) {
   HWY_DYNAMIC_DISPATCH(Unpack)(bits, n, v, accumulate, out, nontemporal);
+}
+
+void onebit_unpack_sum(const uint8_t* const* bits, const float* v, std::size_t count, std::size_t n,
+                       bool accumulate, float* out, bool nontemporal) {
+  if (count == 0) {
+    if (!accumulate) std::fill(out, out + n, 0.0f);
+    return;
+  }
+  std::vector<uint64_t> words(count);
+  HWY_DYNAMIC_DISPATCH(UnpackSum)(bits, v, count, n, accumulate, out, nontemporal, words.data());
 }
 
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }

@@ -36,6 +36,12 @@ void onebit_sign_pack(const float* x, float* e, std::size_t n, float scale, uint
 // nontemporal: write with streaming stores (for outputs much larger than the cache).
 void onebit_unpack(const uint8_t* bits, std::size_t n, float v, bool accumulate, float* out,
                    bool nontemporal = false);
+// The sum of `count` chunks in one pass: out[i] = (accumulate ? out[i] : 0) + s_0(i) + s_1(i)
+// + ..., added in chunk order, where s_j(i) = (bit i of bits[j] ? v[j] : -v[j]). Bit-identical
+// to `count` onebit_unpack calls (the first with `accumulate`, the rest accumulating), but
+// out is written once. n % 8 == 0. Not threaded.
+void onebit_unpack_sum(const uint8_t* const* bits, const float* v, std::size_t count, std::size_t n,
+                       bool accumulate, float* out, bool nontemporal = false);
 
 // Name of the SIMD target the dispatcher picked ("AVX2", "AVX3", ...).
 const char* simd_target_name();

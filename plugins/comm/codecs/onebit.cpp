@@ -94,20 +94,11 @@ class Onebit : public loom::sdk::Codec {
     const std::size_t chunk_groups = v.chunk_elements / 8;
     const std::size_t chunk_bytes = 4 + chunk_groups;
     if (loom::sdk::is_cuda(v.device)) {
-      decode_cuda(v, a.stream);
+      decode_cuda(v, a.stream, /*sum=*/false);
       return;
     }
     if (!loom::sdk::is_cpu(v.device)) unsupported(v.device);
-    std::vector<float> values(v.chunks);
-    for (std::size_t j = 0; j < v.chunks; ++j) {
-      const float s = codecs::read_scale(v.in + j * chunk_bytes);
-      if (!codecs::finite(s) || s < 0.0f) {
-        throw Error(LOOM_ERR_DATA_LOSS, "onebit decode: chunk " + std::to_string(j) +
-                                            " has an invalid scale (" + std::to_string(s) +
-                                            "); the input is not onebit chunks of this size");
-      }
-      values[j] = v.alpha * s;
-    }
+    const std::vector<float> values = chunk_values(v, "decode");
     // Outputs far larger than the last-level cache are written with streaming stores.
     const bool nontemporal =
         !v.accumulate && v.chunks * v.chunk_elements * sizeof(float) >= kStreamingBytes;
@@ -124,7 +115,45 @@ class Onebit : public loom::sdk::Codec {
         });
   }
 
+  // The server step of the compressed allreduce: the chunks' sum in one pass over the
+  // output (instead of one read-modify-write pass per chunk).
+  void decode_sum(const loom_codec_decode_args& a) {
+    const codecs::DecodeView v = codecs::check_decode(a, 8, "onebit", /*sum=*/true);
+    const std::size_t groups = v.chunk_elements / 8;
+    const std::size_t chunk_bytes = 4 + groups;
+    if (loom::sdk::is_cuda(v.device)) {
+      decode_cuda(v, a.stream, /*sum=*/true);
+      return;
+    }
+    if (!loom::sdk::is_cpu(v.device)) unsupported(v.device);
+    const std::vector<float> values = chunk_values(v, "decode_sum");
+    const bool nontemporal = !v.accumulate && v.chunk_elements * sizeof(float) >= kStreamingBytes;
+    loom::plugins::parallel_for(groups, kGrainGroups, [&](std::size_t g0, std::size_t g1) {
+      std::vector<const uint8_t*> bits(v.chunks);
+      for (std::size_t j = 0; j < v.chunks; ++j) bits[j] = v.in + j * chunk_bytes + 4 + g0;
+      codecs::onebit_unpack_sum(bits.data(), values.data(), v.chunks, (g1 - g0) * 8, v.accumulate,
+                                v.out + g0 * 8, nontemporal);
+    });
+  }
+
  private:
+  // alpha * scale of each chunk, after checking the scales.
+  static std::vector<float> chunk_values(const codecs::DecodeView& v, const char* op) {
+    const std::size_t chunk_bytes = 4 + v.chunk_elements / 8;
+    std::vector<float> values(v.chunks);
+    for (std::size_t j = 0; j < v.chunks; ++j) {
+      const float s = codecs::read_scale(v.in + j * chunk_bytes);
+      if (!codecs::finite(s) || s < 0.0f) {
+        throw Error(LOOM_ERR_DATA_LOSS, std::string("onebit ") + op + ": chunk " +
+                                            std::to_string(j) + " has an invalid scale (" +
+                                            std::to_string(s) +
+                                            "); the input is not onebit chunks of this size");
+      }
+      values[j] = v.alpha * s;
+    }
+    return values;
+  }
+
   [[noreturn]] static void unsupported(DLDevice d) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 "onebit: tensors on " + loom::sdk::device_string(d) + " are not supported");
@@ -143,11 +172,15 @@ class Onebit : public loom::sdk::Codec {
 #endif
   }
 
-  void decode_cuda([[maybe_unused]] const codecs::DecodeView& v, [[maybe_unused]] void* stream) {
+  void decode_cuda([[maybe_unused]] const codecs::DecodeView& v, [[maybe_unused]] void* stream,
+                   [[maybe_unused]] bool sum) {
 #ifdef LOOM_CODECS_CUDA
+    const auto chunks = static_cast<uint32_t>(v.chunks);
     const std::string err =
-        codecs::cuda::onebit_decode(v.in, static_cast<uint32_t>(v.chunks), v.chunk_elements,
-                                    v.alpha, v.accumulate, v.out, stream);
+        sum ? codecs::cuda::onebit_decode_sum(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate,
+                                              v.out, stream)
+            : codecs::cuda::onebit_decode(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate,
+                                          v.out, stream);
     if (!err.empty()) throw Error(LOOM_ERR_INTERNAL, "onebit decode (CUDA): " + err);
 #else
     unsupported(v.device);

@@ -173,6 +173,36 @@ __global__ void unpack(const uint8_t* __restrict__ in, std::size_t groups, std::
   }
 }
 
+// decode_sum: thread g sums the 8 elements of byte g over all chunks, in chunk order.
+template <bool kVec>
+__global__ void unpack_sum(const uint8_t* __restrict__ in, uint32_t chunks, std::size_t groups,
+                           std::size_t chunk_bytes, float alpha, bool accumulate,
+                           float* __restrict__ out) {
+  const std::size_t g = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  float r[8];
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const uint8_t* p = in + c * chunk_bytes;
+    const float v = __fmul_rn(alpha, load_scale(p));
+    const unsigned byte = p[4 + g];
+    for (int j = 0; j < 8; ++j) {
+      const float t = ((byte >> (7 - j)) & 1u) != 0 ? v : -v;
+      if (c == 0) {
+        r[j] = accumulate ? __fadd_rn(out[8 * g + j], t) : t;
+      } else {
+        r[j] = __fadd_rn(r[j], t);
+      }
+    }
+  }
+  if constexpr (kVec) {
+    float4* o4 = reinterpret_cast<float4*>(out) + 2 * g;
+    o4[0] = make_float4(r[0], r[1], r[2], r[3]);
+    o4[1] = make_float4(r[4], r[5], r[6], r[7]);
+  } else {
+    for (int j = 0; j < 8; ++j) out[8 * g + j] = r[j];
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 unsigned grid(std::size_t threads, unsigned block) {
@@ -239,6 +269,25 @@ std::string onebit_decode(const uint8_t* in, uint32_t chunk_count, std::size_t c
   } else {
     unpack<false><<<grid(groups, 256), 256, 0, s>>>(in, groups, chunk_groups, 4 + chunk_groups,
                                                     alpha, accumulate, out);
+  }
+  return error_string(cudaGetLastError());
+}
+
+std::string onebit_decode_sum(const uint8_t* in, uint32_t chunk_count, std::size_t chunk_elements,
+                              float alpha, bool accumulate, float* out, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const std::size_t groups = chunk_elements / 8;
+  if (groups == 0) return {};
+  if (chunk_count == 0) {
+    if (accumulate) return {};
+    return error_string(cudaMemsetAsync(out, 0, chunk_elements * sizeof(float), s));
+  }
+  if (aligned16(out)) {
+    unpack_sum<true><<<grid(groups, 256), 256, 0, s>>>(in, chunk_count, groups, 4 + groups, alpha,
+                                                       accumulate, out);
+  } else {
+    unpack_sum<false><<<grid(groups, 256), 256, 0, s>>>(in, chunk_count, groups, 4 + groups, alpha,
+                                                        accumulate, out);
   }
   return error_string(cudaGetLastError());
 }

@@ -26,6 +26,11 @@ std::string onebit_encode(const float* x, float* e, std::size_t n, uint32_t chun
 std::string onebit_decode(const uint8_t* in, uint32_t chunk_count, std::size_t chunk_elements,
                           float alpha, bool accumulate, float* out, void* stream);
 
+// in: chunk_count chunks as above; out: chunk_elements, the chunks' sum in chunk order
+// (bit-identical to chunk_count onebit_decode calls, the first with `accumulate`).
+std::string onebit_decode_sum(const uint8_t* in, uint32_t chunk_count, std::size_t chunk_elements,
+                              float alpha, bool accumulate, float* out, void* stream);
+
 // Copies for tests: host <-> device, synchronous.
 std::string copy_to_device(void* dst, const void* src, std::size_t bytes);
 std::string copy_to_host(void* dst, const void* src, std::size_t bytes);

@@ -64,8 +64,15 @@ typedef struct loom_codec_v1 {
   loom_status* (*encode)(void* instance, const loom_codec_encode_args* args);
   /* [main] Decodes chunks into output. */
   loom_status* (*decode)(void* instance, const loom_codec_decode_args* args);
+  /* [main] Optional (ABI 1.1; NULL or absent: decode the chunks one by one with
+   * `accumulate`). Decodes the chunk_count chunks and sums them into ONE chunk-length
+   * output: output (=|+=) alpha * chunk 0 + alpha * chunk 1 + ..., each addition rounded
+   * in fp32 in chunk order, so the result is bit-identical to chunk_count decode calls
+   * (the first with `accumulate`, the others accumulating) while writing the output once.
+   * The compressed allreduce's server step uses it. `output` has chunk elements. */
+  loom_status* (*decode_sum)(void* instance, const loom_codec_decode_args* args);
 } loom_codec_v1;
-#define LOOM_CODEC_V1_SIZE LOOM_STRUCT_SIZE(loom_codec_v1, decode)
+#define LOOM_CODEC_V1_SIZE LOOM_STRUCT_SIZE(loom_codec_v1, decode_sum)
 LOOM_CHECK_STRUCT_SIZE(loom_codec_v1, LOOM_CODEC_V1_SIZE);
 
 #ifdef __cplusplus

@@ -7,8 +7,9 @@
 //   1. worker:  encode(pad(x), worker_error) into n chunks (the codec adds the error and
 //               stores the new residual), one chunk per destination rank;
 //   2. phase 1: all_to_all of the chunks (as bytes): rank r receives chunk r of every rank;
-//   3. server:  decode those n chunks with alpha = 1/n, accumulating in rank order, into
-//               its slice (c elements), then encode(slice, server_error) as one chunk;
+//   3. server:  decode those n chunks with alpha = 1/n, summed in rank order, into its
+//               slice (c elements; one pass with the codec's optional decode_sum), then
+//               encode(slice, server_error) as one chunk;
 //   4. phase 2: allgather of the n server chunks;
 //   5. decode the n gathered chunks into the padded output; the first numel elements are
 //      the result.
@@ -180,18 +181,27 @@ class CompressedAllreduce {
 
     // 3. server: average the n received chunks of this rank's slice, add the server error,
     // re-encode as one chunk.
+    // A codec with decode_sum sums the n chunks in one pass over the slice; otherwise each
+    // chunk is decoded in turn, accumulating (the same result, bit for bit).
     DLTensor slice_t = tensor(slice_, &shape_chunk_);
-    for (int32_t i = 0; i < size_; ++i) {
-      loom_codec_decode_args dec{};
-      dec.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
+    loom_codec_decode_args dec{};
+    dec.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
+    dec.output = &slice_t;
+    dec.alpha = 1.0f / static_cast<float>(size_);
+    dec.stream = stream;
+    if (codec_.provides(&loom_codec_v1::decode_sum)) {
+      dec.chunk_count = static_cast<uint32_t>(size_);
+      dec.input = recv_;
+      dec.accumulate = 0;
+      codec_.call(&loom_codec_v1::decode_sum, &dec);
+    } else {
       dec.chunk_count = 1;
-      dec.input =
-          static_cast<const unsigned char*>(recv_) + static_cast<std::size_t>(i) * chunk_bytes_;
-      dec.output = &slice_t;
-      dec.alpha = 1.0f / static_cast<float>(size_);
-      dec.accumulate = i > 0 ? 1 : 0;
-      dec.stream = stream;
-      codec_.call(&loom_codec_v1::decode, &dec);
+      for (int32_t i = 0; i < size_; ++i) {
+        dec.input =
+            static_cast<const unsigned char*>(recv_) + static_cast<std::size_t>(i) * chunk_bytes_;
+        dec.accumulate = i > 0 ? 1 : 0;
+        codec_.call(&loom_codec_v1::decode, &dec);
+      }
     }
     DLTensor server_e = tensor(server_error_, &shape_chunk_);
     encode(&slice_t, &server_e, 1, server_chunk_, stream);

@@ -75,6 +75,7 @@ struct NativeHandle {
 //   required: void layout(loom_codec_layout&), bool supports_device(DLDevice),
 //             void encode(const loom_codec_encode_args&),
 //             void decode(const loom_codec_decode_args&)
+//   optional: void decode_sum(const loom_codec_decode_args&) (one chunk-length output)
 struct Codec {
   static constexpr const char* kKind = LOOM_KIND_CODEC;
 };
@@ -272,6 +273,9 @@ struct CodecTable {
   static loom_status* decode(void* instance, const loom_codec_decode_args* args) noexcept {
     return guard([&] { object<T>(instance).decode(normalized(args, "decode args")); });
   }
+  static loom_status* decode_sum(void* instance, const loom_codec_decode_args* args) noexcept {
+    return guard([&] { object<T>(instance).decode_sum(normalized(args, "decode args")); });
+  }
 
   static const loom_codec_v1* get() {
     static_assert(
@@ -290,6 +294,10 @@ struct CodecTable {
       v.supports_device = &supports_device;
       v.encode = &encode;
       v.decode = &decode;
+      // Optional: a codec without decode_sum leaves it NULL (callers fall back to decode).
+      if constexpr (requires(T & t, const loom_codec_decode_args& x) { t.decode_sum(x); }) {
+        v.decode_sum = &decode_sum;
+      }
       return v;
     }();
     return &table;
