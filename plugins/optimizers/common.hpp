@@ -27,12 +27,15 @@ using loom::sdk::Error;
 struct StepTensor {
   TensorRef ref;  // p, g, low filled; m and v set by the optimizer
   DLDevice device{kDLCPU, 0};
+  const float* mask = nullptr;  // exp_avg_mask (ref.n elements on `device`), or NULL
 };
 
 struct StepGroup {
   double lr_scale = 1.0;
   double weight_decay = 0.0;
+  uint32_t flags = 0;  // LOOM_OPTIMIZER_GROUP_* (known bits only)
   std::vector<StepTensor> tensors;
+  bool non_freeze() const { return (flags & LOOM_OPTIMIZER_GROUP_NON_FREEZE) != 0; }
 };
 
 inline DType dtype_of(const DLTensor& t) {
@@ -42,7 +45,9 @@ inline DType dtype_of(const DLTensor& t) {
 }
 
 // Checks every group and tensor of `args` and returns them in kernel form. Throws with a
-// message naming the tensor ("param 0.3 ...") on the first problem.
+// message naming the tensor ("param 0.3 ...") on the first problem. Fields a caller built
+// against an older minor does not have (struct_size too small) read as absent: the group's
+// weight_decay as NaN (1.0), its flags as 0, a tensor's exp_avg_mask as NULL (1.1).
 inline std::vector<StepGroup> collect(const loom_optimizer_step_args& args, double default_wd,
                                       bool allow_cuda) {
   if (args.group_count != 0 && args.groups == nullptr) {
@@ -69,14 +74,24 @@ inline std::vector<StepGroup> collect(const loom_optimizer_step_args& args, doub
                   "group " + std::to_string(g) + " has lr_scale " + std::to_string(group.lr_scale));
     }
     // A group struct without a weight_decay field (an older caller) uses the default.
-    const bool has_wd = args.groups->struct_size >= LOOM_OPTIMIZER_GROUP_SIZE;
+    const bool has_wd =
+        loom::sdk::has_field(group, LOOM_STRUCT_SIZE(loom_optimizer_group, weight_decay));
     const double wd = (!has_wd || std::isnan(group.weight_decay)) ? default_wd : group.weight_decay;
     if (!std::isfinite(wd) || wd < 0.0) {
       throw Error(LOOM_ERR_INVALID_ARGUMENT,
                   "group " + std::to_string(g) + " has weight_decay " + std::to_string(wd));
     }
+    const uint32_t flags =
+        loom::sdk::has_field(group, LOOM_STRUCT_SIZE(loom_optimizer_group, flags)) ? group.flags
+                                                                                   : 0u;
+    if ((flags & ~static_cast<uint32_t>(LOOM_OPTIMIZER_GROUP_KNOWN_FLAGS)) != 0) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "group " + std::to_string(g) + " has unknown flags " +
+                                                 std::to_string(flags) +
+                                                 " (known: LOOM_OPTIMIZER_GROUP_NON_FREEZE = 1)");
+    }
     out[g].lr_scale = group.lr_scale;
     out[g].weight_decay = wd;
+    out[g].flags = flags;
     out[g].tensors.resize(group.tensor_count);
     for (std::size_t t = 0; t < group.tensor_count; ++t) {
       const std::string id = std::to_string(g) + "." + std::to_string(t);
@@ -122,6 +137,20 @@ inline std::vector<StepGroup> collect(const loom_optimizer_step_args& args, doub
                           "; a low-precision parameter needs an fp32 master copy");
         }
         st.ref.p = loom::sdk::data_as<float>(p);
+      }
+      const bool has_mask =
+          loom::sdk::has_field(tensor, LOOM_STRUCT_SIZE(loom_optimizer_tensor, exp_avg_mask));
+      if (has_mask && tensor.exp_avg_mask != nullptr) {
+        const DLTensor& mask = *tensor.exp_avg_mask;
+        const std::string what = "exp_avg_mask " + id;
+        if (mask.data == nullptr && st.ref.n != 0) {
+          throw Error(LOOM_ERR_INVALID_ARGUMENT, what + " has no data");
+        }
+        loom::sdk::expect_fp32(mask, what);
+        loom::sdk::expect_contiguous(mask, what);
+        loom::sdk::expect_same_shape(mask, what, p, "param " + id);
+        loom::sdk::expect_same_device(mask, what, p, "param " + id);
+        st.mask = loom::sdk::data_as<const float>(mask);
       }
       if (loom::sdk::is_cuda(p)) {
         if (!allow_cuda) {

@@ -8,6 +8,12 @@
 // All tensors of all groups are fused into one flat buffer: one collective per step for the
 // whole model. Host (CPU) tensors only.
 //
+// Param-group extras (ABI 1.1, onebit.md §2.1): a tensor's exp_avg_mask multiplies what the
+// compressed allreduce returned (1-bit Adam's momentum, 0/1 Adam's gradient and synced update,
+// 1-bit LAMB's unscaled momentum), per tensor; a LOOM_OPTIMIZER_GROUP_NON_FREEZE group of
+// onebit_adam keeps the warmup's uncompressed averaging and moment updates after the freeze
+// (its tensors are left out of the compressed allreduce). The other two refuse non_freeze.
+//
 // Where DeepSpeed has a bug (docs/optimizers.md lists them) this code does the correct
 // thing: bias_correction is applied when set; error buffers, 0/1 Adam's local-step
 // accumulator, the stage flags and every schedule counter are checkpointed, so a resumed
@@ -182,6 +188,15 @@ class Onebit : public loom::sdk::Optimizer {
 
   void step(const loom_optimizer_step_args& args) {
     auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/false);
+    if constexpr (kVariant != Variant::kOnebitAdam) {
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        if (groups[g].non_freeze()) {
+          throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                      "group " + std::to_string(g) + " sets LOOM_OPTIMIZER_GROUP_NON_FREEZE: " +
+                          "non_freeze is supported by onebit_adam only, not " + plugin_name());
+        }
+      }
+    }
     layout(groups);  // validates against the state before anything changes
     const uint64_t t = steps_ + 1;
     const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
@@ -307,14 +322,33 @@ class Onebit : public loom::sdk::Optimizer {
   // The flat layout: tensor k of the step occupies [offsets_[k], offsets_[k+1]).
   void layout(const std::vector<StepGroup>& groups) {
     std::vector<uint64_t> offsets;
+    std::vector<uint8_t> non_freeze;
     uint64_t total = 0;
+    uint64_t packed = 0;  // elements the compressed allreduce covers
     for (const auto& g : groups) {
       for (const auto& t : g.tensors) {
         offsets.push_back(total);
+        non_freeze.push_back(g.non_freeze() ? 1 : 0);
         total += t.ref.n;
+        if (!g.non_freeze()) packed += t.ref.n;
       }
     }
     offsets.push_back(total);
+    // The non_freeze groups are part of the layout: the compressed allreduce (and its error
+    // buffers) covers the other tensors only.
+    if (!non_freeze_.empty() && non_freeze != non_freeze_ && offsets == offsets_) {
+      std::size_t k = 0;
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        for (std::size_t t = 0; t < groups[g].tensors.size(); ++t, ++k) {
+          if (non_freeze[k] != non_freeze_[k]) {
+            throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                        "group " + std::to_string(g) + (non_freeze[k] != 0 ? " sets" : " clears") +
+                            " LOOM_OPTIMIZER_GROUP_NON_FREEZE, unlike on the earlier steps: a "
+                            "group's flags must stay the same");
+          }
+        }
+      }
+    }
     if (!m_.empty() || steps_ > 0) {
       if (offsets != offsets_) {
         throw Error(LOOM_ERR_INVALID_ARGUMENT,
@@ -331,17 +365,29 @@ class Onebit : public loom::sdk::Optimizer {
       if constexpr (kVariant != Variant::kOnebitAdam) aux_.assign(total_, 0.0f);
       if constexpr (kVariant == Variant::kOnebitLamb) lamb_.assign(offsets_.size() - 1, {});
     }
-    if (!car_) {
-      car_ = std::make_unique<loom::sdk::CompressedAllreduce>(ctx_, comm_, codec_,
-                                                              static_cast<int64_t>(total_));
-      if (!pending_car_.empty()) {
-        loom::sdk::StateReader cr(pending_car_);
-        car_->import_state(cr);
-        pending_car_.clear();
+    if (!laid_out_) {
+      // The compressed allreduce covers the tensors outside non_freeze groups (none when
+      // every group is non_freeze).
+      std::unique_ptr<loom::sdk::CompressedAllreduce> car;
+      if (packed > 0) {
+        car = std::make_unique<loom::sdk::CompressedAllreduce>(ctx_, comm_, codec_,
+                                                               static_cast<int64_t>(packed));
+        if (!pending_car_.empty()) {
+          // Error buffers of a checkpoint made with other non_freeze groups do not fit.
+          loom::sdk::StateReader cr(pending_car_);
+          car->import_state(cr);
+          pending_car_.clear();
+        }
       }
+      car_ = std::move(car);
+      non_freeze_ = std::move(non_freeze);
+      compressed_numel_ = packed;
+      laid_out_ = true;
     }
     flat_.resize(total_);
   }
+
+  bool any_non_freeze() const { return compressed_numel_ != total_; }
 
   // Counts what `fn` (one collective) did on the transport.
   template <class Fn>
@@ -381,11 +427,54 @@ class Onebit : public loom::sdk::Optimizer {
     counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); });
   }
 
+  // The compressed average of `buf` (flat layout) over the tensors outside non_freeze groups;
+  // the non_freeze tensors' entries are left as they are.
   void compressed(std::vector<float>& buf) {
-    if (world_ == 1) return;  // as DeepSpeed: nothing to average
-    int64_t shape[1] = {static_cast<int64_t>(buf.size())};
-    DLTensor t = flat_tensor(buf.data(), shape);
+    if (world_ == 1 || compressed_numel_ == 0) return;  // as DeepSpeed: nothing to average
+    if (!any_non_freeze()) {
+      int64_t shape[1] = {static_cast<int64_t>(buf.size())};
+      DLTensor t = flat_tensor(buf.data(), shape);
+      counted([&] { car_->run(t); });
+      return;
+    }
+    subset_.resize(compressed_numel_);
+    copy_subset(buf, subset_, /*non_freeze=*/false, /*gather=*/true);
+    int64_t shape[1] = {static_cast<int64_t>(subset_.size())};
+    DLTensor t = flat_tensor(subset_.data(), shape);
     counted([&] { car_->run(t); });
+    copy_subset(buf, subset_, /*non_freeze=*/false, /*gather=*/false);
+  }
+
+  // Packs (gather) or unpacks the flat-layout entries of the tensors whose non_freeze flag is
+  // `non_freeze` into / from the dense `packed`, in layout order.
+  void copy_subset(std::vector<float>& flat, std::vector<float>& packed, bool non_freeze,
+                   bool gather) const {
+    std::size_t at = 0;
+    for (std::size_t k = 0; k + 1 < offsets_.size(); ++k) {
+      if ((non_freeze_[k] != 0) != non_freeze) continue;
+      const std::size_t n = offsets_[k + 1] - offsets_[k];
+      float* f = flat.data() + offsets_[k];
+      if (gather) {
+        std::copy(f, f + n, packed.data() + at);
+      } else {
+        std::copy(packed.data() + at, packed.data() + at + n, f);
+      }
+      at += n;
+    }
+  }
+
+  // buf (flat layout) *= each tensor's exp_avg_mask, for tensors that have one and are not in
+  // a non_freeze group (those are averaged exactly and need no mask).
+  void apply_masks(const std::vector<StepGroup>& groups, std::vector<float>& buf) const {
+    std::size_t k = 0;
+    for (const auto& g : groups) {
+      for (const auto& t : g.tensors) {
+        float* x = buf.data() + offsets_[k++];
+        if (t.mask == nullptr || g.non_freeze()) continue;
+        const float* mask = t.mask;
+        for_range(t.ref.n, [&](std::size_t i) { x[i] *= mask[i]; });
+      }
+    }
   }
 
   // 1 - beta^t; 1 without bias correction, and for t = 0 (a variance frozen before any
@@ -394,13 +483,24 @@ class Onebit : public loom::sdk::Optimizer {
     return bias_correction_ && t > 0 ? 1.0 - std::pow(beta, static_cast<double>(t)) : 1.0;
   }
 
+  // Which groups a pass covers.
+  enum class Groups { kAll, kCompressed, kNonFreeze };
+  static bool selected(const StepGroup& g, Groups which) {
+    return which == Groups::kAll || g.non_freeze() == (which == Groups::kNonFreeze);
+  }
+
   // p = p * (1 - lr * wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) over each tensor,
   // with the moments in the flat layout (no moment update).
-  void apply_adam(std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2) {
+  void apply_adam(std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
+                  Groups which = Groups::kAll) {
     std::size_t k = 0;
     const float eps = static_cast<float>(eps_);
     const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     for (auto& g : groups) {
+      if (!selected(g, which)) {
+        k += g.tensors.size();
+        continue;
+      }
       const double lr = lr_base * g.lr_scale;
       const float decay = static_cast<float>(1.0 - lr * g.weight_decay);
       const float step = static_cast<float>(lr / bc1);
@@ -418,9 +518,14 @@ class Onebit : public loom::sdk::Optimizer {
   }
 
   // Warmup: the averaged gradient through the fused Adam kernel (identical to `adam`).
-  void adam_full(std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2) {
+  void adam_full(std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
+                 Groups which = Groups::kAll) {
     std::size_t k = 0;
     for (auto& g : groups) {
+      if (!selected(g, which)) {
+        k += g.tensors.size();
+        continue;
+      }
       const double lr = lr_base * g.lr_scale;
       loom::optim::AdamHyper h;
       h.beta1 = static_cast<float>(beta1_);
@@ -455,11 +560,31 @@ class Onebit : public loom::sdk::Optimizer {
       adam_full(groups, lr, bc(beta1_, t), bc(beta2_, t));
       return;
     }
-    // Compression: local momentum, averaged with the compressed allreduce; v stays frozen
-    // (and so does its bias correction, at freeze_step).
-    momentum_flat(flat_);
+    // Compression: local momentum, averaged with the compressed allreduce, times the masks;
+    // v stays frozen (and so does its bias correction, at freeze_step).
+    if (!any_non_freeze()) {
+      momentum_flat(flat_);
+      compressed(m_);
+      apply_masks(groups, m_);
+      apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_));
+      return;
+    }
+    // non_freeze groups: as in warmup (their gradients averaged with one uncompressed
+    // allreduce, both moments updated, bias corrections at step t).
+    subset_.resize(total_ - compressed_numel_);
+    copy_subset(flat_, subset_, /*non_freeze=*/true, /*gather=*/true);
+    allreduce_avg(subset_);
+    copy_subset(flat_, subset_, /*non_freeze=*/true, /*gather=*/false);
+    adam_full(groups, lr, bc(beta1_, t), bc(beta2_, t), Groups::kNonFreeze);
+    for (std::size_t k = 0; k + 1 < offsets_.size(); ++k) {
+      if (non_freeze_[k] != 0) continue;
+      const std::size_t off = offsets_[k];
+      loom::optim::momentum_cpu(m_.data() + off, flat_.data() + off, loom::optim::DType::kF32,
+                                offsets_[k + 1] - off, static_cast<float>(beta1_), 1.0f);
+    }
     compressed(m_);
-    apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_));
+    apply_masks(groups, m_);
+    apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_), Groups::kCompressed);
   }
 
   // ---------------------------------------------------------------- 0/1 Adam
@@ -477,6 +602,7 @@ class Onebit : public loom::sdk::Optimizer {
         }
       } else {
         compressed(flat_);  // 1-bit gradient average
+        apply_masks(groups, flat_);
         momentum_flat(flat_);
         apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, var_updates_));
       }
@@ -484,7 +610,7 @@ class Onebit : public loom::sdk::Optimizer {
         // The variance is frozen from here on; the error buffers now compensate another
         // quantity (the accumulated update), so they restart from zero.
         frozen_ = true;
-        car_->reset();
+        if (car_) car_->reset();
       }
       return;
     }
@@ -537,6 +663,7 @@ class Onebit : public loom::sdk::Optimizer {
           }
         }
         compressed(aux_);
+        apply_masks(groups, aux_);
         const float scale = static_cast<float>(-bc1 / lrs_);
         k = 0;
         for (auto& g : groups) {
@@ -666,11 +793,13 @@ class Onebit : public loom::sdk::Optimizer {
         const float* v = v_.data() + off;
         float* vf = aux_.data() + off;
         const float* p = tt.ref.p;
+        const float* mask = tt.mask;
         double pre2 = 0.0;
         double u2 = 0.0;
         float factor = 0.0f;
         for (std::size_t i = 0; i < n; ++i) {
           m[i] *= inv_sc;
+          if (mask != nullptr) m[i] *= mask[i];
           const float gh = (m[i] - b1 * mp[i]) / (1.0f - b1);
           vf[i] = b2 * vf[i] + (1.0f - b2) * gh * gh;
           const float denom = std::sqrt(v[i]) * inv_bc2 + eps;
@@ -744,7 +873,14 @@ class Onebit : public loom::sdk::Optimizer {
   std::unique_ptr<loom::sdk::CompressedAllreduce> car_;
   std::vector<std::byte> pending_car_;  // imported before the first step built car_
 
-  std::vector<float> flat_;  // scratch: the step's gradients in the flat layout
+  // Set with car_ (not exported: the groups' flags come with every step): per flat tensor, 1
+  // when its group is non_freeze; the element count the compressed allreduce covers.
+  bool laid_out_ = false;
+  std::vector<uint8_t> non_freeze_;
+  uint64_t compressed_numel_ = 0;
+
+  std::vector<float> flat_;    // scratch: the step's gradients in the flat layout
+  std::vector<float> subset_;  // scratch: the compressed or non_freeze tensors, packed
 };
 
 }  // namespace

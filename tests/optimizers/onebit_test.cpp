@@ -1,13 +1,16 @@
 // The 1-bit family on several ranks (run under mpirun -np 4) over the ucx transport and
 // the onebit codec: equality with Adam during warmup, closeness after the freeze on a
-// convex problem, bit-identical resume from checkpoints, and a 2-layer MLP whose final loss
+// convex problem, bit-identical resume from checkpoints, the param-group extras of ABI 1.1
+// (exp_avg_mask, non_freeze) and 1.0-sized structs, and a 2-layer MLP whose final loss
 // stays within 2% of the uncompressed baseline's.
 #include <gtest/gtest.h>
 #include <loom/embed.h>
 #include <loom/kinds/comm.h>
 #include <loom/kinds/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -243,6 +246,318 @@ TEST(Onebit, ForeignStateAndLayoutChangesAreRejected) {
   // A gradient of another shape than its parameter.
   std::vector<float> h2(39, 0.5f);
   EXPECT_EQ(step(a, {&p}, {&h2}, 1e-3, 2), LOOM_ERR_INVALID_ARGUMENT);
+}
+
+// ------------------------------------------------------------- param-group extras (ABI 1.1)
+
+// A parameter of shape [rows, cols] (cols 0: 1-D of `rows`) with its gradient and an
+// optional exp_avg_mask, as one loom_optimizer_tensor.
+struct Tensor {
+  std::vector<float> p, g, mask;
+  int64_t shape[2] = {0, 0};
+  int32_t ndim = 1;
+  DLTensor tp{}, tg{}, tm{};
+  Tensor(int64_t rows, int64_t cols, float init) {
+    shape[0] = rows;
+    shape[1] = cols;
+    ndim = cols > 0 ? 2 : 1;
+    const auto n = static_cast<size_t>(rows * (cols > 0 ? cols : 1));
+    p.resize(n);
+    for (size_t i = 0; i < n; ++i) p[i] = init + 0.01f * static_cast<float>(i % 17);
+    g.assign(n, 0.0f);
+  }
+  size_t cols() const { return ndim == 2 ? static_cast<size_t>(shape[1]) : 1; }
+  DLTensor wrap(float* data) {
+    DLTensor t{};
+    t.data = data;
+    t.device = {kDLCPU, 0};
+    t.ndim = ndim;
+    t.dtype = {kDLFloat, 32, 1};
+    t.shape = shape;
+    return t;
+  }
+  loom_optimizer_tensor view() {
+    tp = wrap(p.data());
+    tg = wrap(g.data());
+    tm = wrap(mask.data());
+    return {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, nullptr, mask.empty() ? nullptr : &tm};
+  }
+  // Rank- and step-dependent gradients, fixed (they do not depend on the parameters, so two
+  // runs see the same gradients); rows >= zero_from get exactly 0.
+  void draw(int rank, int t, int salt, size_t zero_from = SIZE_MAX) {
+    std::mt19937 rng(static_cast<unsigned>(10000 * salt + 100 * t + rank));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = i / cols() >= zero_from ? 0.0f : 0.3f * d(rng) + 0.05f * static_cast<float>(rank);
+    }
+  }
+};
+
+// One step over `groups` (tensor lists) with the given group flags.
+int32_t step_groups(loom_instance* opt, std::vector<std::vector<Tensor*>> groups,
+                    std::vector<uint32_t> flags, double lr, int64_t t) {
+  std::vector<std::vector<loom_optimizer_tensor>> views(groups.size());
+  std::vector<loom_optimizer_group> gs(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (Tensor* x : groups[i]) views[i].push_back(x->view());
+    gs[i] = {LOOM_OPTIMIZER_GROUP_SIZE, 0, views[i].data(), views[i].size(), 1.0, NAN, flags[i], 0};
+  }
+  loom_optimizer_step_args a{
+      LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, gs.data(), gs.size(), lr, 1.0, t, nullptr};
+  return loom_optimizer_step(opt, &a);
+}
+
+bool same(const std::vector<float>& a, const std::vector<float>& b, size_t from = 0,
+          size_t to = SIZE_MAX) {
+  to = std::min(to, a.size());
+  return std::memcmp(a.data() + from, b.data() + from, (to - from) * 4) == 0;
+}
+
+// Rows 5..7 of an [8, 6] tensor always get a zero gradient. Without a mask the compressed
+// allreduce (which cannot send 0) moves them; with a mask zeroing them they stay exactly
+// where they are, and the rest of the model is untouched by the mask at the first compressed
+// step (same inputs to the compressed allreduce) and stays close afterwards.
+void mask_check(const std::string& plugin, const std::string& params, int first_compressed,
+                int steps, bool other_rows_identical) {
+  constexpr size_t kZeroFrom = 5;
+  const std::string opt =
+      "plugin = \"" + plugin + "\"\ncomm = \"world\"\ncodec = \"onebit\"\n" + params;
+  World w("[optimizer.plain]\n" + opt + "[optimizer.masked]\n" + opt);
+  ASSERT_NE(w.s, nullptr);
+  loom_instance* plain = w.opt("plain");
+  loom_instance* masked = w.opt("masked");
+  Tensor a0(8, 6, 0.5f), b0(10, 0, -0.2f);  // run without masks
+  Tensor a1 = a0, b1 = b0;                  // run with a mask on a
+  a1.mask.assign(a1.p.size(), 1.0f);
+  std::fill(a1.mask.begin() + kZeroFrom * 6, a1.mask.end(), 0.0f);
+  const Tensor init = a0;
+  const Tensor init_b = b0;
+  const size_t zero_at = kZeroFrom * 6;
+  for (int t = 1; t <= steps; ++t) {
+    a0.draw(w.rank, t, 1, kZeroFrom);
+    b0.draw(w.rank, t, 2);
+    a1.g = a0.g;
+    b1.g = b0.g;
+    ASSERT_EQ(step_groups(plain, {{&a0, &b0}}, {0}, 1e-2, t), 0) << loom_last_error();
+    ASSERT_EQ(step_groups(masked, {{&a1, &b1}}, {0}, 1e-2, t), 0) << loom_last_error();
+    if (t < first_compressed) {
+      // Before any compressed allreduce the mask is not used: both runs agree, and the rows
+      // with zero gradients have not moved.
+      ASSERT_TRUE(same(a0.p, a1.p) && same(b0.p, b1.p)) << plugin << " step " << t;
+      ASSERT_TRUE(same(a0.p, init.p, zero_at)) << plugin << " step " << t;
+    }
+    if (t == first_compressed) {
+      EXPECT_TRUE(same(b0.p, b1.p)) << plugin << ": the unmasked tensor differs at step " << t;
+      if (other_rows_identical) {
+        EXPECT_TRUE(same(a0.p, a1.p, 0, zero_at))
+            << plugin << ": unmasked rows differ at step " << t;
+      }
+    }
+    ASSERT_TRUE(same(a1.p, init.p, zero_at))
+        << plugin << ": a masked row with zero gradients moved at step " << t;
+  }
+  double drift = 0.0;
+  for (size_t i = zero_at; i < a0.p.size(); ++i)
+    drift = std::max(drift, static_cast<double>(std::fabs(a0.p[i] - init.p[i])));
+  EXPECT_GT(drift, 0.0) << plugin << ": without a mask the zero-gradient rows should drift";
+  // The other rows moved in both runs, by about as much.
+  double moved0 = 0, moved1 = 0, diff = 0;
+  auto acc = [&](const std::vector<float>& x0, const std::vector<float>& x1,
+                 const std::vector<float>& x, size_t to) {
+    for (size_t i = 0; i < to; ++i) {
+      moved0 += std::pow(x0[i] - x[i], 2);
+      moved1 += std::pow(x1[i] - x[i], 2);
+      diff += std::pow(x0[i] - x1[i], 2);
+    }
+  };
+  acc(a0.p, a1.p, init.p, zero_at);
+  acc(b0.p, b1.p, init_b.p, b0.p.size());
+  if (w.rank == 0) {
+    std::printf(
+        "mask %s: zero rows drift %.4g without mask, 0 with; other params moved %.4g / "
+        "%.4g, runs differ by %.4g\n",
+        plugin.c_str(), drift, std::sqrt(moved0), std::sqrt(moved1), std::sqrt(diff));
+  }
+  EXPECT_GT(moved1, 0.0);
+  EXPECT_LT(std::sqrt(diff), 0.25 * std::sqrt(moved0)) << plugin;
+}
+
+TEST(OnebitExtras, AdamMaskKeepsZeroGradientRowsFixed) {
+  mask_check("onebit_adam", "freeze_step = 3\n", 4, 12, true);
+}
+TEST(OnebitExtras, ZeroOneAdamMaskKeepsZeroGradientRowsFixed) {
+  // Variance steps 1, 2, 4 (the interval doubles after each); 3, 5, 6 average the gradient
+  // with the compressed allreduce; local steps from 7, synced every 1, 2, then 4 steps.
+  mask_check("zero_one_adam",
+             "var_freeze_step = 6\nvar_update_scaler = 1\nlocal_step_scaler = 2\n"
+             "local_step_clipper = 4\n",
+             3, 16, true);
+}
+TEST(OnebitExtras, LambMaskKeepsZeroGradientRowsFixed) {
+  // The masked tensor's factor (a max over its elements) sees the masked rows, so only the
+  // other tensor is bit-identical at the first compressed step.
+  mask_check("onebit_lamb", "freeze_step = 3\n", 4, 12, false);
+}
+
+// A non_freeze group of onebit_adam is bit-identical to the same group in a run that never
+// freezes, while the other group is compressed.
+TEST(OnebitExtras, AdamNonFreezeGroupMatchesUncompressedRun) {
+  const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nweight_decay = 0.01\n";
+  World w("[optimizer.x]\nplugin = \"onebit_adam\"\nfreeze_step = 3\n" + refs +
+          "[optimizer.y]\nplugin = \"onebit_adam\"\nfreeze_step = 1000000\n" + refs);
+  ASSERT_NE(w.s, nullptr);
+  loom_instance* x = w.opt("x");
+  loom_instance* y = w.opt("y");
+  // Group 0 (non_freeze in x): two tensors; group 1: one, with a mask of ones (a no-op
+  // mask must not change anything either).
+  Tensor x00(12, 0, 0.3f), x01(5, 2, -0.1f), x10(8, 6, 0.2f);
+  x10.mask.assign(x10.p.size(), 1.0f);
+  Tensor y00 = x00, y01 = x01, y10 = x10;
+  for (int t = 1; t <= 12; ++t) {
+    x00.draw(w.rank, t, 3);
+    x01.draw(w.rank, t, 4);
+    x10.draw(w.rank, t, 5);
+    y00.g = x00.g;
+    y01.g = x01.g;
+    y10.g = x10.g;
+    ASSERT_EQ(step_groups(x, {{&x00, &x01}, {&x10}}, {LOOM_OPTIMIZER_GROUP_NON_FREEZE, 0}, 1e-2, t),
+              0)
+        << loom_last_error();
+    ASSERT_EQ(step_groups(y, {{&y00, &y01}, {&y10}}, {0, 0}, 1e-2, t), 0) << loom_last_error();
+    ASSERT_TRUE(same(x00.p, y00.p) && same(x01.p, y01.p)) << "non_freeze group, step " << t;
+    if (t <= 3) {
+      ASSERT_TRUE(same(x10.p, y10.p)) << "warmup step " << t;
+    }
+  }
+  EXPECT_FALSE(same(x10.p, y10.p)) << "the other group should have been compressed";
+  loom_optimizer_comm_info ix{}, iy{};
+  ix.struct_size = iy.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
+  ASSERT_EQ(loom_optimizer_get_comm_info(x, &ix), 0);
+  ASSERT_EQ(loom_optimizer_get_comm_info(y, &iy), 0);
+  EXPECT_LT(ix.bytes_sent, iy.bytes_sent);
+  // The flag is part of the layout: dropping it later is refused, nothing changes.
+  const auto before = x00.p;
+  EXPECT_EQ(step_groups(x, {{&x00, &x01}, {&x10}}, {0, 0}, 1e-2, 13), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("group 0 clears LOOM_OPTIMIZER_GROUP_NON_FREEZE"),
+            std::string::npos)
+      << loom_last_error();
+  EXPECT_EQ(x00.p, before);
+}
+
+TEST(OnebitExtras, BadMasksAndUnsupportedNonFreezeAreRejected) {
+  const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nfreeze_step = 1\n";
+  World w("[optimizer.a]\nplugin = \"onebit_adam\"\n" + refs +
+          "[optimizer.z]\nplugin = \"zero_one_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n" +
+          "[optimizer.l]\nplugin = \"onebit_lamb\"\n" + refs);
+  ASSERT_NE(w.s, nullptr);
+  Tensor u(4, 0, 1.0f), v(8, 6, 1.0f);
+  v.draw(w.rank, 1, 6);
+  u.draw(w.rank, 1, 7);
+  const auto pu = u.p;
+  const auto pv = v.p;
+  auto expect_error = [&](loom_instance* opt, std::vector<uint32_t> flags,
+                          const std::vector<std::string>& parts) {
+    EXPECT_EQ(step_groups(opt, {{&u}, {&v}}, flags, 1e-2, 1), LOOM_ERR_INVALID_ARGUMENT);
+    const std::string e = loom_last_error();
+    for (const auto& part : parts) EXPECT_NE(e.find(part), std::string::npos) << e;
+    EXPECT_EQ(u.p, pu);
+    EXPECT_EQ(v.p, pv);
+  };
+  // A mask of the wrong shape ([8] against [8, 6]), of the wrong dtype, on another device.
+  {
+    std::vector<float> ones(48, 1.0f);
+    loom_optimizer_tensor tu = u.view(), tv = v.view();
+    int64_t bad_shape[1] = {8};
+    const DLTensor good = v.wrap(ones.data());
+    DLTensor m = good;
+    m.ndim = 1;
+    m.shape = bad_shape;
+    tv.exp_avg_mask = &m;
+    loom_optimizer_group gs[2] = {{LOOM_OPTIMIZER_GROUP_SIZE, 0, &tu, 1, 1.0, NAN, 0, 0},
+                                  {LOOM_OPTIMIZER_GROUP_SIZE, 0, &tv, 1, 1.0, NAN, 0, 0}};
+    loom_optimizer_step_args a{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, gs, 2, 1e-2, 1.0, 1, nullptr};
+    for (loom_instance* opt : {w.opt("a"), w.opt("z"), w.opt("l")}) {
+      EXPECT_EQ(loom_optimizer_step(opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+      const std::string e = loom_last_error();
+      EXPECT_NE(e.find("exp_avg_mask 1.0 has shape [8] but param 1.0 has [8,6]"), std::string::npos)
+          << e;
+    }
+    std::vector<uint16_t> half(48, 0x3C00);
+    m = good;
+    m.data = half.data();
+    m.dtype = {kDLFloat, 16, 1};
+    EXPECT_EQ(loom_optimizer_step(w.opt("a"), &a), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(loom_last_error()).find("exp_avg_mask 1.0 has dtype float16"),
+              std::string::npos)
+        << loom_last_error();
+    m = good;
+    m.device = {kDLCUDA, 0};
+    EXPECT_EQ(loom_optimizer_step(w.opt("a"), &a), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(loom_last_error()).find("exp_avg_mask 1.0 is on"), std::string::npos)
+        << loom_last_error();
+    EXPECT_EQ(u.p, pu);
+    EXPECT_EQ(v.p, pv);
+  }
+  // non_freeze on the two optimizers that do not support it.
+  expect_error(w.opt("z"), {0, LOOM_OPTIMIZER_GROUP_NON_FREEZE},
+               {"group 1", "non_freeze is supported by onebit_adam only", "zero_one_adam"});
+  expect_error(w.opt("l"), {0, LOOM_OPTIMIZER_GROUP_NON_FREEZE},
+               {"group 1", "non_freeze is supported by onebit_adam only", "onebit_lamb"});
+  // A flag bit no optimizer knows.
+  expect_error(w.opt("a"), {4, 0}, {"group 0 has unknown flags 4"});
+}
+
+// A caller built against ABI 1.0 passes the shorter structs (struct_size 32 for tensors, 40
+// for groups): the arrays are walked by their struct_size, the mask and flags read as
+// absent, and the group's weight_decay is still honoured.
+struct TensorV10 {
+  uint32_t struct_size;
+  uint32_t reserved;
+  DLTensor* param;
+  const DLTensor* grad;
+  DLTensor* master;
+};
+struct GroupV10 {
+  uint32_t struct_size;
+  uint32_t reserved;
+  const void* tensors;
+  size_t tensor_count;
+  double lr_scale;
+  double weight_decay;
+};
+static_assert(sizeof(TensorV10) == 32 && sizeof(GroupV10) == 40, "ABI 1.0 sizes");
+
+TEST(OnebitExtras, Abi10SizedStructsStillWork) {
+  const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nfreeze_step = 3\n";
+  World w("[optimizer.old]\nplugin = \"onebit_adam\"\n" + refs +
+          "[optimizer.new]\nplugin = \"onebit_adam\"\n" + refs);
+  ASSERT_NE(w.s, nullptr);
+  Tensor o0(12, 0, 0.3f), o1(5, 2, -0.1f);
+  Tensor n0 = o0, n1 = o1;
+  for (int t = 1; t <= 8; ++t) {
+    o0.draw(w.rank, t, 8);
+    o1.draw(w.rank, t, 9);
+    n0.g = o0.g;
+    n1.g = o1.g;
+    const loom_optimizer_tensor v0 = o0.view(), v1 = o1.view();
+    const TensorV10 old[2] = {{32, 0, v0.param, v0.grad, nullptr},
+                              {32, 0, v1.param, v1.grad, nullptr}};
+    const GroupV10 og{40, 0, old, 2, 0.5, 0.1};
+    loom_optimizer_step_args a{LOOM_OPTIMIZER_STEP_ARGS_SIZE,
+                               0,
+                               reinterpret_cast<const loom_optimizer_group*>(&og),
+                               1,
+                               1e-2,
+                               1.0,
+                               t,
+                               nullptr};
+    ASSERT_EQ(loom_optimizer_step(w.opt("old"), &a), 0) << loom_last_error();
+    const loom_optimizer_tensor nv[2] = {n0.view(), n1.view()};
+    const loom_optimizer_group ng{LOOM_OPTIMIZER_GROUP_SIZE, 0, nv, 2, 0.5, 0.1, 0, 0};
+    a.groups = &ng;
+    ASSERT_EQ(loom_optimizer_step(w.opt("new"), &a), 0) << loom_last_error();
+    ASSERT_TRUE(same(o0.p, n0.p) && same(o1.p, n1.p)) << "step " << t;
+  }
 }
 
 // ------------------------------------------------------------- a small real problem

@@ -466,6 +466,143 @@ TEST_P(BadInput, ForeignTruncatedAndNewerStateIsRejected) {
   EXPECT_EQ(g2[0].params[0].p, p0);
 }
 
+TEST_P(BadInput, BadMaskAndUnknownFlagsAreRejected) {
+  Session s(manifest(GetParam()));
+  std::vector<float> p(6, 1.0f), g(6, 0.5f), ok_p(4, 1.0f), ok_g(4, 0.5f), mask(5, 1.0f);
+  std::vector<double> mask64(6, 1.0);
+  int64_t s6[1] = {6}, s4[1] = {4}, s5[1] = {5};
+  DLTensor tp = tensor(p.data(), s6, kF32), tg = tensor(g.data(), s6, kF32);
+  DLTensor okp = tensor(ok_p.data(), s4, kF32), okg = tensor(ok_g.data(), s4, kF32);
+  DLTensor tm = tensor(mask.data(), s5, kF32);
+  loom_optimizer_tensor ts[2] = {{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &okp, &okg, nullptr},
+                                 {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, nullptr, &tm}};
+  loom_optimizer_group grp{LOOM_OPTIMIZER_GROUP_SIZE, 0, ts, 2, 1.0, NAN};
+  loom_optimizer_step_args a{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &grp, 1, 1e-3, 1.0, 1, nullptr};
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("exp_avg_mask 0.1 has shape [5] but param 0.1"),
+            std::string::npos)
+      << loom_last_error();
+  tm = tensor(mask64.data(), s6, {kDLFloat, 64, 1});
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("exp_avg_mask 0.1 has dtype float64"),
+            std::string::npos)
+      << loom_last_error();
+  ts[1].exp_avg_mask = nullptr;
+  grp.flags = 2;
+  EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("group 0 has unknown flags 2"), std::string::npos)
+      << loom_last_error();
+  EXPECT_EQ(ok_p, std::vector<float>(4, 1.0f));
+  EXPECT_EQ(p, std::vector<float>(6, 1.0f));
+}
+
 INSTANTIATE_TEST_SUITE_P(Plugins, BadInput, ::testing::Values("adam", "lamb"));
+
+// ------------------------------------------------- param-group extras and ABI 1.0 callers
+
+class Extras : public ::testing::TestWithParam<const char*> {};
+
+// adam and lamb average exactly (the trainer's allreduce), so exp_avg_mask and non_freeze
+// mean nothing to them: a run with a zero mask and the flag is bit-identical to one without.
+TEST_P(Extras, MasksAndNonFreezeAreIgnored) {
+  Session a(manifest(GetParam(), "weight_decay = 0.01\n"));
+  Session b(manifest(GetParam(), "weight_decay = 0.01\n"));
+  std::mt19937 rng(3);
+  std::vector<Group> ga(2);
+  ga[0].params.emplace_back(100, kF32, kNone, rng);
+  ga[1].params.emplace_back(7, kF32, kNone, rng);
+  std::vector<Group> gb = ga;
+  std::vector<float> zeros(100, 0.0f);
+  int64_t shape[1] = {100};
+  DLTensor tm = tensor(zeros.data(), shape, kF32);
+  for (int t = 1; t <= 5; ++t) {
+    std::mt19937 r2 = rng;
+    for (auto& g : ga) {
+      for (auto& p : g.params) p.set_grad(rng, 1.0f);
+    }
+    for (auto& g : gb) {
+      for (auto& p : g.params) p.set_grad(r2, 1.0f);
+    }
+    ASSERT_EQ(step(a, ga, 1e-3, 1.0, t), 0) << loom_last_error();
+    std::vector<loom_optimizer_tensor> v0 = {gb[0].params[0].view()}, v1 = {gb[1].params[0].view()};
+    v0[0].exp_avg_mask = &tm;
+    const loom_optimizer_group groups[2] = {
+        {LOOM_OPTIMIZER_GROUP_SIZE, 0, v0.data(), 1, 1.0, NAN, LOOM_OPTIMIZER_GROUP_NON_FREEZE, 0},
+        {LOOM_OPTIMIZER_GROUP_SIZE, 0, v1.data(), 1, 1.0, NAN, 0, 0}};
+    const loom_optimizer_step_args args{
+        LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups, 2, 1e-3, 1.0, t, nullptr};
+    ASSERT_EQ(loom_optimizer_step(b.opt, &args), 0) << loom_last_error();
+  }
+  for (size_t g = 0; g < 2; ++g) EXPECT_EQ(ga[g].params[0].p, gb[g].params[0].p);
+  EXPECT_EQ(a.export_state(), b.export_state());
+}
+
+// A caller built against ABI 1.0 passes the shorter structs: tensors with struct_size 32 (no
+// exp_avg_mask), groups with 40 (no flags). The arrays are walked by that stride and a
+// group's weight_decay is still honoured (it is a 1.0 field).
+struct TensorV10 {
+  uint32_t struct_size;
+  uint32_t reserved;
+  DLTensor* param;
+  const DLTensor* grad;
+  DLTensor* master;
+};
+struct GroupV10 {
+  uint32_t struct_size;
+  uint32_t reserved;
+  const void* tensors;
+  size_t tensor_count;
+  double lr_scale;
+  double weight_decay;
+};
+static_assert(sizeof(TensorV10) == 32 && sizeof(GroupV10) == 40, "ABI 1.0 sizes");
+
+TEST_P(Extras, Abi10SizedStructArraysStillWork) {
+  Session a(manifest(GetParam()));
+  Session b(manifest(GetParam()));
+  std::mt19937 rng(5);
+  std::vector<Group> ga(2);
+  ga[0].params.emplace_back(50, kF32, kNone, rng);
+  ga[0].params.emplace_back(3, kF32, kNone, rng);
+  ga[0].params.emplace_back(20, kF32, kNone, rng);
+  ga[1].params.emplace_back(9, kF32, kNone, rng);
+  ga[0].wd = 0.2;  // differs from the instance's 0: must be read from the short struct
+  ga[1].lr_scale = 0.5;
+  std::vector<Group> gb = ga;
+  for (int t = 1; t <= 5; ++t) {
+    std::mt19937 r2 = rng;
+    for (auto& g : ga) {
+      for (auto& p : g.params) p.set_grad(rng, 1.0f);
+    }
+    for (auto& g : gb) {
+      for (auto& p : g.params) p.set_grad(r2, 1.0f);
+    }
+    ASSERT_EQ(step(a, ga, 1e-2, 1.0, t), 0) << loom_last_error();
+    std::vector<std::vector<TensorV10>> old(gb.size());
+    std::vector<GroupV10> groups;
+    for (size_t g = 0; g < gb.size(); ++g) {
+      for (auto& p : gb[g].params) {
+        const loom_optimizer_tensor v = p.view();
+        old[g].push_back({32, 0, v.param, v.grad, v.master});
+      }
+      groups.push_back({40, 0, old[g].data(), old[g].size(), gb[g].lr_scale, gb[g].wd});
+    }
+    loom_optimizer_step_args args{};
+    args.struct_size = LOOM_OPTIMIZER_STEP_ARGS_SIZE;
+    args.groups = reinterpret_cast<const loom_optimizer_group*>(groups.data());
+    args.group_count = groups.size();
+    args.lr = 1e-2;
+    args.grad_scale = 1.0;
+    args.step = t;
+    ASSERT_EQ(loom_optimizer_step(b.opt, &args), 0) << loom_last_error();
+  }
+  for (size_t g = 0; g < ga.size(); ++g) {
+    for (size_t i = 0; i < ga[g].params.size(); ++i) {
+      EXPECT_EQ(ga[g].params[i].p, gb[g].params[i].p) << "group " << g << " tensor " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, Extras, ::testing::Values("adam", "lamb"));
 
 }  // namespace

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 0
+#define LOOM_ABI_MINOR 1
 
 /* Size of a struct up to and including its last field (trailing padding excluded). */
 #define LOOM_STRUCT_SIZE(type, last_field) \
@@ -48,6 +48,17 @@ extern "C" {
 #endif
 #define LOOM_CHECK_STRUCT_SIZE(type, size_macro) \
   LOOM_STATIC_ASSERT(sizeof(type) == (size_macro), #size_macro " is out of date for " #type)
+
+/* Follows a field appended in a later minor. In C++ it is a default member initializer
+ * (zero / NULL; the struct stays a standard-layout aggregate with the same layout), so C++
+ * code written against the older minor that lists every field it knew, as in
+ * {SIZE, 0, a, b}, still compiles under -Wmissing-field-initializers and leaves the new
+ * field absent. In C it is empty. */
+#ifdef __cplusplus
+#define LOOM_APPENDED_FIELD = {}
+#else
+#define LOOM_APPENDED_FIELD
+#endif
 
 #if defined(_WIN32)
 #define LOOM_EXPORT __declspec(dllexport)

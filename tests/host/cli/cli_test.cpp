@@ -60,7 +60,7 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, VersionNamesTheAbi) {
   const auto r = loom("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.0)\n");
+  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.1)\n");
 }
 
 TEST_F(Cli, CheckAcceptsAValidManifest) {
@@ -115,7 +115,7 @@ TEST_F(Cli, PluginsJsonListsTheTestPlugins) {
   }
   ASSERT_NE(probe, nullptr) << r.out;
   EXPECT_EQ((*probe)["version"], "1.2.3");
-  EXPECT_EQ((*probe)["abi"], "1.0");
+  EXPECT_EQ((*probe)["abi"], "1.1");
   EXPECT_EQ((*probe)["path"], loom_test::plugin_file("probe").string());
   ASSERT_EQ((*probe)["kinds"].size(), 2U);
   EXPECT_EQ((*probe)["kinds"][0]["kind"], "loom.optimizer/1");
@@ -131,7 +131,7 @@ TEST_F(Cli, PluginsTableListsProbe) {
   const auto r = loom("plugins " + plugin_path());
   EXPECT_THAT(r.out, StartsWith("NAME"));
   EXPECT_TRUE(std::regex_search(
-      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.0 +loom\.optimizer/1,loom\.comm/1 )")))
+      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.1 +loom\.optimizer/1,loom\.comm/1 )")))
       << r.out;
   EXPECT_THAT(r.err, HasSubstr("built for Loom ABI 2"));
 }

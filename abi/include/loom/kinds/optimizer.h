@@ -16,22 +16,37 @@ typedef struct loom_optimizer_tensor {
   DLTensor* param;      /* updated in place; fp32, or bf16/fp16 when `master` is set */
   const DLTensor* grad; /* same shape as param; fp32, bf16 or fp16 */
   DLTensor* master;     /* fp32 master copy of a low-precision param, or NULL */
+  /* Since 1.1. Momentum mask of the 1-bit optimizers, or NULL for none: fp32, the param's
+   * shape and device; the communicated momentum (or update) is multiplied by it, so a 0
+   * keeps an element whose gradient is always 0 exactly where it is (1-bit compression
+   * cannot represent 0). Pass it on every step; it is never part of exported state.
+   * Optimizers with an exact allreduce (adam, lamb) check it and ignore it. */
+  const DLTensor* exp_avg_mask LOOM_APPENDED_FIELD;
 } loom_optimizer_tensor;
-#define LOOM_OPTIMIZER_TENSOR_SIZE LOOM_STRUCT_SIZE(loom_optimizer_tensor, master)
+#define LOOM_OPTIMIZER_TENSOR_SIZE LOOM_STRUCT_SIZE(loom_optimizer_tensor, exp_avg_mask)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_tensor, LOOM_OPTIMIZER_TENSOR_SIZE);
 
+/* loom_optimizer_group.flags (since 1.1). An optimizer refuses bits it does not know. */
+/* onebit_adam: after freeze_step this group is still averaged with the uncompressed fp32
+ * allreduce and updates both moments, as in warmup (DeepSpeed's `non_freeze`). The other
+ * 1-bit optimizers refuse it; adam and lamb ignore it. */
+#define LOOM_OPTIMIZER_GROUP_NON_FREEZE 1u
+#define LOOM_OPTIMIZER_GROUP_KNOWN_FLAGS LOOM_OPTIMIZER_GROUP_NON_FREEZE
+
 /* A parameter group: tensors that share hyperparameter overrides. The same groups,
- * with the same tensor shapes in the same order, must be passed on every step: the
- * optimizer keys its state by (group, tensor) position. */
+ * with the same tensor shapes and flags in the same order, must be passed on every step:
+ * the optimizer keys its state by (group, tensor) position. */
 typedef struct loom_optimizer_group {
   uint32_t struct_size;
   uint32_t reserved;
   const loom_optimizer_tensor* tensors;
   size_t tensor_count;
-  double lr_scale;     /* multiplies the step's lr; 1.0 for none */
-  double weight_decay; /* NaN: use the instance's weight_decay parameter */
+  double lr_scale;                    /* multiplies the step's lr; 1.0 for none */
+  double weight_decay;                /* NaN: use the instance's weight_decay parameter */
+  uint32_t flags LOOM_APPENDED_FIELD; /* since 1.1: LOOM_OPTIMIZER_GROUP_* bits */
+  uint32_t reserved2 LOOM_APPENDED_FIELD;
 } loom_optimizer_group;
-#define LOOM_OPTIMIZER_GROUP_SIZE LOOM_STRUCT_SIZE(loom_optimizer_group, weight_decay)
+#define LOOM_OPTIMIZER_GROUP_SIZE LOOM_STRUCT_SIZE(loom_optimizer_group, reserved2)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_group, LOOM_OPTIMIZER_GROUP_SIZE);
 
 typedef struct loom_optimizer_step_args {

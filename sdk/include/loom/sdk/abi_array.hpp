@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include <loom/sdk/status.hpp>
@@ -22,6 +23,15 @@ T element(const T* base, std::size_t i) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(base) + i * stride;  // NOLINT
   std::memcpy(&out, bytes, stride < sizeof(T) ? stride : sizeof(T));
   return out;
+}
+
+// Whether a struct the sender filled in (e.g. one element() returned: it keeps the sender's
+// struct_size) has the field that ends at `field_end`, written LOOM_STRUCT_SIZE(type, field).
+// False for a sender built against a minor from before the field: read it as absent.
+//   if (loom::sdk::has_field(group, LOOM_STRUCT_SIZE(loom_optimizer_group, flags))) ...
+template <class T>
+bool has_field(const T& s, uint32_t field_end) {
+  return s.struct_size >= field_end;
 }
 
 }  // namespace loom::sdk
