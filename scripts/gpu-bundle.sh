@@ -34,7 +34,7 @@ grep -q "Loom: CUDA ON" "$build.configure.log" || {
 # The GPU tests: these three, and any other test program with "cuda" in its name (left out,
 # with a warning, when it does not build).
 bins=(loom loom-bench-codec loom-bench-optim codec_cuda_test loom_optimizer_cuda_tests
-  loom_nccl_tests)
+  loom_nccl_tests loom_thread_comm_tests)
 echo "== build ${bins[*]}"
 ninja -C "$build" "${bins[@]/#/bin/}"
 mapfile -t extra < <(ninja -C "$build" -t targets all |
@@ -54,7 +54,7 @@ ninja -C "$build" "${plugins[@]}" >/dev/null
 
 echo "== assemble $bundle"
 rm -rf "$bundle"
-mkdir -p "$bundle"/{bin,lib/loom/plugins,deps/ucx,anchors}
+mkdir -p "$bundle"/{bin,lib/loom/plugins,deps/ucx,anchors,test-plugins}
 for b in "${bins[@]}"; do
   install -m 755 "$build/bin/$b" "$bundle/bin/$b"
 done
@@ -62,10 +62,14 @@ install -m 755 "$(readlink -f "$build/lib/libloom.so.0")" "$bundle/lib/libloom.s
 for p in "${plugins[@]}"; do
   install -m 755 "$build/$p" "$bundle/$p"
 done
+# The in-process multi-rank transport of the tests (one GPU, several ranks); tests look for
+# it in ../test-plugins beside their program, as in the build tree.
+ninja -C "$build" loom_test_plugin_thread_comm >/dev/null
+install -m 755 "$build/test-plugins/loom_thread_comm.so" "$bundle/test-plugins/"
 
 # What the machine provides itself: the C and C++ runtime, the loader, the CUDA driver and NCCL.
 system_lib='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+\.|libnccl\.|libcuda\.|libnvidia-)'
-mapfile -t elves < <(find "$bundle/bin" "$bundle/lib" -type f)
+mapfile -t elves < <(find "$bundle/bin" "$bundle/lib" "$bundle/test-plugins" -type f)
 declare -A seen=()
 for f in "${elves[@]}"; do
   while read -r name _ path _; do
