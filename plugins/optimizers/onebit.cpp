@@ -6,7 +6,15 @@
 //   compression: the momentum (or, for 0/1 Adam, the gradient / the accumulated local
 //                update) is averaged with loom::sdk::CompressedAllreduce.
 // All tensors of all groups are fused into one flat buffer: one collective per step for the
-// whole model. Host (CPU) tensors only.
+// whole model.
+//
+// Devices (docs/optimizers.md): the tensors of a step are all on the CPU or all on one CUDA
+// device, fixed by the first step. On CUDA the flat state (m, v, aux and the scratch buffers)
+// lives in that device's memory and every loop runs as a kernel ordered on the step's stream
+// (onebit_backend.hpp: one algorithm below, CPU and CUDA primitives); the warmup allreduce
+// and the compressed allreduce run on the device buffers with that stream, so the comm and
+// the codec must support the device. The state blob is the same on both (device buffers are
+// copied to and from the host), so a checkpoint moves between CPU and CUDA.
 //
 // Param-group extras (ABI 1.1, onebit.md §2.1): a tensor's exp_avg_mask multiplies what the
 // compressed allreduce returned (1-bit Adam's momentum, 0/1 Adam's gradient and synced update,
@@ -29,7 +37,7 @@
 #include <vector>
 
 #include "common.hpp"
-#include "common/parallel_for.hpp"
+#include "onebit_backend.hpp"
 
 #ifndef LOOM_ONEBIT_VARIANT
 #error "define LOOM_ONEBIT_VARIANT (0: onebit_adam, 1: zero_one_adam, 2: onebit_lamb)"
@@ -71,17 +79,14 @@ constexpr const char* plugin_description() {
   return "";
 }
 
-template <class Fn>
-void for_range(std::size_t n, Fn&& fn) {
-  loom::plugins::parallel_for(n, 1 << 15, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) fn(i);
-  });
-}
+using loom::optim::Buffer;
+using loom::optim::onebit::Segment;
+using loom::optim::onebit::Segments;
 
-DLTensor flat_tensor(float* data, int64_t* shape) {
+DLTensor flat_tensor(float* data, int64_t* shape, DLDevice device) {
   DLTensor t{};
   t.data = data;
-  t.device = {kDLCPU, 0};
+  t.device = device;
   t.ndim = 1;
   t.dtype = {kDLFloat, 32, 1};
   t.shape = shape;
@@ -172,10 +177,8 @@ class Onebit : public loom::sdk::Optimizer {
     }
     world_ = comm_.call(&loom_comm_v1::size);
     if (world_ <= 0) throw Error(LOOM_ERR_UNAVAILABLE, "comm '" + comm_.name() + "' has no ranks");
-    if (comm_.call(&loom_comm_v1::supports_device, DLDevice{kDLCPU, 0}) == 0) {
-      throw Error(LOOM_ERR_UNIMPLEMENTED,
-                  "comm '" + comm_.name() + "' does not support host memory");
-    }
+    // Which memory the comm and codec must support is known at the first step (a CUDA-only
+    // transport such as nccl is fine for CUDA tensors): checked there.
   }
 
   void comm_info(loom_optimizer_comm_info& out) {
@@ -187,7 +190,7 @@ class Onebit : public loom::sdk::Optimizer {
   }
 
   void step(const loom_optimizer_step_args& args) {
-    auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/false);
+    auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
     if constexpr (kVariant != Variant::kOnebitAdam) {
       for (std::size_t g = 0; g < groups.size(); ++g) {
         if (groups[g].non_freeze()) {
@@ -197,7 +200,15 @@ class Onebit : public loom::sdk::Optimizer {
         }
       }
     }
+    const DLDevice device = step_device(groups);
+    check_device(device);  // before anything changes
+    device_ = device;
+    stream_ = args.stream;
+#if LOOM_OPTIM_HAVE_CUDA
+    cuda_.set_stream(args.stream);
+#endif
     layout(groups);  // validates against the state before anything changes
+    device_set_ = true;
     const uint64_t t = steps_ + 1;
     const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
     // A plain fp32 ring allreduce of the gradients would send this much per step.
@@ -214,15 +225,17 @@ class Onebit : public loom::sdk::Optimizer {
   }
 
   // Format v1: header, variant, counters, flat buffers, per-tensor scalars, traffic
-  // counters, then the compressed allreduce's error buffers.
+  // counters, then the compressed allreduce's error buffers. The same on every device:
+  // device buffers are copied to the host (on the last step's stream, synchronized first, so
+  // the compressed allreduce's error buffers are final too).
   void export_state(loom::sdk::StateWriter& out) {
     out.write_header(kMagic, kVersion);
     out.write_pod<uint64_t>(steps_);
     out.write_pod<uint64_t>(total_);
     out.write_vector(offsets_);
-    out.write_vector(m_);
-    out.write_vector(v_);
-    out.write_vector(aux_);
+    out.write_vector(m_.to_host(stream_));
+    out.write_vector(v_.to_host(stream_));
+    out.write_vector(aux_.to_host(stream_));
     out.write_pod<uint8_t>(frozen_ ? 1 : 0);
     out.write_pod<uint64_t>(var_interval_);
     out.write_pod<uint64_t>(var_counter_);
@@ -248,6 +261,8 @@ class Onebit : public loom::sdk::Optimizer {
     out.write_vector(car);
   }
 
+  // The buffers are kept on the host until the next step moves them to its device, so a
+  // blob imports the same way before the first step, on a CPU instance or a CUDA one.
   void import_state(std::span<const std::byte> blob) {
     loom::sdk::StateReader in(blob);
     in.read_header(kMagic, kVersion);
@@ -284,14 +299,14 @@ class Onebit : public loom::sdk::Optimizer {
       loom::sdk::StateReader cr(car);
       car_->import_state(cr);
     } else if (car_) {
-      car_->reset();
+      reset_car();
     }
     steps_ = steps;
     total_ = total;
     offsets_ = std::move(offsets);
-    m_ = std::move(m);
-    v_ = std::move(v);
-    aux_ = std::move(aux);
+    m_ = Buffer::from_host(std::move(m));
+    v_ = Buffer::from_host(std::move(v));
+    aux_ = Buffer::from_host(std::move(aux));
     frozen_ = frozen;
     var_interval_ = var_interval;
     var_counter_ = var_counter;
@@ -319,6 +334,119 @@ class Onebit : public loom::sdk::Optimizer {
     return nullptr;
   }
 
+  static bool same_device(DLDevice a, DLDevice b) {
+    return a.device_type == b.device_type &&
+           (a.device_type == kDLCPU || a.device_id == b.device_id);
+  }
+  bool on_cuda() const { return device_.device_type == kDLCUDA; }
+
+  // The device of the step's tensors (collect() already refused CPU mixed with CUDA and
+  // devices other than those two); a step without tensors keeps the state's device.
+  DLDevice step_device(const std::vector<StepGroup>& groups) const {
+    const loom::optim::StepTensor* first = nullptr;
+    std::size_t fg = 0;
+    std::size_t ft = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) {
+        const auto& tensor = groups[g].tensors[t];
+        if (first == nullptr) {
+          first = &tensor;
+          fg = g;
+          ft = t;
+          continue;
+        }
+        if (!same_device(tensor.device, first->device)) {
+          throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                      "a step mixes devices: param " + std::to_string(fg) + "." +
+                          std::to_string(ft) + " is on " + loom::sdk::device_string(first->device) +
+                          ", param " + std::to_string(g) + "." + std::to_string(t) + " on " +
+                          loom::sdk::device_string(tensor.device));
+        }
+      }
+    }
+    if (first == nullptr) return device_set_ ? device_ : DLDevice{kDLCPU, 0};
+    return first->device.device_type == kDLCPU ? DLDevice{kDLCPU, 0} : first->device;
+  }
+
+  // The state's device is fixed by the first step; the comm and the codec must support it.
+  void check_device(DLDevice device) {
+    if (device_set_ && !same_device(device, device_)) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  std::string(plugin_name()) + " keeps its state on " +
+                      loom::sdk::device_string(device_) +
+                      " (fixed by its first step), but this step's tensors are on " +
+                      loom::sdk::device_string(device));
+    }
+    const bool cuda = device.device_type == kDLCUDA;
+    const std::string where = loom::sdk::device_string(device);
+    if (comm_.call(&loom_comm_v1::supports_device, device) == 0) {
+      throw Error(LOOM_ERR_UNIMPLEMENTED,
+                  "comm '" + comm_.name() + "' cannot use " + where + " memory; " +
+                      (cuda ? "CUDA tensors need a transport that supports the device, e.g. "
+                              "nccl (or thread_comm in tests)"
+                            : "host tensors need a transport that supports host memory, e.g. "
+                              "ucx"));
+    }
+    if (codec_.call(&loom_codec_v1::supports_device, device) == 0) {
+      throw Error(LOOM_ERR_UNIMPLEMENTED,
+                  "codec '" + codec_.name() + "' cannot use " + where + " memory" +
+                      (cuda ? " (a codec built without CUDA, or no usable device); onebit "
+                              "supports CUDA when built with it"
+                            : ""));
+    }
+  }
+
+  loom::optim::onebit::Backend& be() {
+#if LOOM_OPTIM_HAVE_CUDA
+    if (on_cuda()) return cuda_;
+#endif
+    return cpu_;
+  }
+
+  // `b` holds n elements on the state's device (contents undefined when it had to change).
+  void ensure(Buffer& b, std::size_t n) {
+    if (b.size() == n && same_device(b.device(), device_)) return;
+    b = Buffer::zeros(n, device_, stream_);
+  }
+  // dst = a copy of src (both on the state's device).
+  void assign_copy(Buffer& dst, const Buffer& src) {
+    ensure(dst, src.size());
+    be().copy(dst.data(), src.data(), src.size());
+  }
+
+#if LOOM_OPTIM_HAVE_CUDA
+  // How the compressed allreduce moves device memory: the kernels library's helpers (the
+  // same CUDA runtime as the kernels).
+  static loom::sdk::DeviceOps device_ops() {
+    namespace kc = loom::optim::cuda;
+    loom::sdk::DeviceOps ops;
+    ops.copy = [](void* dst, const void* src, std::size_t bytes, void* stream) {
+      Buffer::check_cuda(kc::onebit::copy_device(dst, src, bytes, stream));
+    };
+    ops.zero = [](void* dst, std::size_t bytes, void* stream) {
+      Buffer::check_cuda(kc::memset_zero(dst, bytes, stream));
+    };
+    ops.to_host = [](void* dst, const void* src, std::size_t bytes, void* stream) {
+      Buffer::check_cuda(kc::copy_to_host(dst, src, bytes, stream));
+    };
+    ops.from_host = [](void* dst, const void* src, std::size_t bytes, void* stream) {
+      Buffer::check_cuda(kc::copy_to_device(dst, src, bytes, stream));
+    };
+    return ops;
+  }
+#endif
+
+  // Zeroes the compressed allreduce's error buffers, ordered on the current stream.
+  void reset_car() {
+    if (!car_) return;
+    if (!on_cuda()) {
+      car_->reset();
+      return;
+    }
+    for (const DLTensor e : {car_->worker_error(), car_->server_error()}) {
+      be().zero(static_cast<float*>(e.data), static_cast<std::size_t>(e.shape[0]));
+    }
+  }
   // The flat layout: tensor k of the step occupies [offsets_[k], offsets_[k+1]).
   void layout(const std::vector<StepGroup>& groups) {
     std::vector<uint64_t> offsets;
@@ -349,7 +477,7 @@ class Onebit : public loom::sdk::Optimizer {
         }
       }
     }
-    if (!m_.empty() || steps_ > 0) {
+    if (m_.size() != 0 || steps_ > 0) {
       if (offsets != offsets_) {
         throw Error(LOOM_ERR_INVALID_ARGUMENT,
                     "the step's tensors (" + std::to_string(offsets.size() - 1) + ", " +
@@ -360,18 +488,31 @@ class Onebit : public loom::sdk::Optimizer {
     } else {
       offsets_ = std::move(offsets);
       total_ = total;
-      m_.assign(total_, 0.0f);
-      v_.assign(total_, 0.0f);
-      if constexpr (kVariant != Variant::kOnebitAdam) aux_.assign(total_, 0.0f);
+      m_ = Buffer::zeros(total_, device_, stream_);
+      v_ = Buffer::zeros(total_, device_, stream_);
+      if constexpr (kVariant != Variant::kOnebitAdam)
+        aux_ = Buffer::zeros(total_, device_, stream_);
       if constexpr (kVariant == Variant::kOnebitLamb) lamb_.assign(offsets_.size() - 1, {});
     }
+    // Imported state arrives on the host: to the step's device (no-op when already there).
+    m_.move_to(device_, stream_);
+    v_.move_to(device_, stream_);
+    aux_.move_to(device_, stream_);
     if (!laid_out_) {
       // The compressed allreduce covers the tensors outside non_freeze groups (none when
       // every group is non_freeze).
       std::unique_ptr<loom::sdk::CompressedAllreduce> car;
       if (packed > 0) {
-        car = std::make_unique<loom::sdk::CompressedAllreduce>(ctx_, comm_, codec_,
-                                                               static_cast<int64_t>(packed));
+        // On CUDA: buffers from the host's device_alloc, stream-ordered on this (the first)
+        // step's stream, which is also where they are freed when the optimizer is destroyed.
+        loom::sdk::CompressedAllreduce::Options options;
+        options.device = device_;
+        options.stream = stream_;
+#if LOOM_OPTIM_HAVE_CUDA
+        if (on_cuda()) options.device_ops = device_ops();
+#endif
+        car = std::make_unique<loom::sdk::CompressedAllreduce>(
+            ctx_, comm_, codec_, static_cast<int64_t>(packed), std::move(options));
         if (!pending_car_.empty()) {
           // Error buffers of a checkpoint made with other non_freeze groups do not fit.
           loom::sdk::StateReader cr(pending_car_);
@@ -384,7 +525,7 @@ class Onebit : public loom::sdk::Optimizer {
       compressed_numel_ = packed;
       laid_out_ = true;
     }
-    flat_.resize(total_);
+    ensure(flat_, total_);
   }
 
   bool any_non_freeze() const { return compressed_numel_ != total_; }
@@ -404,60 +545,94 @@ class Onebit : public loom::sdk::Optimizer {
     rounds_ += after.rounds - before.rounds;
   }
 
-  // flat_ = local gradients * inv_scale, in the flat layout.
-  void gather_grads(const std::vector<StepGroup>& groups, float inv_scale) {
-    std::size_t k = 0;
-    for (const auto& g : groups) {
-      for (const auto& t : g.tensors) {
-        float* dst = flat_.data() + offsets_[k++];
-        loom::plugins::parallel_for(t.ref.n, 1 << 15, [&](std::size_t b, std::size_t e) {
-          loom::optim::load_grad_cpu(static_cast<const std::byte*>(t.ref.g) +
-                                         b * (t.ref.gtype == loom::optim::DType::kF32 ? 4 : 2),
-                                     t.ref.gtype, e - b, inv_scale, dst + b);
-        });
-      }
-    }
+  // Which groups a pass covers.
+  enum class Groups { kAll, kCompressed, kNonFreeze };
+  static bool selected(const StepGroup& g, Groups which) {
+    return which == Groups::kAll || g.non_freeze() == (which == Groups::kNonFreeze);
   }
 
-  void allreduce_avg(std::vector<float>& buf) {
+  // One Segment per tensor of the selected groups, in layout order (with Groups::kAll,
+  // segment j is flat tensor j). `masks`: carry each tensor's exp_avg_mask (never for a
+  // non_freeze group's tensors: those are averaged exactly). fn(group, segment) sets the
+  // per-group scalars.
+  template <class Fn>
+  Segments segments(const std::vector<StepGroup>& groups, Groups which, bool masks, Fn&& fn) const {
+    Segments out;
+    std::size_t k = 0;
+    for (const auto& g : groups) {
+      if (!selected(g, which)) {
+        k += g.tensors.size();
+        continue;
+      }
+      for (const auto& t : g.tensors) {
+        Segment s;
+        s.offset = offsets_[k++];
+        s.n = t.ref.n;
+        s.p = t.ref.p;
+        s.mask = masks && !g.non_freeze() ? t.mask : nullptr;
+        s.low = t.ref.low;
+        s.ltype = t.ref.ltype;
+        s.g = t.ref.g;
+        s.gtype = t.ref.gtype;
+        fn(g, s);
+        out.push_back(s);
+      }
+    }
+    return out;
+  }
+  Segments segments(const std::vector<StepGroup>& groups, Groups which = Groups::kAll,
+                    bool masks = false) const {
+    return segments(groups, which, masks, [](const StepGroup&, Segment&) {});
+  }
+  static Segments without_low(Segments s) {
+    for (Segment& seg : s) seg.low = nullptr;
+    return s;
+  }
+
+  // flat_ = local gradients * inv_scale, in the flat layout.
+  void gather_grads(const std::vector<StepGroup>& groups, float inv_scale) {
+    be().load_grad(segments(groups), flat_.data(), inv_scale);
+  }
+
+  // The uncompressed average of buf over the ranks (on the state's device and stream).
+  void allreduce_avg(Buffer& buf) {
     if (world_ == 1) return;
     int64_t shape[1] = {static_cast<int64_t>(buf.size())};
-    DLTensor t = flat_tensor(buf.data(), shape);
-    loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, nullptr};
+    DLTensor t = flat_tensor(buf.data(), shape, device_);
+    loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, stream_};
     counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); });
   }
 
   // The compressed average of `buf` (flat layout) over the tensors outside non_freeze groups;
   // the non_freeze tensors' entries are left as they are.
-  void compressed(std::vector<float>& buf) {
+  void compressed(Buffer& buf) {
     if (world_ == 1 || compressed_numel_ == 0) return;  // as DeepSpeed: nothing to average
     if (!any_non_freeze()) {
       int64_t shape[1] = {static_cast<int64_t>(buf.size())};
-      DLTensor t = flat_tensor(buf.data(), shape);
-      counted([&] { car_->run(t); });
+      DLTensor t = flat_tensor(buf.data(), shape, device_);
+      counted([&] { car_->run(t, stream_); });
       return;
     }
-    subset_.resize(compressed_numel_);
+    ensure(subset_, compressed_numel_);
     copy_subset(buf, subset_, /*non_freeze=*/false, /*gather=*/true);
     int64_t shape[1] = {static_cast<int64_t>(subset_.size())};
-    DLTensor t = flat_tensor(subset_.data(), shape);
-    counted([&] { car_->run(t); });
+    DLTensor t = flat_tensor(subset_.data(), shape, device_);
+    counted([&] { car_->run(t, stream_); });
     copy_subset(buf, subset_, /*non_freeze=*/false, /*gather=*/false);
   }
 
   // Packs (gather) or unpacks the flat-layout entries of the tensors whose non_freeze flag is
   // `non_freeze` into / from the dense `packed`, in layout order.
-  void copy_subset(std::vector<float>& flat, std::vector<float>& packed, bool non_freeze,
-                   bool gather) const {
+  void copy_subset(Buffer& flat, Buffer& packed, bool non_freeze, bool gather) {
     std::size_t at = 0;
     for (std::size_t k = 0; k + 1 < offsets_.size(); ++k) {
       if ((non_freeze_[k] != 0) != non_freeze) continue;
       const std::size_t n = offsets_[k + 1] - offsets_[k];
       float* f = flat.data() + offsets_[k];
       if (gather) {
-        std::copy(f, f + n, packed.data() + at);
+        be().copy(packed.data() + at, f, n);
       } else {
-        std::copy(packed.data() + at, packed.data() + at + n, f);
+        be().copy(f, packed.data() + at, n);
       }
       at += n;
     }
@@ -465,16 +640,8 @@ class Onebit : public loom::sdk::Optimizer {
 
   // buf (flat layout) *= each tensor's exp_avg_mask, for tensors that have one and are not in
   // a non_freeze group (those are averaged exactly and need no mask).
-  void apply_masks(const std::vector<StepGroup>& groups, std::vector<float>& buf) const {
-    std::size_t k = 0;
-    for (const auto& g : groups) {
-      for (const auto& t : g.tensors) {
-        float* x = buf.data() + offsets_[k++];
-        if (t.mask == nullptr || g.non_freeze()) continue;
-        const float* mask = t.mask;
-        for_range(t.ref.n, [&](std::size_t i) { x[i] *= mask[i]; });
-      }
-    }
+  void apply_masks(const std::vector<StepGroup>& groups, Buffer& buf) {
+    be().mask_multiply(segments(groups, Groups::kAll, /*masks=*/true), buf.data());
   }
 
   // 1 - beta^t; 1 without bias correction, and for t = 0 (a variance frozen before any
@@ -483,45 +650,26 @@ class Onebit : public loom::sdk::Optimizer {
     return bias_correction_ && t > 0 ? 1.0 - std::pow(beta, static_cast<double>(t)) : 1.0;
   }
 
-  // Which groups a pass covers.
-  enum class Groups { kAll, kCompressed, kNonFreeze };
-  static bool selected(const StepGroup& g, Groups which) {
-    return which == Groups::kAll || g.non_freeze() == (which == Groups::kNonFreeze);
-  }
-
   // p = p * (1 - lr * wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) over each tensor,
-  // with the moments in the flat layout (no moment update).
-  void apply_adam(std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
-                  Groups which = Groups::kAll) {
-    std::size_t k = 0;
+  // with the moments in the flat layout (no moment update). `masks`: m *= exp_avg_mask
+  // first (written back), as apply_masks(groups, m_) would.
+  void apply_adam(const std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
+                  Groups which, bool masks) {
     const float eps = static_cast<float>(eps_);
     const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-    for (auto& g : groups) {
-      if (!selected(g, which)) {
-        k += g.tensors.size();
-        continue;
-      }
+    const Segments segs = segments(groups, which, masks, [&](const StepGroup& g, Segment& s) {
       const double lr = lr_base * g.lr_scale;
-      const float decay = static_cast<float>(1.0 - lr * g.weight_decay);
-      const float step = static_cast<float>(lr / bc1);
-      for (auto& t : g.tensors) {
-        const std::size_t off = offsets_[k++];
-        float* p = t.ref.p;
-        const float* m = m_.data() + off;
-        const float* v = v_.data() + off;
-        for_range(t.ref.n, [&](std::size_t i) {
-          p[i] = p[i] * decay - step * (m[i] / (std::sqrt(v[i]) * inv_bc2 + eps));
-        });
-        if (t.ref.low != nullptr) loom::optim::copy_out_cpu(p, t.ref.low, t.ref.ltype, t.ref.n);
-      }
-    }
+      s.decay = static_cast<float>(1.0 - lr * g.weight_decay);
+      s.step = static_cast<float>(lr / bc1);
+    });
+    be().apply_adam(segs, m_.data(), v_.data(), inv_bc2, eps);
   }
 
   // Warmup: the averaged gradient through the fused Adam kernel (identical to `adam`).
-  void adam_full(std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
+  void adam_full(const std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
                  Groups which = Groups::kAll) {
     std::size_t k = 0;
-    for (auto& g : groups) {
+    for (const auto& g : groups) {
       if (!selected(g, which)) {
         k += g.tensors.size();
         continue;
@@ -535,25 +683,27 @@ class Onebit : public loom::sdk::Optimizer {
       h.decay = static_cast<float>(1.0 - lr * g.weight_decay);
       h.step_size = static_cast<float>(lr / bc1);
       h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-      for (auto& t : g.tensors) {
+      std::vector<loom::optim::TensorRef> refs;
+      for (const auto& t : g.tensors) {
         const std::size_t off = offsets_[k++];
         loom::optim::TensorRef r = t.ref;
         r.g = flat_.data() + off;
         r.gtype = loom::optim::DType::kF32;
         r.m = m_.data() + off;
         r.v = v_.data() + off;
-        loom::optim::adam_cpu(r, h);
+        refs.push_back(r);
       }
+      be().adam(refs, h);
     }
   }
 
-  void momentum_flat(const std::vector<float>& g) {
-    loom::optim::momentum_cpu(m_.data(), g.data(), loom::optim::DType::kF32, total_,
-                              static_cast<float>(beta1_), 1.0f);
+  void momentum_flat(const Buffer& g) {
+    be().momentum(m_.data(), g.data(), total_, static_cast<float>(beta1_));
   }
 
   // ---------------------------------------------------------------- 1-bit Adam
-  void onebit_adam_step(std::vector<StepGroup>& groups, double lr, float inv_scale, uint64_t t) {
+  void onebit_adam_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
+                        uint64_t t) {
     gather_grads(groups, inv_scale);
     if (t <= freeze_step_) {
       allreduce_avg(flat_);
@@ -565,30 +715,26 @@ class Onebit : public loom::sdk::Optimizer {
     if (!any_non_freeze()) {
       momentum_flat(flat_);
       compressed(m_);
-      apply_masks(groups, m_);
-      apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_));
+      apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_), Groups::kAll,
+                 /*masks=*/true);
       return;
     }
     // non_freeze groups: as in warmup (their gradients averaged with one uncompressed
     // allreduce, both moments updated, bias corrections at step t).
-    subset_.resize(total_ - compressed_numel_);
+    ensure(subset_, total_ - compressed_numel_);
     copy_subset(flat_, subset_, /*non_freeze=*/true, /*gather=*/true);
     allreduce_avg(subset_);
     copy_subset(flat_, subset_, /*non_freeze=*/true, /*gather=*/false);
     adam_full(groups, lr, bc(beta1_, t), bc(beta2_, t), Groups::kNonFreeze);
-    for (std::size_t k = 0; k + 1 < offsets_.size(); ++k) {
-      if (non_freeze_[k] != 0) continue;
-      const std::size_t off = offsets_[k];
-      loom::optim::momentum_cpu(m_.data() + off, flat_.data() + off, loom::optim::DType::kF32,
-                                offsets_[k + 1] - off, static_cast<float>(beta1_), 1.0f);
-    }
+    be().momentum_subset(segments(groups, Groups::kCompressed), m_.data(), flat_.data(),
+                         static_cast<float>(beta1_));
     compressed(m_);
-    apply_masks(groups, m_);
-    apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_), Groups::kCompressed);
+    apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_), Groups::kCompressed,
+               /*masks=*/true);
   }
 
   // ---------------------------------------------------------------- 0/1 Adam
-  void zero_one_step(std::vector<StepGroup>& groups, double lr, float inv_scale, uint64_t t) {
+  void zero_one_step(const std::vector<StepGroup>& groups, double lr, float inv_scale, uint64_t t) {
     gather_grads(groups, inv_scale);
     if (!frozen_) {
       if (t % var_interval_ == 0) {
@@ -604,128 +750,77 @@ class Onebit : public loom::sdk::Optimizer {
         compressed(flat_);  // 1-bit gradient average
         apply_masks(groups, flat_);
         momentum_flat(flat_);
-        apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, var_updates_));
+        apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, var_updates_), Groups::kAll,
+                   /*masks=*/false);
       }
       if (t >= var_freeze_step_) {
         // The variance is frozen from here on; the error buffers now compensate another
         // quantity (the accumulated update), so they restart from zero.
         frozen_ = true;
-        if (car_) car_->reset();
+        reset_car();
       }
       return;
     }
-    // Phase B: local steps, accumulating the update in aux_ (u), synced every H steps.
+    // Phase B: local steps, accumulating the update in aux_ (u), synced every H steps. The
+    // low-precision copies are written once, at the end.
     momentum_flat(flat_);
     const double bc1 = bc(beta1_, t);
     const float eps = static_cast<float>(eps_);
+    const float inv_bc1 = static_cast<float>(1.0 / bc1);
     const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, var_updates_)));
-    std::size_t k = 0;
-    double lr_last = lr;
-    for (auto& g : groups) {
-      const double glr = lr * g.lr_scale;
-      lr_last = glr;
-      const float lrf = static_cast<float>(glr);
-      const float wd = static_cast<float>(g.weight_decay);
-      const float inv_bc1 = static_cast<float>(1.0 / bc1);
-      for (auto& tt : g.tensors) {
-        const std::size_t off = offsets_[k++];
-        float* p = tt.ref.p;
-        const float* m = m_.data() + off;
-        const float* v = v_.data() + off;
-        float* u = aux_.data() + off;
-        for_range(tt.ref.n, [&](std::size_t i) {
-          const float d = m[i] * inv_bc1 / (std::sqrt(v[i]) * inv_bc2 + eps) + wd * p[i];
-          p[i] -= lrf * d;
-          u[i] -= lrf * d;
-        });
-      }
-    }
-    (void)lr_last;
+    const Segments all = segments(groups, Groups::kAll, false, [&](const StepGroup& g, Segment& s) {
+      s.lr = static_cast<float>(lr * g.lr_scale);
+      s.wd = static_cast<float>(g.weight_decay);
+    });
+    const Segments local = without_low(all);
+    be().zero_one_local(local, m_.data(), v_.data(), aux_.data(), inv_bc1, inv_bc2, eps);
     lrs_ += lr;
     const bool sync = t % local_interval_ == 0;
     if (sync) {
       if (!(lrs_ > 0.0)) {
         // All steps of the window had lr 0: nothing moved, nothing to average.
-        std::fill(aux_.begin(), aux_.end(), 0.0f);
+        be().zero(aux_.data(), aux_.size());
       } else {
-        // Revert to the synced point, un-precondition u to momentum scale, average it.
-        k = 0;
-        for (auto& g : groups) {
-          for (auto& tt : g.tensors) {
-            const std::size_t off = offsets_[k++];
-            float* p = tt.ref.p;
-            const float* v = v_.data() + off;
-            float* u = aux_.data() + off;
-            for_range(tt.ref.n, [&](std::size_t i) {
-              p[i] -= u[i];
-              u[i] *= std::sqrt(v[i]) * inv_bc2 + eps;
-            });
-          }
-        }
+        // Revert to the synced point, un-precondition u to momentum scale, average it, then
+        // (masks applied) take the averaged step and restart u.
+        be().zero_one_sync_pre(local, v_.data(), aux_.data(), inv_bc2, eps);
         compressed(aux_);
-        apply_masks(groups, aux_);
         const float scale = static_cast<float>(-bc1 / lrs_);
-        k = 0;
-        for (auto& g : groups) {
-          for (auto& tt : g.tensors) {
-            const std::size_t off = offsets_[k++];
-            float* p = tt.ref.p;
-            float* m = m_.data() + off;
-            const float* v = v_.data() + off;
-            float* u = aux_.data() + off;
-            for_range(tt.ref.n, [&](std::size_t i) {
-              m[i] = u[i] * scale;
-              p[i] += u[i] / (std::sqrt(v[i]) * inv_bc2 + eps);
-              u[i] = 0.0f;
-            });
-          }
-        }
+        be().zero_one_sync_post(without_low(segments(groups, Groups::kAll, /*masks=*/true)),
+                                m_.data(), v_.data(), aux_.data(), scale, inv_bc2, eps);
       }
       lrs_ = 0.0;
     }
-    for (auto& g : groups) {
-      for (auto& tt : g.tensors) {
-        if (tt.ref.low != nullptr) {
-          loom::optim::copy_out_cpu(tt.ref.p, tt.ref.low, tt.ref.ltype, tt.ref.n);
-        }
-      }
-    }
+    be().copy_out(all);
     if (++local_counter_ % local_step_scaler_ == 0) {
       local_interval_ = std::min(local_step_clipper_, local_interval_ * 2);
     }
   }
 
   // ---------------------------------------------------------------- 1-bit LAMB
-  void onebit_lamb_step(std::vector<StepGroup>& groups, double lr, float inv_scale, uint64_t t) {
+  void onebit_lamb_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
+                        uint64_t t) {
     gather_grads(groups, inv_scale);
     const float eps = static_cast<float>(eps_);
     const float b1 = static_cast<float>(beta1_);
     const float b2 = static_cast<float>(beta2_);
+    const std::size_t count = offsets_.size() - 1;
     if (t <= freeze_step_) {
       allreduce_avg(flat_);
-      const double bc1 = bc(beta1_, t);
-      const double bc2 = bc(beta2_, t);
+      const float inv_bc1 = static_cast<float>(1.0 / bc(beta1_, t));
+      const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
+      Segments segs = segments(groups, Groups::kAll, false, [](const StepGroup& g, Segment& s) {
+        s.wd = static_cast<float>(g.weight_decay);
+      });
+      std::vector<double> sums(2 * count, 0.0);
+      be().lamb_warmup_moments(segs, flat_.data(), m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2,
+                               eps, sums.data());
       std::size_t k = 0;
-      for (auto& g : groups) {
-        loom::optim::LambHyper h;
-        h.beta1 = b1;
-        h.beta2 = b2;
-        h.eps = eps;
-        h.inv_scale = 1.0f;
-        h.wd = static_cast<float>(g.weight_decay);
-        h.inv_bc1 = static_cast<float>(1.0 / bc1);
-        h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-        for (auto& tt : g.tensors) {
+      for (const auto& g : groups) {
+        for (std::size_t i = 0; i < g.tensors.size(); ++i) {
           const std::size_t idx = k++;
-          const std::size_t off = offsets_[idx];
-          loom::optim::TensorRef r = tt.ref;
-          r.g = flat_.data() + off;
-          r.gtype = loom::optim::DType::kF32;
-          r.m = m_.data() + off;
-          r.v = v_.data() + off;
-          double sp = 0.0;
-          double su = 0.0;
-          loom::optim::lamb_moments_cpu(r, h, &sp, &su);
+          const double sp = sums[2 * idx];
+          const double su = sums[2 * idx + 1];
           double coeff = 1.0;
           if (sp > 0.0 && su > 0.0) {
             coeff = std::clamp(std::sqrt(sp) / std::sqrt(su), min_coeff_, max_coeff_);
@@ -733,30 +828,29 @@ class Onebit : public loom::sdk::Optimizer {
           TensorState& s = lamb_[idx];
           if (coeff != 1.0)
             s.lamb_coeff_freeze = coeff_beta_ * s.lamb_coeff_freeze + (1.0 - coeff_beta_) * coeff;
-          loom::optim::lamb_apply_cpu(r, h, static_cast<float>(lr * g.lr_scale * coeff));
+          segs[idx].step = static_cast<float>(lr * g.lr_scale * coeff);
         }
       }
-      if (t == freeze_step_) aux_ = v_;  // v_fresh starts from the frozen variance
+      be().lamb_warmup_apply(segs, m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2, eps);
+      if (t == freeze_step_) assign_copy(aux_, v_);  // v_fresh starts from the frozen variance
       return;
     }
-    if (aux_.empty() || t == 1) aux_ = v_;  // freeze_step 0: no warmup at all
+    if (aux_.size() == 0 || t == 1) assign_copy(aux_, v_);  // freeze_step 0: no warmup at all
     const double bc1 = bc(beta1_, t);
     const float inv_bc1 = static_cast<float>(1.0 / bc1);
     const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, freeze_step_)));
     // v_fresh continues v's average past the freeze, so its bias correction is at step t.
     const float inv_bc2_fresh = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
-    const std::size_t count = offsets_.size() - 1;
     if (!scaling_set_) {
       // Equalise the tensors' momentum magnitudes under the one 1-bit scale.
+      std::vector<double> squares(count, 0.0);
+      be().sum_squares(segments(groups), m_.data(), squares.data());
       std::vector<double> rms(count, 0.0);
       double sum = 0.0;
       std::size_t nonzero = 0;
       for (std::size_t j = 0; j < count; ++j) {
         const std::size_t n = offsets_[j + 1] - offsets_[j];
-        double s = 0.0;
-        for (std::size_t i = 0; i < n; ++i)
-          s += static_cast<double>(m_[offsets_[j] + i]) * m_[offsets_[j] + i];
-        rms[j] = n > 0 ? std::sqrt(s / static_cast<double>(n)) : 0.0;
+        rms[j] = n > 0 ? std::sqrt(squares[j] / static_cast<double>(n)) : 0.0;
         if (rms[j] > 0.0) {
           sum += rms[j];
           ++nonzero;
@@ -768,65 +862,44 @@ class Onebit : public loom::sdk::Optimizer {
       }
       scaling_set_ = true;
     }
-    // m_prev in flat_ (the gradient is folded into m first).
-    std::vector<float> m_prev = m_;
+    // m_prev = m, then the scaled momentum (the gradient folded in) is averaged.
+    ensure(prev_, total_);
+    Segments segs = segments(groups, Groups::kAll, /*masks=*/true);
     for (std::size_t j = 0; j < count; ++j) {
-      const std::size_t off = offsets_[j];
-      const std::size_t n = offsets_[j + 1] - off;
-      const float sc = static_cast<float>(lamb_[j].scaling_coeff);
-      float* m = m_.data() + off;
-      const float* g = flat_.data() + off;
-      for_range(n, [&](std::size_t i) { m[i] = (b1 * m[i] + (1.0f - b1) * g[i]) * sc; });
+      segs[j].scale = static_cast<float>(lamb_[j].scaling_coeff);
     }
+    be().lamb_momentum(segs, m_.data(), flat_.data(), prev_.data(), b1);
     compressed(m_);
     std::size_t k = 0;
-    for (auto& g : groups) {
-      const float wd = static_cast<float>(g.weight_decay);
-      for (auto& tt : g.tensors) {
+    for (const auto& g : groups) {
+      for (std::size_t i = 0; i < g.tensors.size(); ++i) {
         const std::size_t j = k++;
-        const std::size_t off = offsets_[j];
-        const std::size_t n = tt.ref.n;
+        segs[j].scale = static_cast<float>(1.0 / lamb_[j].scaling_coeff);
+        segs[j].wd = static_cast<float>(g.weight_decay);
+      }
+    }
+    std::vector<loom::optim::onebit::LambPostStats> stats(count);
+    be().lamb_post(segs, m_.data(), prev_.data(), v_.data(), aux_.data(), b1, b2, inv_bc1, inv_bc2,
+                   inv_bc2_fresh, eps, stats.data());
+    k = 0;
+    for (const auto& g : groups) {
+      const float wd = static_cast<float>(g.weight_decay);
+      for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+        const std::size_t j = k++;
         TensorState& s = lamb_[j];
-        const float inv_sc = static_cast<float>(1.0 / s.scaling_coeff);
-        float* m = m_.data() + off;
-        const float* mp = m_prev.data() + off;
-        const float* v = v_.data() + off;
-        float* vf = aux_.data() + off;
-        const float* p = tt.ref.p;
-        const float* mask = tt.mask;
-        double pre2 = 0.0;
-        double u2 = 0.0;
-        float factor = 0.0f;
-        for (std::size_t i = 0; i < n; ++i) {
-          m[i] *= inv_sc;
-          if (mask != nullptr) m[i] *= mask[i];
-          const float gh = (m[i] - b1 * mp[i]) / (1.0f - b1);
-          vf[i] = b2 * vf[i] + (1.0f - b2) * gh * gh;
-          const float denom = std::sqrt(v[i]) * inv_bc2 + eps;
-          const float pre = m[i] * inv_bc1 / denom;
-          const float u = pre + wd * p[i];
-          pre2 += static_cast<double>(pre) * pre;
-          u2 += static_cast<double>(u) * u;
-          factor = std::max(factor, denom / (std::sqrt(vf[i]) * inv_bc2_fresh + eps));
-        }
-        double f = factor;
-        if (wd > 0.0f && u2 > 0.0) {
-          const double r = std::min(1.0, std::sqrt(pre2) / std::sqrt(u2));
+        double f = stats[j].factor;
+        if (wd > 0.0f && stats[j].u2 > 0.0) {
+          const double r = std::min(1.0, std::sqrt(stats[j].pre2) / std::sqrt(stats[j].u2));
           f = f * r + (1.0 - r);
         }
         f = std::clamp(f, factor_min_, factor_max_);
         f = std::clamp(f, s.last_factor * (1.0 - factor_threshold_),
                        s.last_factor * (1.0 + factor_threshold_));
         s.last_factor = f;
-        const float step = static_cast<float>(lr * g.lr_scale * s.lamb_coeff_freeze * f);
-        float* pw = tt.ref.p;
-        for_range(n, [&](std::size_t i) {
-          const float u = m[i] * inv_bc1 / (std::sqrt(v[i]) * inv_bc2 + eps) + wd * pw[i];
-          pw[i] -= step * u;
-        });
-        if (tt.ref.low != nullptr) loom::optim::copy_out_cpu(pw, tt.ref.low, tt.ref.ltype, n);
+        segs[j].step = static_cast<float>(lr * g.lr_scale * s.lamb_coeff_freeze * f);
       }
     }
+    be().lamb_apply(segs, m_.data(), v_.data(), inv_bc1, inv_bc2, eps);
   }
 
   Context ctx_;
@@ -850,14 +923,24 @@ class Onebit : public loom::sdk::Optimizer {
   double factor_threshold_ = 0.1;
   int32_t world_ = 1;
 
-  // State (all exported).
+  // Where the state lives: fixed by the first step (device_set_); stream_ is the last step's.
+  bool device_set_ = false;
+  DLDevice device_{kDLCPU, 0};
+  void* stream_ = nullptr;
+  loom::optim::onebit::CpuBackend cpu_;
+#if LOOM_OPTIM_HAVE_CUDA
+  loom::optim::onebit::CudaBackend cuda_;
+#endif
+
+  // State (all exported). The flat buffers are on device_ after a step; an import puts them
+  // on the host until the next step moves them.
   uint64_t steps_ = 0;
   uint64_t total_ = 0;
   std::vector<uint64_t> offsets_;
-  std::vector<float> m_;
-  std::vector<float> v_;
-  std::vector<float> aux_;  // 0/1 Adam: the local-step accumulator u; 1-bit LAMB: v_fresh
-  bool frozen_ = false;     // 0/1 Adam: past var_freeze_step
+  Buffer m_;
+  Buffer v_;
+  Buffer aux_;           // 0/1 Adam: the local-step accumulator u; 1-bit LAMB: v_fresh
+  bool frozen_ = false;  // 0/1 Adam: past var_freeze_step
   uint64_t var_interval_ = 1;
   uint64_t var_counter_ = 0;
   uint64_t var_updates_ = 0;
@@ -879,8 +962,10 @@ class Onebit : public loom::sdk::Optimizer {
   std::vector<uint8_t> non_freeze_;
   uint64_t compressed_numel_ = 0;
 
-  std::vector<float> flat_;    // scratch: the step's gradients in the flat layout
-  std::vector<float> subset_;  // scratch: the compressed or non_freeze tensors, packed
+  // Scratch on device_ (not exported).
+  Buffer flat_;    // the step's gradients in the flat layout
+  Buffer subset_;  // the compressed or non_freeze tensors, packed
+  Buffer prev_;    // 1-bit LAMB: m before this step's momentum update (m_prev)
 };
 
 }  // namespace
