@@ -293,7 +293,7 @@ TEST_P(ThreadComm, AllgatherAllToAllBroadcastBarrier) {
         fill(in, rank, 77);
         Buf out(dt, n * up);
         ASSERT_TRUE(c.allgather(&in.t, &out.t).ok());
-        for (int r = 0; r < p; ++r) {
+        for (int r = 0; r < p && n > 0; ++r) {  // (memcmp of empty buffers: null pointers)
           Buf want(dt, n);
           fill(want, r, 77);
           EXPECT_EQ(0,
