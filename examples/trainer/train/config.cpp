@@ -50,6 +50,12 @@ struct Reader {
       out = static_cast<T>(v);
     }
   }
+  void boolean(const char* key, bool& out) {
+    if (auto* n = node(key)) {
+      if (!n->is_boolean()) fail(*n, key, "expected true or false");
+      out = n->as_boolean()->get();
+    }
+  }
   void number(const char* key, double& out, double lo, double hi) {
     if (auto* n = node(key)) {
       double v;
@@ -150,6 +156,7 @@ TrainConfig load_config(const std::string& path) {
   t.str("run_dir", c.run_dir);
   t.str("plot", c.plot);
   t.integer("threads", c.threads, 0, 1024);
+  t.boolean("mask_unused_positions", c.mask_unused_positions);
   t.finish();
   if (c.decay != "cosine" && c.decay != "linear" && c.decay != "constant") {
     throw ConfigError(path + ": [train] decay: '" + c.decay +

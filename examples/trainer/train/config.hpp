@@ -43,6 +43,10 @@ struct TrainConfig {
   std::string run_dir;        // default: runs/<config stem> beside the config file
   std::string plot = "auto";  // "auto": RUN_DIR/loss.png; "" or "none": no plot
   int threads = 0;            // model threads per rank; 0: cores / ranks
+  // Position rows at and past seq_len never get a gradient: pass the optimizer an
+  // exp_avg_mask that zeroes their momentum (1-bit compression cannot represent 0, so
+  // without it they drift; optimizers with an exact allreduce ignore the mask).
+  bool mask_unused_positions = true;
 };
 
 // Reads and validates the file; relative paths become relative to its folder.

@@ -318,6 +318,10 @@ int run(const Args& args) {
   std::vector<std::vector<int64_t>> shapes;
   std::vector<DLTensor> pt(params.size()), gt(params.size());
   std::vector<loom_optimizer_tensor> decay, no_decay;
+  // The momentum mask of the position embedding: rows < seq_len are 1, the rest (never
+  // used, so their gradient is always 0) are 0. See TrainConfig::mask_unused_positions.
+  std::vector<float> wpe_mask;
+  DLTensor wpe_mask_t{};
   for (size_t i = 0; i < params.size(); ++i) {
     auto& p = params[i];
     pt[i] = DLTensor{};
@@ -328,8 +332,17 @@ int run(const Args& args) {
     pt[i].shape = p.shape.data();
     gt[i] = pt[i];
     gt[i].data = p.grad;
+    const DLTensor* mask = nullptr;
+    if (p.name == "wpe" && c.mask_unused_positions && c.seq_len < c.model.context) {
+      const auto row = static_cast<size_t>(p.shape[1]);
+      wpe_mask.assign(p.numel, 0.0f);
+      std::fill(wpe_mask.begin(), wpe_mask.begin() + static_cast<ptrdiff_t>(row * c.seq_len), 1.0f);
+      wpe_mask_t = pt[i];
+      wpe_mask_t.data = wpe_mask.data();
+      mask = &wpe_mask_t;
+    }
     (p.shape.size() >= 2 ? decay : no_decay)
-        .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt[i], &gt[i], nullptr});
+        .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt[i], &gt[i], nullptr, mask});
   }
   std::vector<loom_optimizer_group> groups;
   if (!decay.empty())
@@ -511,6 +524,10 @@ int run(const Args& args) {
     std::cout << "loom train: " << numel << " parameters, " << world << " rank(s), optimizer '"
               << loom_instance_plugin(opt) << "', " << c.steps << " steps of " << c.batch_size
               << " x " << c.seq_len << " tokens; run dir " << run_dir.string() << std::endl;
+    if (!wpe_mask.empty()) {
+      std::cout << "loom train: position rows " << c.seq_len << ".." << c.model.context - 1
+                << " are never used (seq_len < context); their momentum is masked" << std::endl;
+    }
   }
 
   using clk = std::chrono::steady_clock;
