@@ -172,6 +172,10 @@ TEST(Config, ReadsResolvesAndValidates) {
   EXPECT_NE(err(base + "[train]\nsteps = -3\n").find("out of range"), std::string::npos);
   EXPECT_NE(err(base + "[train]\nlr = \"big\"\n").find("expected a number"), std::string::npos);
   EXPECT_NE(err(base + "[train]\ndecay = \"step\"\n").find("not one of"), std::string::npos);
+  EXPECT_NE(err(base + "[train]\nmask_unused_positions = 1\n")
+                .find(":6:25: [train] mask_unused_positions: expected true or false"),
+            std::string::npos)
+      << err(base + "[train]\nmask_unused_positions = 1\n");
   EXPECT_NE(err(base + "[train]\nseq_len = 512\n").find("exceeds [model] context"),
             std::string::npos);
   EXPECT_NE(err(base + "[optimizer]\nx = 1\n").find("unknown top-level"), std::string::npos);
