@@ -93,21 +93,6 @@ class PeerAbort : public Error {
   using Error::Error;
 };
 
-const char* op_name(int32_t op) {
-  switch (op) {
-    case LOOM_REDUCE_SUM:
-      return "sum";
-    case LOOM_REDUCE_AVG:
-      return "avg";
-    case LOOM_REDUCE_MAX:
-      return "max";
-    case LOOM_REDUCE_MIN:
-      return "min";
-    default:
-      return "?";
-  }
-}
-
 class Ucx;
 
 // One collective call: the requests it has posted, the deadline and the checks on every
@@ -254,7 +239,7 @@ class Ucx : public loom::sdk::Comm {
                                             : Op::kSum;
     const bool avg = a.op == LOOM_REDUCE_AVG;
     const uint64_t sig = signature(1, static_cast<uint64_t>(a.op), dtype_key(recv.dtype), n);
-    const std::string what = std::string("allreduce(") + op_name(a.op) + ", " +
+    const std::string what = std::string("allreduce(") + loom::sdk::reduce_op_string(a.op) + ", " +
                              loom::sdk::dtype_string(recv.dtype) + ", " + std::to_string(n) +
                              " elements)";
     collective(sig, what, [&](Round& rd) {

@@ -4,6 +4,7 @@
 #define LOOM_SDK_HPP
 
 #include <loom/sdk/abi_array.hpp>
+#include <loom/sdk/comm.hpp>
 #include <loom/sdk/context.hpp>
 #include <loom/sdk/plugin.hpp>
 #include <loom/sdk/schema.hpp>

@@ -103,21 +103,6 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
-const char* op_name(int32_t op) {
-  switch (op) {
-    case LOOM_REDUCE_SUM:
-      return "sum";
-    case LOOM_REDUCE_AVG:
-      return "avg";
-    case LOOM_REDUCE_MAX:
-      return "max";
-    case LOOM_REDUCE_MIN:
-      return "min";
-    default:
-      return "?";
-  }
-}
-
 std::string seconds_string(double s) {
   std::string t = std::to_string(s);
   while (!t.empty() && t.back() == '0') t.pop_back();
@@ -152,8 +137,8 @@ struct Call {
     std::string s = kind_name(kind);
     switch (kind) {
       case Kind::kAllreduce:
-        s += std::string("(") + op_name(op) + ", " + loom::sdk::dtype_string(dtype) + ", " +
-             std::to_string(numel) + " elements)";
+        s += std::string("(") + loom::sdk::reduce_op_string(op) + ", " +
+             loom::sdk::dtype_string(dtype) + ", " + std::to_string(numel) + " elements)";
         break;
       case Kind::kAllgather:
         s += "(" + loom::sdk::dtype_string(dtype) + ", " + std::to_string(numel) +
