@@ -88,8 +88,9 @@ std::vector<uint8_t> encode(const InstanceRef<loom_codec_v1>& c, std::vector<flo
   return out;
 }
 
+// sum: the codec's decode_sum (the chunks summed into one chunk-length output).
 void decode(const InstanceRef<loom_codec_v1>& c, const uint8_t* in, uint32_t chunks,
-            std::vector<float>& out, float alpha, bool accumulate) {
+            std::vector<float>& out, float alpha, bool accumulate, bool sum = false) {
   DLTensor ot = fp32(out.data(), static_cast<int64_t>(out.size()), 2);
   loom_codec_decode_args a{};
   a.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
@@ -98,20 +99,7 @@ void decode(const InstanceRef<loom_codec_v1>& c, const uint8_t* in, uint32_t chu
   a.output = &ot;
   a.alpha = alpha;
   a.accumulate = accumulate ? 1 : 0;
-  c.call(&loom_codec_v1::decode, &a);
-}
-
-void decode_sum(const InstanceRef<loom_codec_v1>& c, const uint8_t* in, uint32_t chunks,
-                std::vector<float>& out, float alpha, bool accumulate) {
-  DLTensor ot = fp32(out.data(), static_cast<int64_t>(out.size()), 2);
-  loom_codec_decode_args a{};
-  a.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
-  a.chunk_count = chunks;
-  a.input = in;
-  a.output = &ot;
-  a.alpha = alpha;
-  a.accumulate = accumulate ? 1 : 0;
-  c.call(&loom_codec_v1::decode_sum, &a);
+  c.call(sum ? &loom_codec_v1::decode_sum : &loom_codec_v1::decode, &a);
 }
 
 float scale_of(const std::vector<uint8_t>& bytes, size_t offset) {
@@ -431,7 +419,7 @@ TEST_F(Codecs, OnebitDecodeSumEqualsChunkByChunkDecode) {
       for (uint32_t j = 0; j < chunks; ++j) {
         decode(onebit(), enc.data() + j * chunk_bytes, 1, want, 0.5f, accumulate || j > 0);
       }
-      decode_sum(onebit(), enc.data(), chunks, got, 0.5f, accumulate);
+      decode(onebit(), enc.data(), chunks, got, 0.5f, accumulate, /*sum=*/true);
       for (size_t i = 0; i < c; ++i) ASSERT_EQ(bits_of(got[i]), bits_of(want[i])) << i;
     }
   }
@@ -439,7 +427,7 @@ TEST_F(Codecs, OnebitDecodeSumEqualsChunkByChunkDecode) {
   std::vector<float> odd(12);
   std::vector<uint8_t> in(2 * 6);
   try {
-    decode_sum(onebit(), in.data(), 2, odd, 1.0f, false);
+    decode(onebit(), in.data(), 2, odd, 1.0f, false, /*sum=*/true);
     ADD_FAILURE() << "no error";
   } catch (const loom::sdk::Error& e) {
     EXPECT_EQ(e.code(), LOOM_ERR_INVALID_ARGUMENT);
