@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "abi_v10.hpp"
+
 namespace {
 
 struct World {
@@ -510,22 +512,8 @@ TEST(OnebitExtras, BadMasksAndUnsupportedNonFreezeAreRejected) {
 // A caller built against ABI 1.0 passes the shorter structs (struct_size 32 for tensors, 40
 // for groups): the arrays are walked by their struct_size, the mask and flags read as
 // absent, and the group's weight_decay is still honoured.
-struct TensorV10 {
-  uint32_t struct_size;
-  uint32_t reserved;
-  DLTensor* param;
-  const DLTensor* grad;
-  DLTensor* master;
-};
-struct GroupV10 {
-  uint32_t struct_size;
-  uint32_t reserved;
-  const void* tensors;
-  size_t tensor_count;
-  double lr_scale;
-  double weight_decay;
-};
-static_assert(sizeof(TensorV10) == 32 && sizeof(GroupV10) == 40, "ABI 1.0 sizes");
+using loom_test::GroupV10;
+using loom_test::TensorV10;
 
 TEST(OnebitExtras, Abi10SizedStructsStillWork) {
   const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nfreeze_step = 3\n";

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "abi_v10.hpp"
+
 namespace {
 
 // ---------------------------------------------------------------- helpers
@@ -540,22 +542,8 @@ TEST_P(Extras, MasksAndNonFreezeAreIgnored) {
 // A caller built against ABI 1.0 passes the shorter structs: tensors with struct_size 32 (no
 // exp_avg_mask), groups with 40 (no flags). The arrays are walked by that stride and a
 // group's weight_decay is still honoured (it is a 1.0 field).
-struct TensorV10 {
-  uint32_t struct_size;
-  uint32_t reserved;
-  DLTensor* param;
-  const DLTensor* grad;
-  DLTensor* master;
-};
-struct GroupV10 {
-  uint32_t struct_size;
-  uint32_t reserved;
-  const void* tensors;
-  size_t tensor_count;
-  double lr_scale;
-  double weight_decay;
-};
-static_assert(sizeof(TensorV10) == 32 && sizeof(GroupV10) == 40, "ABI 1.0 sizes");
+using loom_test::GroupV10;
+using loom_test::TensorV10;
 
 TEST_P(Extras, Abi10SizedStructArraysStillWork) {
   Session a(manifest(GetParam()));
