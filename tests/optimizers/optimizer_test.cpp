@@ -504,6 +504,17 @@ INSTANTIATE_TEST_SUITE_P(Plugins, BadInput, ::testing::Values("adam", "lamb"));
 
 class Extras : public ::testing::TestWithParam<const char*> {};
 
+// The same random gradients in two copies of the groups (rng advances once).
+void set_same_grads(std::vector<Group>& a, std::vector<Group>& b, std::mt19937& rng) {
+  std::mt19937 copy = rng;
+  for (auto& g : a) {
+    for (auto& p : g.params) p.set_grad(rng, 1.0f);
+  }
+  for (auto& g : b) {
+    for (auto& p : g.params) p.set_grad(copy, 1.0f);
+  }
+}
+
 // adam and lamb average exactly (the trainer's allreduce), so exp_avg_mask and non_freeze
 // mean nothing to them: a run with a zero mask and the flag is bit-identical to one without.
 TEST_P(Extras, MasksAndNonFreezeAreIgnored) {
@@ -518,13 +529,7 @@ TEST_P(Extras, MasksAndNonFreezeAreIgnored) {
   int64_t shape[1] = {100};
   DLTensor tm = tensor(zeros.data(), shape, kF32);
   for (int t = 1; t <= 5; ++t) {
-    std::mt19937 r2 = rng;
-    for (auto& g : ga) {
-      for (auto& p : g.params) p.set_grad(rng, 1.0f);
-    }
-    for (auto& g : gb) {
-      for (auto& p : g.params) p.set_grad(r2, 1.0f);
-    }
+    set_same_grads(ga, gb, rng);
     ASSERT_EQ(step(a, ga, 1e-3, 1.0, t), 0) << loom_last_error();
     std::vector<loom_optimizer_tensor> v0 = {gb[0].params[0].view()}, v1 = {gb[1].params[0].view()};
     v0[0].exp_avg_mask = &tm;
@@ -558,13 +563,7 @@ TEST_P(Extras, Abi10SizedStructArraysStillWork) {
   ga[1].lr_scale = 0.5;
   std::vector<Group> gb = ga;
   for (int t = 1; t <= 5; ++t) {
-    std::mt19937 r2 = rng;
-    for (auto& g : ga) {
-      for (auto& p : g.params) p.set_grad(rng, 1.0f);
-    }
-    for (auto& g : gb) {
-      for (auto& p : g.params) p.set_grad(r2, 1.0f);
-    }
+    set_same_grads(ga, gb, rng);
     ASSERT_EQ(step(a, ga, 1e-2, 1.0, t), 0) << loom_last_error();
     std::vector<std::vector<TensorV10>> old(gb.size());
     std::vector<GroupV10> groups;
