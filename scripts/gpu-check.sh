@@ -9,10 +9,10 @@
 #   plugins       loom --version; loom plugins (every bundled plugin loads)
 #   codec_bench   loom-bench-codec --device cuda: onebit round trip beside the copy -> codec.jsonl
 #   optim_bench   loom-bench-optim --device cuda (adam, lamb; 1M..256M)    -> optim.jsonl
+#   peers         anchors/gpu_peers.py (torch fused Adam, DeepSpeed 1-bit) -> peers.json
 #   TEST          each test program in the bundle's bin/ (codec_cuda_test,
 #                 loom_optimizer_cuda_tests, loom_nccl_tests, ...): gtest JSON ->
 #                 gtest-TEST.json (the nccl test is a world of one: one process, no mpirun)
-#   peers         anchors/gpu_peers.py (torch fused Adam, DeepSpeed 1-bit) -> peers.json
 #   summary       the ratios against the issues' targets -> summary.txt, summary.json
 # Every step logs to OUTDIR/NAME.log; OUTDIR/steps.tsv holds name, exit status, seconds.
 # Without a GPU (as here, on the build machine) the device steps skip or fail quickly and the
@@ -86,16 +86,7 @@ step codec_bench 120 "$bin/loom-bench-codec" --device cuda --sizes 1M,16M,64M,25
 jsonl codec_bench codec.jsonl
 step optim_bench 150 "$bin/loom-bench-optim" --device cuda --sizes 1M,16M,64M,256M --iters 10
 jsonl optim_bench optim.jsonl
-# Every test program in the bundle is a GPU test (GoogleTest).
-for t in "$bin"/*test*; do
-  [[ -f $t ]] || continue
-  name=$(basename "$t")
-  filter=()
-  # The thread_comm program's CPU tests ran in CI; here only its device-memory ones.
-  [[ $name == loom_thread_comm_tests ]] && filter=(--gtest_filter='ThreadCommCuda.*')
-  step "$name" 120 "$t" "${filter[@]}" --gtest_output="json:$out/gtest-$name.json"
-done
-
+# The peers before the tests: the targets need their figures, and the budget is shared.
 if [[ -f $bundle/anchors/gpu_peers.py ]]; then
   # Its stdout is one JSON object (stderr goes to peers.log).
   # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
@@ -105,6 +96,16 @@ else
   echo "== peers: no anchors/gpu_peers.py in the bundle" | tee "$out/peers.log"
   printf '%s\t%s\t%s\n' peers missing 0 >>"$steps"
 fi
+
+# Every test program in the bundle is a GPU test (GoogleTest).
+for t in "$bin"/*test*; do
+  [[ -f $t ]] || continue
+  name=$(basename "$t")
+  filter=()
+  # The thread_comm program's CPU tests ran in CI; here only its device-memory ones.
+  [[ $name == loom_thread_comm_tests ]] && filter=(--gtest_filter='ThreadCommCuda.*')
+  step "$name" 120 "$t" "${filter[@]}" --gtest_output="json:$out/gtest-$name.json"
+done
 
 echo "== summary"
 python3 - "$out" >"$out/summary.txt" 2>&1 <<'EOF'
