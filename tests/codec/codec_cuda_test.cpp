@@ -44,6 +44,7 @@ TEST_F(OnebitCuda, MatchesCpuBitForBit) {
   std::mt19937 rng(3);
   for (size_t n : {size_t{16}, size_t{2056}, size_t{(1u << 20) + 16 * 3}, size_t{3 * 1000064}}) {
     for (uint32_t chunks : {1u, 2u}) {
+      if (n % (8 * chunks) != 0) continue;  // the codec's contract: n % (8 * chunk_count) == 0
       SCOPED_TRACE("n=" + std::to_string(n) + " chunks=" + std::to_string(chunks));
       const std::vector<float> x = random_values(n, rng);
       std::vector<float> e = random_values(n, rng);
