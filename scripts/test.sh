@@ -20,3 +20,19 @@ plugin_tests='^(comm\.|codec\.|Codecs\.|OnebitKernels\.|Ef8Kernels\.|optimizers\
 ctest --preset debug -j2 -R "$plugin_tests" -E '[Cc]uda|\.np[0-9]|no_join|nccl'
 ASAN_OPTIONS=detect_leaks=0 ctest --preset debug -j2 -E '[Cc]uda|nccl' \
   -R '^(comm|codec|optimizers)\..*(\.np[0-9]|no_join)'
+
+echo "== GPU tests under CUDA emulation (CPU)"
+# The CUDA code built as C++ against an emulated CUDA runtime (tests/cuda_emulation, see
+# docs/gpu.md "Without a GPU"), with AddressSanitizer + UBSan: a verification of the host
+# logic, stream ordering, index math and pointer use, not of GPU behaviour. The test preset
+# sets EMU_CUDA_DEVICES=2 and EMU_CUDA_ABORT=1 (an emulator report fails the test); leak
+# checking stays on. A CUDA test that skips ("no CUDA device") fails this pass.
+cmake --preset cuda-emulation >/dev/null
+cmake --build --preset cuda-emulation --target loom_cuda_emulation_checks
+emulation_log=$(mktemp)
+trap 'rm -f "$emulation_log"' EXIT
+ctest --preset cuda-emulation -j2 -R '[Cc]uda' | tee "$emulation_log"
+if grep -q 'Skipped' "$emulation_log"; then
+  echo "CUDA emulation: tests were skipped (no emulated device?)" >&2
+  exit 1
+fi
