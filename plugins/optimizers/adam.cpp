@@ -20,9 +20,7 @@ class Adam : public loom::sdk::Optimizer {
   static loom::sdk::Schema schema() {
     using namespace loom::sdk;
     return {
-        FloatList("betas", {0.9, 0.999}, "Decay rates of the first and second moments.")
-            .length(2)
-            .range(0, 0.9999999),
+        loom::optim::betas_param(),
         Float("eps", 1e-8, "Added to sqrt(v_hat) in the denominator (torch.optim placement).")
             .range(0, 1),
         Float("weight_decay", 0.0, "Weight decay; a group's weight_decay overrides it.").min(0),
@@ -46,8 +44,8 @@ class Adam : public loom::sdk::Optimizer {
     loom::optim::expect_layout(slots_, groups);
     loom::optim::ensure_slots(slots_, groups, 2, args.stream);
     const uint64_t t = steps_ + 1;
-    const double bc1 = bias_correction_ ? 1.0 - std::pow(beta1_, static_cast<double>(t)) : 1.0;
-    const double bc2 = bias_correction_ ? 1.0 - std::pow(beta2_, static_cast<double>(t)) : 1.0;
+    const double bc1 = loom::optim::bias_correction(bias_correction_, beta1_, t);
+    const double bc2 = loom::optim::bias_correction(bias_correction_, beta2_, t);
     const bool on_cuda = loom::optim::step_on_cuda(groups);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const double lr = args.lr * groups[g].lr_scale;

@@ -404,6 +404,19 @@ inline MomentState read_moment_state(std::span<const std::byte> blob, const char
   return state;
 }
 
+// The `betas` parameter every Adam-family optimizer declares (same name, default, range).
+inline loom::sdk::FloatList betas_param() {
+  return loom::sdk::FloatList("betas", {0.9, 0.999}, "Decay rates of the first and second moments.")
+      .length(2)
+      .range(0, 0.9999999);
+}
+
+// Bias correction 1 - beta^t; 1 when it is off, and for t = 0 (nothing accumulated yet, e.g. a
+// variance frozen before any update).
+inline double bias_correction(bool on, double beta, uint64_t t) {
+  return on && t > 0 ? 1.0 - std::pow(beta, static_cast<double>(t)) : 1.0;
+}
+
 inline bool step_on_cuda(const std::vector<StepGroup>& groups) {
   for (const auto& g : groups) {
     if (!g.tensors.empty()) return g.tensors.front().device.device_type == kDLCUDA;

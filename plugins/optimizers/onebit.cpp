@@ -108,9 +108,7 @@ class Onebit : public loom::sdk::Optimizer {
             .required(),
         Ref("codec", LOOM_KIND_CODEC, "The compression codec of the compressed allreduce.")
             .required(),
-        FloatList("betas", {0.9, 0.999}, "Decay rates of the first and second moments.")
-            .length(2)
-            .range(0, 0.9999999),
+        loom::optim::betas_param(),
         Float("eps", 1e-8, "Added to sqrt(v) in the denominator.").range(0, 1),
         Float("weight_decay", 0.0, "Decoupled weight decay (added to the update, as DeepSpeed).")
             .min(0),
@@ -644,10 +642,8 @@ class Onebit : public loom::sdk::Optimizer {
     be().mask_multiply(segments(groups, Groups::kAll, /*masks=*/true), buf.data());
   }
 
-  // 1 - beta^t; 1 without bias correction, and for t = 0 (a variance frozen before any
-  // update, e.g. freeze_step = 0, has nothing to correct).
   double bc(double beta, uint64_t t) const {
-    return bias_correction_ && t > 0 ? 1.0 - std::pow(beta, static_cast<double>(t)) : 1.0;
+    return loom::optim::bias_correction(bias_correction_, beta, t);
   }
 
   // p = p * (1 - lr * wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) over each tensor,
