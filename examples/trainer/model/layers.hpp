@@ -56,8 +56,8 @@ inline T fast_tanh(T x) {
 }
 
 // ---- elementwise spans -----------------------------------------------------------------------
-// Generic loops (used for double, and compiled for float in kernels.cpp once per instruction
-// set: AVX-512, AVX2 and the baseline, picked at load time).
+// Generic loops: used for double, and for the tails of the float kernels in kernels.cpp,
+// which are written with Highway and dispatched at run time to the CPU's best target.
 
 template <typename T>
 constexpr T kGeluScale = static_cast<T>(0.79788456080286535588);  // sqrt(2/pi)
@@ -97,10 +97,12 @@ inline T exp_sum_span(T* x, size_t n, T shift) {
   return sum;
 }
 
-// Float versions, multi-versioned (kernels.cpp).
+// Float versions (kernels.cpp): Highway, every target, the best one chosen at run time.
 void gelu_forward_span(float* out, const float* inp, size_t n);
 void gelu_backward_span(float* dinp, const float* inp, const float* dout, size_t n);
 float exp_sum_span(float* x, size_t n, float shift);
+// The Highway target the float spans run on (for logs and tests), e.g. "AVX2".
+const char* kernel_target();
 
 // ---- GEMM ------------------------------------------------------------------------------------
 

@@ -2,9 +2,11 @@
 // double-precision central differences, float against double, a tiny training run,
 // determinism, bad inputs, and the MLP seam.
 #include <gtest/gtest.h>
+#include <hwy/highway.h>
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -74,6 +76,79 @@ TEST(TrainerLayers, FastExpMatchesStdExp) {
   EXPECT_GE(ly::fast_exp(-1000.0f), 0.0f);
   EXPECT_NEAR(ly::fast_tanh(0.3f), std::tanh(0.3f), 1e-6f);
   EXPECT_NEAR(ly::fast_tanh(-20.0f), -1.0f, 1e-6f);
+}
+
+// Runs `body` once per SIMD target this CPU supports and Highway generated code for, so the
+// kernels are checked on AVX2 (and the baseline) even on an AVX-512 machine.
+template <class Fn>
+void for_each_target(Fn body) {
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    EXPECT_STREQ(ly::kernel_target(), hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(TrainerLayers, FloatSpansMatchTheReferenceOnEveryTarget) {
+  const size_t sizes[] = {0, 1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 100, 1000, 4099};
+  for_each_target([&] {
+    std::mt19937_64 rng(7);
+    for (const size_t n : sizes) {
+      SCOPED_TRACE("n=" + std::to_string(n));
+      std::vector<float> x(n);
+      std::vector<float> dout(n);
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      for (auto& v : x) v = nd(rng);
+      for (auto& v : dout) v = nd(rng);
+      if (n > 2) {  // the clamp and the saturated tails
+        x[0] = -200.0f;
+        x[1] = 95.0f;
+      }
+      std::vector<float> out(n + 1, -1.0f);  // one guard element past the span
+      ly::gelu_forward_span(out.data(), x.data(), n);
+      std::vector<float> din(n + 1, 0.5f);
+      ly::gelu_backward_span(din.data(), x.data(), dout.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const double xd = x[i];
+        const double u = 0.79788456080286535588 * (xd + 0.044715 * xd * xd * xd);
+        const double th = std::tanh(u);
+        const double want = 0.5 * xd * (1 + th);
+        ASSERT_NEAR(out[i], want, 2e-6 * (1 + std::fabs(want))) << "gelu x=" << xd;
+        const double du = 0.79788456080286535588 * (1 + 3 * 0.044715 * xd * xd);
+        const double g = 0.5 * (1 + th) + 0.5 * xd * (1 - th * th) * du;
+        const double dwant = 0.5 + g * dout[i];
+        // 1 + tanh(u) cancels in float for x << 0: about 1e-5 absolute, on every target.
+        ASSERT_NEAR(din[i], dwant, 1.5e-5 * (1 + std::fabs(dwant))) << "gelu' x=" << xd;
+      }
+      EXPECT_EQ(out[n], -1.0f);
+      EXPECT_EQ(din[n], 0.5f);
+      // The vector kernels and the scalar loops they replace agree to rounding.
+      std::vector<float> sout(n);
+      std::vector<float> sdin(n, 0.5f);
+      ly::gelu_forward_span<float>(sout.data(), x.data(), n);
+      ly::gelu_backward_span<float>(sdin.data(), x.data(), dout.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(out[i], sout[i], 1e-6f * (1 + std::fabs(sout[i]))) << "x=" << x[i];
+        ASSERT_NEAR(din[i], sdin[i], 1e-6f * (1 + std::fabs(sdin[i]) + std::fabs(dout[i])))
+            << "x=" << x[i];
+      }
+
+      std::vector<float> e = x;
+      e.push_back(-1.0f);
+      const float shift = n > 0 ? *std::max_element(x.begin(), x.end()) : 0.0f;
+      const float sum = ly::exp_sum_span(e.data(), n, shift);
+      double want_sum = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double want = std::exp(std::max(-87.0, double(x[i]) - shift));
+        want_sum += double(e[i]);
+        ASSERT_NEAR(e[i], want, 1e-6 * want + 1e-37) << "exp x=" << x[i];
+      }
+      EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum + 1e-30);
+      EXPECT_EQ(e[n], -1.0f);
+    }
+  });
 }
 
 TEST(TrainerLayers, LayerNormGradient) {
