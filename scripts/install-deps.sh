@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libdlpack-dev libcli11-dev nlohmann-json3-dev
   libucx-dev libopenmpi-dev openmpi-bin libhwy-dev libopenblas-dev
-  iproute2 python3
+  iproute2 python3 qemu-user
   fortunes gnuplot-nox
 )
 

@@ -24,6 +24,7 @@
 
 #include "checkpoint.hpp"
 #include "config.hpp"
+#include "crash_report.hpp"
 #include "dataset.hpp"
 #include "model.hpp"
 
@@ -286,6 +287,7 @@ int run(const Args& args) {
   opts.log_level = -1;
   loom_session* session = nullptr;
   check_loom(loom_open_file(c.manifest.c_str(), &opts, &session), "loom manifest");
+  loom::trainer::install_crash_report("loom train");  // again: UCX and MPI installed theirs
   std::unique_ptr<loom_session, void (*)(loom_session*)> session_guard(session, loom_close);
   loom_instance* opt = nullptr;
   check_loom(loom_find_instance(session, "optimizer", c.optimizer.c_str(), &opt),
@@ -524,6 +526,7 @@ int run(const Args& args) {
     std::cout << "loom train: " << numel << " parameters, " << world << " rank(s), optimizer '"
               << loom_instance_plugin(opt) << "', " << c.steps << " steps of " << c.batch_size
               << " x " << c.seq_len << " tokens; run dir " << run_dir.string() << std::endl;
+    std::cout << "loom train: CPU " << loom::trainer::cpu_description() << std::endl;
     if (!wpe_mask.empty()) {
       std::cout << "loom train: position rows " << c.seq_len << ".." << c.model.context - 1
                 << " are never used (seq_len < context); their momentum is masked" << std::endl;
@@ -699,6 +702,7 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::trainer::install_crash_report("loom train");
   CLI::App app{"loom train: the reference trainer (docs/trainer.md)"};
   Args a;
   app.add_option("CONFIG", a.config, "Trainer config (TOML) naming a Loom manifest")->required();

@@ -285,4 +285,44 @@ TEST_F(TrainerRun, BadManifestAndMissingDatasetGiveClearErrors) {
   EXPECT_NE(r.out.find("nope.toml"), std::string::npos) << r.out;
 }
 
+// The tiny model of the portability check: dim 32, 1 layer, seq 32, 2 steps.
+std::string tiny_config(const std::string& cfg) {
+  std::string text = slurp(cfg);
+  const std::string from = "layers = 2";
+  text.replace(text.find(from), from.size(), "layers = 1");
+  std::ofstream(cfg) << text;
+  return cfg;
+}
+
+// QEMU's `max` CPU has AVX2 and no AVX-512: a stray AVX-512 instruction anywhere on the
+// trainer's path (model kernels, optimizer, comm, codec) dies with SIGILL here, whatever
+// CPU the suite runs on.
+TEST_F(TrainerRun, RunsUnderQemuOnACpuWithoutAvx512) {
+  ASSERT_FALSE(std::string(LOOM_QEMU).empty())
+      << "qemu-x86_64 not found: install qemu-user (scripts/install-deps.sh does)";
+  const std::string cfg = tiny_config(config("qemu", "onebit.toml", "", 1, 2, 32));
+  const auto r =
+      sh(std::string(LOOM_QEMU) + " -cpu max " + LOOM_TRAIN_EXE + " " + cfg + " --fresh");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(no avx512f"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("SIMD kernels: AVX2"), std::string::npos) << r.out;
+  EXPECT_EQ(metrics("qemu", "train").size(), 2u);
+}
+
+// A fatal signal after the session is open (UCX's and OpenMPI's handlers are installed by
+// then) is reported by loom-train itself: the signal and the CPU, on one line.
+TEST_F(TrainerRun, FatalSignalIsReportedWithTheCpuNotAsAUcxCrash) {
+  const std::string cfg = config("crash", "adam.toml", "", 1, 1000000);
+  const fs::path log = dir_ / "crash.log";
+  const auto r = sh("(" + std::string(LOOM_TRAIN_EXE) + " " + cfg + " --fresh > " + log.string() +
+                    " 2>&1 & pid=$!; for i in $(seq 300); do grep -q '^step' " + log.string() +
+                    " && break; sleep 0.1; done; kill -ILL $pid; wait $pid; echo exit=$?)");
+  const std::string out = slurp(log);
+  EXPECT_NE(r.out.find("exit=132"), std::string::npos) << r.out << out;  // 128 + SIGILL
+  const auto at = out.find("loom train: fatal SIGILL (illegal instruction); CPU: x86-64");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_NE(out.find("SIMD kernels: ", at), std::string::npos) << out;
+  EXPECT_EQ(out.find("Caught signal"), std::string::npos) << out;  // UCX's handler stayed out
+}
+
 }  // namespace

@@ -1,0 +1,18 @@
+// A fatal signal (SIGILL, SIGSEGV, SIGBUS, SIGFPE) in loom-train prints one line naming the
+// signal, this CPU's SIMD features and the kernels' Highway target before the process dies,
+// so a crash inside a kernel does not read as a UCX or MPI problem (both install handlers
+// that print only their own backtrace).
+#pragma once
+
+namespace loom::trainer {
+
+// Installs the handlers (the line, a backtrace, then the default action: the process dies
+// of the signal). Call once at start, and again after the Loom session is open: UCX and
+// OpenMPI install their own handlers while it opens, and ours replace them.
+void install_crash_report(const char* program);
+
+// The one-line CPU description the report prints, e.g. "x86-64 sse4.2 avx avx2 fma
+// (no avx512f); SIMD kernels: AVX2".
+const char* cpu_description();
+
+}  // namespace loom::trainer
