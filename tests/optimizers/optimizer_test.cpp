@@ -5,6 +5,8 @@
 #include <loom/embed.h>
 #include <loom/kinds/optimizer.h>
 
+#include <hwy/targets.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -242,8 +244,8 @@ struct RefLamb {
 // Runs `steps` steps on the plugin and on the reference, comparing every parameter at the
 // end (and the low-precision copy against the rounded master).
 template <class Ref>
-void run_against_reference(const std::string& toml, Ref proto, DLDataType gtype, DLDataType ltype,
-                           bool two_groups, int steps, double tol) {
+void run_once_against_reference(const std::string& toml, Ref proto, DLDataType gtype,
+                                DLDataType ltype, bool two_groups, int steps, double tol) {
   Session s(toml);
   ASSERT_NE(s.opt, nullptr);
   std::mt19937 rng(42);
@@ -289,6 +291,19 @@ void run_against_reference(const std::string& toml, Ref proto, DLDataType gtype,
       }
     }
   }
+}
+
+// The same, once per SIMD target this CPU supports (the plugin's Highway kernels follow the
+// mock through the shared libhwy), so AVX2 and the baseline are checked on any machine.
+template <class Ref>
+void run_against_reference(const std::string& toml, Ref proto, DLDataType gtype, DLDataType ltype,
+                           bool two_groups, int steps, double tol) {
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    run_once_against_reference(toml, proto, gtype, ltype, two_groups, steps, tol);
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 constexpr DLDataType kNone{0, 0, 0};
