@@ -10,6 +10,14 @@ mapfile -t sources < <(git ls-files '*.c' '*.cc' '*.cpp' '*.h' '*.hpp' '*.cu' '*
 echo "lint: clang-format on ${#sources[@]} files"
 clang-format --dry-run --Werror "${sources[@]}"
 
+# Portable binaries: SIMD only through Highway's run-time dispatch, never compile-time ISA
+# choices (a target_clones body or -march flag can put AVX-512 into code an AVX2 CPU runs).
+if git grep -nE 'target_clones|-march=|-mavx|-mfma|-mtune=native' -- \
+    '*.c' '*.cpp' '*.hpp' '*.h' '*.cu' '*.cmake' '*CMakeLists.txt' ':!scripts/lint.sh'; then
+  echo "lint: compile-time instruction-set choices found (use Highway dispatch)" >&2
+  exit 1
+fi
+
 if [[ ! -f $build/compile_commands.json ]]; then
   echo "lint: $build/compile_commands.json is missing; configure first" >&2
   exit 1

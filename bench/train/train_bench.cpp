@@ -143,6 +143,7 @@ void usage() {
 }  // namespace
 
 int run(int argc, char** argv) {
+  loom::trainer::layers::cap_simd_from_env();  // LOOM_SIMD_MAX: another CPU's code path
   std::vector<std::string> names = {"example", "wide", "deep"};
   int batch = 8;
   int iters = 10;
@@ -265,6 +266,7 @@ int run(int argc, char** argv) {
     std::printf("%s\n", nlohmann::json{{"bench", "train"},
                                        {"kind", "train"},
                                        {"config", name},
+                                       {"simd", loom::trainer::layers::kernel_target()},
                                        {"layers", cfg.layers},
                                        {"dim", cfg.dim},
                                        {"heads", cfg.heads},

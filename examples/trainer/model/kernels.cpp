@@ -7,6 +7,10 @@
 #include <hwy/highway.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "layers.hpp"
 
@@ -134,6 +138,30 @@ float exp_sum_span(float* x, size_t n, float shift) {
 }
 
 const char* kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+std::string cap_simd_from_env() {
+  const char* v = std::getenv("LOOM_SIMD_MAX");
+  if (v == nullptr || *v == '\0') return "";
+  struct Cap {
+    const char* name;
+    int64_t target;
+  };
+  static constexpr Cap kCaps[] = {{"avx512", HWY_AVX3},
+                                  {"avx2", HWY_AVX2},
+                                  {"sse4", HWY_SSE4},
+                                  {"ssse3", HWY_SSSE3},
+                                  {"baseline", HWY_EMU128}};
+  std::string known;
+  for (const Cap& c : kCaps) {
+    if (std::strcmp(v, c.name) == 0) {
+      // Highway ranks targets by bit: every lower bit is a better target than `c.target`.
+      hwy::DisableTargets(c.target - 1);
+      return c.name;
+    }
+    known += std::string(known.empty() ? "" : ", ") + c.name;
+  }
+  throw std::invalid_argument(std::string("LOOM_SIMD_MAX='") + v + "' is not one of " + known);
+}
 
 }  // namespace loom::trainer::layers
 #endif  // HWY_ONCE

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace loom::trainer::layers {
@@ -103,6 +104,10 @@ void gelu_backward_span(float* dinp, const float* inp, const float* dout, size_t
 float exp_sum_span(float* x, size_t n, float shift);
 // The Highway target the float spans run on (for logs and tests), e.g. "AVX2".
 const char* kernel_target();
+// Applies LOOM_SIMD_MAX (avx512, avx2, sse4, ssse3, baseline): no Highway target better than
+// it is used, here and in every plugin (they share libhwy), so an AVX-512 machine can run the
+// code path of an AVX2 one. Returns the cap, or "" when unset; throws on an unknown value.
+std::string cap_simd_from_env();
 
 // ---- GEMM ------------------------------------------------------------------------------------
 

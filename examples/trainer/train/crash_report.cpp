@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -53,7 +54,10 @@ std::string describe_cpu() {
   std::string out = "cpu";
 #endif
   if (!lack.empty()) out += " (no" + lack + ")";
-  return out + "; SIMD kernels: " + layers::kernel_target();
+  out += std::string("; SIMD kernels: ") + layers::kernel_target();
+  const char* cap = std::getenv("LOOM_SIMD_MAX");
+  if (cap != nullptr && *cap != '\0') out += std::string(" (LOOM_SIMD_MAX=") + cap + ")";
+  return out;
 }
 
 void write_text(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
@@ -75,14 +79,15 @@ void handler(int sig, siginfo_t* info, void* /*ucontext*/) {
 
 }  // namespace
 
-const char* cpu_description() {
-  static const std::string text = describe_cpu();
-  return text.c_str();
+std::string cpu_description() { return describe_cpu(); }
+
+void apply_simd_cap(const char* program) {
+  if (!layers::cap_simd_from_env().empty()) install_crash_report(program);  // new target name
 }
 
 void install_crash_report(const char* program) {
   std::snprintf(g_prefix.data(), g_prefix.size(), "%s: fatal ", program);
-  std::snprintf(g_cpu.data(), g_cpu.size(), "; CPU: %s\n", cpu_description());
+  std::snprintf(g_cpu.data(), g_cpu.size(), "; CPU: %s\n", describe_cpu().c_str());
   std::array<void*, 1> warm{};
   ::backtrace(warm.data(), 1);  // loads libgcc's unwinder now, not inside the handler
   struct sigaction sa {};

@@ -4,6 +4,8 @@
 // that print only their own backtrace).
 #pragma once
 
+#include <string>
+
 namespace loom::trainer {
 
 // Installs the handlers (the line, a backtrace, then the default action: the process dies
@@ -11,8 +13,12 @@ namespace loom::trainer {
 // OpenMPI install their own handlers while it opens, and ours replace them.
 void install_crash_report(const char* program);
 
+// Applies LOOM_SIMD_MAX (layers::cap_simd_from_env; throws on a bad value) and refreshes
+// the report's line.
+void apply_simd_cap(const char* program);
+
 // The one-line CPU description the report prints, e.g. "x86-64 sse4.2 avx avx2 fma
 // (no avx512f); SIMD kernels: AVX2".
-const char* cpu_description();
+std::string cpu_description();
 
 }  // namespace loom::trainer

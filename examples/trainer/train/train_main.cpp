@@ -255,6 +255,7 @@ struct Args {
 };
 
 int run(const Args& args) {
+  loom::trainer::apply_simd_cap("loom train");
   TrainConfig c = load_config(args.config);
   if (args.steps > 0) c.steps = args.steps;
   if (args.stop_after >= 0) c.stop_after = args.stop_after;

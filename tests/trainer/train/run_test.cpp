@@ -325,4 +325,18 @@ TEST_F(TrainerRun, FatalSignalIsReportedWithTheCpuNotAsAUcxCrash) {
   EXPECT_EQ(out.find("Caught signal"), std::string::npos) << out;  // UCX's handler stayed out
 }
 
+// LOOM_SIMD_MAX runs another CPU's code path (every Highway kernel, plugins included) and
+// is named in the CPU line; an unknown value is an error, not ignored.
+TEST_F(TrainerRun, SimdCapSelectsTheTargetAndRejectsUnknownValues) {
+  const std::string cfg = tiny_config(config("simdcap", "adam.toml", "", 1, 2, 32));
+  auto r = sh("LOOM_SIMD_MAX=baseline " + std::string(LOOM_TRAIN_EXE) + " " + cfg + " --fresh");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("SIMD kernels: EMU128 (LOOM_SIMD_MAX=baseline)"), std::string::npos)
+      << r.out;
+  r = sh("LOOM_SIMD_MAX=avx9 " + std::string(LOOM_TRAIN_EXE) + " " + cfg + " --fresh");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("LOOM_SIMD_MAX='avx9' is not one of avx512, avx2"), std::string::npos)
+      << r.out;
+}
+
 }  // namespace
