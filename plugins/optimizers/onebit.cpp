@@ -1,5 +1,6 @@
-// The 1-bit family: onebit_adam, zero_one_adam and onebit_lamb (research notes onebit.md
-// §2-§4), one source built three times (LOOM_ONEBIT_VARIANT selects the plugin). They do
+// The 1-bit family: onebit_adam, zero_one_adam and onebit_lamb (as the 1-bit Adam, 0/1
+// Adam and 1-bit LAMB papers and DeepSpeed's implementations define them; docs/optimizers.md),
+// one source built three times (LOOM_ONEBIT_VARIANT selects the plugin). They do
 // their own data-parallel communication over the `comm` and `codec` instances the manifest
 // names, so the trainer always passes local gradients (owns_communication = 1):
 //   warmup:      the gradients are averaged with one uncompressed fp32 allreduce;
