@@ -17,7 +17,7 @@
 // the codec must support the device. The state blob is the same on both (device buffers are
 // copied to and from the host), so a checkpoint moves between CPU and CUDA.
 //
-// Param-group extras (ABI 1.1, onebit.md §2.1): a tensor's exp_avg_mask multiplies what the
+// Param-group extras (ABI 1.1; DeepSpeed has both): a tensor's exp_avg_mask multiplies what the
 // compressed allreduce returned (1-bit Adam's momentum, 0/1 Adam's gradient and synced update,
 // 1-bit LAMB's unscaled momentum), per tensor; a LOOM_OPTIMIZER_GROUP_NON_FREEZE group of
 // onebit_adam keeps the warmup's uncompressed averaging and moment updates after the freeze

@@ -141,7 +141,7 @@ struct Codec {
   }
 };
 
-// The two-phase compressed allreduce of onebit.md §1.3 over n simulated ranks. xs[i] is rank
+// The two-phase compressed allreduce of 1-bit Adam over n simulated ranks. xs[i] is rank
 // i's input (numel each); we[i] (padded N) and se[i] (N / n) are its error buffers (in/out).
 // Returns the output every rank must see.
 inline std::vector<float> compressed_allreduce(const Codec& codec,

@@ -69,6 +69,41 @@ for cxx in g++ clang++; do
     [ "$out" = "$work/$manifest: ok" ] || fail "unexpected loom check output: $out"
   done
 
+  # docs/sdk.md's test program (its one ```c block), built with docs/embedding.md's CMake
+  # project (its one ```cmake block, which links Loom::loom), opens the optimizer just built.
+  case $cxx in g++) cc=gcc ;; *) cc=clang ;; esac
+  embed=$tmp/$cxx/embed
+  mkdir -p "$embed"
+  block() { awk -v lang="$1" '$0 == "```" lang {on = 1; n++; next} /^```/ {on = 0} on && n == 1' "$2"; }
+  block c "$source_dir/docs/sdk.md" >"$embed/main.c"
+  block cmake "$source_dir/docs/embedding.md" >"$embed/CMakeLists.txt"
+  grep -q loom_open_string "$embed/main.c" || fail "no \`\`\`c block with loom_open_string in docs/sdk.md"
+  grep -q Loom::loom "$embed/CMakeLists.txt" || fail "no \`\`\`cmake block with Loom::loom in docs/embedding.md"
+  echo "== docs/sdk.md's C test program with $cc, against Loom::loom"
+  "$cmake" -S "$embed" -B "$embed/build" -G Ninja -DCMAKE_C_COMPILER="$cc" \
+    -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$embed.configure.log" 2>&1 ||
+    { cat "$embed.configure.log"; fail "configuring docs/embedding.md's CMake project ($cc)"; }
+  "$cmake" --build "$embed/build" >"$embed.build.log" 2>&1 ||
+    { cat "$embed.build.log"; fail "building docs/sdk.md's C program ($cc)"; }
+  # Run beside the template's build/ folder, which the program names as its plugin path.
+  out=$(cd "$tmp/$cxx/template" && "$embed/build/my_trainer" 2>&1) ||
+    fail "docs/sdk.md's C program ($cc): $out"
+  [ "$out" = "0.9 1.9 2.9 3.9" ] ||
+    fail "docs/sdk.md's C program printed '$out', the doc says 0.9 1.9 2.9 3.9"
+
+  # The codec's contract (docs/sdk.md, "Writing a codec"), through its table.
+  echo "== scaled_sign ($cxx) against the codec contract (tests/docs/codec_check)"
+  check=$tmp/$cxx/codec_check
+  "$cmake" -S "$source_dir/tests/docs/codec_check" -B "$check" -G Ninja -DCMAKE_C_COMPILER="$cc" \
+    -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$check.configure.log" 2>&1 ||
+    { cat "$check.configure.log"; fail "configuring tests/docs/codec_check ($cc)"; }
+  "$cmake" --build "$check" >"$check.build.log" 2>&1 ||
+    { cat "$check.build.log"; fail "building tests/docs/codec_check ($cc)"; }
+  "$check/codec_check" "$tmp/$cxx/template_codec/build" ||
+    fail "the template codec built with $cxx breaks the codec contract"
+
   bench=$tmp/prefix/bin/loom-bench-codec
   if [ -x "$bench" ]; then
     echo "== scaled_sign ($cxx) through the compressed allreduce (loom-bench-codec)"
