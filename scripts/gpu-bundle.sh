@@ -11,7 +11,7 @@
 #   lib/      libloom.so.0, lib/loom/plugins/*.so
 #   deps/     what `ldd` lists for those files, less the C/C++ runtime and libnccl (the GPU
 #             machine's own; NCCL comes from its PyTorch environment); deps/ucx: UCX's modules
-#   anchors/  gpu_peers.py (../shared is not carried to the GPU machine)
+#   anchors/  bench/peers/gpu_peers.py and common.py: the peers' figures (torch, DeepSpeed's path)
 #   BUNDLE.txt  what was built from what
 # Then checks that every file resolves its libraries inside the bundle (or from the allowed
 # system set) and prints the bundle's size.
@@ -96,12 +96,9 @@ for d in "$bundle"/deps/*.so*; do  # the libraries those deps need in turn
 done
 shopt -u nullglob
 
-anchors=$root/../shared/anchors/gpu_peers.py
-if [[ -f $anchors ]]; then
-  install -m 644 "$anchors" "$bundle/anchors/gpu_peers.py"
-else
-  echo "gpu-bundle: warning: $anchors is missing; the GPU check will have no peer figures" >&2
-fi
+for f in gpu_peers.py common.py; do
+  install -m 644 "$root/bench/peers/$f" "$bundle/anchors/$f"
+done
 
 {
   echo "Loom GPU bundle, built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"

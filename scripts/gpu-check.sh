@@ -13,7 +13,7 @@
 #   TEST          each test program in the bundle's bin/ (codec_cuda_test,
 #                 loom_optimizer_cuda_tests, loom_nccl_tests, ...): gtest JSON ->
 #                 gtest-TEST.json (the nccl test is a world of one: one process, no mpirun)
-#   summary       the ratios against the issues' targets -> summary.txt, summary.json
+#   summary       the ratios against Loom's performance targets -> summary.txt, summary.json
 # Every step logs to OUTDIR/NAME.log; OUTDIR/steps.tsv holds name, exit status, seconds.
 # Without a GPU (as here, on the build machine) the device steps skip or fail quickly and the
 # summary says so.
@@ -148,18 +148,18 @@ rt = next((r for r in codec if r.get("elements") == N256), None)
 res["codec_roundtrip_256M"] = rt
 ds_ms = peers.get("ds_onebit_roundtrip_ms_256M")
 target("codec_speedup_vs_deepspeed", ds_ms / (rt["seconds"] * 1e3) if rt and ds_ms else None, 5.0,
-       "DeepSpeed 1-bit round trip time / Loom onebit round trip time, 256M fp32 (issue 3)")
+       "DeepSpeed 1-bit round trip time / Loom onebit round trip time, 256M fp32")
 target("codec_fraction_of_copy", rt["ratio_to_copy"] if rt else None, 0.70,
-       "onebit round trip traffic (48.5 B/element) / D2D copy bandwidth, same run (issue 3)")
+       "onebit round trip traffic (48.5 B/element) / D2D copy bandwidth, same run")
 
 adam = next((r for r in rows("optim.jsonl")
              if r.get("optimizer") == "adam" and r.get("device") == "cuda" and r.get("params") == N256), None)
 res["adam_cuda_256M"] = adam
 torch_ms = peers.get("adam_fused_ms_256M")
 target("adam_speed_vs_torch_fused", torch_ms / (adam["seconds"] * 1e3) if adam and torch_ms else None,
-       1.0, "torch fused Adam time / Loom adam step time, 256M params (issue 4)")
+       1.0, "torch fused Adam time / Loom adam step time, 256M params")
 target("adam_fraction_of_copy", adam["ratio_to_copy"] if adam else None, 0.85,
-       "Loom adam at 28 B/param / D2D copy bandwidth, same run (issue 4)")
+       "Loom adam at 28 B/param / D2D copy bandwidth, same run")
 
 for path in sorted(glob.glob(os.path.join(out, "gtest-*.json"))):
     name = os.path.basename(path)[len("gtest-"):-len(".json")]

@@ -5,7 +5,7 @@
 //   loom bench codec [--device cuda|cpu] [--sizes 1M,16M,64M,256M] [--iters 20]
 //                    [--codecs onebit,ef8]
 //
-// The round trip is the work ../shared/anchors/gpu_peers.py times as DeepSpeed's path
+// The round trip is the work bench/peers/gpu_peers.py times as DeepSpeed's path
 // (ds_onebit_roundtrip_ms_256M), for a world of one:
 //   worker: encode(x, worker error) -> wire1
 //   server: decode(wire1) -> s; encode(s, server error) -> wire2

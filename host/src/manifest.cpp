@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
-// toml++ 3.3 has undefined behaviour on some non-ASCII bytes outside strings (upstream
-// issues 190 and 295, fixed later by PR 305): a classification function reaches
+// toml++ 3.3 has undefined behaviour on some non-ASCII bytes outside strings (reported
+// upstream and fixed after 3.3): a classification function reaches
 // TOML_UNREACHABLE, and parse_key assumes what it then reports as an error. Both are
 // patched here, before the library's headers are seen, so bad input gives an error.
 #include <toml++/impl/preprocessor.h>

@@ -1,5 +1,6 @@
-// The 1-bit family: onebit_adam, zero_one_adam and onebit_lamb (research notes onebit.md
-// §2-§4), one source built three times (LOOM_ONEBIT_VARIANT selects the plugin). They do
+// The 1-bit family: onebit_adam, zero_one_adam and onebit_lamb (as the 1-bit Adam, 0/1
+// Adam and 1-bit LAMB papers and DeepSpeed's implementations define them; docs/optimizers.md),
+// one source built three times (LOOM_ONEBIT_VARIANT selects the plugin). They do
 // their own data-parallel communication over the `comm` and `codec` instances the manifest
 // names, so the trainer always passes local gradients (owns_communication = 1):
 //   warmup:      the gradients are averaged with one uncompressed fp32 allreduce;
@@ -16,7 +17,7 @@
 // the codec must support the device. The state blob is the same on both (device buffers are
 // copied to and from the host), so a checkpoint moves between CPU and CUDA.
 //
-// Param-group extras (ABI 1.1, onebit.md §2.1): a tensor's exp_avg_mask multiplies what the
+// Param-group extras (ABI 1.1; DeepSpeed has both): a tensor's exp_avg_mask multiplies what the
 // compressed allreduce returned (1-bit Adam's momentum, 0/1 Adam's gradient and synced update,
 // 1-bit LAMB's unscaled momentum), per tensor; a LOOM_OPTIMIZER_GROUP_NON_FREEZE group of
 // onebit_adam keeps the warmup's uncompressed averaging and moment updates after the freeze

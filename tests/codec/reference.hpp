@@ -1,7 +1,7 @@
 // Scalar reference implementations of the codecs and of the compressed allreduce, written
-// straight from the definitions (codec_kernels.hpp; research notes onebit.md §1.3), with
-// no SIMD, no threads and no cleverness. Tests compare the real code against these bit
-// for bit.
+// straight from the definitions (codec_kernels.hpp, and the algorithm of 1-bit Adam as docs/comm.md
+// states it), with no SIMD, no threads and no cleverness. Tests compare the real code against these
+// bit for bit.
 #pragma once
 
 #include <algorithm>
@@ -141,7 +141,7 @@ struct Codec {
   }
 };
 
-// The two-phase compressed allreduce of onebit.md §1.3 over n simulated ranks. xs[i] is rank
+// The two-phase compressed allreduce of 1-bit Adam over n simulated ranks. xs[i] is rank
 // i's input (numel each); we[i] (padded N) and se[i] (N / n) are its error buffers (in/out).
 // Returns the output every rank must see.
 inline std::vector<float> compressed_allreduce(const Codec& codec,

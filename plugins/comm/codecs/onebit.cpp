@@ -1,5 +1,5 @@
 // The onebit codec (loom.codec/1): error-feedback sign compression of 1-bit Adam
-// (research notes onebit.md §1). Exact definitions in codec_kernels.hpp.
+// (as in the 1-bit Adam paper and DeepSpeed). Exact definitions in codec_kernels.hpp.
 //
 // Padding (layout): N = elements rounded up to a multiple of n * lcm(n, 8) for n chunks, so
 // each chunk is a whole number of bytes of bits (and matches DeepSpeed's buffers).

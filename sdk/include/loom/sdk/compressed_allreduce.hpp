@@ -1,7 +1,7 @@
 // The compressed allreduce, written once over any loom.comm transport and any loom.codec
-// codec: the two-phase error-feedback algorithm of 1-bit Adam (research notes, onebit.md
-// §1.3), which averages a tensor across the ranks at about 1/32 of fp32's wire volume with
-// the onebit codec.
+// codec: the two-phase error-feedback algorithm of 1-bit Adam (Tang et al., 2021, as
+// DeepSpeed implements it), which averages a tensor across the ranks at about 1/32 of fp32's wire
+// volume with the onebit codec.
 //
 // Each call, on rank r of n (padded length N from the codec's layout, chunk c = N / n):
 //   1. worker:  encode(pad(x), worker_error) into n chunks (the codec adds the error and
