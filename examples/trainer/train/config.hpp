@@ -5,14 +5,22 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model.hpp"
 
 namespace loom::trainer {
 
+// A config's problems, one "FILE:LINE:COL: [section] key: problem" per line (what() joins
+// them with newlines), every one found, not just the first.
 class ConfigError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ConfigError(const std::string& error) : ConfigError(std::vector<std::string>{error}) {}
+  explicit ConfigError(std::vector<std::string> errors);
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::vector<std::string> errors_;
 };
 
 struct TrainConfig {
@@ -51,6 +59,11 @@ struct TrainConfig {
 
 // Reads and validates the file; relative paths become relative to its folder.
 TrainConfig load_config(const std::string& path);
+
+// The problems of the names the config gives its manifest's instances ([optimizer.NAME],
+// [comm.NAME]), one message each; empty when both are there (or the manifest is unreadable:
+// libloom reports that).
+std::vector<std::string> manifest_name_problems(const TrainConfig& c);
 
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.

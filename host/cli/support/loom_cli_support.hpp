@@ -77,6 +77,33 @@ inline CLI::Validator size_validator() {
       "SIZE", "SIZE");
 }
 
+// A CLI11 validator for a whole number in [lo, hi]: "'abc' is not a whole number in [1, 100]".
+inline CLI::Validator integer_in(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        long long v = 0;
+        const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (r.ec == std::errc() && r.ptr == s.data() + s.size() && v >= lo && v <= hi) return {};
+        return "'" + s + "' is not a whole number in [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "]";
+      },
+      "", "");
+}
+
+// A CLI11 validator for a number in [lo, hi) (or [lo, hi] when `hi_closed`).
+inline CLI::Validator number_in(double lo, double hi, bool hi_closed) {
+  return CLI::Validator(
+      [lo, hi, hi_closed](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        const bool in = v >= lo && (hi_closed ? v <= hi : v < hi);
+        if (!s.empty() && end == s.c_str() + s.size() && in) return {};
+        return "'" + s + "' is not a number in [" + number(lo) + ", " + number(hi) +
+               (hi_closed ? "]" : ")");
+      },
+      "", "");
+}
+
 // The help format: "  --iters N    Timed iterations per size (default: 10)".
 class Formatter : public CLI::Formatter {
  public:
