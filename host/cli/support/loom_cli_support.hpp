@@ -74,7 +74,7 @@ inline CLI::Validator size_validator() {
         if (parse_size(s)) return {};
         return "'" + s + "' is not a size (a positive whole number, optionally with K, M or G)";
       },
-      "SIZE", "SIZE");
+      "", "SIZE");
 }
 
 // A CLI11 validator for a whole number in [lo, hi]: "'abc' is not a whole number in [1, 100]".
@@ -123,7 +123,8 @@ class Formatter : public CLI::Formatter {
   std::string make_option_desc(const CLI::Option* opt) const override {
     std::string d = opt->get_description();
     if (opt->get_required()) d += " (required)";
-    if (opt->get_type_size() != 0 && !opt->get_default_str().empty()) {
+    if (opt->get_type_size() != 0 && !opt->get_default_str().empty() &&
+        opt->get_default_str() != "[]") {
       d += " (default: " + opt->get_default_str() + ")";
     }
     return d;
@@ -237,8 +238,9 @@ class Progress {
     const double t = std::chrono::duration<double>(now - start_).count();
     const double rate = t > 0 ? done / t : 0;
     char line[256];
-    std::snprintf(line, sizeof(line), "%s: %.0f/%.0f %s (%.0f%%), %.1f %s/s, ETA %s",
-                  prefix_.c_str(), done, total_, unit_.c_str(),
+    const int digits = total_ == std::trunc(total_) ? 0 : 1;  // "1200/4096 merges", "3.5/12.2 MiB"
+    std::snprintf(line, sizeof(line), "%s: %.*f/%.*f %s (%.0f%%), %.1f %s/s, ETA %s",
+                  prefix_.c_str(), digits, done, digits, total_, unit_.c_str(),
                   total_ > 0 ? 100.0 * done / total_ : 100.0, rate, unit_.c_str(),
                   rate > 0 ? duration((total_ - done) / rate).c_str() : "?");
     std::cerr << line << std::endl;
