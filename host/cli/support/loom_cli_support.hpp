@@ -111,7 +111,10 @@ class Formatter : public CLI::Formatter {
     std::string out;
     if (opt->get_type_size() != 0 && !opt->get_type_name().empty()) {
       out += " " + opt->get_type_name();
-      if (opt->get_expected_max() == CLI::detail::expected_max_vector_size) out += " ...";
+      const bool listed = out.size() >= 3 && out.compare(out.size() - 3, 3, "...") == 0;
+      if (opt->get_expected_max() == CLI::detail::expected_max_vector_size && !listed) {
+        out += " ...";
+      }
     }
     if (!opt->get_excludes().empty()) {
       out += " (not with";
