@@ -182,6 +182,20 @@ inline int parse(CLI::App& app, int argc, char** argv, bool bare_is_usage) {
     std::cerr << app.help();
     return kExitUsage;
   }
+  // CLI11 would say "A subcommand is required" about a mistyped one.
+  const auto subs = app.get_subcommands({});
+  if (argc > 1 && !subs.empty() && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* s : subs) {
+      known |= s->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (!known) {
+      return usage_error(app.get_name(),
+                         "unknown command '" + std::string(argv[1]) + "' (one of: " + names + ")");
+    }
+  }
   try {
     app.parse(argc, argv);
     return -1;
