@@ -261,6 +261,24 @@ TEST_F(Cli, HelpOfEachCommandMatchesItsHelpOption) {
   expect_usage_error(loom("help nosuch"), "loom help", "unknown command 'nosuch'");
 }
 
+TEST_F(Cli, HelpOfTheProgramsBesideLoom) {
+  if (!installed("loom-train") || !installed("loom-data")) {
+    GTEST_SKIP() << "loom-train and loom-data are not built beside loom";
+  }
+  const auto train = loom("help train");
+  EXPECT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_THAT(train.out, HasSubstr("Usage: loom train [OPTIONS] CONFIG"));
+  EXPECT_EQ(loom("train --help").out, train.out);
+  expect_no_build_paths(train.out);
+  const auto prepare = loom("help data prepare");
+  EXPECT_EQ(prepare.exit_code, 0) << prepare.err;
+  EXPECT_THAT(prepare.out, HasSubstr("Usage: loom data prepare [OPTIONS]"));
+  EXPECT_EQ(loom("data prepare --help").out, prepare.out);
+  const auto bare = loom("train");
+  EXPECT_EQ(bare.exit_code, 2);
+  EXPECT_THAT(bare.err, HasSubstr("Usage: loom train"));
+}
+
 TEST_F(Cli, BareLoomPrintsUsageAndExitsTwo) {
   const auto r = loom("");
   EXPECT_EQ(r.exit_code, 2);
@@ -286,7 +304,9 @@ TEST_F(Cli, BenchHelpListsTheInstalledBenchmarks) {
   EXPECT_THAT(r.out, HasSubstr("Benchmarks installed: "));
   EXPECT_THAT(r.out, Not(HasSubstr("not installed")));
   EXPECT_EQ(loom("help bench").out, r.out);
-  if (installed("loom-bench-optim")) EXPECT_THAT(r.out, HasSubstr("optim"));
+  if (installed("loom-bench-optim")) {
+    EXPECT_THAT(r.out, HasSubstr("optim"));
+  }
 
   const auto bare = loom("bench");
   EXPECT_EQ(bare.exit_code, 2);
