@@ -367,6 +367,12 @@ TEST_F(Cli, CheckPrintsNumbersInShortestForm) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("optimizer.main = 1.1 is out of range [0, 1]")) << r.err;
   EXPECT_THAT(r.err, Not(HasSubstr("1.1000000000000001")));
+  const auto tiny = dir_.write("tiny.toml",
+                               "[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\n"
+                               "weight_decay = -1e-6\n");
+  const auto t = loom("check " + quote(tiny.string()) + " " + plugin_path());
+  EXPECT_EQ(t.exit_code, 2);
+  EXPECT_THAT(t.err, HasSubstr("optimizer.main = -1e-06 is out of range [0, 1]")) << t.err;
 }
 
 TEST_F(Cli, CheckValidatesATrainerConfigAndItsManifest) {
