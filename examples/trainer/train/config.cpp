@@ -147,7 +147,7 @@ std::string joined(const std::vector<std::string>& lines) {
 ConfigError::ConfigError(std::vector<std::string> errors)
     : std::runtime_error(joined(errors)), errors_(std::move(errors)) {}
 
-TrainConfig load_config(const std::string& path) {
+TrainConfig read_config(const std::string& path, std::vector<std::string>& problems) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     throw ConfigError(path + ": is a folder, not a trainer config file");
@@ -257,7 +257,7 @@ TrainConfig load_config(const std::string& path) {
     };
     std::stable_sort(errors.list.begin(), errors.list.end(),
                      [&](const std::string& a, const std::string& b) { return pos(a) < pos(b); });
-    throw ConfigError(std::move(errors.list));
+    problems.insert(problems.end(), errors.list.begin(), errors.list.end());
   }
   if (c.run_dir.empty()) {
     c.run_dir = (dir / "runs" / std::filesystem::path(path).stem()).string();
@@ -270,6 +270,13 @@ TrainConfig load_config(const std::string& path) {
     c.plot.clear();
   else
     c.plot = resolve(dir, c.plot);
+  return c;
+}
+
+TrainConfig load_config(const std::string& path) {
+  std::vector<std::string> problems;
+  TrainConfig c = read_config(path, problems);
+  if (!problems.empty()) throw ConfigError(std::move(problems));
   return c;
 }
 

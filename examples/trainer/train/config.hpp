@@ -57,8 +57,12 @@ struct TrainConfig {
   bool mask_unused_positions = true;
 };
 
-// Reads and validates the file; relative paths become relative to its folder.
+// Reads and validates the file; relative paths become relative to its folder. Throws
+// ConfigError with every problem found.
 TrainConfig load_config(const std::string& path);
+// The same, but appends the problems (in file order) to `problems` and returns what it could
+// read; only a file it cannot open or parse throws.
+TrainConfig read_config(const std::string& path, std::vector<std::string>& problems);
 
 // The problems of the names the config gives its manifest's instances ([optimizer.NAME],
 // [comm.NAME]), one message each; empty when both are there (or the manifest is unreadable:

@@ -710,13 +710,16 @@ int run(const Args& args) {
 // names (as `loom check MANIFEST` reports them) and of the dataset, without training. 0 or 2.
 int check(const Args& args) {
   TrainConfig c;
+  std::vector<std::string> problems;
   try {
-    c = load_config(args.config);
+    c = read_config(args.config, problems);
   } catch (const ConfigError& e) {
     for (const auto& line : e.errors()) std::cerr << line << "\n";
     return 2;
   }
-  bool ok = true;
+  for (const auto& line : problems) std::cerr << line << "\n";
+  bool ok = problems.empty();
+  if (c.manifest.empty()) return 2;  // [manifest] path missing: said above
   loom_open_options opts{};
   opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
   opts.validate_only = 1;
@@ -733,12 +736,14 @@ int check(const Args& args) {
       ok = false;
     }
   }
-  try {
-    Dataset ds(c.dataset);
-    fit_to_dataset(c, ds);
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n";
-    ok = false;
+  if (problems.empty()) {  // the dataset checks need a sound config
+    try {
+      Dataset ds(c.dataset);
+      fit_to_dataset(c, ds);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      ok = false;
+    }
   }
   if (!ok) return 2;
   std::cout << args.config << ": ok (trainer config; manifest " << c.manifest << ", dataset "

@@ -400,21 +400,21 @@ TEST_F(Cli, CheckValidatesATrainerConfigAndItsManifest) {
   EXPECT_THAT(r.out, StartsWith(ok.string() + ": ok (trainer config"));
 
   // The config's own problems, all of them, in file order, with did-you-mean and values.
-  const auto bad = dir_.write(
-      "t.toml",
-      "[manifest]\npath = \"good.toml\"\noptimiser = \"x\"\n[model]\ndim = 130\nheads = 4\n"
-      "[data]\ndataset = \"d.bin\"\n[train]\nstepz = 3\nlr = 20.1\n");
+  const auto bad = dir_.write("t.toml",
+                              "[manifest]\npath = \"good.toml\"\ncomm = \"\"\noptimiser = "
+                              "\"x\"\n[model]\ndim = 130\nheads = 4\n"
+                              "[data]\ndataset = \"d.bin\"\n[train]\nstepz = 3\nlr = 20.1\n");
   r = loom("check " + quote(bad.string()) + " " + plugin_path());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.out, "");
   const auto l = loom_test::lines(r.err);
   ASSERT_EQ(l.size(), 4U) << r.err;
   EXPECT_EQ(l[0], bad.string() +
-                      ":3:1: [manifest] optimiser: unknown key (did you mean "
+                      ":4:1: [manifest] optimiser: unknown key (did you mean "
                       "'optimizer'?)");
-  EXPECT_EQ(l[1], bad.string() + ":5:7: [model] dim 130 is not divisible by heads 4");
-  EXPECT_EQ(l[2], bad.string() + ":10:1: [train] stepz: unknown key (did you mean 'steps'?)");
-  EXPECT_EQ(l[3], bad.string() + ":11:6: [train] lr: 20.1 is out of range [0, 10]");
+  EXPECT_EQ(l[1], bad.string() + ":6:7: [model] dim 130 is not divisible by heads 4");
+  EXPECT_EQ(l[2], bad.string() + ":11:1: [train] stepz: unknown key (did you mean 'steps'?)");
+  EXPECT_EQ(l[3], bad.string() + ":12:6: [train] lr: 20.1 is out of range [0, 10]");
 
   // A sound config whose manifest is not: the manifest's errors, as loom check prints them.
   const auto man = config("m.toml", "bad.toml", "heads = 2\ndim = 32\n");
@@ -425,6 +425,16 @@ TEST_F(Cli, CheckValidatesATrainerConfigAndItsManifest) {
                                                               "missing required parameter 'tag'"));
   EXPECT_THAT(r.err, HasSubstr((dir_.path() / "bad.toml").string() + ":3:16: parameter "
                                                                      "'weight_decay'"));
+
+  // Both at once: the config's problems, then its manifest's.
+  const auto both = config("both.toml", "bad.toml", "heads = 3\ndim = 32\n");
+  r = loom("check " + quote(both.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  const auto b = loom_test::lines(r.err);
+  ASSERT_EQ(b.size(), 3U) << r.err;
+  EXPECT_EQ(b[0], both.string() + ":8:7: [model] dim 32 is not divisible by heads 3");
+  EXPECT_THAT(b[1], StartsWith((dir_.path() / "bad.toml").string() + ":1:1: "));
+  EXPECT_THAT(b[2], StartsWith((dir_.path() / "bad.toml").string() + ":3:16: "));
 }
 
 }  // namespace

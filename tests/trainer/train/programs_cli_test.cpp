@@ -223,7 +223,7 @@ TEST_F(Programs, TrainCheckReportsEveryConfigProblem) {
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "");
   const auto l = lines(r.err);
-  ASSERT_EQ(l.size(), 4U) << r.err;
+  ASSERT_EQ(l.size(), 5U) << r.err;
   // dim is absent (128 by default): the message points at the [model] table.
   EXPECT_EQ(l[0], "t.toml:5:1: [model] dim 128 is not divisible by heads 3");
   EXPECT_EQ(l[1], "t.toml:10:10: [train] min_lr 0.5 is above lr 1e-06");
@@ -233,6 +233,9 @@ TEST_F(Programs, TrainCheckReportsEveryConfigProblem) {
   EXPECT_EQ(l[3],
             "t.toml:13:1: unknown top-level key or section 'modle' (did you mean "
             "'model'?) (expected tables [manifest], [model], [data], [train])");
+  // Then the manifest it names, as far as the config could be read.
+  EXPECT_EQ(l[4], "t.toml: [manifest] optimizer 'mian': " + (dir_ / "m.toml").string() +
+                      " has no [optimizer.mian] (it has [optimizer.main]) (did you mean 'main'?)");
 
   // Sound keys: the names it gives the manifest's instances, and the dataset.
   write("t.toml",
