@@ -246,6 +246,13 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
     errors.add(t.at("min_lr") + ": [train] min_lr " + loom_cli::number(c.min_lr) + " is above lr " +
                loom_cli::number(c.lr));
   }
+  if (c.plot != "auto" && c.plot != "none" && !c.plot.empty()) {
+    const std::string ext = std::filesystem::path(c.plot).extension().string();
+    if (ext != ".png" && ext != ".svg") {
+      errors.add(t.at("plot") + ": [train] plot: '" + c.plot +
+                 "' must end in .png or .svg (or be \"auto\" or \"none\")");
+    }
+  }
   if (!errors.list.empty()) {
     // In file order: "PATH:LINE:COL: ..." sorted by line and column.
     auto pos = [&](const std::string& e) {

@@ -285,6 +285,13 @@ int run(const Args& args) {
     }
   }
   if (args.no_plot) c.plot.clear();
+  // The plot is drawn at the end: a folder that is not there should fail now, not then.
+  const fs::path plot_dir = fs::path(c.plot).parent_path();
+  std::error_code plot_ec;
+  if (!c.plot.empty() && plot_dir != fs::path(c.run_dir) && !fs::is_directory(plot_dir, plot_ec)) {
+    throw ConfigError(c.config_path + ": [train] plot: the folder " + plot_dir.string() +
+                      " does not exist (create it first, or use plot = \"auto\")");
+  }
 
   Dataset ds(c.dataset);
   fit_to_dataset(c, ds);

@@ -237,6 +237,15 @@ TEST_F(Programs, TrainCheckReportsEveryConfigProblem) {
   EXPECT_EQ(l[4], "t.toml: [manifest] optimizer 'mian': " + (dir_ / "m.toml").string() +
                       " has no [optimizer.mian] (it has [optimizer.main]) (did you mean 'main'?)");
 
+  write("p.toml",
+        "[manifest]\npath = \"m.toml\"\ncomm = \"\"\n[data]\ndataset = \"d.bin\"\n"
+        "[train]\nplot = \"loss.pdf\"\n");
+  r = run(LOOM_TRAIN_EXE, "--check p.toml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("p.toml:7:8: [train] plot: 'loss.pdf' must end in .png or .svg"),
+            std::string::npos)
+      << r.err;
+
   // Sound keys: the names it gives the manifest's instances, and the dataset.
   write("t.toml",
         "[manifest]\npath = \"m.toml\"\noptimizer = \"mian\"\ncomm = \"\"\n[data]\n"
