@@ -19,6 +19,7 @@ echo "== loom check examples/sgd.toml"
 echo "== loom data prepare (the fortunes corpus, byte-level)"
 data=build/data/fortunes.bin
 if ! "$prefix/bin/loom" data info "$data" >/dev/null 2>&1; then
+  mkdir -p "$(dirname "$data")"
   "$prefix/bin/loom" data prepare --input /usr/share/games/fortunes --output "$data"
 fi
 echo "== loom train examples/train_onebit_adam.toml (2 ranks, 1-bit Adam; one to two minutes)"

@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <loom_cli_support.hpp>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -56,30 +57,6 @@ using Clock = std::chrono::steady_clock;
 void print(const nlohmann::json& j) {
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
-}
-
-std::size_t parse_size(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end != nullptr && (*end == 'K' || *end == 'k')) v *= 1 << 10;
-  if (end != nullptr && (*end == 'M' || *end == 'm')) v *= 1 << 20;
-  if (end != nullptr && (*end == 'G' || *end == 'g')) v *= 1 << 30;
-  if (!(v >= 1)) {
-    std::fprintf(stderr, "loom-bench-codec: bad size '%s'\n", s.c_str());
-    std::exit(2);
-  }
-  return static_cast<std::size_t>(v);
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t b = 0;
-  while (b <= s.size()) {
-    const std::size_t e = std::min(s.find(',', b), s.size());
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
 }
 
 // Bytes the kernels must move per call on n (padded) fp32 elements, the figure behind
@@ -356,43 +333,32 @@ void skipped(const std::string& device, const std::string& why) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{
+      "Codec round trip of a world of one (encode, decode + encode, decode) per codec, beside\n"
+      "the copy bandwidth, one JSON object per line. Exit 77: skipped (no CUDA device)"};
+  loom_cli::configure(app, "loom bench codec");
   std::string device = "cuda";
-  std::vector<std::size_t> sizes;
+  std::vector<std::string> size_text;
   std::vector<std::string> names = {"onebit", "ef8"};
   int iters = 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "loom-bench-codec: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--device") {
-      device = next();
-      if (device != "cpu" && device != "cuda") {
-        std::fprintf(stderr, "loom-bench-codec: --device is cpu or cuda, not %s\n", device.c_str());
-        return 2;
-      }
-    } else if (a == "--sizes") {
-      for (const auto& s : split(next())) sizes.push_back(parse_size(s));
-    } else if (a == "--iters") {
-      iters = std::max(1, std::atoi(next().c_str()));
-    } else if (a == "--codecs") {
-      names = split(next());
-    } else if (a == "--help" || a == "-h") {
-      std::printf(
-          "loom bench codec [--device cuda|cpu] [--sizes 1M,16M,64M,256M] [--iters 20] "
-          "[--codecs onebit,ef8]\n"
-          "World-of-one compressed round trip (encode, decode + encode, decode) per codec,\n"
-          "beside the copy bandwidth. cpu default sizes: 1M,16M. Exit 77: no CUDA device.\n");
-      return 0;
-    } else {
-      std::fprintf(stderr, "loom-bench-codec: unknown argument '%s' (try --help)\n", a.c_str());
-      return 2;
-    }
-  }
+  app.add_option("--device", device, "Where the tensors live")
+      ->check(CLI::IsMember({"cpu", "cuda"}).description(""))
+      ->type_name("cuda|cpu");
+  app.add_option("--sizes", size_text, "fp32 element counts (K, M, G: 1024 multiples)")
+      ->delimiter(',')
+      ->check(loom_cli::size_validator())
+      ->type_name("SIZE,...")
+      ->default_str("cuda: 1M,16M,64M,256M; cpu: 1M,16M");
+  app.add_option("--iters", iters, "Timed calls per size")
+      ->check(loom_cli::integer_in(1, 1000000))
+      ->type_name("N");
+  app.add_option("--codecs", names, "Codec plugins to time")
+      ->delimiter(',')
+      ->type_name("NAME,...")
+      ->default_str("onebit,ef8");
+  if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
+  std::vector<std::size_t> sizes;
+  for (const auto& t : size_text) sizes.push_back(*loom_cli::parse_size(t));
   if (sizes.empty()) {
     sizes = {std::size_t{1} << 20, std::size_t{16} << 20};
     if (device == "cuda") {

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <loom_cli_support.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -33,36 +34,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::size_t parse_bytes(const std::string& s) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  double mult = 1;
-  if (end != nullptr && *end != '\0') {
-    switch (*end) {
-      case 'k':
-      case 'K':
-        mult = 1024.0;
-        break;
-      case 'm':
-      case 'M':
-        mult = 1024.0 * 1024.0;
-        break;
-      case 'g':
-      case 'G':
-        mult = 1024.0 * 1024.0 * 1024.0;
-        break;
-      default:
-        std::fprintf(stderr, "loom-bench-comm: bad size '%s'\n", s.c_str());
-        std::exit(2);
-    }
-  }
-  if (!(v > 0)) {
-    std::fprintf(stderr, "loom-bench-comm: bad size '%s'\n", s.c_str());
-    std::exit(2);
-  }
-  return static_cast<std::size_t>(v * mult);
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -77,40 +48,30 @@ void print(const nlohmann::json& j) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t min_bytes = 1 << 20;
-  std::size_t max_bytes = 256U << 20;
+  CLI::App app{
+      "fp32 allreduce over the ucx transport beside OpenMPI's MPI_Allreduce, message sizes\n"
+      "from --min-bytes to --max-bytes in powers of 4, then the codec benchmarks; one JSON\n"
+      "object per line. Run under mpirun: mpirun -np 4 loom bench comm"};
+  loom_cli::configure(app, "loom bench comm");
+  std::string min_text = "1M", max_text = "256M";
   int iters = 0;  // 0: chosen per size
   bool transport_only = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "loom-bench-comm: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--min-bytes") {
-      min_bytes = parse_bytes(next());
-    } else if (a == "--max-bytes") {
-      max_bytes = parse_bytes(next());
-    } else if (a == "--iters") {
-      iters = std::atoi(next().c_str());
-    } else if (a == "--transport-only") {
-      transport_only = true;
-    } else if (a == "--help" || a == "-h") {
-      std::printf(
-          "usage: mpirun -np N loom bench comm [--min-bytes 1M] [--max-bytes 256M] "
-          "[--iters N] [--transport-only]\n");
-      return 0;
-    } else {
-      std::fprintf(stderr, "loom-bench-comm: unknown argument '%s'\n", a.c_str());
-      return 2;
-    }
-  }
+  app.add_option("--min-bytes", min_text, "Smallest message (K, M, G: 1024 multiples)")
+      ->check(loom_cli::size_validator())
+      ->type_name("SIZE");
+  app.add_option("--max-bytes", max_text, "Largest message")
+      ->check(loom_cli::size_validator())
+      ->type_name("SIZE");
+  app.add_option("--iters", iters, "Timed calls per size (0: chosen per size)")
+      ->check(loom_cli::integer_in(0, 1000000))
+      ->type_name("N");
+  app.add_flag("--transport-only", transport_only, "Time the transport only, not the codecs");
+  if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
+  const std::size_t min_bytes = *loom_cli::parse_size(min_text);
+  const std::size_t max_bytes = *loom_cli::parse_size(max_text);
   if (min_bytes > max_bytes) {
-    std::fprintf(stderr, "loom-bench-comm: --min-bytes is larger than --max-bytes\n");
-    return 2;
+    return loom_cli::usage_error(
+        "loom bench comm", "--min-bytes " + min_text + " is larger than --max-bytes " + max_text);
   }
 
   // MPI first: the host's bootstrap sees MPI_Initialized and reuses it.

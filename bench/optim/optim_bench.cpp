@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <loom_cli_support.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,26 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-size_t parse_size(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end != nullptr && (*end == 'M' || *end == 'm')) v *= 1 << 20;
-  if (end != nullptr && (*end == 'K' || *end == 'k')) v *= 1 << 10;
-  if (end != nullptr && (*end == 'G' || *end == 'g')) v *= 1 << 30;
-  return static_cast<size_t>(v);
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = std::min(s.find(',', b), s.size());
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
 }
 
 // The peer: Adam (AdamW, bias correction) as anyone would write it, one thread.
@@ -202,44 +183,34 @@ int run_cuda(const std::vector<size_t>& sizes, const std::vector<std::string>& o
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<size_t> sizes = {1u << 20, 16u << 20, 64u << 20};
+  CLI::App app{
+      "Optimizer step throughput: the optimizer plugins beside the copy bandwidth and a plain\n"
+      "scalar Adam loop, one JSON object per line"};
+  loom_cli::configure(app, "loom bench optim");
+  std::vector<std::string> size_text{"1M", "16M", "64M"};
   std::vector<std::string> optimizers = {"adam", "lamb"};
   int iters = 10;
   std::string device = "cpu";
-  bool sizes_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--sizes") {
-      sizes_given = true;
-      sizes.clear();
-      for (const auto& s : split(next())) sizes.push_back(parse_size(s));
-    } else if (a == "--iters") {
-      iters = std::max(1, std::atoi(next().c_str()));
-    } else if (a == "--optimizers") {
-      optimizers = split(next());
-    } else if (a == "--device") {
-      device = next();
-      if (device != "cpu" && device != "cuda") {
-        std::fprintf(stderr, "--device is cpu or cuda, not %s\n", device.c_str());
-        return 2;
-      }
-    } else if (a == "--help" || a == "-h") {
-      std::printf(
-          "loom-bench-optim [--device cpu|cuda] [--sizes 1M,16M,64M] [--iters 10] "
-          "[--optimizers adam,lamb]\n(cuda: default sizes 1M,16M,64M,256M)\n");
-      return 0;
-    } else {
-      std::fprintf(stderr, "unknown argument %s (try --help)\n", a.c_str());
-      return 2;
-    }
-  }
+  app.add_option("--device", device, "Where the tensors live")
+      ->check(CLI::IsMember({"cpu", "cuda"}).description(""))
+      ->type_name("cpu|cuda");
+  auto* sizes_opt =
+      app.add_option("--sizes", size_text, "Parameter counts (K, M, G: 1024 multiples)")
+          ->delimiter(',')
+          ->check(loom_cli::size_validator())
+          ->type_name("SIZE,...")
+          ->default_str("1M,16M,64M; cuda: 1M,16M,64M,256M");
+  app.add_option("--iters", iters, "Timed steps per size")
+      ->check(loom_cli::integer_in(1, 1000000))
+      ->type_name("N");
+  app.add_option("--optimizers", optimizers, "Optimizer plugins to time")
+      ->delimiter(',')
+      ->type_name("NAME,...")
+      ->default_str("adam,lamb");
+  if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
+  const bool sizes_given = sizes_opt->count() > 0;
+  std::vector<size_t> sizes;
+  for (const auto& t : size_text) sizes.push_back(*loom_cli::parse_size(t));
 
   if (device == "cuda") {
 #if LOOM_BENCH_CUDA

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <loom_cli_support.hpp>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -38,17 +39,6 @@ namespace lt = loom::trainer;
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = std::min(s.find(',', b), s.size());
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
 }
 
 const std::map<std::string, lt::ModelConfig>& configs() {
@@ -134,55 +124,36 @@ struct Best {
   void add(double t) { s = std::min(s, t); }
 };
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: loom-bench-train [--configs example,wide,deep] [--batch B] [--iters N] "
-               "[--threads T]\n");
-}
-
 }  // namespace
 
 int run(int argc, char** argv) {
   loom::trainer::layers::cap_simd_from_env();  // LOOM_SIMD_MAX: another CPU's code path
+  CLI::App app{
+      "Tokens/s and MFU of the reference trainer's model against the sgemm peak measured in\n"
+      "the same run, one JSON object per line"};
+  loom_cli::configure(app, "loom bench train");
   std::vector<std::string> names = {"example", "wide", "deep"};
   int batch = 8;
   int iters = 10;
   int threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        usage();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--configs") {
-      names = split(value());
-    } else if (a == "--batch") {
-      batch = std::atoi(value().c_str());
-    } else if (a == "--iters") {
-      iters = std::atoi(value().c_str());
-    } else if (a == "--threads") {
-      threads = std::atoi(value().c_str());
-    } else if (a == "-h" || a == "--help") {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "loom-bench-train: unknown argument %s\n", a.c_str());
-      usage();
-      return 2;
-    }
-  }
-  if (batch < 1 || batch > 4096 || iters < 1 || threads < 0) {
-    std::fprintf(stderr, "loom-bench-train: --batch must be in [1, 4096], --iters positive\n");
-    return 2;
-  }
+  app.add_option("--configs", names, "Model configs: example, wide, deep")
+      ->delimiter(',')
+      ->type_name("NAME,...")
+      ->default_str("example,wide,deep");
+  app.add_option("--batch", batch, "Sequences per step")
+      ->check(loom_cli::integer_in(1, 4096))
+      ->type_name("B");
+  app.add_option("--iters", iters, "Rounds; each figure is the best of them")
+      ->check(loom_cli::integer_in(1, 1000000))
+      ->type_name("N");
+  app.add_option("--threads", threads, "Model threads (0: LOOM_NUM_THREADS or all cores)")
+      ->check(loom_cli::integer_in(0, 4096))
+      ->type_name("T");
+  if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
   for (const auto& n : names) {
     if (configs().count(n) == 0) {
-      std::fprintf(stderr, "loom-bench-train: unknown config %s (example, wide, deep)\n",
-                   n.c_str());
-      return 2;
+      return loom_cli::usage_error("loom bench train",
+                                   "--configs: unknown config '" + n + "' (example, wide, deep)");
     }
   }
   lt::set_num_threads(threads);  // 0: LOOM_NUM_THREADS or all cores

@@ -4,19 +4,22 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
+#include <toml++/toml.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <loom_cli_support.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace {
 
-// Exit codes: 0 fine; 1 an operational error; 2 an invalid manifest (loom check).
+// Exit codes: 0 fine; 1 an operational error; 2 a usage error or an invalid manifest or
+// config (loom check).
 constexpr int kExitError = 1;
 constexpr int kExitInvalid = 2;
 
@@ -143,6 +146,16 @@ int cmd_describe(const std::string& name, bool json, const std::string& plugin_p
   return 0;
 }
 
+// A trainer config (the reference trainer's TOML) names its manifest in a [manifest] table
+// with a `path`; a Loom manifest has no such table. Unreadable or unparsable files are left to
+// libloom, which reports them as manifests.
+bool is_trainer_config(const std::string& file) {
+  auto parsed = toml::parse_file(file);
+  if (!parsed) return false;
+  const auto* manifest = parsed.table()["manifest"].as_table();
+  return manifest != nullptr && manifest->get("path") != nullptr;
+}
+
 int cmd_check(const std::string& manifest, const std::string& plugin_path) {
   loom_open_options opts{};
   opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
@@ -159,26 +172,50 @@ int cmd_check(const std::string& manifest, const std::string& plugin_path) {
   return 0;
 }
 
-}  // namespace
+// The folder of the `loom` executable, where the programs it runs are installed.
+std::filesystem::path programs_dir() {
+  std::error_code ec;
+  const auto self = std::filesystem::canonical("/proc/self/exe", ec);
+  return ec ? std::filesystem::path(".") : self.parent_path();
+}
+
+// The NAMEs of the loom-bench-NAME programs beside `loom`, sorted.
+std::vector<std::string> installed_benchmarks() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(programs_dir(), ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("loom-bench-", 0) == 0 && f.size() > 11) out.push_back(f.substr(11));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void print_bench_help(std::ostream& os) {
+  const auto names = installed_benchmarks();
+  os << "Run a benchmark: the program loom-bench-NAME installed beside loom, with ARGS.\n"
+        "Usage: loom bench NAME [ARGS...]\n"
+        "       loom bench NAME --help    a benchmark's options and their defaults\n\n"
+        "Benchmarks installed: "
+     << (names.empty() ? "none" : join(names, ", ")) << "\n";
+}
 
 // Runs the program `name` installed beside `loom`, with `args`. Benchmarks and the reference
 // trainer link what they need (MPI, BLAS) and the CLI need not: it stays a client of
 // libloom only. `what` names the command in messages.
 int exec_beside(const std::string& name, const std::vector<std::string>& args,
                 const std::string& what) {
+  const auto program = programs_dir() / name;
   std::error_code ec;
-  const auto self = std::filesystem::canonical("/proc/self/exe", ec);
-  const auto dir = ec ? std::filesystem::path(".") : self.parent_path();
-  const auto program = dir / name;
   if (!std::filesystem::exists(program, ec)) {
-    std::vector<std::string> known;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string f = e.path().filename().string();
-      if (f.rfind("loom-", 0) == 0) known.push_back(f);
+    if (what == "bench") {  // a benchmark name the user mistyped: a usage error
+      const auto names = installed_benchmarks();
+      return loom_cli::usage_error(
+          "loom bench", "no benchmark '" + name.substr(11) +
+                            "'; installed: " + (names.empty() ? "none" : join(names, ", ")));
     }
-    std::sort(known.begin(), known.end());
-    std::cerr << "loom " << what << ": " << program.string() << " is not installed"
-              << "; programs beside loom: " << (known.empty() ? "none" : join(known, ", ")) << "\n";
+    std::cerr << "loom " << what << ": " << name << " is not installed beside loom (in "
+              << programs_dir().string() << ")\n";
     return kExitError;
   }
   std::vector<std::string> storage{program.string()};
@@ -193,9 +230,28 @@ int exec_beside(const std::string& name, const std::vector<std::string>& args,
   return kExitError;
 }
 
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"loom: a plugin host for training-efficiency techniques"};
+  loom_cli::configure(app, "loom");
   app.require_subcommand(0, 1);
+  app.footer("Run 'loom help COMMAND' or 'loom COMMAND --help' for a command's options.");
   bool version = false;
   app.add_flag("--version", version, "Print the version and the plugin ABI it speaks");
   std::string plugin_path;
@@ -214,37 +270,85 @@ int main(int argc, char** argv) {
   desc->add_option("--plugin-path", plugin_path,
                    "Extra plugin folders (':'-separated), searched first");
 
-  auto* check = app.add_subcommand("check", "Validate a manifest without running anything");
-  std::string check_manifest;
-  check->add_option("MANIFEST", check_manifest, "Manifest file (TOML)")->required();
+  auto* check = app.add_subcommand(
+      "check", "Validate a manifest, or a trainer config and its manifest, without running");
+  std::string check_file;
+  check->add_option("FILE", check_file, "Manifest or trainer config (TOML)")->required();
   check->add_option("--plugin-path", plugin_path,
                     "Extra plugin folders (':'-separated), searched after the manifest's");
 
   // Handled before parsing: their arguments belong to the program they run, untouched.
   app.add_subcommand("bench", "Run a benchmark: loom bench NAME [ARGS...] (comm, optim, ...)");
-  app.add_subcommand("train", "Train with the reference trainer: loom train MANIFEST [ARGS...]");
+  app.add_subcommand("train", "Train with the reference trainer: loom train CONFIG [ARGS...]");
   app.add_subcommand("data", "Prepare datasets: loom data prepare [ARGS...]");
-  app.add_subcommand("plot", "Plot runs: loom plot RUN_DIR... -o FILE.png");
+  app.add_subcommand("plot", "Plot runs: loom plot RUN_DIR... -o FILE.png|FILE.svg");
+  app.add_subcommand("help", "Print this help, or a command's: loom help COMMAND");
+  const std::vector<std::string> beside{"bench", "train", "data", "plot"};
+  auto is_beside = [&](const std::string& c) {
+    return std::find(beside.begin(), beside.end(), c) != beside.end();
+  };
   if (argc >= 2) {
     const std::string cmd = argv[1];
-    const std::vector<std::string> rest(argv + 2, argv + argc);
+    std::vector<std::string> rest(argv + 2, argv + argc);
+    if (cmd == "help") {
+      if (rest.empty() || rest[0] == "help") {
+        std::cout << app.help();
+        return 0;
+      }
+      if (is_beside(rest[0])) {  // `loom help bench optim` = `loom bench optim --help`
+        std::vector<std::string> args(rest.begin() + 1, rest.end());
+        if (rest[0] == "bench" && args.empty()) {
+          print_bench_help(std::cout);
+          return 0;
+        }
+        if (rest[0] == "bench") {
+          const std::string name = args[0];
+          return exec_beside("loom-bench-" + name, {"--help"}, "bench");
+        }
+        args.emplace_back("--help");
+        return exec_beside("loom-" + rest[0], args, rest[0]);
+      }
+      for (CLI::App* sub : {plugins, desc, check}) {
+        if (sub->get_name() == rest[0]) {  // as `loom CMD --help`
+          std::string a0 = "loom", a1 = rest[0], a2 = "--help";
+          char* help_argv[] = {a0.data(), a1.data(), a2.data()};
+          return loom_cli::parse(app, 3, help_argv, false);
+        }
+      }
+      return loom_cli::usage_error("loom help", "unknown command '" + rest[0] + "'");
+    }
     if (cmd == "bench") {
       if (rest.empty()) {
-        std::cerr << "usage: loom bench NAME [ARGS...]\n";
-        return kExitError;
+        print_bench_help(std::cerr);
+        return loom_cli::kExitUsage;
+      }
+      if (rest[0] == "--help" || rest[0] == "-h") {
+        print_bench_help(std::cout);
+        return 0;
+      }
+      if (rest[0].rfind('-', 0) == 0) {
+        return loom_cli::usage_error("loom bench",
+                                     "expected a benchmark NAME before '" + rest[0] + "'");
       }
       return exec_beside("loom-bench-" + rest[0], {rest.begin() + 1, rest.end()}, "bench");
     }
-    if (cmd == "train" || cmd == "data" || cmd == "plot") {
-      return exec_beside("loom-" + cmd, rest, cmd);
+    if (is_beside(cmd)) return exec_beside("loom-" + cmd, rest, cmd);
+    const auto subs = app.get_subcommands({});
+    if (cmd.rfind('-', 0) != 0 && std::none_of(subs.begin(), subs.end(), [&](const CLI::App* a) {
+          return a->get_name() == cmd;
+        })) {
+      std::string problem = "unknown command '" + cmd + "'";
+      for (const CLI::App* sub : subs) {
+        if (edit_distance(cmd, sub->get_name()) <= 2) {
+          problem += " (did you mean '" + sub->get_name() + "'?)";
+          break;
+        }
+      }
+      return loom_cli::usage_error("loom", problem);
     }
   }
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
   try {
     if (version) {
       std::cout << "loom " << loom_version() << " (plugin ABI " << loom_abi_major() << "."
@@ -253,10 +357,16 @@ int main(int argc, char** argv) {
     }
     if (plugins->parsed()) return cmd_plugins(plugins_json, plugin_path);
     if (desc->parsed()) return cmd_describe(desc_name, desc_json, plugin_path);
-    if (check->parsed()) return cmd_check(check_manifest, plugin_path);
-
-    std::cout << app.help();
-    return 0;
+    if (check->parsed()) {
+      if (!is_trainer_config(check_file)) return cmd_check(check_file, plugin_path);
+      // The trainer validates its own config (and the manifest it names): loom-train links
+      // what the trainer needs, the CLI need not.
+      std::vector<std::string> args{"--check", check_file};
+      if (!plugin_path.empty()) args.insert(args.end(), {"--plugin-path", plugin_path});
+      return exec_beside("loom-train", args, "check");
+    }
+    std::cerr << app.help();
+    return loom_cli::kExitUsage;
   } catch (const std::exception& e) {
     std::cerr << "loom: " << e.what() << "\n";
     return kExitError;

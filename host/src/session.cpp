@@ -68,6 +68,11 @@ loom_status* svc_device_free(void* /*ctx*/, DLDevice device, void* ptr, void* st
 }
 
 std::string read_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // an ifstream opens it and reads nothing
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                path.string() + ": is a folder, not a manifest file (give the .toml file)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw Error(LOOM_ERR_NOT_FOUND,

@@ -1,5 +1,6 @@
 #include "validate.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -11,12 +12,17 @@ namespace {
 
 using Type = ManifestValue::Type;
 
+// Shortest round-trip text: "1e-06", not "9.9999999999999995e-07"; integers as integers.
 std::string format_number(double v) {
+  if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
+  char buf[64];
+  if (v == std::trunc(v) && std::fabs(v) < 1e15) {
+    const auto r = std::to_chars(buf, buf + sizeof(buf), static_cast<long long>(v));
+    return std::string(buf, r.ptr);
+  }
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
 }
 
 std::string range_phrase(const loom_param_spec& spec) {

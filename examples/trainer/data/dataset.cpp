@@ -65,7 +65,8 @@ void apply_merge(std::vector<int>& w, int a, int b, int id) {
 
 }  // namespace
 
-Tokenizer Tokenizer::train_bpe(const std::vector<std::string>& texts, int vocab_size) {
+Tokenizer Tokenizer::train_bpe(const std::vector<std::string>& texts, int vocab_size,
+                               const std::function<void(int, int)>& progress) {
   if (vocab_size < 256 || vocab_size > 65536) {
     throw DataError("BPE vocab size " + std::to_string(vocab_size) +
                     " is out of range [256, 65536] (tokens are uint16)");
@@ -99,6 +100,7 @@ Tokenizer Tokenizer::train_bpe(const std::vector<std::string>& texts, int vocab_
     const int a = static_cast<int>(best >> 32), b = static_cast<int>(best & 0xffffffffu);
     tok.merges_.emplace_back(a, b);
     for (auto& w : words) apply_merge(w, a, b, id);
+    if (progress) progress(id - 255, vocab_size - 256);
   }
   tok.build_tables();
   return tok;
@@ -110,7 +112,8 @@ void Tokenizer::build_tables() {
   for (const auto& [a, b] : merges_) pieces_.push_back(pieces_[a] + pieces_[b]);
 }
 
-std::vector<uint16_t> Tokenizer::encode(const std::string& text) const {
+std::vector<uint16_t> Tokenizer::encode(const std::string& text,
+                                        const std::function<void(size_t)>& progress) const {
   std::vector<uint16_t> out;
   out.reserve(text.size());
   if (merges_.empty()) {
@@ -124,7 +127,10 @@ std::vector<uint16_t> Tokenizer::encode(const std::string& text) const {
   }
   std::unordered_map<std::string_view, std::vector<uint16_t>> cache;
   std::vector<int> w;
+  size_t done = 0, reported = 0;
   for_each_chunk(text, [&](std::string_view c) {
+    done += c.size();
+    if (progress && done - reported >= (size_t{1} << 20)) progress(reported = done);
     auto it = cache.find(c);
     if (it == cache.end()) {
       w.resize(c.size());

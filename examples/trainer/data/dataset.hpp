@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -46,7 +47,9 @@ class Tokenizer {
   Tokenizer() = default;  // byte-level (vocab 256)
   static Tokenizer byte_level() { return Tokenizer(); }
   // Trains merges on `texts` until vocab_size tokens exist (or no pair occurs twice).
-  static Tokenizer train_bpe(const std::vector<std::string>& texts, int vocab_size);
+  // `progress`, when given, is called after each merge with (merges done, merges wanted).
+  static Tokenizer train_bpe(const std::vector<std::string>& texts, int vocab_size,
+                             const std::function<void(int, int)>& progress = nullptr);
   // The tokenizer file (JSON): {"format": "loom-tokenizer", "version": 1, "type": "byte"|"bpe",
   // "vocab_size": N, "merges": [[a, b], ...]}. Throws DataError naming the file.
   static Tokenizer load(const std::string& path);
@@ -56,7 +59,9 @@ class Tokenizer {
   int vocab_size() const { return 256 + static_cast<int>(merges_.size()); }
   const std::vector<std::pair<int, int>>& merges() const { return merges_; }
 
-  std::vector<uint16_t> encode(const std::string& text) const;
+  // `progress`, when given, is called about every MiB with the bytes of `text` encoded.
+  std::vector<uint16_t> encode(const std::string& text,
+                               const std::function<void(size_t)>& progress = nullptr) const;
   std::string decode(std::span<const uint16_t> tokens) const;
 
  private:

@@ -3,10 +3,12 @@
 #include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <loom_cli_support.hpp>
 #include <numbers>
-#include <set>
 #include <sstream>
+#include <vector>
 
 namespace loom::trainer {
 
@@ -18,41 +20,82 @@ std::string where(const std::string& file, const toml::source_region& r) {
   return s.str();
 }
 
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'steps'?)" when one of `known` is close to `got`, else "".
+template <class Names>
+std::string did_you_mean(const std::string& got, const Names& known) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, got.size() / 3) + 1;
+  for (const auto& k : known) {
+    const size_t d = edit_distance(got, k);
+    if (d < best_d) best = k, best_d = d;
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+// Every problem found, in file order of discovery; load_config throws them all at once.
+struct Errors {
+  std::vector<std::string> list;
+  void add(std::string e) { list.push_back(std::move(e)); }
+};
+
 struct Reader {
   std::string file;
   const toml::table* table;
   std::string section;
-  std::set<std::string> known;
+  Errors* errors;
+  std::vector<std::string> known{};
 
   const toml::node* node(const char* key) {
-    known.insert(key);
+    known.emplace_back(key);
     return table ? table->get(key) : nullptr;
   }
-  [[noreturn]] void fail(const toml::node& n, const std::string& key, const std::string& what) {
-    throw ConfigError(where(file, n.source()) + ": [" + section + "] " + key + ": " + what);
+  // Where a key's value is, or its section (or the file's start) when the key is absent.
+  std::string at(const char* key) const {
+    const toml::node* n = table ? table->get(key) : nullptr;
+    if (n) return where(file, n->source());
+    if (table) return where(file, table->source());
+    return file + ":1:1";
+  }
+  void fail(const toml::node& n, const std::string& key, const std::string& what) {
+    errors->add(where(file, n.source()) + ": [" + section + "] " + key + ": " + what);
   }
   void str(const char* key, std::string& out) {
     if (auto* n = node(key)) {
-      if (!n->is_string()) fail(*n, key, "expected a string");
+      if (!n->is_string()) return fail(*n, key, "expected a string");
       out = n->as_string()->get();
     }
   }
   template <class T>
   void integer(const char* key, T& out, int64_t lo, int64_t hi) {
     if (auto* n = node(key)) {
-      if (!n->is_integer()) fail(*n, key, "expected an integer");
+      if (!n->is_integer()) return fail(*n, key, "expected an integer");
       const int64_t v = n->as_integer()->get();
       if (v < lo || v > hi) {
-        fail(*n, key,
-             std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " +
-                 std::to_string(hi) + "]");
+        return fail(*n, key,
+                    std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " +
+                        std::to_string(hi) + "]");
       }
       out = static_cast<T>(v);
     }
   }
   void boolean(const char* key, bool& out) {
     if (auto* n = node(key)) {
-      if (!n->is_boolean()) fail(*n, key, "expected true or false");
+      if (!n->is_boolean()) return fail(*n, key, "expected true or false");
       out = n->as_boolean()->get();
     }
   }
@@ -64,12 +107,12 @@ struct Reader {
       } else if (n->is_integer()) {
         v = static_cast<double>(n->as_integer()->get());
       } else {
-        fail(*n, key, "expected a number");
+        return fail(*n, key, "expected a number");
       }
       if (!(v >= lo && v <= hi)) {
-        std::ostringstream s;
-        s << v << " is out of range [" << lo << ", " << hi << "]";
-        fail(*n, key, s.str());
+        return fail(*n, key,
+                    loom_cli::number(v) + " is out of range [" + loom_cli::number(lo) + ", " +
+                        loom_cli::number(hi) + "]");
       }
       out = v;
     }
@@ -77,10 +120,11 @@ struct Reader {
   void finish() {
     if (!table) return;
     for (const auto& [k, v] : *table) {
-      if (!known.count(std::string(k.str()))) {
+      const std::string name(k.str());
+      if (std::find(known.begin(), known.end(), name) == known.end()) {
         (void)v;
-        throw ConfigError(where(file, k.source()) + ": [" + section + "] " + std::string(k.str()) +
-                          ": unknown key");
+        errors->add(where(file, k.source()) + ": [" + section + "] " + name + ": unknown key" +
+                    did_you_mean(name, known));
       }
     }
   }
@@ -92,9 +136,22 @@ std::string resolve(const std::filesystem::path& dir, const std::string& p) {
   return (q.is_absolute() ? q : (dir / q)).lexically_normal().string();
 }
 
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += (out.empty() ? "" : "\n") + l;
+  return out;
+}
+
 }  // namespace
 
-TrainConfig load_config(const std::string& path) {
+ConfigError::ConfigError(std::vector<std::string> errors)
+    : std::runtime_error(joined(errors)), errors_(std::move(errors)) {}
+
+TrainConfig read_config(const std::string& path, std::vector<std::string>& problems) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError(path + ": is a folder, not a trainer config file");
+  }
   toml::parse_result r = toml::parse_file(path);
   if (!r) {
     const auto& e = r.error();
@@ -104,15 +161,17 @@ TrainConfig load_config(const std::string& path) {
   const toml::table& root = r.table();
   TrainConfig c;
   c.config_path = path;
-  const std::set<std::string> sections{"manifest", "model", "data", "train"};
+  Errors errors;
+  const std::vector<std::string> sections{"manifest", "model", "data", "train"};
   for (const auto& [k, v] : root) {
-    if (!sections.count(std::string(k.str())) || !v.is_table()) {
-      throw ConfigError(where(path, v.source()) + ": unknown top-level key or section '" +
-                        std::string(k.str()) +
-                        "' (expected tables [manifest], [model], [data], [train])");
+    const std::string name(k.str());
+    if (std::find(sections.begin(), sections.end(), name) == sections.end() || !v.is_table()) {
+      errors.add(where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
+                 did_you_mean(name, sections) +
+                 " (expected tables [manifest], [model], [data], [train])");
     }
   }
-  auto sect = [&](const char* name) { return Reader{path, root[name].as_table(), name, {}}; };
+  auto sect = [&](const char* name) { return Reader{path, root[name].as_table(), name, &errors}; };
   const auto dir = std::filesystem::absolute(path).parent_path();
 
   Reader man = sect("manifest");
@@ -120,7 +179,9 @@ TrainConfig load_config(const std::string& path) {
   man.str("optimizer", c.optimizer);
   man.str("comm", c.comm);
   man.finish();
-  if (c.manifest.empty()) throw ConfigError(path + ": [manifest] path is required");
+  if (c.manifest.empty()) {
+    errors.add(man.at("path") + ": [manifest] path is required (the Loom manifest to use)");
+  }
   c.manifest = resolve(dir, c.manifest);
 
   Reader model = sect("model");
@@ -130,11 +191,25 @@ TrainConfig load_config(const std::string& path) {
   model.integer("heads", c.model.heads, 1, 1024);
   model.integer("dim", c.model.dim, 1, 1 << 16);
   model.finish();
+  if (c.model.heads > 0 && c.model.dim % c.model.heads != 0) {
+    errors.add(model.at("dim") + ": [model] dim " + std::to_string(c.model.dim) +
+               " is not divisible by heads " + std::to_string(c.model.heads));
+  }
+  const double params = static_cast<double>(c.model.vocab_size + c.model.context) * c.model.dim +
+                        static_cast<double>(c.model.layers) * 12.0 * c.model.dim * c.model.dim;
+  if (params > 4.0e9) {
+    errors.add(model.at("dim") + ": [model] the model is too large: about " +
+               loom_cli::number(std::round(params / 1e6)) +
+               "M parameters, more than the 4000M the reference trainer takes");
+  }
 
   Reader data = sect("data");
   data.str("dataset", c.dataset);
   data.finish();
-  if (c.dataset.empty()) throw ConfigError(path + ": [data] dataset is required");
+  if (c.dataset.empty()) {
+    errors.add(data.at("dataset") +
+               ": [data] dataset is required (a file written by loom data prepare)");
+  }
   c.dataset = resolve(dir, c.dataset);
 
   Reader t = sect("train");
@@ -158,15 +233,39 @@ TrainConfig load_config(const std::string& path) {
   t.integer("threads", c.threads, 0, 1024);
   t.boolean("mask_unused_positions", c.mask_unused_positions);
   t.finish();
-  if (c.decay != "cosine" && c.decay != "linear" && c.decay != "constant") {
-    throw ConfigError(path + ": [train] decay: '" + c.decay +
-                      "' is not one of cosine, linear, constant");
+  const std::vector<std::string> decays{"cosine", "linear", "constant"};
+  if (std::find(decays.begin(), decays.end(), c.decay) == decays.end()) {
+    errors.add(t.at("decay") + ": [train] decay: '" + c.decay +
+               "' is not one of cosine, linear, constant" + did_you_mean(c.decay, decays));
   }
   if (c.seq_len > c.model.context) {
-    throw ConfigError(path + ": [train] seq_len " + std::to_string(c.seq_len) +
-                      " exceeds [model] context " + std::to_string(c.model.context));
+    errors.add(t.at("seq_len") + ": [train] seq_len " + std::to_string(c.seq_len) +
+               " exceeds [model] context " + std::to_string(c.model.context));
   }
-  if (c.min_lr > c.lr) throw ConfigError(path + ": [train] min_lr is above lr");
+  if (c.min_lr > c.lr) {
+    errors.add(t.at("min_lr") + ": [train] min_lr " + loom_cli::number(c.min_lr) + " is above lr " +
+               loom_cli::number(c.lr));
+  }
+  if (c.plot != "auto" && c.plot != "none" && !c.plot.empty()) {
+    const std::string ext = std::filesystem::path(c.plot).extension().string();
+    if (ext != ".png" && ext != ".svg") {
+      errors.add(t.at("plot") + ": [train] plot: '" + c.plot +
+                 "' must end in .png or .svg (or be \"auto\" or \"none\")");
+    }
+  }
+  if (!errors.list.empty()) {
+    // In file order: "PATH:LINE:COL: ..." sorted by line and column.
+    auto pos = [&](const std::string& e) {
+      unsigned line = 0, col = 0;
+      if (e.rfind(path + ":", 0) == 0) {
+        std::sscanf(e.c_str() + path.size() + 1, "%u:%u", &line, &col);
+      }
+      return std::make_pair(line, col);
+    };
+    std::stable_sort(errors.list.begin(), errors.list.end(),
+                     [&](const std::string& a, const std::string& b) { return pos(a) < pos(b); });
+    problems.insert(problems.end(), errors.list.begin(), errors.list.end());
+  }
   if (c.run_dir.empty()) {
     c.run_dir = (dir / "runs" / std::filesystem::path(path).stem()).string();
   } else {
@@ -179,6 +278,39 @@ TrainConfig load_config(const std::string& path) {
   else
     c.plot = resolve(dir, c.plot);
   return c;
+}
+
+TrainConfig load_config(const std::string& path) {
+  std::vector<std::string> problems;
+  TrainConfig c = read_config(path, problems);
+  if (!problems.empty()) throw ConfigError(std::move(problems));
+  return c;
+}
+
+std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
+  std::vector<std::string> out;
+  toml::parse_result r = toml::parse_file(c.manifest);
+  if (!r) return out;
+  auto need = [&](const char* section, const std::string& name) {
+    const toml::table* t = r.table()[section].as_table();
+    if (t != nullptr && t->get_as<toml::table>(name) != nullptr) return;
+    std::vector<std::string> have;
+    if (t != nullptr) {
+      for (const auto& [k, v] : *t) {
+        if (v.is_table()) have.emplace_back(k.str());
+      }
+    }
+    std::string list;
+    for (const auto& h : have)
+      list += (list.empty() ? "" : ", ") + std::string("[") + section + "." + h + "]";
+    out.push_back(c.config_path + ": [manifest] " + section + " '" + name + "': " + c.manifest +
+                  " has no [" + section + "." + name + "]" +
+                  (have.empty() ? std::string(" (it has no ") + section + " at all)"
+                                : " (it has " + list + ")" + did_you_mean(name, have)));
+  };
+  need("optimizer", c.optimizer);
+  if (!c.comm.empty()) need("comm", c.comm);
+  return out;
 }
 
 double lr_at(const TrainConfig& c, int64_t step) {

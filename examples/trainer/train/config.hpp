@@ -5,14 +5,22 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model.hpp"
 
 namespace loom::trainer {
 
+// A config's problems, one "FILE:LINE:COL: [section] key: problem" per line (what() joins
+// them with newlines), every one found, not just the first.
 class ConfigError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ConfigError(const std::string& error) : ConfigError(std::vector<std::string>{error}) {}
+  explicit ConfigError(std::vector<std::string> errors);
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::vector<std::string> errors_;
 };
 
 struct TrainConfig {
@@ -49,8 +57,17 @@ struct TrainConfig {
   bool mask_unused_positions = true;
 };
 
-// Reads and validates the file; relative paths become relative to its folder.
+// Reads and validates the file; relative paths become relative to its folder. Throws
+// ConfigError with every problem found.
 TrainConfig load_config(const std::string& path);
+// The same, but appends the problems (in file order) to `problems` and returns what it could
+// read; only a file it cannot open or parse throws.
+TrainConfig read_config(const std::string& path, std::vector<std::string>& problems);
+
+// The problems of the names the config gives its manifest's instances ([optimizer.NAME],
+// [comm.NAME]), one message each; empty when both are there (or the manifest is unreadable:
+// libloom reports that).
+std::vector<std::string> manifest_name_problems(const TrainConfig& c);
 
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.

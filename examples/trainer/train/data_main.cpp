@@ -1,11 +1,14 @@
 // loom-data (run as `loom data prepare --input FILES... --output DATA.bin [--tokenizer byte|bpe]
 // [--vocab-size N] [--heldout-fraction F]`): tokenizes text files into the dataset file of
-// dataset.hpp and writes the tokenizer beside it (DATA.tokenizer.json).
-#include <CLI/CLI.hpp>
+// dataset.hpp and writes the tokenizer beside it (DATA.tokenizer.json). Long steps (BPE
+// training, encoding) report progress on stderr.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <loom_cli_support.hpp>
 #include <sstream>
 
 #include "dataset.hpp"
@@ -13,8 +16,51 @@
 namespace fs = std::filesystem;
 using namespace loom::trainer;
 
+namespace {
+
+constexpr size_t kHeldoutBlock = 1024;  // tokens; every k-th block is held out
+
+// The output's folder must exist: prepare writes the files the user named, no folders.
+void check_output(const std::string& output) {
+  const fs::path parent = fs::path(output).parent_path();
+  std::error_code ec;
+  if (fs::is_directory(output, ec)) {
+    throw DataError(output + ": is a folder; --output names the dataset file to write");
+  }
+  if (!parent.empty() && !fs::is_directory(parent, ec)) {
+    throw DataError(output + ": the folder " + parent.string() +
+                    " does not exist (create it first, e.g. mkdir -p " + parent.string() + ")");
+  }
+}
+
+// A heldout split with no tokens cannot evaluate anything: say so now, with the fix, rather
+// than when training starts.
+void check_heldout(const std::string& output, size_t tokens, size_t heldout, double fraction) {
+  if (heldout > 0) return;
+  if (fraction == 0) {
+    throw DataError(output +
+                    ": --heldout-fraction 0 holds out no tokens, and the trainer evaluates on "
+                    "the heldout split (use e.g. --heldout-fraction 0.05)");
+  }
+  const size_t blocks = (tokens + kHeldoutBlock - 1) / kHeldoutBlock;
+  std::string fix;
+  if (blocks < 2) {
+    fix = "give more text: at least " + std::to_string(kHeldoutBlock + 1) + " tokens";
+  } else {
+    const double f = std::ceil(100.0 / static_cast<double>(blocks)) / 100.0;
+    fix = "use --heldout-fraction " + loom_cli::number(f) + " or more, or give more text";
+  }
+  throw DataError(output + ": the heldout split would have 0 tokens: " + std::to_string(tokens) +
+                  " tokens make " + std::to_string(blocks) + " block(s) of " +
+                  std::to_string(kHeldoutBlock) + ", fewer than one held-out block at " +
+                  "--heldout-fraction " + loom_cli::number(fraction) + " (" + fix + ")");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"loom data: prepare datasets for the reference trainer"};
+  CLI::App app{"Prepare datasets for the reference trainer"};
+  loom_cli::configure(app, "loom data");
   app.require_subcommand(1);
   auto* prep = app.add_subcommand("prepare", "Tokenize text files into a dataset file");
   std::vector<std::string> inputs;
@@ -24,18 +70,28 @@ int main(int argc, char** argv) {
   prep->add_option("--input", inputs,
                    "Text files or folders (folders: every file in them, "
                    "except .dat and .u8 index files)")
-      ->required();
-  prep->add_option("--output", output, "The dataset file to write")->required();
-  prep->add_option("--tokenizer", kind, "byte or bpe")->check(CLI::IsMember({"byte", "bpe"}));
-  prep->add_option("--vocab-size", vocab, "BPE vocabulary size (256..65536)");
-  prep->add_option("--heldout-fraction", heldout, "Fraction held out for evaluation [0, 1)");
+      ->required()
+      ->type_name("PATH");
+  prep->add_option("--output", output, "The dataset file to write (its folder must exist)")
+      ->required()
+      ->type_name("FILE");
+  prep->add_option("--tokenizer", kind, "byte (vocabulary 256) or bpe (--vocab-size)")
+      ->check(CLI::IsMember({"byte", "bpe"}).description(""))
+      ->type_name("byte|bpe");
+  auto* vocab_opt = prep->add_option("--vocab-size", vocab, "BPE vocabulary size (bpe only)")
+                        ->check(loom_cli::integer_in(256, 65536))
+                        ->type_name("N");
+  prep->add_option("--heldout-fraction", heldout, "Fraction of the tokens held out for evaluation")
+      ->check(loom_cli::number_in(0.0, 1.0, false))
+      ->type_name("F");
   auto* info = app.add_subcommand("info", "Validate a dataset file and print its header");
   std::string info_path;
-  info->add_option("DATA", info_path, "Dataset file")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  info->add_option("DATA", info_path, "Dataset file")->required()->type_name("FILE");
+  if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
+  if (prep->parsed() && kind == "byte" && vocab_opt->count() > 0) {
+    return loom_cli::usage_error("loom data prepare",
+                                 "--vocab-size applies to --tokenizer bpe; the byte tokenizer's "
+                                 "vocabulary is always 256");
   }
   try {
     if (info->parsed()) {
@@ -46,6 +102,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(ds.header().heldout_tokens));
       return 0;
     }
+    check_output(output);
     std::vector<fs::path> files;
     for (const auto& in : inputs) {
       std::error_code ec;
@@ -56,6 +113,7 @@ int main(int argc, char** argv) {
           if (e.is_regular_file() && ext != ".dat" && ext != ".u8") found.push_back(e.path());
         }
         std::sort(found.begin(), found.end());
+        if (found.empty()) throw DataError(in + ": the folder has no text files");
         files.insert(files.end(), found.begin(), found.end());
       } else if (fs::is_regular_file(in, ec)) {
         files.emplace_back(in);
@@ -74,15 +132,34 @@ int main(int argc, char** argv) {
       texts.push_back(ss.str());
       bytes += texts.back().size();
     }
-    Tokenizer tok = kind == "bpe" ? Tokenizer::train_bpe(texts, vocab) : Tokenizer::byte_level();
+    Tokenizer tok = Tokenizer::byte_level();
+    if (kind == "bpe") {
+      loom_cli::Progress p("loom data: training BPE", "merges", vocab - 256);
+      int last = 0;
+      tok = Tokenizer::train_bpe(texts, vocab, [&](int done, int) { p.update(last = done); });
+      p.finish(last);
+      if (tok.vocab_size() < vocab) {
+        std::fprintf(stderr,
+                     "loom data: the text has no pair left to merge after %d merges: vocabulary "
+                     "%d, not %d\n",
+                     tok.vocab_size() - 256, tok.vocab_size(), vocab);
+      }
+    }
     std::vector<uint16_t> all;
-    for (const auto& t : texts) {
-      auto e = tok.encode(t);
-      all.insert(all.end(), e.begin(), e.end());
+    {
+      loom_cli::Progress p("loom data: encoding", "MiB", static_cast<double>(bytes) / (1 << 20));
+      size_t before = 0;
+      for (const auto& t : texts) {
+        auto e = tok.encode(
+            t, [&](size_t done) { p.update(static_cast<double>(before + done) / (1 << 20)); });
+        before += t.size();
+        all.insert(all.end(), e.begin(), e.end());
+      }
+      p.finish(static_cast<double>(bytes) / (1 << 20));
     }
     std::vector<uint16_t> train, held;
-    split_heldout(all, heldout, 1024, train, held);
-    if (fs::path(output).has_parent_path()) fs::create_directories(fs::path(output).parent_path());
+    split_heldout(all, heldout, kHeldoutBlock, train, held);
+    check_heldout(output, all.size(), held.size(), heldout);
     write_dataset(output, static_cast<uint32_t>(tok.vocab_size()), train, held);
     const std::string tpath = tokenizer_path_for(output);
     tok.save(tpath);

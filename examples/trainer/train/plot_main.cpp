@@ -1,15 +1,15 @@
-// loom-plot (run as `loom plot RUN_DIR... -o FILE.png`): train and eval loss curves of one or
-// several runs and their communication volume, drawn by gnuplot (Debian's gnuplot-nox) from
-// each RUN_DIR/metrics.jsonl.
+// loom-plot (run as `loom plot RUN_DIR... -o FILE.png|FILE.svg`): train and eval loss curves of one
+// or several runs and their communication volume, drawn by gnuplot (Debian's gnuplot-nox) from each
+// RUN_DIR/metrics.jsonl.
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <loom_cli_support.hpp>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -29,19 +29,38 @@ std::string quote(const std::string& s) {  // a gnuplot string literal
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"loom plot: loss curves and communication volume of training runs"};
+  CLI::App app{"Plot the loss curves and communication volume of training runs"};
+  loom_cli::configure(app, "loom plot");
   std::vector<std::string> runs;
   std::string out;
   std::string title;
-  app.add_option("RUN_DIR", runs, "Run directories (each with metrics.jsonl)")->required();
-  app.add_option("-o,--output", out, "The PNG file to write")->required();
+  app.add_option("RUN_DIR", runs, "Run directories (each with metrics.jsonl)")
+      ->required()
+      ->type_name("DIR");
+  app.add_option("-o,--output", out,
+                 "The image to write: FILE.png or FILE.svg (its folder must exist)")
+      ->required()
+      ->type_name("FILE");
   app.add_option("--title", title, "Title above the plots");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
+  // The format follows the file name; anything else is refused rather than written as PNG.
+  const std::string ext = fs::path(out).extension().string();
+  std::string terminal;
+  if (ext == ".png") {
+    terminal = "pngcairo noenhanced size 1400,520 font \",10\"";
+  } else if (ext == ".svg") {
+    terminal = "svg noenhanced size 1400,520 font \",10\" dynamic background \"white\"";
+  } else {
+    return loom_cli::usage_error("loom plot",
+                                 "-o " + out + ": the file name must end in .png or .svg");
   }
   try {
+    std::error_code ec;
+    const fs::path parent = fs::path(out).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent, ec)) {
+      throw std::runtime_error(out + ": the folder " + parent.string() +
+                               " does not exist (create it first)");
+    }
     char tmpl[] = "/tmp/loom-plot-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("cannot create a temporary folder");
     const fs::path tmp = tmpl;
@@ -88,7 +107,7 @@ int main(int argc, char** argv) {
     ymax = std::min(ymax, ymax_all * 1.02);
     ymin *= 0.97;
     std::ostringstream g;
-    g << "set terminal pngcairo noenhanced size 1400,520 font \",10\"\n"
+    g << "set terminal " << terminal << "\n"
       << "set output " << quote(out) << "\n"
       << "set multiplot layout 1,2 title " << quote(title) << "\n"
       << "set grid\nset key top right\nset xlabel \"step\"\nset ylabel \"loss (nats/token)\"\n"
@@ -116,21 +135,18 @@ int main(int argc, char** argv) {
       std::ofstream s(script);
       s << g.str();
     }
-    if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
     const std::string cmd = "gnuplot " + script.string() + " 2>" + (tmp / "err.txt").string();
     int rc = std::system(cmd.c_str());
     if (rc != 0) {
       std::ifstream e(tmp / "err.txt");
       std::stringstream es;
       es << e.rdbuf();
-      std::error_code ec;
       fs::remove_all(tmp, ec);
       throw std::runtime_error(
           "gnuplot failed (install gnuplot-nox; scripts/install-deps.sh "
           "does): " +
           es.str());
     }
-    std::error_code ec;
     fs::remove_all(tmp, ec);
     return 0;
   } catch (const std::exception& e) {

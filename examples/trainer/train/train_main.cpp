@@ -6,7 +6,6 @@
 #include <loom/embed.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <loom_cli_support.hpp>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -242,6 +242,25 @@ TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   return s;
 }
 
+// Checks the config against its dataset (and takes the vocabulary size from it when the config
+// leaves it 0). Throws ConfigError or DataError.
+void fit_to_dataset(TrainConfig& c, const Dataset& ds) {
+  if (c.model.vocab_size == 0) c.model.vocab_size = static_cast<int>(ds.vocab_size());
+  if (static_cast<uint32_t>(c.model.vocab_size) < ds.vocab_size()) {
+    throw ConfigError(c.config_path + ": [model] vocab_size " + std::to_string(c.model.vocab_size) +
+                      " is smaller than the dataset's " + std::to_string(ds.vocab_size()));
+  }
+  if (ds.train().size() < static_cast<size_t>(c.seq_len) + 2) {
+    throw DataError(c.dataset + ": the train split has " + std::to_string(ds.train().size()) +
+                    " tokens, fewer than one sequence of seq_len + 1");
+  }
+  if (ds.heldout().size() < static_cast<size_t>(c.seq_len) + 1) {
+    throw DataError(c.dataset + ": the heldout split has " + std::to_string(ds.heldout().size()) +
+                    " tokens, fewer than one sequence of seq_len + 1 (prepare it again with a "
+                    "larger --heldout-fraction)");
+  }
+}
+
 // ---------------------------------------------------------------- the run
 
 struct Args {
@@ -252,6 +271,8 @@ struct Args {
   int64_t stop_after = -1;
   std::string run_dir;
   bool no_plot = false;
+  bool check = false;
+  std::string plugin_path;
 };
 
 int run(const Args& args) {
@@ -266,26 +287,22 @@ int run(const Args& args) {
     }
   }
   if (args.no_plot) c.plot.clear();
+  // The plot is drawn at the end: a folder that is not there should fail now, not then.
+  const fs::path plot_dir = fs::path(c.plot).parent_path();
+  std::error_code plot_ec;
+  if (!c.plot.empty() && plot_dir != fs::path(c.run_dir) && !fs::is_directory(plot_dir, plot_ec)) {
+    throw ConfigError(c.config_path + ": [train] plot: the folder " + plot_dir.string() +
+                      " does not exist (create it first, or use plot = \"auto\")");
+  }
 
   Dataset ds(c.dataset);
-  if (c.model.vocab_size == 0) c.model.vocab_size = static_cast<int>(ds.vocab_size());
-  if (static_cast<uint32_t>(c.model.vocab_size) < ds.vocab_size()) {
-    throw ConfigError(c.config_path + ": [model] vocab_size " + std::to_string(c.model.vocab_size) +
-                      " is smaller than the dataset's " + std::to_string(ds.vocab_size()));
-  }
-  if (ds.train().size() < static_cast<size_t>(c.seq_len) + 2) {
-    throw DataError(c.dataset + ": the train split has " + std::to_string(ds.train().size()) +
-                    " tokens, fewer than one sequence of seq_len + 1");
-  }
-  if (ds.heldout().size() < static_cast<size_t>(c.seq_len) + 1) {
-    throw DataError(c.dataset + ": the heldout split has " + std::to_string(ds.heldout().size()) +
-                    " tokens, fewer than one sequence of seq_len + 1 (use --heldout-fraction)");
-  }
+  fit_to_dataset(c, ds);
 
   // Loom: the manifest's instances.
   loom_open_options opts{};
   opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
   opts.log_level = -1;
+  opts.plugin_path = args.plugin_path.empty() ? nullptr : args.plugin_path.c_str();
   loom_session* session = nullptr;
   check_loom(loom_open_file(c.manifest.c_str(), &opts, &session), "loom manifest");
   loom::trainer::install_crash_report("loom train");  // again: UCX and MPI installed theirs
@@ -700,30 +717,86 @@ int run(const Args& args) {
   return 0;
 }
 
+// --check (what `loom check CONFIG` runs): every problem of the config, of the manifest it
+// names (as `loom check MANIFEST` reports them) and of the dataset, without training. 0 or 2.
+int check(const Args& args) {
+  TrainConfig c;
+  std::vector<std::string> problems;
+  try {
+    c = read_config(args.config, problems);
+  } catch (const ConfigError& e) {
+    for (const auto& line : e.errors()) std::cerr << line << "\n";
+    return 2;
+  }
+  for (const auto& line : problems) std::cerr << line << "\n";
+  bool ok = problems.empty();
+  if (c.manifest.empty()) return 2;  // [manifest] path missing: said above
+  loom_open_options opts{};
+  opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+  opts.validate_only = 1;
+  opts.log_level = LOOM_LOG_WARN;
+  opts.plugin_path = args.plugin_path.empty() ? nullptr : args.plugin_path.c_str();
+  loom_session* session = nullptr;
+  if (loom_open_file(c.manifest.c_str(), &opts, &session) != LOOM_OK) {
+    std::cerr << loom_last_error() << "\n";
+    ok = false;
+  } else {
+    loom_close(session);
+    for (const auto& problem : manifest_name_problems(c)) {
+      std::cerr << problem << "\n";
+      ok = false;
+    }
+  }
+  if (problems.empty()) {  // the dataset checks need a sound config
+    try {
+      Dataset ds(c.dataset);
+      fit_to_dataset(c, ds);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      ok = false;
+    }
+  }
+  if (!ok) return 2;
+  std::cout << args.config << ": ok (trainer config; manifest " << c.manifest << ", dataset "
+            << c.dataset << ")\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   loom::trainer::install_crash_report("loom train");
-  CLI::App app{"loom train: the reference trainer (docs/trainer.md)"};
+  CLI::App app{"Train a model with the reference trainer (docs/trainer.md)"};
+  loom_cli::configure(app, "loom train");
   Args a;
-  app.add_option("CONFIG", a.config, "Trainer config (TOML) naming a Loom manifest")->required();
-  app.add_flag("--resume", a.resume, "Continue from the run directory's last checkpoint");
-  app.add_flag("--fresh", a.fresh, "Start over, deleting the run directory's checkpoints");
-  app.add_option("--steps", a.steps, "Override [train] steps")->check(CLI::PositiveNumber);
-  app.add_option("--stop-after", a.stop_after, "Exit after this step (for tests)");
-  app.add_option("--run-dir", a.run_dir, "Override [train] run_dir");
+  app.add_option("CONFIG", a.config, "Trainer config (TOML) naming a Loom manifest")
+      ->required()
+      ->type_name("FILE");
+  auto* resume =
+      app.add_flag("--resume", a.resume, "Continue from the run directory's last checkpoint");
+  app.add_flag("--fresh", a.fresh, "Start over, deleting the run directory's checkpoints")
+      ->excludes(resume);
+  app.add_option("--steps", a.steps, "Override [train] steps (0: the config's)")
+      ->check(loom_cli::integer_in(0, int64_t{1} << 40))
+      ->type_name("N");
+  app.add_option("--stop-after", a.stop_after, "Exit after this step (for tests; -1: never)")
+      ->check(loom_cli::integer_in(-1, int64_t{1} << 40))
+      ->type_name("STEP");
+  app.add_option("--run-dir", a.run_dir, "Override [train] run_dir")->type_name("DIR");
   app.add_flag("--no-plot", a.no_plot, "Do not draw the plot at the end");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  if (a.resume && a.fresh) {
-    std::cerr << "loom train: --resume and --fresh exclude each other\n";
-    return 2;
-  }
+  app.add_flag("--check", a.check,
+               "Validate the config, its manifest and dataset, and exit (what loom check does)");
+  app.add_option("--plugin-path", a.plugin_path,
+                 "Extra plugin folders (':'-separated), searched after the manifest's")
+      ->type_name("DIRS");
+  if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
+  if (a.check) return check(a);
   try {
     return run(a);
+  } catch (const ConfigError& e) {
+    std::cout << std::flush;
+    for (const auto& line : e.errors()) std::cerr << "loom train: error: " << line << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cout << std::flush;
     std::cerr << "loom train: error: " << e.what() << std::endl;

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -52,6 +53,31 @@ class Cli : public ::testing::Test {
   }
   std::string plugin_path() const {
     return "--plugin-path " + quote(loom_test::plugin_dir().string());
+  }
+
+  // The folder of `loom`, where the programs it runs are installed.
+  static std::filesystem::path beside() {
+    return std::filesystem::path(LOOM_CLI_PATH).parent_path();
+  }
+  static bool installed(const std::string& program) {
+    return std::filesystem::exists(beside() / program);
+  }
+  // A usage error: exit 2, nothing on stdout, one line on stderr that names `command` and
+  // points to its --help.
+  static void expect_usage_error(const Result& r, const std::string& command,
+                                 const std::string& problem) {
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.out, "");
+    const auto l = loom_test::lines(r.err);
+    ASSERT_EQ(l.size(), 1U) << r.err;
+    EXPECT_THAT(l[0], StartsWith(command + ": "));
+    EXPECT_THAT(l[0], HasSubstr(problem));
+    EXPECT_THAT(l[0], ::testing::EndsWith("(see '" + command + " --help')"));
+  }
+  // Help text: no absolute path of the build or source tree (CLI11 would print argv[0]).
+  static void expect_no_build_paths(const std::string& text) {
+    EXPECT_THAT(text, Not(HasSubstr(beside().string())));
+    EXPECT_THAT(text, Not(HasSubstr(beside().parent_path().string() + "/")));
   }
 
   loom_test::TempDir dir_;
@@ -204,6 +230,211 @@ TEST_F(Cli, DescribeUnknownPluginFails) {
   const auto r = loom("describe prob " + plugin_path());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("unknown plugin 'prob' (did you mean 'probe'?)"));
+}
+
+TEST_F(Cli, HelpListsEveryCommandAndExitsZero) {
+  for (const std::string args : {"help", "--help", "-h"}) {
+    const auto r = loom(args);
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+    EXPECT_THAT(r.out, StartsWith("loom: a plugin host"));
+    EXPECT_THAT(r.out, HasSubstr("Usage: loom [OPTIONS] [SUBCOMMAND]"));
+    for (const char* cmd : {"plugins", "describe", "check", "bench", "train", "data", "plot"}) {
+      EXPECT_TRUE(std::regex_search(r.out, std::regex(std::string("\\n  ") + cmd + " +\\S")))
+          << cmd << " in:\n"
+          << r.out;
+    }
+    EXPECT_EQ(r.err, "");
+    expect_no_build_paths(r.out);
+  }
+}
+
+TEST_F(Cli, HelpOfEachCommandMatchesItsHelpOption) {
+  for (const std::string cmd : {"plugins", "describe", "check"}) {
+    const auto a = loom("help " + cmd);
+    const auto b = loom(cmd + " --help");
+    EXPECT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_THAT(a.out, HasSubstr("Usage: loom " + cmd + " [OPTIONS]"));
+    EXPECT_EQ(a.out, b.out);
+    expect_no_build_paths(a.out);
+  }
+  expect_usage_error(loom("help nosuch"), "loom help", "unknown command 'nosuch'");
+}
+
+TEST_F(Cli, HelpOfTheProgramsBesideLoom) {
+  if (!installed("loom-train") || !installed("loom-data")) {
+    GTEST_SKIP() << "loom-train and loom-data are not built beside loom";
+  }
+  const auto train = loom("help train");
+  EXPECT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_THAT(train.out, HasSubstr("Usage: loom train [OPTIONS] CONFIG"));
+  EXPECT_EQ(loom("train --help").out, train.out);
+  expect_no_build_paths(train.out);
+  const auto prepare = loom("help data prepare");
+  EXPECT_EQ(prepare.exit_code, 0) << prepare.err;
+  EXPECT_THAT(prepare.out, HasSubstr("Usage: loom data prepare [OPTIONS]"));
+  EXPECT_EQ(loom("data prepare --help").out, prepare.out);
+  const auto bare = loom("train");
+  EXPECT_EQ(bare.exit_code, 2);
+  EXPECT_THAT(bare.err, HasSubstr("Usage: loom train"));
+}
+
+TEST_F(Cli, BareLoomPrintsUsageAndExitsTwo) {
+  const auto r = loom("");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("Usage: loom [OPTIONS] [SUBCOMMAND]"));
+}
+
+TEST_F(Cli, UsageErrorsExitTwoWithOneLine) {
+  // CLI11 would exit 106 (missing required), 109 (extras), 105 or 114 here.
+  expect_usage_error(loom("check"), "loom check", "FILE is required");
+  expect_usage_error(loom("describe"), "loom describe", "PLUGIN is required");
+  expect_usage_error(loom("describe probe extra"), "loom describe", "extra");
+  expect_usage_error(loom("plugins --nope"), "loom plugins", "--nope");
+  expect_usage_error(loom("--nope"), "loom", "--nope");
+  expect_usage_error(loom("frob"), "loom", "unknown command 'frob'");
+  expect_usage_error(loom("plugin"), "loom", "unknown command 'plugin' (did you mean 'plugins'?)");
+}
+
+TEST_F(Cli, BenchHelpListsTheInstalledBenchmarks) {
+  const auto r = loom("bench --help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Usage: loom bench NAME [ARGS...]"));
+  EXPECT_THAT(r.out, HasSubstr("Benchmarks installed: "));
+  EXPECT_THAT(r.out, Not(HasSubstr("not installed")));
+  EXPECT_EQ(loom("help bench").out, r.out);
+  if (installed("loom-bench-optim")) {
+    EXPECT_THAT(r.out, HasSubstr("optim"));
+  }
+
+  const auto bare = loom("bench");
+  EXPECT_EQ(bare.exit_code, 2);
+  EXPECT_THAT(bare.err, HasSubstr("Usage: loom bench NAME"));
+  expect_usage_error(loom("bench nosuch"), "loom bench", "no benchmark 'nosuch'; installed:");
+  expect_usage_error(loom("bench --iters 3"), "loom bench",
+                     "expected a benchmark NAME before '--iters'");
+}
+
+TEST_F(Cli, EveryBenchmarkHasOneHelpFormatWithDefaults) {
+  size_t seen = 0;
+  for (const auto& e : std::filesystem::directory_iterator(beside())) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("loom-bench-", 0) != 0) continue;
+    const std::string name = f.substr(11);
+    ++seen;
+    const auto r = loom("bench " + name + " --help");
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr("\nUsage: loom bench " + name + " [OPTIONS]\n")) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("\nOptions:\n  -h,--help "));
+    EXPECT_THAT(r.out, HasSubstr("(default: ")) << r.out;
+    expect_no_build_paths(r.out);
+    EXPECT_EQ(loom("help bench " + name).out, r.out);
+    expect_usage_error(loom("bench " + name + " --no-such-option"), "loom bench " + name,
+                       "--no-such-option");
+  }
+  if (seen == 0) GTEST_SKIP() << "no loom-bench-* program is built beside " << LOOM_CLI_PATH;
+}
+
+TEST_F(Cli, BenchmarkSizesAreStrict) {
+  if (!installed("loom-bench-optim")) GTEST_SKIP() << "loom-bench-optim is not built";
+  for (const std::string bad : {"1X", "1MX", "-1", "0", "M", "1.5"}) {
+    expect_usage_error(loom("bench optim --sizes 1M," + bad), "loom bench optim",
+                       "--sizes: '" + bad + "' is not a size");
+  }
+  expect_usage_error(loom("bench optim --iters 0"), "loom bench optim", "--iters: '0'");
+  if (installed("loom-bench-comm")) {  // parses before MPI_Init: no mpirun needed
+    expect_usage_error(loom("bench comm --max-bytes 1X"), "loom bench comm",
+                       "--max-bytes: '1X' is not a size");
+    expect_usage_error(loom("bench comm --sizes 1X"), "loom bench comm", "--sizes");
+    expect_usage_error(loom("bench comm --min-bytes 4M --max-bytes 1M"), "loom bench comm",
+                       "--min-bytes 4M is larger than --max-bytes 1M");
+  }
+}
+
+TEST_F(Cli, CheckOfAFolderIsAnError) {
+  const auto r = loom("check " + quote(dir_.path().string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr(dir_.path().string() + ": is a folder, not a manifest file"));
+}
+
+TEST_F(Cli, CheckPrintsNumbersInShortestForm) {
+  const auto file = dir_.write("num.toml",
+                               "[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\n"
+                               "weight_decay = 1.1\n");
+  const auto r = loom("check " + quote(file.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("optimizer.main = 1.1 is out of range [0, 1]")) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("1.1000000000000001")));
+  const auto tiny = dir_.write("tiny.toml",
+                               "[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\n"
+                               "weight_decay = -1e-6\n");
+  const auto t = loom("check " + quote(tiny.string()) + " " + plugin_path());
+  EXPECT_EQ(t.exit_code, 2);
+  EXPECT_THAT(t.err, HasSubstr("optimizer.main = -1e-06 is out of range [0, 1]")) << t.err;
+}
+
+TEST_F(Cli, CheckValidatesATrainerConfigAndItsManifest) {
+  if (!installed("loom-train") || !installed("loom-data")) {
+    GTEST_SKIP() << "loom-train and loom-data are not built beside loom";
+  }
+  dir_.write("good.toml", "[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\n");
+  dir_.write("bad.toml", "[optimizer.main]\nplugin = \"probe\"\nweight_decay = 7\n");
+  std::string text;
+  for (int i = 0; i < 4000; ++i) text += "the loom weaves " + std::to_string(i % 97) + " threads\n";
+  const auto corpus = dir_.write("corpus.txt", text);
+  const auto prep = loom("data prepare --input " + quote(corpus.string()) + " --output " +
+                         quote((dir_.path() / "d.bin").string()));
+  ASSERT_EQ(prep.exit_code, 0) << prep.err;
+  auto config = [&](const std::string& name, const std::string& manifest,
+                    const std::string& model) {
+    return dir_.write(name, "[manifest]\npath = \"" + manifest +
+                                "\"\ncomm = \"\"\n[model]\ncontext = 32\nlayers = 1\n" + model +
+                                "[data]\ndataset = \"d.bin\"\n[train]\nseq_len = 32\n");
+  };
+
+  const auto ok = config("ok.toml", "good.toml", "heads = 2\ndim = 32\n");
+  auto r = loom("check " + quote(ok.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith(ok.string() + ": ok (trainer config"));
+
+  // The config's own problems, all of them, in file order, with did-you-mean and values.
+  const auto bad = dir_.write("t.toml",
+                              "[manifest]\npath = \"good.toml\"\ncomm = \"\"\noptimiser = "
+                              "\"x\"\n[model]\ndim = 130\nheads = 4\n"
+                              "[data]\ndataset = \"d.bin\"\n[train]\nstepz = 3\nlr = 20.1\n");
+  r = loom("check " + quote(bad.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.out, "");
+  const auto l = loom_test::lines(r.err);
+  ASSERT_EQ(l.size(), 4U) << r.err;
+  EXPECT_EQ(l[0], bad.string() +
+                      ":4:1: [manifest] optimiser: unknown key (did you mean "
+                      "'optimizer'?)");
+  EXPECT_EQ(l[1], bad.string() + ":6:7: [model] dim 130 is not divisible by heads 4");
+  EXPECT_EQ(l[2], bad.string() + ":11:1: [train] stepz: unknown key (did you mean 'steps'?)");
+  EXPECT_EQ(l[3], bad.string() + ":12:6: [train] lr: 20.1 is out of range [0, 10]");
+
+  // A sound config whose manifest is not: the manifest's errors, as loom check prints them.
+  const auto man = config("m.toml", "bad.toml", "heads = 2\ndim = 32\n");
+  r = loom("check " + quote(man.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err,
+              HasSubstr((dir_.path() / "bad.toml").string() + ":1:1: optimizer.main is "
+                                                              "missing required parameter 'tag'"));
+  EXPECT_THAT(r.err, HasSubstr((dir_.path() / "bad.toml").string() + ":3:16: parameter "
+                                                                     "'weight_decay'"));
+
+  // Both at once: the config's problems, then its manifest's.
+  const auto both = config("both.toml", "bad.toml", "heads = 3\ndim = 32\n");
+  r = loom("check " + quote(both.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  const auto b = loom_test::lines(r.err);
+  ASSERT_EQ(b.size(), 3U) << r.err;
+  EXPECT_EQ(b[0], both.string() + ":8:7: [model] dim 32 is not divisible by heads 3");
+  EXPECT_THAT(b[1], StartsWith((dir_.path() / "bad.toml").string() + ":1:1: "));
+  EXPECT_THAT(b[2], StartsWith((dir_.path() / "bad.toml").string() + ":3:16: "));
 }
 
 }  // namespace

@@ -264,6 +264,22 @@ TEST_F(TrainerRun, CorruptOrTruncatedCheckpointsGiveClearErrors) {
   EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
 }
 
+TEST_F(TrainerRun, PlotIntoAMissingFolderFailsBeforeTraining) {
+  const std::string cfg = config("plotdir", "adam.toml");
+  std::string text = slurp(cfg);
+  const auto at = text.find("plot = \"none\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 13, "plot = \"nodir/loss.svg\"");
+  std::ofstream(cfg) << text;
+  const auto r = train(1, cfg, "--fresh");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("[train] plot: the folder " + (dir_ / "nodir").string() + " does not exist"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "nodir"));
+}
+
 TEST_F(TrainerRun, BadManifestAndMissingDatasetGiveClearErrors) {
   std::ofstream(dir_ / "broken.toml") << "[optimizer.main]\nplugin = \"adam\"\nbetaz = 1\n";
   auto r = train(1, config("bad", "broken.toml"), "--fresh");
