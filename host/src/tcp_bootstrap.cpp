@@ -222,6 +222,7 @@ struct Config {
   int local_rank = -1;  // -1: unset, worked out from host names
   std::string addr;
   int port = 0;
+  std::string port_from;  // where the port came from, for messages
   double timeout_s = 300;
 };
 
@@ -278,7 +279,25 @@ Config read_config(double timeout_s) {
     c.local_rank = parse_int("LOCAL_RANK", lr, 0, c.world - 1);
   }
   c.addr = env_value("MASTER_ADDR");
-  c.port = parse_int("MASTER_PORT", env_value("MASTER_PORT"), 1, 65535);
+  const int master_port = parse_int("MASTER_PORT", env_value("MASTER_PORT"), 1, 65535);
+  c.port = master_port;
+  c.port_from = "MASTER_PORT";
+  const char* agent = env_value("TORCHELASTIC_USE_AGENT_STORE");
+  if (const char* own = env_value("LOOM_BOOTSTRAP_PORT")) {
+    c.port = parse_int("LOOM_BOOTSTRAP_PORT", own, 1, 65535);
+    c.port_from = "LOOM_BOOTSTRAP_PORT";
+  } else if (agent != nullptr && std::string(agent) == "True") {
+    // torchrun's agent serves its own store on MASTER_PORT (its workers connect to it as
+    // clients), so rank 0 cannot listen there: the next port is Loom's.
+    if (master_port == 65535) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "env bootstrap: MASTER_PORT=65535 is torchrun's agent store, and Loom's rank 0 "
+                  "listens on MASTER_PORT + 1, which does not exist: pick a lower MASTER_PORT "
+                  "or set LOOM_BOOTSTRAP_PORT");
+    }
+    c.port = master_port + 1;
+    c.port_from = "MASTER_PORT + 1, as torchrun's agent serves MASTER_PORT";
+  }
   c.timeout_s = timeout_s;
   return c;
 }
@@ -368,10 +387,11 @@ class TcpBootstrap {
       if (last_err == EADDRINUSE || last_err == EACCES) break;  // IPv4 would say the same
     }
     throw Error(LOOM_ERR_UNAVAILABLE,
-                "env bootstrap: rank 0 cannot listen on MASTER_PORT=" + std::to_string(c_.port) +
-                    ": " + errno_text(last_err) +
+                "env bootstrap: rank 0 cannot listen on port " + std::to_string(c_.port) + " (" +
+                    c_.port_from + "): " + errno_text(last_err) +
                     (last_err == EADDRINUSE ? " (another job or program uses the port: pick "
-                                              "another MASTER_PORT)"
+                                              "another MASTER_PORT, or set LOOM_BOOTSTRAP_PORT "
+                                              "to a free port on every rank)"
                                             : ""));
   }
 
@@ -662,7 +682,8 @@ class TcpBootstrap {
                 "env bootstrap: " + me() + " could not reach rank 0 at " + where_ + " within " +
                     timeout_text() + " (last error: " + last +
                     "); is rank 0 running, and do all ranks have the same MASTER_ADDR and "
-                    "MASTER_PORT? (LOOM_BOOTSTRAP_TIMEOUT sets the limit in seconds)");
+                    "MASTER_PORT? (the port is " +
+                    c_.port_from + "; LOOM_BOOTSTRAP_TIMEOUT sets the limit in seconds)");
   }
 
   // ---------------------------------------------------------------- collectives

@@ -104,7 +104,8 @@ class EnvBootstrap : public ::testing::Test {
       const std::string name = v.substr(0, v.find('='));
       const bool launcher = name == "RANK" || name == "WORLD_SIZE" || name == "LOCAL_RANK" ||
                             name == "MASTER_ADDR" || name == "MASTER_PORT" ||
-                            name.rfind("LOOM_BOOTSTRAP", 0) == 0 || name.rfind("OMPI_", 0) == 0 ||
+                            name.rfind("LOOM_BOOTSTRAP", 0) == 0 ||
+                            name.rfind("TORCHELASTIC_", 0) == 0 || name.rfind("OMPI_", 0) == 0 ||
                             name.rfind("PMIX_", 0) == 0 || name.rfind("PMI_", 0) == 0;
       if (!launcher) vars.push_back(v);
     }
@@ -230,6 +231,71 @@ TEST_F(EnvBootstrap, OtherRanksWaitForARankZeroThatStartsLater) {
   }
 }
 
+// A listening socket on 127.0.0.1:port (-1 if the port is taken): stands for torchrun's
+// agent store.
+int listen_on(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||  // NOLINT
+      ::listen(fd, 16) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent's store holds MASTER_PORT:
+// rank 0 listens on the next port; LOOM_BOOTSTRAP_PORT picks another one.
+TEST_F(EnvBootstrap, TorchrunsAgentStoreKeepsMasterPort) {
+  int store = -1;
+  for (int i = 0; i < 20 && store < 0; ++i) {
+    port_ = free_port();
+    store = listen_on(port_);
+    const int next = listen_on(port_ + 1);  // the next port must be free too
+    if (next < 0 && store >= 0) {
+      ::close(store);
+      store = -1;
+    }
+    if (next >= 0) ::close(next);
+  }
+  ASSERT_GE(store, 0);
+  std::vector<Proc> procs;
+  for (int r = 0; r < 2; ++r) {
+    Env e = rank_env(r, 2);
+    e["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+    procs.push_back(start(e, {"--rounds", "3"}));
+  }
+  wait_all(procs);
+  for (const Proc& p : procs) {
+    EXPECT_EQ(p.code, 0) << p.out;
+    EXPECT_THAT(p.out, HasSubstr("via 127.0.0.1:" + std::to_string(port_ + 1)));
+  }
+  const int own = free_port();
+  procs.clear();
+  for (int r = 0; r < 2; ++r) {
+    Env e = rank_env(r, 2);
+    e["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+    e["LOOM_BOOTSTRAP_PORT"] = std::to_string(own);
+    procs.push_back(start(e, {"--rounds", "3"}));
+  }
+  wait_all(procs);
+  for (const Proc& p : procs) {
+    EXPECT_EQ(p.code, 0) << p.out;
+    EXPECT_THAT(p.out, HasSubstr("via 127.0.0.1:" + std::to_string(own)));
+  }
+  // Without the variable, rank 0 tries MASTER_PORT itself and says what holds it up.
+  std::vector<Proc> one{start(rank_env(0, 2))};
+  wait_all(one);
+  EXPECT_EQ(one[0].code, 3);
+  EXPECT_THAT(one[0].out, HasSubstr("cannot listen on port " + std::to_string(port_) +
+                                    " (MASTER_PORT): Address already in use"));
+  EXPECT_THAT(one[0].out, HasSubstr("set LOOM_BOOTSTRAP_PORT"));
+  ::close(store);
+}
+
 TEST_F(EnvBootstrap, AWorldOfOneNeedsNoPeers) {
   auto procs = run_world(1, {"--rounds", "3"});
   ASSERT_EQ(procs[0].code, 0) << procs[0].out;
@@ -312,8 +378,8 @@ TEST_F(EnvBootstrap, TwoProcessesWithTheSameRankAllFail) {
   EXPECT_EQ(procs[2].code, 0) << procs[2].out;
   EXPECT_EQ(procs[1].code, 3) << procs[1].out;
   EXPECT_THAT(procs[1].out, HasSubstr("error UNAVAILABLE: env bootstrap: rank 0 cannot listen "
-                                      "on MASTER_PORT=" +
-                                      std::to_string(port_)));
+                                      "on port " +
+                                      std::to_string(port_) + " (MASTER_PORT)"));
   EXPECT_THAT(procs[1].out, HasSubstr("Address already in use"));
 }
 

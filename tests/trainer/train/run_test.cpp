@@ -4,7 +4,8 @@
 //    uninterrupted one bit for bit (1-bit Adam, through its warmup and compression stages);
 //  - a bad manifest, a missing dataset and corrupt or truncated checkpoints give clear errors;
 //  - 2 and 4 ranks started by a plain loop with torchrun's variables (RANK, WORLD_SIZE,
-//    LOCAL_RANK, MASTER_ADDR, MASTER_PORT) match the same runs under mpirun bit for bit.
+//    LOCAL_RANK, MASTER_ADDR, MASTER_PORT), and 2 under torchrun itself when it is
+//    installed, match the same runs under mpirun bit for bit.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -131,6 +132,18 @@ class TrainerRun : public ::testing::Test {
   }
 };
 fs::path TrainerRun::dir_;
+
+// The metrics of one type from a run directory's metrics.jsonl.
+std::vector<nlohmann::json> run_metrics(const fs::path& run, const std::string& type) {
+  std::ifstream f(run / "metrics.jsonl");
+  std::vector<nlohmann::json> v;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == type) v.push_back(j);
+  }
+  return v;
+}
 
 // A port nothing listens on now (the kernel's pick for port 0).
 int free_port() {
@@ -324,9 +337,56 @@ TEST_F(TrainerRun, BadManifestAndMissingDatasetGiveClearErrors) {
 
 namespace {
 
-// torchrun-style launches: 1-bit Adam through warmup and compression (freeze_step 3) over
-// ucx, 8 steps, checkpoints at 5 and 8. Every metric but the timings, the summary, the
-// final line and every rank's checkpointed weights and optimizer state must be identical.
+// Two runs of the same config (1-bit Adam, freeze_step 3, 8 steps, checkpoints at 5 and 8)
+// on n ranks: every metric but the timings, the summary, the final line and every rank's
+// checkpointed weights and optimizer state are identical.
+void expect_same_run(const fs::path& runs, const std::string& a, const std::string& b, int n,
+                     const std::string& out_a, const std::string& out_b) {
+  for (const char* type : {"train", "eval"}) {
+    const auto ma = run_metrics(runs / a, type), mb = run_metrics(runs / b, type);
+    ASSERT_EQ(ma.size(), std::string(type) == "train" ? 8u : 2u) << type;
+    ASSERT_EQ(ma.size(), mb.size()) << type;
+    for (size_t i = 0; i < ma.size(); ++i) {
+      for (const char* k :
+           {"step", "loss", "eval_loss", "grad_norm", "lr", "tokens", "comm_bytes_sent",
+            "comm_bytes_received", "comm_rounds", "uncompressed_bytes", "owns_communication"}) {
+        if (ma[i].contains(k)) {
+          EXPECT_EQ(ma[i][k], mb[i][k]) << type << " " << k << " #" << i;
+        }
+      }
+    }
+  }
+  // The compression stage ran, so the transport carried real traffic.
+  const auto last = run_metrics(runs / b, "train").back();
+  EXPECT_GT(double(last["comm_bytes_sent"]), 0);
+  EXPECT_LT(double(last["comm_bytes_sent"]), double(last["uncompressed_bytes"]));
+  auto sa = nlohmann::json::parse(slurp(runs / a / "summary.json"));
+  auto sb = nlohmann::json::parse(slurp(runs / b / "summary.json"));
+  sa.erase("elapsed_s");
+  sb.erase("elapsed_s");
+  EXPECT_EQ(sa, sb);
+  EXPECT_EQ(sb["ranks"], n);
+  const auto final_line = [](const std::string& out) {
+    const auto at = out.find("final eval loss:");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_FALSE(final_line(out_a).empty()) << out_a;
+  EXPECT_EQ(final_line(out_a), final_line(out_b)) << out_b;
+  for (const char* step : {"step_00000005", "step_00000008"}) {
+    for (int r = 0; r < n; ++r) {
+      for (const std::string f : {"model.rank", "optimizer.rank"}) {
+        const std::string name =
+            f + std::to_string(r) + (f == "model.rank" ? ".safetensors" : ".bin");
+        const fs::path pa = runs / a / "checkpoints" / step / name;
+        const fs::path pb = runs / b / "checkpoints" / step / name;
+        ASSERT_TRUE(fs::exists(pa)) << pa;
+        ASSERT_TRUE(fs::exists(pb)) << pb;
+        EXPECT_EQ(slurp(pa), slurp(pb)) << step << "/" << name;
+      }
+    }
+  }
+}
+
 TEST_F(TrainerRun, EnvLaunchedRanksMatchMpirunBitForBit) {
   if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
   for (const int n : {2, 4}) {
@@ -339,50 +399,29 @@ TEST_F(TrainerRun, EnvLaunchedRanksMatchMpirunBitForBit) {
     const auto b = train_env(n, config(env, "onebit3.toml", "", 1, 8), "--fresh", port);
     ASSERT_EQ(b.code, 0) << b.out;
     EXPECT_NE(b.out.find(std::to_string(n) + " rank(s)"), std::string::npos) << b.out;
-    for (const char* type : {"train", "eval"}) {
-      const auto ma = metrics(mpi, type), mb = metrics(env, type);
-      ASSERT_EQ(ma.size(), std::string(type) == "train" ? 8u : 2u) << type;
-      ASSERT_EQ(ma.size(), mb.size()) << type;
-      for (size_t i = 0; i < ma.size(); ++i) {
-        for (const char* k :
-             {"step", "loss", "eval_loss", "grad_norm", "lr", "tokens", "comm_bytes_sent",
-              "comm_bytes_received", "comm_rounds", "uncompressed_bytes", "owns_communication"}) {
-          if (ma[i].contains(k)) {
-            EXPECT_EQ(ma[i][k], mb[i][k]) << type << " " << k << " #" << i;
-          }
-        }
-      }
-    }
-    // The compression stage ran, so the transport carried real traffic.
-    const auto last = metrics(env, "train").back();
-    EXPECT_GT(double(last["comm_bytes_sent"]), 0);
-    EXPECT_LT(double(last["comm_bytes_sent"]), double(last["uncompressed_bytes"]));
-    auto sa = nlohmann::json::parse(slurp(dir_ / "runs" / mpi / "summary.json"));
-    auto sb = nlohmann::json::parse(slurp(dir_ / "runs" / env / "summary.json"));
-    sa.erase("elapsed_s");
-    sb.erase("elapsed_s");
-    EXPECT_EQ(sa, sb);
-    EXPECT_EQ(sb["ranks"], n);
-    const auto final_line = [](const std::string& out) {
-      const auto at = out.find("final eval loss:");
-      return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
-    };
-    EXPECT_FALSE(final_line(a.out).empty()) << a.out;
-    EXPECT_EQ(final_line(a.out), final_line(b.out));
-    for (const char* step : {"step_00000005", "step_00000008"}) {
-      for (int r = 0; r < n; ++r) {
-        for (const std::string f : {"model.rank", "optimizer.rank"}) {
-          const std::string name =
-              f + std::to_string(r) + (f == "model.rank" ? ".safetensors" : ".bin");
-          const fs::path pa = dir_ / "runs" / mpi / "checkpoints" / step / name;
-          const fs::path pb = dir_ / "runs" / env / "checkpoints" / step / name;
-          ASSERT_TRUE(fs::exists(pa)) << pa;
-          ASSERT_TRUE(fs::exists(pb)) << pb;
-          EXPECT_EQ(slurp(pa), slurp(pb)) << step << "/" << name;
-        }
-      }
-    }
+    expect_same_run(dir_ / "runs", mpi, env, n, a.out, b.out);
   }
+}
+
+// The same under torchrun itself (when installed): its agent serves its store on
+// MASTER_PORT, so Loom's rank 0 listens on the next port.
+TEST_F(TrainerRun, TorchrunLaunchedRanksMatchMpirunBitForBit) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  if (std::string(LOOM_TORCHRUN).empty()) GTEST_SKIP() << "torchrun not found";
+  const auto a = train(2, config("mpi_t2", "onebit3.toml", "", 1, 8), "--fresh");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  // --redirects/--tee 1 (stdout to per-rank logs, copied to the console) rather than the
+  // defaults, which Debian's torch 1.13 cannot parse under Python 3.11.
+  const auto b =
+      sh(std::string(LOOM_TORCHRUN) + " --nproc_per_node 2 --master_port " + std::to_string(port) +
+         " --redirects 1 --tee 1 --log_dir " +
+         (dir_ / ("torchrun-logs-" + std::to_string(port))).string() + " --no_python " +
+         LOOM_TRAIN_EXE + " " + config("torchrun_t2", "onebit3.toml", "", 1, 8) + " --fresh");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("2 rank(s)"), std::string::npos) << b.out;
+  expect_same_run(dir_ / "runs", "mpi_t2", "torchrun_t2", 2, a.out, b.out);
 }
 
 // A rank that is missing under the same launch: the others stop with a clear error within
