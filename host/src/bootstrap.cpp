@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "status.hpp"
+#include "tcp_bootstrap.hpp"
 
 namespace loom::host {
 namespace {
@@ -170,13 +171,25 @@ const loom_bootstrap* init_mpi() {
   m.comm_rank(m.world, &m.rank);
   m.comm_size(m.world, &m.size);
   m.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", 0));
-  m.timeout_s = env_int("LOOM_BOOTSTRAP_TIMEOUT", 300);
+  m.timeout_s = bootstrap_timeout_s();
   m.table = loom_bootstrap{LOOM_BOOTSTRAP_SIZE, m.rank,     m.size, m.local_rank, nullptr,
                            mpi_allgather,       mpi_barrier};
   return &m.table;
 }
 
 }  // namespace
+
+double bootstrap_timeout_s() {
+  const char* v = std::getenv("LOOM_BOOTSTRAP_TIMEOUT");
+  if (v == nullptr || *v == '\0') return 300;
+  char* end = nullptr;
+  const double t = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(t > 0) || t > 1e7) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string("LOOM_BOOTSTRAP_TIMEOUT='") + v +
+                                               "' is not a number of seconds above 0");
+  }
+  return t;
+}
 
 const loom_bootstrap* single_process_bootstrap() {
   static const loom_bootstrap b{LOOM_BOOTSTRAP_SIZE, 0, 1, 0, nullptr, single_allgather,
@@ -194,14 +207,16 @@ const loom_bootstrap* default_bootstrap(std::string* how) {
     const std::string mode = force != nullptr ? force : "";
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
                           std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
-    if (!mode.empty() && mode != "mpi" && mode != "single") {
+    if (!mode.empty() && mode != "mpi" && mode != "env" && mode != "single") {
       throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                  "LOOM_BOOTSTRAP='" + mode + "' is not one of mpi, single");
+                  "LOOM_BOOTSTRAP='" + mode + "' is not one of mpi, env, single");
     }
     if (mode == "mpi" || (mode.empty() && launched)) {
       chosen = init_mpi();
       chosen_how =
           "MPI: rank " + std::to_string(chosen->rank) + " of " + std::to_string(chosen->size);
+    } else if (mode == "env" || (mode.empty() && env_launch_requested())) {
+      chosen = init_env_bootstrap(bootstrap_timeout_s(), &chosen_how);
     } else {
       chosen = single_process_bootstrap();
       chosen_how = "a world of one";

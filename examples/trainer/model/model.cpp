@@ -21,9 +21,9 @@ int default_threads() {
     const long v = std::strtol(env, nullptr, 10);
     if (v > 0 && v < 1024) return static_cast<int>(v);
   }
-  // Under mpirun, share the cores among the ranks on this node (Open MPI, MPICH).
+  // Under a launcher, share the cores among the ranks on this node (Open MPI, MPICH, torchrun).
   long local_ranks = 1;
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}) {
     if (const char* env = std::getenv(name); env != nullptr && *env != '\0') {
       const long v = std::strtol(env, nullptr, 10);
       if (v > 0) {

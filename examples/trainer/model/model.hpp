@@ -39,8 +39,9 @@ struct ParamTensor {
 
 // Threads used by the model's kernels (its pool runs the split sgemms and the elementwise
 // loops; OpenBLAS itself stays single-threaded). Defaults to LOOM_NUM_THREADS, else the
-// cores divided by the number of MPI ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE or
-// MPI_LOCALNRANKS), else all cores. n < 1 restores the default. Call it before using a model.
+// cores divided by the number of ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE,
+// MPI_LOCALNRANKS, or torchrun's LOCAL_WORLD_SIZE), else all cores. n < 1 restores the
+// default. Call it before using a model.
 void set_num_threads(int threads);
 int num_threads();
 

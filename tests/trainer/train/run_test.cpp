@@ -2,8 +2,13 @@
 //  - 2 data-parallel ranks match 1 rank with the same global batch (plain adam);
 //  - a run interrupted after a step past its last checkpoint and resumed matches an
 //    uninterrupted one bit for bit (1-bit Adam, through its warmup and compression stages);
-//  - a bad manifest, a missing dataset and corrupt or truncated checkpoints give clear errors.
+//  - a bad manifest, a missing dataset and corrupt or truncated checkpoints give clear errors;
+//  - 2 and 4 ranks started by a plain loop with torchrun's variables (RANK, WORLD_SIZE,
+//    LOCAL_RANK, MASTER_ADDR, MASTER_PORT), and 2 under torchrun itself when it is
+//    installed, match the same runs under mpirun bit for bit.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,6 +66,10 @@ class TrainerRun : public ::testing::Test {
         << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
            "[optimizer.main]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
            "freeze_step = 8\n";
+    std::ofstream(dir_ / "onebit3.toml")
+        << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
+           "[optimizer.main]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+           "freeze_step = 3\n";
   }
   static void TearDownTestSuite() {
     std::error_code ec;
@@ -100,6 +109,17 @@ class TrainerRun : public ::testing::Test {
     }
     return sh(cmd);
   }
+  // `ranks` copies of loom-train started by a shell loop, as torchrun starts them: each with
+  // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.
+  static Result train_env(int ranks, const std::string& cfg, const std::string& args, int port) {
+    const std::string n = std::to_string(ranks);
+    return sh("(pids=; for r in $(seq 0 " + std::to_string(ranks - 1) +
+              "); do RANK=$r LOCAL_RANK=$r WORLD_SIZE=" + n + " LOCAL_WORLD_SIZE=" + n +
+              " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + LOOM_TRAIN_EXE +
+              " " + cfg + " " + args +
+              " & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=$?; done; "
+              "exit $rc)");
+  }
   static std::vector<nlohmann::json> metrics(const std::string& run, const std::string& type) {
     std::ifstream f(dir_ / "runs" / run / "metrics.jsonl");
     std::vector<nlohmann::json> v;
@@ -112,6 +132,34 @@ class TrainerRun : public ::testing::Test {
   }
 };
 fs::path TrainerRun::dir_;
+
+// The metrics of one type from a run directory's metrics.jsonl.
+std::vector<nlohmann::json> run_metrics(const fs::path& run, const std::string& type) {
+  std::ifstream f(run / "metrics.jsonl");
+  std::vector<nlohmann::json> v;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == type) v.push_back(j);
+  }
+  return v;
+}
+
+// A port nothing listens on now (the kernel's pick for port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&  // NOLINT
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {          // NOLINT
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
 
 TEST_F(TrainerRun, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
@@ -353,6 +401,112 @@ TEST_F(TrainerRun, SimdCapSelectsTheTargetAndRejectsUnknownValues) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("LOOM_SIMD_MAX='avx9' is not one of avx512, avx2"), std::string::npos)
       << r.out;
+}
+
+}  // namespace
+
+namespace {
+
+// Two runs of the same config (1-bit Adam, freeze_step 3, 8 steps, checkpoints at 5 and 8)
+// on n ranks: every metric but the timings, the summary, the final line and every rank's
+// checkpointed weights and optimizer state are identical.
+void expect_same_run(const fs::path& runs, const std::string& a, const std::string& b, int n,
+                     const std::string& out_a, const std::string& out_b) {
+  for (const char* type : {"train", "eval"}) {
+    const auto ma = run_metrics(runs / a, type), mb = run_metrics(runs / b, type);
+    ASSERT_EQ(ma.size(), std::string(type) == "train" ? 8u : 2u) << type;
+    ASSERT_EQ(ma.size(), mb.size()) << type;
+    for (size_t i = 0; i < ma.size(); ++i) {
+      for (const char* k :
+           {"step", "loss", "eval_loss", "grad_norm", "lr", "tokens", "comm_bytes_sent",
+            "comm_bytes_received", "comm_rounds", "uncompressed_bytes", "owns_communication"}) {
+        if (ma[i].contains(k)) {
+          EXPECT_EQ(ma[i][k], mb[i][k]) << type << " " << k << " #" << i;
+        }
+      }
+    }
+  }
+  // The compression stage ran, so the transport carried real traffic.
+  const auto last = run_metrics(runs / b, "train").back();
+  EXPECT_GT(double(last["comm_bytes_sent"]), 0);
+  EXPECT_LT(double(last["comm_bytes_sent"]), double(last["uncompressed_bytes"]));
+  auto sa = nlohmann::json::parse(slurp(runs / a / "summary.json"));
+  auto sb = nlohmann::json::parse(slurp(runs / b / "summary.json"));
+  sa.erase("elapsed_s");
+  sb.erase("elapsed_s");
+  EXPECT_EQ(sa, sb);
+  EXPECT_EQ(sb["ranks"], n);
+  const auto final_line = [](const std::string& out) {
+    const auto at = out.find("final eval loss:");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_FALSE(final_line(out_a).empty()) << out_a;
+  EXPECT_EQ(final_line(out_a), final_line(out_b)) << out_b;
+  for (const char* step : {"step_00000005", "step_00000008"}) {
+    for (int r = 0; r < n; ++r) {
+      for (const std::string f : {"model.rank", "optimizer.rank"}) {
+        const std::string name =
+            f + std::to_string(r) + (f == "model.rank" ? ".safetensors" : ".bin");
+        const fs::path pa = runs / a / "checkpoints" / step / name;
+        const fs::path pb = runs / b / "checkpoints" / step / name;
+        ASSERT_TRUE(fs::exists(pa)) << pa;
+        ASSERT_TRUE(fs::exists(pb)) << pb;
+        EXPECT_EQ(slurp(pa), slurp(pb)) << step << "/" << name;
+      }
+    }
+  }
+}
+
+TEST_F(TrainerRun, EnvLaunchedRanksMatchMpirunBitForBit) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  for (const int n : {2, 4}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    const std::string mpi = "mpi" + std::to_string(n), env = "env" + std::to_string(n);
+    const auto a = train(n, config(mpi, "onebit3.toml", "", 1, 8), "--fresh");
+    ASSERT_EQ(a.code, 0) << a.out;
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    const auto b = train_env(n, config(env, "onebit3.toml", "", 1, 8), "--fresh", port);
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_NE(b.out.find(std::to_string(n) + " rank(s)"), std::string::npos) << b.out;
+    expect_same_run(dir_ / "runs", mpi, env, n, a.out, b.out);
+  }
+}
+
+// The same under torchrun itself (when installed): its agent serves its store on
+// MASTER_PORT, so Loom's rank 0 listens on the next port.
+TEST_F(TrainerRun, TorchrunLaunchedRanksMatchMpirunBitForBit) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  if (std::string(LOOM_TORCHRUN).empty()) GTEST_SKIP() << "torchrun not found";
+  const auto a = train(2, config("mpi_t2", "onebit3.toml", "", 1, 8), "--fresh");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  // --redirects/--tee 1 (stdout to per-rank logs, copied to the console) rather than the
+  // defaults, which Debian's torch 1.13 cannot parse under Python 3.11.
+  const auto b =
+      sh(std::string(LOOM_TORCHRUN) + " --nproc_per_node 2 --master_port " + std::to_string(port) +
+         " --redirects 1 --tee 1 --log_dir " +
+         (dir_ / ("torchrun-logs-" + std::to_string(port))).string() + " --no_python " +
+         LOOM_TRAIN_EXE + " " + config("torchrun_t2", "onebit3.toml", "", 1, 8) + " --fresh");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("2 rank(s)"), std::string::npos) << b.out;
+  expect_same_run(dir_ / "runs", "mpi_t2", "torchrun_t2", 2, a.out, b.out);
+}
+
+// A rank that is missing under the same launch: the others stop with a clear error within
+// LOOM_BOOTSTRAP_TIMEOUT instead of training alone.
+TEST_F(TrainerRun, EnvLaunchWithAMissingRankFailsClearly) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string cfg = config("env_missing", "adam.toml", "", 1, 4);
+  const auto r =
+      sh("LOOM_BOOTSTRAP_TIMEOUT=3 RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 "
+         "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+         std::to_string(port) + " " + LOOM_TRAIN_EXE + " " + cfg + " --fresh");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("rank 1 of WORLD_SIZE=2 never connected"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" parameters, "), std::string::npos) << "it trained alone: " << r.out;
 }
 
 }  // namespace
