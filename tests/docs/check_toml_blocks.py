@@ -70,6 +70,26 @@ def relocate(output, path, doc, first_line):
     return re.sub(re.escape(path) + r":(\d+):(\d+)", sub, output).replace(path, doc)
 
 
+def prepare_dataset(loom, home, data):
+    """A trainer config's dataset, made where the config names it (a small generated corpus),
+    so that `loom check` can validate the dataset as it would on a user's machine."""
+    named = data.get("data", {}).get("dataset")
+    if not isinstance(named, str) or os.path.isabs(named):
+        return None
+    target = os.path.normpath(os.path.join(home, named))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    corpus = os.path.join(home, "corpus.txt")
+    words = ["loom", "weaves", "plugins", "into", "one", "run", "of", "the", "trainer", "a"]
+    with open(corpus, "w") as f:
+        for i in range(20000):
+            f.write(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(8)) + "\n")
+    p = subprocess.run([loom, "data", "prepare", "--input", corpus, "--output", target,
+                        "--heldout-fraction", "0.1"], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        return f"loom data prepare for {named} failed:\n{p.stdout}{p.stderr}"
+    return None
+
+
 def place_manifest(tmp, data):
     """The folder to write a manifest in: deep enough that every relative plugin_path entry
     (even ../x) lands inside tmp, with each entry created."""
@@ -138,6 +158,10 @@ def main():
                         os.makedirs(os.path.dirname(os.path.join(home, named)) or home,
                                     exist_ok=True)
                         shutil.copyfile(source, os.path.join(home, named))
+                    problem = prepare_dataset(loom, home, data)
+                    if problem:
+                        failures.append(f"{where}: {problem}")
+                        continue
                 else:
                     home = place_manifest(tmp, data)
                 path = os.path.join(home, f"block{n}.toml")
