@@ -230,21 +230,6 @@ int exec_beside(const std::string& name, const std::vector<std::string>& args,
   return kExitError;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -339,7 +324,7 @@ int main(int argc, char** argv) {
         })) {
       std::string problem = "unknown command '" + cmd + "'";
       for (const CLI::App* sub : subs) {
-        if (edit_distance(cmd, sub->get_name()) <= 2) {
+        if (loom_text::edit_distance(cmd, sub->get_name()) <= 2) {
           problem += " (did you mean '" + sub->get_name() + "'?)";
           break;
         }

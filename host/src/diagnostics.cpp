@@ -1,5 +1,7 @@
 #include "diagnostics.hpp"
 
+#include <loom_text.hpp>
+
 #include <algorithm>
 #include <tuple>
 
@@ -35,43 +37,12 @@ std::string Diagnostics::str() const {
   return out;
 }
 
-namespace {
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0U : 1U)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-}  // namespace
-
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
-  // A typo changes at most about a third of a word; farther candidates only confuse.
-  const size_t limit = std::max<size_t>(2, word.size() / 3);
-  std::string best;
-  size_t best_distance = limit + 1;
-  for (const auto& c : candidates) {
-    const size_t d = edit_distance(word, c);
-    if (d < best_distance) {
-      best_distance = d;
-      best = c;
-    }
-  }
-  return best;
+  return loom_text::closest_match(word, candidates);
 }
 
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
-  const std::string match = closest_match(word, candidates);
-  return match.empty() ? std::string() : " (did you mean '" + match + "'?)";
+  return loom_text::did_you_mean(word, candidates);
 }
 
 }  // namespace loom::host

@@ -1,6 +1,7 @@
 #include "validate.hpp"
 
-#include <charconv>
+#include <loom_text.hpp>
+
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -12,21 +13,8 @@ namespace {
 
 using Type = ManifestValue::Type;
 
-// Shortest round-trip text: "1e-06", not "9.9999999999999995e-07"; integers as integers.
-std::string format_number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  if (v == std::trunc(v) && std::fabs(v) < 1e15) {
-    const auto r = std::to_chars(buf, buf + sizeof(buf), static_cast<long long>(v));
-    return std::string(buf, r.ptr);
-  }
-  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, r.ptr);
-}
-
 std::string range_phrase(const loom_param_spec& spec) {
-  return "[" + format_number(spec.min) + ", " + format_number(spec.max) + "]";
+  return "[" + loom_text::number(spec.min) + ", " + loom_text::number(spec.max) + "]";
 }
 
 bool is_list(int32_t type) {
@@ -80,8 +68,8 @@ bool check_scalar(const ManifestValue& v, int32_t type, const loom_param_spec& s
       if (v.type == Type::kInt || v.type == Type::kFloat) {
         const double x = v.type == Type::kInt ? static_cast<double>(v.int_value) : v.float_value;
         if (std::isnan(x) || x < spec.min || x > spec.max) {
-          diags.error(v.pos,
-                      what + " = " + format_number(x) + " is out of range " + range_phrase(spec));
+          diags.error(v.pos, what + " = " + loom_text::number(x) + " is out of range " +
+                                 range_phrase(spec));
           return false;
         }
         return true;

@@ -20,33 +20,6 @@ std::string where(const std::string& file, const toml::source_region& r) {
   return s.str();
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// " (did you mean 'steps'?)" when one of `known` is close to `got`, else "".
-template <class Names>
-std::string did_you_mean(const std::string& got, const Names& known) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, got.size() / 3) + 1;
-  for (const auto& k : known) {
-    const size_t d = edit_distance(got, k);
-    if (d < best_d) best = k, best_d = d;
-  }
-  return best.empty() ? "" : " (did you mean '" + best + "'?)";
-}
-
 // Every problem found, in file order of discovery; load_config throws them all at once.
 struct Errors {
   std::vector<std::string> list;
@@ -124,7 +97,7 @@ struct Reader {
       if (std::find(known.begin(), known.end(), name) == known.end()) {
         (void)v;
         errors->add(where(file, k.source()) + ": [" + section + "] " + name + ": unknown key" +
-                    did_you_mean(name, known));
+                    loom_text::did_you_mean(name, known));
       }
     }
   }
@@ -167,7 +140,7 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
     const std::string name(k.str());
     if (std::find(sections.begin(), sections.end(), name) == sections.end() || !v.is_table()) {
       errors.add(where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
-                 did_you_mean(name, sections) +
+                 loom_text::did_you_mean(name, sections) +
                  " (expected tables [manifest], [model], [data], [train])");
     }
   }
@@ -236,7 +209,8 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   const std::vector<std::string> decays{"cosine", "linear", "constant"};
   if (std::find(decays.begin(), decays.end(), c.decay) == decays.end()) {
     errors.add(t.at("decay") + ": [train] decay: '" + c.decay +
-               "' is not one of cosine, linear, constant" + did_you_mean(c.decay, decays));
+               "' is not one of cosine, linear, constant" +
+               loom_text::did_you_mean(c.decay, decays));
   }
   if (c.seq_len > c.model.context) {
     errors.add(t.at("seq_len") + ": [train] seq_len " + std::to_string(c.seq_len) +
@@ -306,7 +280,7 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
     out.push_back(c.config_path + ": [manifest] " + section + " '" + name + "': " + c.manifest +
                   " has no [" + section + "." + name + "]" +
                   (have.empty() ? std::string(" (it has no ") + section + " at all)"
-                                : " (it has " + list + ")" + did_you_mean(name, have)));
+                                : " (it has " + list + ")" + loom_text::did_you_mean(name, have)));
   };
   need("optimizer", c.optimizer);
   if (!c.comm.empty()) need("comm", c.comm);

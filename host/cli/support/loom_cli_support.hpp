@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <loom_text.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,19 +27,8 @@ namespace loom_cli {
 
 inline constexpr int kExitUsage = 2;
 
-// Shortest text that reads back as `v`: integers as integers ("1000000", not "1e+06"),
-// others as std::to_chars writes them ("1e-06", "0.1", "3.5e+20").
-inline std::string number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  if (v == std::trunc(v) && std::fabs(v) < 1e15) {
-    const auto r = std::to_chars(buf, buf + sizeof(buf), static_cast<long long>(v));
-    return std::string(buf, r.ptr);
-  }
-  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, r.ptr);
-}
+// Shortest round-trip text for numbers in messages (loom_text.hpp).
+using loom_text::number;
 
 // A size as the benchmarks take it: a positive number with an optional K, M or G suffix
 // (binary multiples: 1K = 1024). Anything else ("1X", "1MB", "", "-1", "1M5") is refused.
