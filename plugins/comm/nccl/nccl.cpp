@@ -11,6 +11,7 @@
 // actually moved): allreduce 2 (p - 1) / p of the tensor each way, allgather (p - 1) blocks,
 // all_to_all everything but the own block, broadcast the tensor once per non-root rank.
 #include <loom/sdk.hpp>
+#include <loom/sdk/cuda.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -67,7 +68,8 @@ class Nccl : public loom::sdk::Comm {
                   "nccl: device " + std::to_string(device_) + " does not exist (this machine has " +
                       std::to_string(count) + "); set `device` or launch fewer ranks per machine");
     }
-    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    // The rank's device for communicator creation only; the caller's is current again after.
+    const loom::sdk::CudaDeviceGuard on_device(device_);
 
     ncclUniqueId id{};
     if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -283,7 +285,7 @@ class Nccl : public loom::sdk::Comm {
 
   template <class Fn>
   void call(const char* what, Fn&& fn) {
-    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    const loom::sdk::CudaDeviceGuard on_device(device_);
     const ncclResult_t r = fn();
     if (r != ncclSuccess && r != ncclInProgress) {
       broken_ = true;
@@ -356,8 +358,16 @@ class Nccl : public loom::sdk::Comm {
   }
 
   void release(bool abort) noexcept {
+    // On the rank's device, and back to the caller's after (by hand: this cannot throw).
+    int caller_device = -1;
+    const bool restore = cudaGetDevice(&caller_device) == cudaSuccess && caller_device != device_;
+    (void)cudaSetDevice(device_);
+    release_on_device(abort);
+    if (restore) (void)cudaSetDevice(caller_device);
+  }
+
+  void release_on_device(bool abort) noexcept {
     if (scratch_ != nullptr) {
-      (void)cudaSetDevice(device_);
       (void)cudaFree(scratch_);
       scratch_ = nullptr;
     }
