@@ -232,13 +232,31 @@ int exec_beside(const std::string& name, const std::vector<std::string>& args,
 
 }  // namespace
 
+// What this build is and speaks: the version, the plugin ABI, and the DLPack headers the
+// ABI's tensors come from (abi.h includes <dlpack/dlpack.h>: an embedder or plugin author
+// builds against the same DLPack, Debian's libdlpack-dev).
+nlohmann::json version_document() {
+#if defined(DLPACK_MAJOR_VERSION)
+  const std::string dlpack =
+      std::to_string(DLPACK_MAJOR_VERSION) + "." + std::to_string(DLPACK_MINOR_VERSION);
+#else
+  const std::string dlpack =
+      std::to_string(DLPACK_VERSION / 100) + "." + std::to_string(DLPACK_VERSION / 10 % 10);
+#endif
+  return {{"version", loom_version()},
+          {"abi", {{"major", loom_abi_major()}, {"minor", loom_abi_minor()}}},
+          {"dlpack", {{"version", dlpack}, {"header", "dlpack/dlpack.h"}}}};
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"loom: a plugin host for training-efficiency techniques"};
   loom_cli::configure(app, "loom");
   app.require_subcommand(0, 1);
   app.footer("Run 'loom help COMMAND' or 'loom COMMAND --help' for a command's options.");
   bool version = false;
+  bool version_json = false;
   app.add_flag("--version", version, "Print the version and the plugin ABI it speaks");
+  app.add_flag("--json", version_json, "With --version: print JSON (version, ABI, DLPack)");
   std::string plugin_path;
 
   auto* plugins = app.add_subcommand("plugins", "List the plugins on the search path");
@@ -335,6 +353,13 @@ int main(int argc, char** argv) {
 
   if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
   try {
+    if (version_json && !version) {
+      return loom_cli::usage_error("loom", "--json without a command goes with --version");
+    }
+    if (version && version_json) {
+      std::cout << version_document().dump(2) << "\n";
+      return 0;
+    }
     if (version) {
       std::cout << "loom " << loom_version() << " (plugin ABI " << loom_abi_major() << "."
                 << loom_abi_minor() << ")\n";

@@ -1,6 +1,7 @@
 // host/cli/main.cpp: the `loom` command, run as a user would run it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <loom/abi.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -87,6 +88,22 @@ TEST_F(Cli, VersionNamesTheAbi) {
   const auto r = loom("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.1)\n");
+}
+
+TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
+  const auto r = loom("--version --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(r.out);
+  EXPECT_EQ(doc["version"], LOOM_EXPECTED_VERSION);
+  EXPECT_EQ(doc["abi"]["major"], 1);
+  EXPECT_EQ(doc["abi"]["minor"], 1);
+  const std::string dlpack = doc["dlpack"]["version"];
+  EXPECT_TRUE(std::regex_match(dlpack, std::regex("[0-9]+\\.[0-9]+"))) << dlpack;
+  EXPECT_EQ(dlpack, std::to_string(DLPACK_VERSION / 100) + "." +
+                        std::to_string(DLPACK_VERSION / 10 % 10));  // the headers built with
+  const auto bare = loom("--json");
+  EXPECT_EQ(bare.exit_code, 2);
+  EXPECT_THAT(bare.err, HasSubstr("--version"));
 }
 
 TEST_F(Cli, CheckAcceptsAValidManifest) {
