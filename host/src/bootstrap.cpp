@@ -156,8 +156,10 @@ const loom_bootstrap* init_mpi() {
   m.initialized(&already);
   if (already == 0) {
     int provided = 0;
-    constexpr int kThreadFunneled = 1;
-    if (m.init_thread(nullptr, nullptr, kThreadFunneled, &provided) != 0) {
+    // [process]: the bootstrap is called one at a time, but from whichever thread opens a
+    // session (not only the one that initialised MPI).
+    constexpr int kThreadSerialized = 2;
+    if (m.init_thread(nullptr, nullptr, kThreadSerialized, &provided) != 0) {
       throw Error(LOOM_ERR_UNAVAILABLE, "MPI_Init_thread failed");
     }
     m.we_initialized = true;

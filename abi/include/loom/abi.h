@@ -16,8 +16,13 @@
  *    own destroy pointer, which belongs to whoever created them.
  *  - Strings are NUL-terminated UTF-8. Borrowed pointers are valid for the call
  *    unless the comment beside them says otherwise.
- *  - Thread rules are written beside each function: [main] means the thread that
- *    created the instance (one call at a time), [any] means any thread, concurrently.
+ *  - Thread rules are written beside each function:
+ *      [instance]  one call at a time per instance, from any thread (calls on different
+ *                  instances may run concurrently); the caller orders them;
+ *      [process]   one call at a time in the whole process, from any thread;
+ *      [any]       any thread, concurrently.
+ *    No function may rely on being called from the thread that created the instance:
+ *    samplers run on loader threads and routers inside a model's forward.
  */
 #ifndef LOOM_ABI_H
 #define LOOM_ABI_H
@@ -168,11 +173,11 @@ typedef struct loom_bootstrap {
   int32_t size;
   int32_t local_rank; /* rank among the processes on this machine */
   void* ctx;          /* passed back to the functions below */
-  /* [main] Every rank contributes `bytes` bytes from `send`; `recv` receives
+  /* [process] Every rank contributes `bytes` bytes from `send`; `recv` receives
    * size * bytes, rank i's contribution at offset i * bytes. Collective: all
    * ranks call it in the same order. */
   loom_status* (*allgather)(void* ctx, const void* send, size_t bytes, void* recv);
-  /* [main] Returns when every rank has entered. Collective. */
+  /* [process] Returns when every rank has entered. Collective. */
   loom_status* (*barrier)(void* ctx);
 } loom_bootstrap;
 #define LOOM_BOOTSTRAP_SIZE LOOM_STRUCT_SIZE(loom_bootstrap, barrier)
@@ -248,15 +253,15 @@ typedef struct loom_factory {
   const char* kind;                   /* "loom.optimizer/1" */
   const loom_param_spec* param_specs; /* the schema; may be NULL when param_count is 0 */
   size_t param_count;
-  /* [main] Makes an instance. `host` stays valid until destroy returns. */
+  /* [process] Makes an instance. `host` stays valid until destroy returns. */
   loom_status* (*create)(const loom_host_services* host, void** out_instance);
-  /* [main] Frees the instance; joins any thread it started. NULL is a no-op. */
+  /* [instance] Frees the instance; joins any thread it started. NULL is a no-op. */
   void (*destroy)(void* instance);
   const void* vtable; /* the kind's function table */
-  /* [main] Optional (NULL: the instance has no state). Writes everything a restart
+  /* [instance] Optional (NULL: the instance has no state). Writes everything a restart
    * needs; the format is the plugin's, versioned by the plugin. */
   loom_status* (*export_state)(void* instance, const loom_state_writer* writer);
-  /* [main] Optional. Restores exported state; rejects foreign or corrupt blobs with
+  /* [instance] Optional. Restores exported state; rejects foreign or corrupt blobs with
    * LOOM_ERR_DATA_LOSS or LOOM_ERR_INVALID_ARGUMENT and leaves the instance unchanged. */
   loom_status* (*import_state)(void* instance, const void* data, size_t bytes);
 } loom_factory;
@@ -280,7 +285,7 @@ typedef struct loom_plugin_v1 {
 LOOM_CHECK_STRUCT_SIZE(loom_plugin_v1, LOOM_PLUGIN_V1_SIZE);
 
 /* The one symbol a plugin exports for ABI major 1. A later major exports
- * loom_plugin_entry_v2 (possibly beside this one). [main] Called once per load. */
+ * loom_plugin_entry_v2 (possibly beside this one). [instance] Called once per load. */
 #define LOOM_PLUGIN_ENTRY_V1_NAME "loom_plugin_entry_v1"
 typedef const loom_plugin_v1* (*loom_plugin_entry_v1_fn)(void);
 

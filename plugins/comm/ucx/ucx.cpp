@@ -711,7 +711,8 @@ class Ucx : public loom::sdk::Comm {
     check_ucs(st, "ucp_init");
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    // [instance]: one call at a time, but not always from the creating thread.
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     check_ucs(ucp_worker_create(context_, &wp, &worker_), "ucp_worker_create");
     ucp_address_t* address = nullptr;
     std::size_t address_len = 0;

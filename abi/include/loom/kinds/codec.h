@@ -59,12 +59,12 @@ typedef struct loom_codec_v1 {
   loom_status* (*layout)(void* instance, loom_codec_layout* layout);
   /* [any] 1 when the codec can run on tensors on `device`. */
   int32_t (*supports_device)(void* instance, DLDevice device);
-  /* [main] Encodes input + error into chunks and, when error is set, stores the new
+  /* [instance] Encodes input + error into chunks and, when error is set, stores the new
    * residual (input + error - decoded) in error. */
   loom_status* (*encode)(void* instance, const loom_codec_encode_args* args);
-  /* [main] Decodes chunks into output. */
+  /* [instance] Decodes chunks into output. */
   loom_status* (*decode)(void* instance, const loom_codec_decode_args* args);
-  /* [main] Optional (ABI 1.1; NULL or absent: decode the chunks one by one with
+  /* [instance] Optional (ABI 1.1; NULL or absent: decode the chunks one by one with
    * `accumulate`). Decodes the chunk_count chunks and sums them into ONE chunk-length
    * output: output (=|+=) alpha * chunk 0 + alpha * chunk 1 + ..., each addition rounded
    * in fp32 in chunk order, so the result is bit-identical to chunk_count decode calls

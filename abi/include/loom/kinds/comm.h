@@ -1,6 +1,6 @@
 /* Kind "loom.comm/1": a transport that runs collectives among the job's ranks.
  * The factory's vtable points to a loom_comm_v1. Every collective is called by all
- * ranks in the same order ([main] on each rank). Tensors are borrowed for the call;
+ * ranks in the same order ([instance] on each rank). Tensors are borrowed for the call;
  * device tensors are stream-ordered on `stream` (a cudaStream_t), host tensors
  * complete before the call returns. */
 #ifndef LOOM_KINDS_COMM_H
@@ -90,7 +90,7 @@ typedef struct loom_comm_v1 {
   loom_status* (*barrier)(void* instance, void* stream);
   /* [any] Fills `out`, whose struct_size the caller sets. */
   loom_status* (*stats)(void* instance, loom_comm_stats* out);
-  /* [main] Optional. The native communicator, e.g. kind "nccl" and an ncclComm_t,
+  /* [instance] Optional. The native communicator, e.g. kind "nccl" and an ncclComm_t,
    * owned by the instance. */
   loom_status* (*native_handle)(void* instance, const char** kind, void** handle);
 } loom_comm_v1;

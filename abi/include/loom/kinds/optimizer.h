@@ -80,10 +80,10 @@ LOOM_CHECK_STRUCT_SIZE(loom_optimizer_comm_info, LOOM_OPTIMIZER_COMM_INFO_SIZE);
 typedef struct loom_optimizer_v1 {
   uint32_t struct_size;
   uint32_t reserved;
-  /* [main] One optimizer step over all groups. On error no parameter is changed
+  /* [instance] One optimizer step over all groups. On error no parameter is changed
    * when the error is in the arguments (shapes, dtypes, devices). */
   loom_status* (*step)(void* instance, const loom_optimizer_step_args* args);
-  /* [main] Optional (NULL: the optimizer never communicates). Fills `out`, whose
+  /* [instance] Optional (NULL: the optimizer never communicates). Fills `out`, whose
    * struct_size the caller sets. */
   loom_status* (*comm_info)(void* instance, loom_optimizer_comm_info* out);
 } loom_optimizer_v1;

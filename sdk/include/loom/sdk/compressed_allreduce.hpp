@@ -38,7 +38,7 @@
 // LOOM_SDK_CUDA_RUNTIME before including this header to get those ops from
 // <cuda_runtime_api.h> by default (then link CUDA::cudart).
 //
-// Threads: one call at a time ([main] of the comm and codec instances it uses).
+// Threads: one call at a time ([instance] of the comm and codec instances it uses).
 #ifndef LOOM_SDK_COMPRESSED_ALLREDUCE_HPP
 #define LOOM_SDK_COMPRESSED_ALLREDUCE_HPP
 
