@@ -202,38 +202,42 @@ LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffe
     *size = 0;
     const auto exporter = inst->factory().export_state;
     if (exporter == nullptr) return succeed();  // stateless: an empty blob
-    // The plugin writes in pieces; collect them, then copy out (or only report the size).
-    std::vector<unsigned char> blob;
+    // The plugin writes in pieces. A size query only counts them; a copy call writes them
+    // straight into the caller's buffer while they fit and keeps counting past its end, so
+    // no copy of the state is held here either way.
     struct Sink {
-      std::vector<unsigned char>* blob;
-    } sink{&blob};
+      unsigned char* buffer;
+      size_t capacity;
+      size_t size;
+    } sink{static_cast<unsigned char*>(buffer), buffer == nullptr ? 0 : capacity, 0};
     loom_state_writer writer{
         LOOM_STATE_WRITER_SIZE, 0, &sink,
         [](void* ctx, const void* data, size_t bytes) noexcept -> loom_status* {
-          try {
-            auto* b = static_cast<Sink*>(ctx)->blob;
-            const auto* p = static_cast<const unsigned char*>(data);
-            if (bytes > 0 && p == nullptr) {
-              return loom::host::make_status(LOOM_ERR_INVALID_ARGUMENT, "state write of NULL data");
-            }
-            b->insert(b->end(), p, p + bytes);
-            return nullptr;
-          } catch (...) {
-            return loom::host::make_status(LOOM_ERR_RESOURCE_EXHAUSTED,
-                                           "out of memory writing state");
+          auto* s = static_cast<Sink*>(ctx);
+          if (bytes > 0 && data == nullptr) {
+            return loom::host::make_status(LOOM_ERR_INVALID_ARGUMENT, "state write of NULL data");
           }
+          if (bytes > std::numeric_limits<size_t>::max() - s->size) {
+            return loom::host::make_status(LOOM_ERR_RESOURCE_EXHAUSTED,
+                                           "state is larger than the address space");
+          }
+          if (bytes > 0 && s->buffer != nullptr && s->size <= s->capacity &&
+              bytes <= s->capacity - s->size) {
+            std::memcpy(s->buffer + s->size, data, bytes);
+          }
+          s->size += bytes;
+          return nullptr;
         }};
     const int32_t rc =
         plugin_call(inst, "export_state", [&] { return exporter(inst->object, &writer); });
     if (rc != LOOM_OK) return rc;
-    *size = blob.size();
+    *size = sink.size;
     if (buffer == nullptr) return succeed();
-    if (capacity < blob.size()) {
+    if (capacity < sink.size) {
       return fail(LOOM_ERR_OUT_OF_RANGE, inst->label + ": export_state needs " +
-                                             std::to_string(blob.size()) + " bytes, buffer has " +
+                                             std::to_string(sink.size) + " bytes, buffer has " +
                                              std::to_string(capacity));
     }
-    if (!blob.empty()) std::memcpy(buffer, blob.data(), blob.size());
     return succeed();
   });
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <loom/embed.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/sdk/state.hpp>
 
 #include <hwy/targets.h>
 
@@ -448,6 +449,23 @@ TEST_P(BadInput, UnsupportedDtypesAreRejected) {
   EXPECT_EQ(p, std::vector<float>(4, 1.0f));
 }
 
+TEST_P(BadInput, AnyFlippedBitInTheStateIsRejected) {
+  Session s(manifest(GetParam()));
+  std::mt19937 rng(3);
+  std::vector<Group> g(1);
+  g[0].params.emplace_back(7, kF32, kNone, rng);
+  g[0].params[0].set_grad(rng, 1.0f);
+  ASSERT_EQ(step(s, g, 1e-3, 1.0, 1), 0);
+  const auto blob = s.export_state();
+  for (size_t bit = 0; bit < blob.size() * 8; ++bit) {
+    auto bad = blob;
+    bad[bit / 8] ^= static_cast<uint8_t>(1U << (bit % 8));
+    ASSERT_EQ(loom_instance_import_state(s.opt, bad.data(), bad.size()), LOOM_ERR_DATA_LOSS)
+        << "bit " << bit << " of " << blob.size() * 8;
+  }
+  EXPECT_EQ(s.export_state(), blob);  // unchanged by the refusals
+}
+
 TEST_P(BadInput, ForeignTruncatedAndNewerStateIsRejected) {
   const std::string self = GetParam();
   const std::string other = self == "adam" ? "lamb" : "adam";
@@ -464,9 +482,13 @@ TEST_P(BadInput, ForeignTruncatedAndNewerStateIsRejected) {
             LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(loom_last_error()).find("loom." + self), std::string::npos)
       << loom_last_error();
+  // A newer version inside a valid frame (tag, size, payload, CRC32C): the payload's header
+  // is at byte 16, and the frame's checksum is recomputed so the plugin sees the version.
   auto newer = before;
-  const size_t version_at = 8 + std::string("loom." + self).size();
+  const size_t version_at = 16 + 8 + std::string("loom." + self).size();
   newer[version_at] = 2;
+  const uint32_t crc = loom::sdk::crc32c(newer.data(), newer.size() - 4);
+  std::memcpy(newer.data() + newer.size() - 4, &crc, 4);
   EXPECT_EQ(loom_instance_import_state(mine.opt, newer.data(), newer.size()),
             LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(loom_last_error()).find("version"), std::string::npos);

@@ -16,7 +16,9 @@
 #include <fstream>
 #include <iostream>
 #include <loom_cli_support.hpp>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -275,222 +277,460 @@ struct Args {
   std::string plugin_path;
 };
 
-int run(const Args& args) {
-  loom::trainer::apply_simd_cap("loom train");
-  TrainConfig c = load_config(args.config);
-  if (args.steps > 0) c.steps = args.steps;
-  if (args.stop_after >= 0) c.stop_after = args.stop_after;
-  if (!args.run_dir.empty()) {
-    c.run_dir = fs::absolute(args.run_dir).lexically_normal().string();
-    if (c.plot == (fs::path(load_config(args.config).run_dir) / "loss.png").string()) {
-      c.plot = (fs::path(c.run_dir) / "loss.png").string();
+// One training run. setup() reads the config and the dataset, opens the Loom session, builds
+// the model and the optimizer's groups, and resumes or starts over; then every step is
+// train_step() (forward, backward, gradient sync, clipping, optimizer step), log_step() at
+// log intervals, eval_step() at eval intervals and save_checkpoint() at checkpoint
+// intervals; finish() reports the final eval and writes the summary and the plot.
+class Trainer {
+ public:
+  explicit Trainer(const Args& args) : args_(args) {}
+
+  int run() {
+    setup();
+    for (int64_t step = st_.step + 1; step <= c_.steps; ++step) {
+      const StepResult r = train_step(step);
+      const bool last = step == c_.steps;
+      if (step % c_.log_interval == 0 || last || step == 1) log_step(step, r);
+      if ((c_.eval_interval > 0 && step % c_.eval_interval == 0) || last) eval_step(step);
+      st_.elapsed_s =
+          elapsed_before_ + std::chrono::duration<double>(clk::now() - t_start_).count();
+      if ((c_.checkpoint_interval > 0 && step % c_.checkpoint_interval == 0) || last) {
+        save_checkpoint(step);
+      }
+      if (c_.stop_after > 0 && step == c_.stop_after && !last) {
+        if (root_) {
+          std::cout << "\nloom train: stopped after step " << c_.stop_after << " (stop_after)\n";
+        }
+        return 0;
+      }
+    }
+    finish();
+    return 0;
+  }
+
+ private:
+  using clk = std::chrono::steady_clock;
+
+  // What one step measured, for its log line.
+  struct StepResult {
+    float loss = 0;
+    double gnorm = 0;
+    double lr = 0;
+    bool owns = false;  // the optimizer did the gradient communication itself
+  };
+
+  // ---- setup
+
+  void setup() {
+    loom::trainer::apply_simd_cap("loom train");
+    configure();
+    ds_.emplace(c_.dataset);
+    fit_to_dataset(c_, *ds_);
+    open_loom();
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    set_num_threads(c_.threads > 0 ? c_.threads : static_cast<int>(std::max(1u, hw / world_)));
+    model_.emplace(c_.model, c_.seed);
+    numel_ = model_->num_parameters();
+    build_groups();
+    resume_or_start();
+    open_metrics();
+    choose_progress();
+    print_banner();
+    t_start_ = clk::now();
+    t_log_ = t_start_;
+    elapsed_before_ = st_.elapsed_s;
+    log_from_step_ = st_.step;
+  }
+
+  // The config, with the command line's overrides.
+  void configure() {
+    c_ = load_config(args_.config);
+    if (args_.steps > 0) c_.steps = args_.steps;
+    if (args_.stop_after >= 0) c_.stop_after = args_.stop_after;
+    if (!args_.run_dir.empty()) {
+      c_.run_dir = fs::absolute(args_.run_dir).lexically_normal().string();
+      if (c_.plot == (fs::path(load_config(args_.config).run_dir) / "loss.png").string()) {
+        c_.plot = (fs::path(c_.run_dir) / "loss.png").string();
+      }
+    }
+    if (args_.no_plot) c_.plot.clear();
+    // The plot is drawn at the end: a folder that is not there should fail now, not then.
+    const fs::path plot_dir = fs::path(c_.plot).parent_path();
+    std::error_code plot_ec;
+    if (!c_.plot.empty() && plot_dir != fs::path(c_.run_dir) &&
+        !fs::is_directory(plot_dir, plot_ec)) {
+      throw ConfigError(c_.config_path + ": [train] plot: the folder " + plot_dir.string() +
+                        " does not exist (create it first, or use plot = \"auto\")");
     }
   }
-  if (args.no_plot) c.plot.clear();
-  // The plot is drawn at the end: a folder that is not there should fail now, not then.
-  const fs::path plot_dir = fs::path(c.plot).parent_path();
-  std::error_code plot_ec;
-  if (!c.plot.empty() && plot_dir != fs::path(c.run_dir) && !fs::is_directory(plot_dir, plot_ec)) {
-    throw ConfigError(c.config_path + ": [train] plot: the folder " + plot_dir.string() +
-                      " does not exist (create it first, or use plot = \"auto\")");
-  }
 
-  Dataset ds(c.dataset);
-  fit_to_dataset(c, ds);
-
-  // Loom: the manifest's instances.
-  loom_open_options opts{};
-  opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
-  opts.log_level = -1;
-  opts.plugin_path = args.plugin_path.empty() ? nullptr : args.plugin_path.c_str();
-  loom_session* session = nullptr;
-  check_loom(loom_open_file(c.manifest.c_str(), &opts, &session), "loom manifest");
-  loom::trainer::install_crash_report("loom train");  // again: UCX and MPI installed theirs
-  std::unique_ptr<loom_session, void (*)(loom_session*)> session_guard(session, loom_close);
-  loom_instance* opt = nullptr;
-  check_loom(loom_find_instance(session, "optimizer", c.optimizer.c_str(), &opt),
-             c.manifest + ": optimizer '" + c.optimizer + "'");
-  Comm comm;
-  if (!c.comm.empty()) {
-    loom_instance* ci = nullptr;
-    check_loom(loom_find_instance(session, "comm", c.comm.c_str(), &ci),
-               c.manifest + ": comm '" + c.comm + "'");
-    comm.obj = loom_instance_object(ci);
-    comm.vt = static_cast<const loom_comm_v1*>(loom_instance_vtable(ci));
-    comm.rank = comm.vt->rank(comm.obj);
-    comm.size = comm.vt->size(comm.obj);
+  // Loom: the manifest's instances, and this rank's place in the comm's world.
+  void open_loom() {
+    loom_open_options opts{};
+    opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+    opts.log_level = -1;
+    opts.plugin_path = args_.plugin_path.empty() ? nullptr : args_.plugin_path.c_str();
+    loom_session* session = nullptr;
+    check_loom(loom_open_file(c_.manifest.c_str(), &opts, &session), "loom manifest");
+    loom::trainer::install_crash_report("loom train");  // again: UCX and MPI installed theirs
+    session_.reset(session);
+    check_loom(loom_find_instance(session, "optimizer", c_.optimizer.c_str(), &opt_),
+               c_.manifest + ": optimizer '" + c_.optimizer + "'");
+    if (!c_.comm.empty()) {
+      loom_instance* ci = nullptr;
+      check_loom(loom_find_instance(session, "comm", c_.comm.c_str(), &ci),
+                 c_.manifest + ": comm '" + c_.comm + "'");
+      comm_.obj = loom_instance_object(ci);
+      comm_.vt = static_cast<const loom_comm_v1*>(loom_instance_vtable(ci));
+      comm_.rank = comm_.vt->rank(comm_.obj);
+      comm_.size = comm_.vt->size(comm_.obj);
+    }
+    rank_ = comm_.rank;
+    world_ = comm_.size;
+    root_ = rank_ == 0;
+    if (c_.batch_size % world_ != 0) {
+      throw ConfigError(c_.config_path + ": [train] batch_size " + std::to_string(c_.batch_size) +
+                        " is not divisible by the " + std::to_string(world_) + " ranks");
+    }
+    local_batch_ = c_.batch_size / world_;
   }
-  const int rank = comm.rank, world = comm.size;
-  const bool root = rank == 0;
-  if (c.batch_size % world != 0) {
-    throw ConfigError(c.config_path + ": [train] batch_size " + std::to_string(c.batch_size) +
-                      " is not divisible by the " + std::to_string(world) + " ranks");
-  }
-  const int local_batch = c.batch_size / world;
-
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  set_num_threads(c.threads > 0 ? c.threads : static_cast<int>(std::max(1u, hw / world)));
-  Model model(c.model, c.seed);
-  auto& params = model.parameters();
-  const size_t numel = model.num_parameters();
 
   // Optimizer groups: matrices decay (the manifest's weight_decay), vectors do not.
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<DLTensor> pt(params.size()), gt(params.size());
-  std::vector<loom_optimizer_tensor> decay, no_decay;
-  // The momentum mask of the position embedding: rows < seq_len are 1, the rest (never
-  // used, so their gradient is always 0) are 0. See TrainConfig::mask_unused_positions.
-  std::vector<float> wpe_mask;
-  DLTensor wpe_mask_t{};
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto& p = params[i];
-    pt[i] = DLTensor{};
-    pt[i].data = p.value;
-    pt[i].device = {kDLCPU, 0};
-    pt[i].ndim = static_cast<int32_t>(p.shape.size());
-    pt[i].dtype = {kDLFloat, 32, 1};
-    pt[i].shape = p.shape.data();
-    gt[i] = pt[i];
-    gt[i].data = p.grad;
-    const DLTensor* mask = nullptr;
-    if (p.name == "wpe" && c.mask_unused_positions && c.seq_len < c.model.context) {
-      const auto row = static_cast<size_t>(p.shape[1]);
-      wpe_mask.assign(p.numel, 0.0f);
-      std::fill(wpe_mask.begin(), wpe_mask.begin() + static_cast<ptrdiff_t>(row * c.seq_len), 1.0f);
-      wpe_mask_t = pt[i];
-      wpe_mask_t.data = wpe_mask.data();
-      mask = &wpe_mask_t;
+  void build_groups() {
+    auto& params = model_->parameters();
+    pt_.resize(params.size());
+    gt_.resize(params.size());
+    // The momentum mask of the position embedding: rows < seq_len are 1, the rest (never
+    // used, so their gradient is always 0) are 0. See TrainConfig::mask_unused_positions.
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& p = params[i];
+      pt_[i] = DLTensor{};
+      pt_[i].data = p.value;
+      pt_[i].device = {kDLCPU, 0};
+      pt_[i].ndim = static_cast<int32_t>(p.shape.size());
+      pt_[i].dtype = {kDLFloat, 32, 1};
+      pt_[i].shape = p.shape.data();
+      gt_[i] = pt_[i];
+      gt_[i].data = p.grad;
+      const DLTensor* mask = nullptr;
+      if (p.name == "wpe" && c_.mask_unused_positions && c_.seq_len < c_.model.context) {
+        const auto row = static_cast<size_t>(p.shape[1]);
+        wpe_mask_.assign(p.numel, 0.0f);
+        std::fill(wpe_mask_.begin(), wpe_mask_.begin() + static_cast<ptrdiff_t>(row * c_.seq_len),
+                  1.0f);
+        wpe_mask_t_ = pt_[i];
+        wpe_mask_t_.data = wpe_mask_.data();
+        mask = &wpe_mask_t_;
+      }
+      (p.shape.size() >= 2 ? decay_ : no_decay_)
+          .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt_[i], &gt_[i], nullptr, mask});
     }
-    (p.shape.size() >= 2 ? decay : no_decay)
-        .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt[i], &gt[i], nullptr, mask});
+    if (!decay_.empty())
+      groups_.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, decay_.data(), decay_.size(), 1.0, NAN});
+    if (!no_decay_.empty()) {
+      groups_.push_back(
+          {LOOM_OPTIMIZER_GROUP_SIZE, 0, no_decay_.data(), no_decay_.size(), 1.0, 0.0});
+    }
+    contiguous_ = true;
+    for (size_t i = 1; i < params.size(); ++i) {
+      contiguous_ &= params[i].grad == params[i - 1].grad + params[i - 1].numel;
+    }
+    flat_.assign(contiguous_ ? 0 : numel_, 0.0f);
   }
-  std::vector<loom_optimizer_group> groups;
-  if (!decay.empty())
-    groups.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, decay.data(), decay.size(), 1.0, NAN});
-  if (!no_decay.empty())
-    groups.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, no_decay.data(), no_decay.size(), 1.0, 0.0});
-  bool contiguous = true;
-  for (size_t i = 1; i < params.size(); ++i) {
-    contiguous &= params[i].grad == params[i - 1].grad + params[i - 1].numel;
-  }
-  std::vector<float> flat(contiguous ? 0 : numel);
 
-  // Run directory and resume.
-  const fs::path run_dir = c.run_dir, ckpt_root = run_dir / "checkpoints";
-  const fs::path metrics_path = run_dir / "metrics.jsonl";
-  std::error_code ec;
-  fs::create_directories(ckpt_root, ec);
-  if (ec) throw TrainError(ckpt_root.string() + ": cannot create: " + ec.message());
-  TrainerState st;
-  st.seed = c.seed;
-  st.world = world;
-  const fs::path latest_file = ckpt_root / "latest";
-  const bool has_ckpt = fs::exists(latest_file);
-  if (has_ckpt && !args.resume && !args.fresh) {
-    std::string name = read_text(latest_file);
-    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
-    throw TrainError(run_dir.string() + " already holds checkpoints (latest: " + name +
-                     "); pass --resume to continue or --fresh to start over");
-  }
-  comm.barrier();  // every rank has looked before anyone deletes
-  if (args.fresh || !has_ckpt) {
-    if (root) {
-      fs::remove_all(ckpt_root, ec);
-      fs::create_directories(ckpt_root, ec);
-      fs::remove(metrics_path, ec);
+  // Run directory and resume: refuses to overwrite checkpoints unless --resume or --fresh.
+  void resume_or_start() {
+    run_dir_ = c_.run_dir;
+    ckpt_root_ = run_dir_ / "checkpoints";
+    metrics_path_ = run_dir_ / "metrics.jsonl";
+    latest_file_ = ckpt_root_ / "latest";
+    std::error_code ec;
+    fs::create_directories(ckpt_root_, ec);
+    if (ec) throw TrainError(ckpt_root_.string() + ": cannot create: " + ec.message());
+    st_.seed = c_.seed;
+    st_.world = world_;
+    const bool has_ckpt = fs::exists(latest_file_);
+    if (has_ckpt && !args_.resume && !args_.fresh) {
+      std::string name = read_text(latest_file_);
+      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back())))
+        name.pop_back();
+      throw TrainError(run_dir_.string() + " already holds checkpoints (latest: " + name +
+                       "); pass --resume to continue or --fresh to start over");
     }
-  } else {
-    std::string name = read_text(latest_file);
+    comm_.barrier();  // every rank has looked before anyone deletes
+    if (args_.fresh || !has_ckpt) {
+      if (root_) {
+        fs::remove_all(ckpt_root_, ec);
+        fs::create_directories(ckpt_root_, ec);
+        fs::remove(metrics_path_, ec);
+      }
+    } else {
+      load_checkpoint();
+    }
+    comm_.barrier();
+    loss_acc_ = st_.loss_acc;  // see TrainerState
+    acc_steps_ = st_.acc_steps;
+  }
+
+  // Restores the checkpoint `latest` names: trainer state, model, optimizer state.
+  void load_checkpoint() {
+    std::string name = read_text(latest_file_);
     while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
-    const fs::path dir = ckpt_root / name;
+    const fs::path dir = ckpt_root_ / name;
     if (name.rfind("step_", 0) != 0 || !fs::is_directory(dir)) {
-      throw CheckpointError(latest_file.string() + ": names '" + name +
+      throw CheckpointError(latest_file_.string() + ": names '" + name +
                             "', which is not a checkpoint directory");
     }
-    const std::string rs = "rank" + std::to_string(rank);
+    const std::string rs = "rank" + std::to_string(rank_);
     const std::string tfile = (dir / ("trainer." + rs + ".bin")).string();
-    st = decode(load_blob(tfile, BlobKind::kTrainer), tfile);
-    if (st.world != world) {
-      throw CheckpointError(dir.string() + ": written by " + std::to_string(st.world) +
+    st_ = decode(load_blob(tfile, BlobKind::kTrainer), tfile);
+    if (st_.world != world_) {
+      throw CheckpointError(dir.string() + ": written by " + std::to_string(st_.world) +
                             " ranks; resume with the same number of ranks (now " +
-                            std::to_string(world) + ")");
+                            std::to_string(world_) + ")");
     }
-    if (st.seed != c.seed) throw CheckpointError(tfile + ": written with another seed");
-    load_safetensors((dir / ("model." + rs + ".safetensors")).string(), params);
+    if (st_.seed != c_.seed) throw CheckpointError(tfile + ": written with another seed");
+    load_safetensors((dir / ("model." + rs + ".safetensors")).string(), model_->parameters());
     const std::string ofile = (dir / ("optimizer." + rs + ".bin")).string();
     const auto blob = load_blob(ofile, BlobKind::kOptimizer);
-    if (loom_instance_import_state(opt, blob.data(), blob.size()) != LOOM_OK) {
+    if (loom_instance_import_state(opt_, blob.data(), blob.size()) != LOOM_OK) {
       throw CheckpointError(ofile + ": the optimizer refused its state: " + loom_last_error());
     }
-    comm.grad_bytes_sent = st.grad_bytes_sent;
-    comm.grad_bytes_received = st.grad_bytes_received;
-    comm.grad_rounds = st.grad_rounds;
+    comm_.grad_bytes_sent = st_.grad_bytes_sent;
+    comm_.grad_bytes_received = st_.grad_bytes_received;
+    comm_.grad_rounds = st_.grad_rounds;
     // Metrics past the checkpoint are recomputed: drop them.
-    if (root && fs::exists(metrics_path)) {
-      std::ifstream in(metrics_path);
+    if (root_ && fs::exists(metrics_path_)) {
+      std::ifstream in(metrics_path_);
       std::string line, kept;
       while (std::getline(in, line)) {
         auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.value("step", int64_t{0}) <= st.step) kept += line + "\n";
+        if (!j.is_discarded() && j.value("step", int64_t{0}) <= st_.step) kept += line + "\n";
       }
-      write_file_atomic(metrics_path.string(), kept.data(), kept.size());
+      write_file_atomic(metrics_path_.string(), kept.data(), kept.size());
     }
-    if (root)
-      std::cerr << "loom train: resumed from " << dir.string() << " (step " << st.step << ")\n";
+    if (root_)
+      std::cerr << "loom train: resumed from " << dir.string() << " (step " << st_.step << ")\n";
   }
-  comm.barrier();
 
-  std::ofstream metrics;
-  if (root) {
-    metrics.open(metrics_path, std::ios::app);
-    if (!metrics) throw TrainError(metrics_path.string() + ": cannot open for writing");
+  void open_metrics() {
+    if (root_) {
+      metrics_.open(metrics_path_, std::ios::app);
+      if (!metrics_) throw TrainError(metrics_path_.string() + ": cannot open for writing");
+    }
   }
-  auto comm_info = [&] {
+
+  // A progress line on a terminal, log lines elsewhere. OpenMPI gives its ranks a pty for
+  // stdout whatever mpirun's own output is, so under a launcher it is log lines unless
+  // LOOM_PROGRESS=tty asks for the progress line (LOOM_PROGRESS=lines forces log lines).
+  void choose_progress() {
+    const char* progress = std::getenv("LOOM_PROGRESS");
+    const bool launched =
+        std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_RANK") || std::getenv("PMIX_RANK");
+    tty_ = root_ && ::isatty(STDOUT_FILENO) && !launched;
+    if (progress && std::string(progress) == "tty") tty_ = root_;
+    if (progress && std::string(progress) == "lines") tty_ = false;
+    per_step_uncompressed_ =
+        world_ > 1 ? 2.0 * (world_ - 1) / world_ * 4.0 * static_cast<double>(numel_) : 0.0;
+  }
+
+  void print_banner() const {
+    if (!root_) return;
+    std::cout << "loom train: " << numel_ << " parameters, " << world_ << " rank(s), optimizer '"
+              << loom_instance_plugin(opt_) << "', " << c_.steps << " steps of " << c_.batch_size
+              << " x " << c_.seq_len << " tokens; run dir " << run_dir_.string() << std::endl;
+    std::cout << "loom train: CPU " << loom::trainer::cpu_description() << std::endl;
+    if (!wpe_mask_.empty()) {
+      std::cout << "loom train: position rows " << c_.seq_len << ".." << c_.model.context - 1
+                << " are never used (seq_len < context); their momentum is masked" << std::endl;
+    }
+  }
+
+  // ---- one step
+
+  loom_optimizer_comm_info comm_info() {
     loom_optimizer_comm_info ci{};
     ci.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
-    check_loom(loom_optimizer_get_comm_info(opt, &ci), "optimizer comm_info");
+    check_loom(loom_optimizer_get_comm_info(opt_, &ci), "optimizer comm_info");
     return ci;
-  };
+  }
 
-  double loss_acc = st.loss_acc;  // see TrainerState
-  int64_t acc_steps = st.acc_steps;
-  auto save_checkpoint = [&](int64_t step) {
-    const fs::path tmp = ckpt_root / (step_dir_name(step) + ".tmp");
-    const fs::path dir = ckpt_root / step_dir_name(step);
-    if (root) {
+  StepResult train_step(int64_t step) {
+    auto& params = model_->parameters();
+    StepResult r;
+    fill_batch(*ds_, c_, step, rank_ * local_batch_, local_batch_, x_, y_);
+    model_->zero_grad();
+    r.loss = model_->forward_backward(x_.data(), y_.data(), local_batch_, c_.seq_len);
+    if (!std::isfinite(r.loss)) {
+      throw TrainError("step " + std::to_string(step) + ": the loss is " + std::to_string(r.loss) +
+                       " (diverged; lower lr or clip_grad_norm)");
+    }
+    r.owns = comm_info().owns_communication != 0;
+    if (!r.owns && world_ > 1) {
+      if (contiguous_) {
+        comm_.average(params[0].grad, numel_, true);
+      } else {
+        size_t o = 0;
+        for (auto& p : params) std::memcpy(flat_.data() + o, p.grad, 4 * p.numel), o += p.numel;
+        comm_.average(flat_.data(), numel_, true);
+        o = 0;
+        for (auto& p : params) std::memcpy(p.grad, flat_.data() + o, 4 * p.numel), o += p.numel;
+      }
+    }
+    // Global-norm clipping: of the averaged gradient when the trainer averages, of the local
+    // gradient when the optimizer owns communication (each rank its own coefficient).
+    double sq = 0;
+    for (auto& p : params)
+      for (size_t i = 0; i < p.numel; ++i) sq += static_cast<double>(p.grad[i]) * p.grad[i];
+    r.gnorm = std::sqrt(sq);
+    if (c_.clip_grad_norm > 0 && r.gnorm > c_.clip_grad_norm) {
+      const float s = static_cast<float>(c_.clip_grad_norm / (r.gnorm + 1e-6));
+      for (auto& p : params)
+        for (size_t i = 0; i < p.numel; ++i) p.grad[i] *= s;
+    }
+    r.lr = lr_at(c_, step);
+    loom_optimizer_step_args sa{
+        LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups_.data(), groups_.size(), r.lr, 1.0, step, nullptr};
+    check_loom(loom_optimizer_step(opt_, &sa), "optimizer step " + std::to_string(step));
+    st_.tokens_seen += static_cast<uint64_t>(c_.batch_size) * c_.seq_len;
+    st_.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed_);
+    loss_acc_ += r.loss;
+    ++acc_steps_;
+    return r;
+  }
+
+  // ---- logging
+
+  // The mean loss since the last log line (over the ranks), a metrics record and a line.
+  void log_step(int64_t step, const StepResult& r) {
+    const auto tot = comm_.sum({loss_acc_, static_cast<double>(acc_steps_)});
+    const double mean_loss = tot[0] / tot[1];
+    const auto now = clk::now();
+    const double dt = std::chrono::duration<double>(now - t_log_).count();
+    const double tps = static_cast<double>(step - log_from_step_) * c_.batch_size * c_.seq_len /
+                       std::max(dt, 1e-9);
+    const auto ci = comm_info();
+    const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
+    const uint64_t rounds = comm_.grad_rounds + ci.rounds;
+    const double elapsed = elapsed_before_ + std::chrono::duration<double>(now - t_start_).count();
+    if (root_) {
+      nlohmann::json j = {{"type", "train"},
+                          {"step", step},
+                          {"loss", mean_loss},
+                          {"lr", r.lr},
+                          {"grad_norm", r.gnorm},
+                          {"tokens_per_s", tps},
+                          {"tokens", st_.tokens_seen},
+                          {"comm_bytes_sent", sent},
+                          {"comm_bytes_received", comm_.grad_bytes_received + ci.bytes_received},
+                          {"comm_rounds", rounds},
+                          {"uncompressed_bytes", st_.uncompressed_bytes},
+                          {"owns_communication", r.owns},
+                          {"elapsed_s", elapsed}};
+      metrics_ << j.dump() << "\n" << std::flush;
+      const double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
+                         static_cast<double>(c_.steps - step);
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  sent %s  ETA %s",
+                    static_cast<long long>(step), static_cast<long long>(c_.steps), mean_loss, r.lr,
+                    tps, human_bytes(static_cast<double>(sent)).c_str(), human_time(eta).c_str());
+      if (tty_)
+        std::cout << "\r" << line << "\033[K" << std::flush;
+      else
+        std::cout << line << std::endl;
+    }
+    loss_acc_ = 0;
+    acc_steps_ = 0;
+    log_from_step_ = step;
+    t_log_ = clk::now();
+  }
+
+  // Eval: the first eval_batches * batch_size windows of seq_len + 1 heldout tokens (fewer
+  // when the split is small); window w goes to rank w % world.
+  double evaluate() {
+    const auto h = ds_->heldout();
+    const size_t windows = std::min<size_t>(static_cast<size_t>(c_.eval_batches) * c_.batch_size,
+                                            (h.size() - 1) / c_.seq_len);
+    std::vector<size_t> mine;
+    for (size_t w = rank_; w < windows; w += world_) mine.push_back(w);
+    double sum = 0;
+    for (size_t b = 0; b < mine.size(); b += local_batch_) {
+      const int n = static_cast<int>(std::min<size_t>(local_batch_, mine.size() - b));
+      x_.resize(static_cast<size_t>(n) * c_.seq_len);
+      y_.resize(x_.size());
+      for (int i = 0; i < n; ++i) {
+        const size_t off = mine[b + i] * c_.seq_len;
+        for (int j = 0; j < c_.seq_len; ++j) {
+          x_[static_cast<size_t>(i) * c_.seq_len + j] = h[off + j];
+          y_[static_cast<size_t>(i) * c_.seq_len + j] = h[off + j + 1];
+        }
+      }
+      sum += static_cast<double>(model_->forward_loss(x_.data(), y_.data(), n, c_.seq_len)) * n;
+    }
+    const auto tot = comm_.sum({sum, static_cast<double>(mine.size())});
+    return tot[0] / std::max(1.0, tot[1]);
+  }
+
+  void eval_step(int64_t step) {
+    last_eval_ = evaluate();
+    if (root_) {
+      nlohmann::json j = {{"type", "eval"},
+                          {"step", step},
+                          {"eval_loss", last_eval_},
+                          {"eval_ppl", std::exp(last_eval_)}};
+      metrics_ << j.dump() << "\n" << std::flush;
+      if (tty_) std::cout << "\n";
+      std::printf("eval step %lld: loss %.4f, perplexity %.2f\n", static_cast<long long>(step),
+                  last_eval_, std::exp(last_eval_));
+      std::fflush(stdout);
+    }
+  }
+
+  // ---- checkpoints
+
+  // step_N.tmp on every rank, renamed into place by rank 0 once all have written; the last
+  // two are kept. The optimizer's state is exported once (size query, then the copy from
+  // the same serialisation).
+  void save_checkpoint(int64_t step) {
+    std::error_code ec;
+    const fs::path tmp = ckpt_root_ / (step_dir_name(step) + ".tmp");
+    const fs::path dir = ckpt_root_ / step_dir_name(step);
+    if (root_) {
       fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
       if (ec) throw CheckpointError(tmp.string() + ": cannot create: " + ec.message());
     }
-    comm.barrier();
-    const std::string rs = "rank" + std::to_string(rank);
-    save_safetensors((tmp / ("model." + rs + ".safetensors")).string(), params,
+    comm_.barrier();
+    const std::string rs = "rank" + std::to_string(rank_);
+    save_safetensors((tmp / ("model." + rs + ".safetensors")).string(), model_->parameters(),
                      {{"step", std::to_string(step)}});
     size_t n = 0;
-    check_loom(loom_instance_export_state(opt, nullptr, 0, &n), "optimizer export_state");
+    check_loom(loom_instance_export_state(opt_, nullptr, 0, &n), "optimizer export_state");
     std::vector<uint8_t> blob(n);
-    check_loom(loom_instance_export_state(opt, blob.data(), blob.size(), &n),
+    check_loom(loom_instance_export_state(opt_, blob.data(), blob.size(), &n),
                "optimizer export_state");
     blob.resize(n);
     save_blob((tmp / ("optimizer." + rs + ".bin")).string(), BlobKind::kOptimizer, blob);
-    TrainerState s = st;
+    TrainerState s = st_;
     s.step = step;
-    s.grad_bytes_sent = comm.grad_bytes_sent;
-    s.grad_bytes_received = comm.grad_bytes_received;
-    s.grad_rounds = comm.grad_rounds;
-    s.loss_acc = loss_acc;
-    s.acc_steps = acc_steps;
+    s.grad_bytes_sent = comm_.grad_bytes_sent;
+    s.grad_bytes_received = comm_.grad_bytes_received;
+    s.grad_rounds = comm_.grad_rounds;
+    s.loss_acc = loss_acc_;
+    s.acc_steps = acc_steps_;
     save_blob((tmp / ("trainer." + rs + ".bin")).string(), BlobKind::kTrainer, encode(s));
-    comm.barrier();
-    if (root) {
+    comm_.barrier();
+    if (root_) {
       fs::remove_all(dir, ec);
       fs::rename(tmp, dir, ec);
       if (ec) throw CheckpointError(dir.string() + ": cannot rename into place: " + ec.message());
       const std::string name = step_dir_name(step) + "\n";
-      write_file_atomic(latest_file.string(), name.data(), name.size());
+      write_file_atomic(latest_file_.string(), name.data(), name.size());
       // Keep the last two checkpoints.
       std::vector<fs::path> old;
-      for (const auto& e : fs::directory_iterator(ckpt_root, ec)) {
+      for (const auto& e : fs::directory_iterator(ckpt_root_, ec)) {
         const auto f = e.path().filename().string();
         if (e.is_directory() && f.rfind("step_", 0) == 0 && f.find(".tmp") == std::string::npos &&
             f < step_dir_name(step))
@@ -499,222 +739,106 @@ int run(const Args& args) {
       std::sort(old.begin(), old.end());
       for (size_t i = 0; i + 1 < old.size(); ++i) fs::remove_all(old[i], ec);
     }
-    comm.barrier();
-  };
+    comm_.barrier();
+  }
 
-  // Eval: the first eval_batches * batch_size windows of seq_len + 1 heldout tokens (fewer
-  // when the split is small); window w goes to rank w % world.
-  std::vector<int32_t> x, y;
-  auto evaluate = [&]() {
-    const auto h = ds.heldout();
-    const size_t windows = std::min<size_t>(static_cast<size_t>(c.eval_batches) * c.batch_size,
-                                            (h.size() - 1) / c.seq_len);
-    std::vector<size_t> mine;
-    for (size_t w = rank; w < windows; w += world) mine.push_back(w);
-    double sum = 0;
-    for (size_t b = 0; b < mine.size(); b += local_batch) {
-      const int n = static_cast<int>(std::min<size_t>(local_batch, mine.size() - b));
-      x.resize(static_cast<size_t>(n) * c.seq_len);
-      y.resize(x.size());
-      for (int i = 0; i < n; ++i) {
-        const size_t off = mine[b + i] * c.seq_len;
-        for (int j = 0; j < c.seq_len; ++j) {
-          x[static_cast<size_t>(i) * c.seq_len + j] = h[off + j];
-          y[static_cast<size_t>(i) * c.seq_len + j] = h[off + j + 1];
+  // ---- the end: final eval, summary.json, the totals and the plot
+
+  void finish() {
+    if (std::isnan(last_eval_)) last_eval_ = evaluate();  // resumed at the end: report again
+    const auto ci = comm_info();
+    const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
+    const uint64_t rounds = comm_.grad_rounds + ci.rounds;
+    if (root_) {
+      nlohmann::json summary = {{"final_eval_loss", last_eval_},
+                                {"final_eval_ppl", std::exp(last_eval_)},
+                                {"steps", c_.steps},
+                                {"ranks", world_},
+                                {"optimizer", loom_instance_plugin(opt_)},
+                                {"parameters", numel_},
+                                {"comm_bytes_sent", sent},
+                                {"comm_rounds", rounds},
+                                {"uncompressed_bytes", st_.uncompressed_bytes},
+                                {"elapsed_s", st_.elapsed_s}};
+      const std::string s = summary.dump(2) + "\n";
+      write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());
+      if (tty_) std::cout << "\n";
+      std::printf("final eval loss: %.4f (perplexity %.2f)\n", last_eval_, std::exp(last_eval_));
+      if (world_ > 1) {
+        std::printf(
+            "bytes sent by rank 0 for gradient sync: %s in %llu rounds; uncompressed Adam "
+            "would have sent %s (%.2fx)\n",
+            human_bytes(static_cast<double>(sent)).c_str(), static_cast<unsigned long long>(rounds),
+            human_bytes(static_cast<double>(st_.uncompressed_bytes)).c_str(),
+            sent > 0 ? static_cast<double>(st_.uncompressed_bytes) / static_cast<double>(sent)
+                     : 0.0);
+      } else {
+        std::printf("bytes sent: 0 (one rank; nothing to average)\n");
+      }
+      std::printf("metrics: %s\n", metrics_path_.string().c_str());
+      std::fflush(stdout);
+      if (!c_.plot.empty()) {
+        std::error_code ec;
+        const fs::path self = fs::canonical("/proc/self/exe", ec);
+        const fs::path plotter = self.parent_path() / "loom-plot";
+        const std::string cmd =
+            "'" + plotter.string() + "' '" + run_dir_.string() + "' -o '" + c_.plot + "'";
+        if (std::system(cmd.c_str()) == 0) {
+          std::printf("plot: %s\n", c_.plot.c_str());
+        } else {
+          std::printf("plot: not written (loom-plot failed; see above)\n");
         }
       }
-      sum += static_cast<double>(model.forward_loss(x.data(), y.data(), n, c.seq_len)) * n;
     }
-    const auto tot = comm.sum({sum, static_cast<double>(mine.size())});
-    return tot[0] / std::max(1.0, tot[1]);
-  };
-
-  // A progress line on a terminal, log lines elsewhere. OpenMPI gives its ranks a pty for
-  // stdout whatever mpirun's own output is, so under a launcher it is log lines unless
-  // LOOM_PROGRESS=tty asks for the progress line (LOOM_PROGRESS=lines forces log lines).
-  const char* progress = std::getenv("LOOM_PROGRESS");
-  const bool launched =
-      std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_RANK") || std::getenv("PMIX_RANK");
-  bool tty = root && ::isatty(STDOUT_FILENO) && !launched;
-  if (progress && std::string(progress) == "tty") tty = root;
-  if (progress && std::string(progress) == "lines") tty = false;
-  const double per_step_uncompressed =
-      world > 1 ? 2.0 * (world - 1) / world * 4.0 * static_cast<double>(numel) : 0.0;
-  if (root) {
-    std::cout << "loom train: " << numel << " parameters, " << world << " rank(s), optimizer '"
-              << loom_instance_plugin(opt) << "', " << c.steps << " steps of " << c.batch_size
-              << " x " << c.seq_len << " tokens; run dir " << run_dir.string() << std::endl;
-    std::cout << "loom train: CPU " << loom::trainer::cpu_description() << std::endl;
-    if (!wpe_mask.empty()) {
-      std::cout << "loom train: position rows " << c.seq_len << ".." << c.model.context - 1
-                << " are never used (seq_len < context); their momentum is masked" << std::endl;
-    }
+    comm_.barrier();
   }
 
-  using clk = std::chrono::steady_clock;
-  auto t_start = clk::now(), t_log = t_start;
-  const double elapsed_before = st.elapsed_s;
-  int64_t log_from_step = st.step;
-  double last_eval = NAN;
-  bool stopped = false;
-  for (int64_t step = st.step + 1; step <= c.steps; ++step) {
-    fill_batch(ds, c, step, rank * local_batch, local_batch, x, y);
-    model.zero_grad();
-    const float loss = model.forward_backward(x.data(), y.data(), local_batch, c.seq_len);
-    if (!std::isfinite(loss)) {
-      throw TrainError("step " + std::to_string(step) + ": the loss is " + std::to_string(loss) +
-                       " (diverged; lower lr or clip_grad_norm)");
-    }
-    const bool owns = comm_info().owns_communication != 0;
-    if (!owns && world > 1) {
-      if (contiguous) {
-        comm.average(params[0].grad, numel, true);
-      } else {
-        size_t o = 0;
-        for (auto& p : params) std::memcpy(flat.data() + o, p.grad, 4 * p.numel), o += p.numel;
-        comm.average(flat.data(), numel, true);
-        o = 0;
-        for (auto& p : params) std::memcpy(p.grad, flat.data() + o, 4 * p.numel), o += p.numel;
-      }
-    }
-    // Global-norm clipping: of the averaged gradient when the trainer averages, of the local
-    // gradient when the optimizer owns communication (each rank its own coefficient).
-    double sq = 0;
-    for (auto& p : params)
-      for (size_t i = 0; i < p.numel; ++i) sq += static_cast<double>(p.grad[i]) * p.grad[i];
-    const double gnorm = std::sqrt(sq);
-    if (c.clip_grad_norm > 0 && gnorm > c.clip_grad_norm) {
-      const float s = static_cast<float>(c.clip_grad_norm / (gnorm + 1e-6));
-      for (auto& p : params)
-        for (size_t i = 0; i < p.numel; ++i) p.grad[i] *= s;
-    }
-    const double lr = lr_at(c, step);
-    loom_optimizer_step_args sa{
-        LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups.data(), groups.size(), lr, 1.0, step, nullptr};
-    check_loom(loom_optimizer_step(opt, &sa), "optimizer step " + std::to_string(step));
-    st.tokens_seen += static_cast<uint64_t>(c.batch_size) * c.seq_len;
-    st.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed);
-    loss_acc += loss;
-    ++acc_steps;
+  // Declared in the order they are made, so they are destroyed in reverse: the model and
+  // the metrics file before the session, the session before the dataset.
+  const Args& args_;
+  TrainConfig c_;
+  std::optional<Dataset> ds_;
+  std::unique_ptr<loom_session, void (*)(loom_session*)> session_{nullptr, loom_close};
+  loom_instance* opt_ = nullptr;
+  Comm comm_;
+  int rank_ = 0, world_ = 1;
+  bool root_ = true;
+  int local_batch_ = 0;
+  std::optional<Model> model_;
+  size_t numel_ = 0;
 
-    const bool last = step == c.steps;
-    const bool do_log = step % c.log_interval == 0 || last || step == 1;
-    if (do_log) {
-      const auto tot = comm.sum({loss_acc, static_cast<double>(acc_steps)});
-      const double mean_loss = tot[0] / tot[1];
-      const auto now = clk::now();
-      const double dt = std::chrono::duration<double>(now - t_log).count();
-      const double tps =
-          static_cast<double>(step - log_from_step) * c.batch_size * c.seq_len / std::max(dt, 1e-9);
-      const auto ci = comm_info();
-      const uint64_t sent = comm.grad_bytes_sent + ci.bytes_sent;
-      const uint64_t rounds = comm.grad_rounds + ci.rounds;
-      const double elapsed = elapsed_before + std::chrono::duration<double>(now - t_start).count();
-      if (root) {
-        nlohmann::json j = {{"type", "train"},
-                            {"step", step},
-                            {"loss", mean_loss},
-                            {"lr", lr},
-                            {"grad_norm", gnorm},
-                            {"tokens_per_s", tps},
-                            {"tokens", st.tokens_seen},
-                            {"comm_bytes_sent", sent},
-                            {"comm_bytes_received", comm.grad_bytes_received + ci.bytes_received},
-                            {"comm_rounds", rounds},
-                            {"uncompressed_bytes", st.uncompressed_bytes},
-                            {"owns_communication", owns},
-                            {"elapsed_s", elapsed}};
-        metrics << j.dump() << "\n" << std::flush;
-        const double eta = (elapsed - elapsed_before) / static_cast<double>(step - st.step) *
-                           static_cast<double>(c.steps - step);
-        char line[256];
-        std::snprintf(line, sizeof(line),
-                      "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  sent %s  ETA %s",
-                      static_cast<long long>(step), static_cast<long long>(c.steps), mean_loss, lr,
-                      tps, human_bytes(static_cast<double>(sent)).c_str(), human_time(eta).c_str());
-        if (tty)
-          std::cout << "\r" << line << "\033[K" << std::flush;
-        else
-          std::cout << line << std::endl;
-      }
-      loss_acc = 0;
-      acc_steps = 0;
-      log_from_step = step;
-      t_log = clk::now();
-    }
-    if ((c.eval_interval > 0 && step % c.eval_interval == 0) || last) {
-      last_eval = evaluate();
-      if (root) {
-        nlohmann::json j = {{"type", "eval"},
-                            {"step", step},
-                            {"eval_loss", last_eval},
-                            {"eval_ppl", std::exp(last_eval)}};
-        metrics << j.dump() << "\n" << std::flush;
-        if (tty) std::cout << "\n";
-        std::printf("eval step %lld: loss %.4f, perplexity %.2f\n", static_cast<long long>(step),
-                    last_eval, std::exp(last_eval));
-        std::fflush(stdout);
-      }
-    }
-    st.elapsed_s = elapsed_before + std::chrono::duration<double>(clk::now() - t_start).count();
-    if ((c.checkpoint_interval > 0 && step % c.checkpoint_interval == 0) || last) {
-      save_checkpoint(step);
-    }
-    if (c.stop_after > 0 && step == c.stop_after && !last) {
-      stopped = true;
-      break;
-    }
-  }
-  if (stopped) {
-    if (root) std::cout << "\nloom train: stopped after step " << c.stop_after << " (stop_after)\n";
-    return 0;
-  }
-  if (std::isnan(last_eval)) last_eval = evaluate();  // resumed at the end: report again
+  // The optimizer's view of the parameters (pointers into these vectors and into
+  // wpe_mask_t_, so Trainer is neither copied nor moved).
+  std::vector<DLTensor> pt_, gt_;
+  std::vector<loom_optimizer_tensor> decay_, no_decay_;
+  std::vector<float> wpe_mask_;
+  DLTensor wpe_mask_t_{};
+  std::vector<loom_optimizer_group> groups_;
+  bool contiguous_ = true;
+  std::vector<float> flat_;  // gradient staging when the gradients are not one block
 
-  const auto ci = comm_info();
-  const uint64_t sent = comm.grad_bytes_sent + ci.bytes_sent;
-  const uint64_t rounds = comm.grad_rounds + ci.rounds;
-  if (root) {
-    nlohmann::json summary = {{"final_eval_loss", last_eval},
-                              {"final_eval_ppl", std::exp(last_eval)},
-                              {"steps", c.steps},
-                              {"ranks", world},
-                              {"optimizer", loom_instance_plugin(opt)},
-                              {"parameters", numel},
-                              {"comm_bytes_sent", sent},
-                              {"comm_rounds", rounds},
-                              {"uncompressed_bytes", st.uncompressed_bytes},
-                              {"elapsed_s", st.elapsed_s}};
-    const std::string s = summary.dump(2) + "\n";
-    write_file_atomic((run_dir / "summary.json").string(), s.data(), s.size());
-    if (tty) std::cout << "\n";
-    std::printf("final eval loss: %.4f (perplexity %.2f)\n", last_eval, std::exp(last_eval));
-    if (world > 1) {
-      std::printf(
-          "bytes sent by rank 0 for gradient sync: %s in %llu rounds; uncompressed Adam "
-          "would have sent %s (%.2fx)\n",
-          human_bytes(static_cast<double>(sent)).c_str(), static_cast<unsigned long long>(rounds),
-          human_bytes(static_cast<double>(st.uncompressed_bytes)).c_str(),
-          sent > 0 ? static_cast<double>(st.uncompressed_bytes) / static_cast<double>(sent) : 0.0);
-    } else {
-      std::printf("bytes sent: 0 (one rank; nothing to average)\n");
-    }
-    std::printf("metrics: %s\n", metrics_path.string().c_str());
-    std::fflush(stdout);
-    if (!c.plot.empty()) {
-      const fs::path self = fs::canonical("/proc/self/exe", ec);
-      const fs::path plotter = self.parent_path() / "loom-plot";
-      const std::string cmd =
-          "'" + plotter.string() + "' '" + run_dir.string() + "' -o '" + c.plot + "'";
-      if (std::system(cmd.c_str()) == 0) {
-        std::printf("plot: %s\n", c.plot.c_str());
-      } else {
-        std::printf("plot: not written (loom-plot failed; see above)\n");
-      }
-    }
-  }
-  comm.barrier();
-  return 0;
+  fs::path run_dir_, ckpt_root_, metrics_path_, latest_file_;
+  TrainerState st_;
+  std::ofstream metrics_;
+  double loss_acc_ = 0;  // see TrainerState
+  int64_t acc_steps_ = 0;
+  std::vector<int32_t> x_, y_;  // the batch (and eval windows)
+  bool tty_ = false;
+  double per_step_uncompressed_ = 0;
+
+  clk::time_point t_start_, t_log_;
+  double elapsed_before_ = 0;
+  int64_t log_from_step_ = 0;
+  double last_eval_ = NAN;
+
+ public:
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+};
+
+int run(const Args& args) {
+  Trainer trainer(args);
+  return trainer.run();
 }
 
 // --check (what `loom check CONFIG` runs): every problem of the config, of the manifest it

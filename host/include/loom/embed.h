@@ -86,7 +86,9 @@ LOOM_API void* loom_instance_object(const loom_instance* instance);
 LOOM_API const void* loom_instance_vtable(const loom_instance* instance);
 
 /* State for checkpoints. Call with buffer NULL to learn the size; *size gets the
- * number of bytes the state needs (or wrote). */
+ * number of bytes the state needs (or wrote). A buffer too small is LOOM_ERR_OUT_OF_RANGE;
+ * after any failure the buffer's contents are unspecified. An SDK plugin serialises once
+ * for a size query followed by the copy call (it keeps the blob until its next call). */
 LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffer, size_t capacity,
                                             size_t* size);
 LOOM_API int32_t loom_instance_import_state(loom_instance* instance, const void* data, size_t size);

@@ -84,18 +84,42 @@ namespace detail {
 
 // An instance as the host sees it: the Context first, so it outlives the object that may
 // hold a reference to it.
+//
+// `exported` keeps the framed blob of the last export_state until any other call on the
+// instance: hosts ask for the size first and then for the bytes, and the second export is
+// served from it instead of serialising the whole state again. The state can only change
+// inside a call on the instance (calls are one at a time per instance), and every call but
+// export_state goes through object<T>(), which drops the blob.
 template <class T>
 struct Holder {
   explicit Holder(const loom_host_services* host) : ctx(host), object(ctx) {}
 
+  void forget_export() noexcept {
+    if (has_exported) {
+      std::vector<std::byte>().swap(exported);
+      has_exported = false;
+    }
+  }
+
   Context ctx;
   T object;
+  std::vector<std::byte> exported;
+  bool has_exported = false;
 };
 
 template <class T>
-T& object(void* instance) {
+Holder<T>& holder(void* instance) {
   if (instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "instance is NULL");
-  return static_cast<Holder<T>*>(instance)->object;
+  return *static_cast<Holder<T>*>(instance);
+}
+
+// The plugin object for a call on the instance; any call but export_state ends the
+// export cache's validity.
+template <class T>
+T& object(void* instance) {
+  Holder<T>& h = holder<T>(instance);
+  h.forget_export();
+  return h.object;
 }
 
 // Copies an args struct from the caller into a zeroed full-size one, so plugin code can
@@ -329,19 +353,49 @@ struct FactoryThunks {
     } catch (...) {
     }
   }
+  // Serialises the state into a checksummed frame (state.hpp), hands it to the host's
+  // writer in one piece and keeps it for a repeated export; the export after that one
+  // serialises afresh, so at most one extra copy is held, and only until the next call.
   static loom_status* export_state(void* instance, const loom_state_writer* writer) noexcept {
     return guard([&] {
-      StateWriter w(writer);
-      object<T>(instance).export_state(w);
+      StateWriter out(writer);
+      Holder<T>& h = holder<T>(instance);
+      if (h.has_exported) {
+        const std::vector<std::byte> blob = std::move(h.exported);
+        h.forget_export();
+        out.write_bytes(blob);
+        return;
+      }
+      std::vector<std::byte> blob;
+      state_frame::begin(blob);
+      loom_state_writer append{
+          LOOM_STATE_WRITER_SIZE, 0, &blob,
+          [](void* ctx, const void* data, std::size_t bytes) noexcept -> loom_status* {
+            return guard([&] {
+              if (data == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "state write of NULL");
+              auto* b = static_cast<std::vector<std::byte>*>(ctx);
+              const auto* p = static_cast<const std::byte*>(data);
+              b->insert(b->end(), p, p + bytes);
+            });
+          }};
+      StateWriter payload(&append);
+      h.object.export_state(payload);
+      state_frame::finish(blob);
+      out.write_bytes(blob);
+      h.exported = std::move(blob);
+      h.has_exported = true;
     });
   }
+  // Checks the frame (DATA_LOSS naming what does not match) and gives the plugin the payload;
+  // an unframed blob from before frames reaches the plugin whole, as it always did.
   static loom_status* import_state(void* instance, const void* data, std::size_t bytes) noexcept {
     return guard([&] {
       if (data == nullptr && bytes != 0) {
         throw Error(LOOM_ERR_INVALID_ARGUMENT, "state data is NULL");
       }
-      object<T>(instance).import_state(
-          std::span<const std::byte>(static_cast<const std::byte*>(data), data ? bytes : 0));
+      T& obj = object<T>(instance);
+      obj.import_state(state_frame::open(
+          std::span<const std::byte>(static_cast<const std::byte*>(data), data ? bytes : 0)));
     });
   }
 };
