@@ -146,14 +146,18 @@ int cmd_describe(const std::string& name, bool json, const std::string& plugin_p
   return 0;
 }
 
-// A trainer config (the reference trainer's TOML) names its manifest in a [manifest] table
-// with a `path`; a Loom manifest has no such table. Unreadable or unparsable files are left to
-// libloom, which reports them as manifests.
+// A trainer config (the reference trainer's TOML) has a [manifest] table naming its manifest,
+// and [model] and [train] tables; a Loom manifest has none of them. Any one of them makes the
+// file a trainer config, so a config with a misspelt or missing `path` still gets the
+// trainer's own messages. Unreadable or unparsable files are left to libloom, which reports
+// them as manifests.
 bool is_trainer_config(const std::string& file) {
   auto parsed = toml::parse_file(file);
   if (!parsed) return false;
-  const auto* manifest = parsed.table()["manifest"].as_table();
-  return manifest != nullptr && manifest->get("path") != nullptr;
+  for (const char* section : {"manifest", "model", "train"}) {
+    if (parsed.table()[section].as_table() != nullptr) return true;
+  }
+  return false;
 }
 
 int cmd_check(const std::string& manifest, const std::string& plugin_path) {
@@ -176,7 +180,7 @@ int cmd_check(const std::string& manifest, const std::string& plugin_path) {
 std::filesystem::path programs_dir() {
   std::error_code ec;
   const auto self = std::filesystem::canonical("/proc/self/exe", ec);
-  return ec ? std::filesystem::path(".") : self.parent_path();
+  return ec ? std::filesystem::path() : self.parent_path();  // empty: unknown, never "."
 }
 
 // The NAMEs of the loom-bench-NAME programs beside `loom`, sorted.
@@ -205,6 +209,11 @@ void print_bench_help(std::ostream& os) {
 // libloom only. `what` names the command in messages.
 int exec_beside(const std::string& name, const std::vector<std::string>& args,
                 const std::string& what) {
+  if (programs_dir().empty()) {
+    std::cerr << "loom " << what << ": cannot tell which folder loom runs from (/proc/self/exe "
+              << "is unreadable), so " << name << " cannot be found beside it\n";
+    return kExitError;
+  }
   const auto program = programs_dir() / name;
   std::error_code ec;
   if (!std::filesystem::exists(program, ec)) {

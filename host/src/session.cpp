@@ -102,7 +102,16 @@ std::unique_ptr<Session> Session::open_text(std::string_view text, const std::st
   s->manifest_ = parse_manifest(text, origin, base_dir, diags);
   s->setup_logging(options);
   std::string how = "the embedding program's";
-  s->bootstrap_ = options.bootstrap != nullptr ? options.bootstrap : default_bootstrap(&how);
+  if (options.bootstrap != nullptr) {
+    s->bootstrap_ = options.bootstrap;
+  } else if (options.validate_only) {
+    // Checking a manifest talks to no other rank: a launcher's variables in the environment
+    // (RANK, MASTER_ADDR, MPI's) must not make `loom check` wait for a job.
+    s->bootstrap_ = single_process_bootstrap();
+    how = "none (validate only)";
+  } else {
+    s->bootstrap_ = default_bootstrap(&how);
+  }
   s->log_->debug("bootstrap: {}", how);
   if (s->bootstrap_->struct_size < LOOM_BOOTSTRAP_SIZE || s->bootstrap_->allgather == nullptr ||
       s->bootstrap_->barrier == nullptr || s->bootstrap_->size < 1 || s->bootstrap_->rank < 0 ||

@@ -24,9 +24,9 @@ using VF = hn::Vec<DF>;
 
 // fast_exp of layers.hpp, lane-wise: the same clamp, range reduction and polynomial, so
 // every target agrees with the scalar function to rounding.
-HWY_INLINE VF Exp(DF d, VF x) {
+HWY_INLINE VF Exp(DF d, VF in) {
   const hn::RebindToSigned<DF> di;
-  x = hn::Min(hn::Max(x, hn::Set(d, -87.0f)), hn::Set(d, 88.0f));
+  const VF x = hn::Min(hn::Max(in, hn::Set(d, -87.0f)), hn::Set(d, 88.0f));
   const VF t = hn::Mul(x, hn::Set(d, 1.44269504088896341f));
   // round(t) as the scalar code does it: truncate t + 128.5 (positive), subtract 128.
   const auto k = hn::Sub(hn::ConvertTo(di, hn::Add(t, hn::Set(d, 128.5f))), hn::Set(di, 128));
@@ -42,7 +42,9 @@ HWY_INLINE VF Exp(DF d, VF x) {
   p = hn::Add(hn::Mul(p, r), hn::Set(d, 5.0000001201e-1f));
   p = hn::Add(hn::Add(hn::Mul(p, z), r), hn::Set(d, 1.0f));
   const VF scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127))));
-  return hn::Mul(p, scale);
+  // x86's min/max return their second operand for a NaN: keep NaN a NaN, as the scalar
+  // code does, so a diverging loss shows instead of turning into exp(-87).
+  return hn::IfThenElse(hn::IsNaN(in), in, hn::Mul(p, scale));
 }
 
 HWY_INLINE VF Tanh(DF d, VF x) {

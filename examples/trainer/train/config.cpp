@@ -128,7 +128,10 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   toml::parse_result r = toml::parse_file(path);
   if (!r) {
     const auto& e = r.error();
-    if (!std::filesystem::exists(path)) throw ConfigError(path + ": cannot open the config file");
+    if (!std::filesystem::exists(path, ec)) {
+      throw ConfigError(path + ": cannot open the config file" +
+                        (ec ? " (" + ec.message() + ")" : std::string()));
+    }
     throw ConfigError(where(path, e.source()) + ": " + std::string(e.description()));
   }
   const toml::table& root = r.table();

@@ -62,7 +62,7 @@ std::string describe_cpu() {
 
 void write_text(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
 
-void handler(int sig, siginfo_t* info, void* /*ucontext*/) {
+void handler(int sig, siginfo_t* /*info*/, void* /*ucontext*/) {
   write_text(g_prefix.data());
   write_text(signal_name(sig));
   write_text(g_cpu.data());
@@ -72,9 +72,9 @@ void handler(int sig, siginfo_t* info, void* /*ucontext*/) {
   const int depth = ::backtrace(frames.data(), static_cast<int>(frames.size()));
   ::backtrace_symbols_fd(frames.data(), depth, STDERR_FILENO);
   ::signal(sig, SIG_DFL);
-  // A real fault kills the process when the instruction runs again; a signal sent by kill()
-  // has no instruction to repeat, so it is raised again.
-  if (info == nullptr || info->si_code <= 0) ::raise(sig);
+  // Raised again whatever its origin (a fault, kill(), an asynchronous machine check): it is
+  // blocked while this handler runs, so the default action ends the process on return.
+  ::raise(sig);
 }
 
 }  // namespace
@@ -90,10 +90,17 @@ void install_crash_report(const char* program) {
   std::snprintf(g_cpu.data(), g_cpu.size(), "; CPU: %s\n", describe_cpu().c_str());
   std::array<void*, 1> warm{};
   ::backtrace(warm.data(), 1);  // loads libgcc's unwinder now, not inside the handler
+  // An alternate stack for this thread, so a stack overflow is reported too.
+  static std::array<char, 64 * 1024> alt_stack{};
+  stack_t ss{};
+  ss.ss_sp = alt_stack.data();
+  ss.ss_size = alt_stack.size();
+  (void)::sigaltstack(&ss, nullptr);
   struct sigaction sa {};
   sa.sa_sigaction = handler;
-  sa.sa_flags = SA_SIGINFO;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
+  for (const int sig : kSignals) sigaddset(&sa.sa_mask, sig);  // no re-entry from another
   for (const int sig : kSignals) ::sigaction(sig, &sa, nullptr);
 }
 

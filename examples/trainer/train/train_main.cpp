@@ -914,8 +914,8 @@ int main(int argc, char** argv) {
                  "Extra plugin folders (':'-separated), searched after the manifest's")
       ->type_name("DIRS");
   if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
-  if (a.check) return check(a);
   try {
+    if (a.check) return check(a);
     return run(a);
   } catch (const ConfigError& e) {
     std::cout << std::flush;

@@ -35,9 +35,12 @@ std::string quote(const std::string& s) {
 class Cli : public ::testing::Test {
  protected:
   // Runs `loom ARGS` with stdout and stderr captured separately.
-  Result loom(const std::string& args) {
+  Result loom(const std::string& args) { return loom_env("", args); }
+  // The same with VAR=VALUE assignments before the command.
+  Result loom_env(const std::string& env, const std::string& args) {
     const auto err_file = dir_.path() / "stderr.txt";
-    const std::string cmd = quote(LOOM_CLI_PATH) + " " + args + " 2>" + quote(err_file.string());
+    const std::string cmd = (env.empty() ? "" : "env " + env + " ") + quote(LOOM_CLI_PATH) + " " +
+                            args + " 2>" + quote(err_file.string());
     Result r;
     FILE* pipe = ::popen(cmd.c_str(), "r");
     if (pipe == nullptr) return r;
@@ -114,6 +117,20 @@ TEST_F(Cli, CheckAcceptsAValidManifest) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, file.string() + ": ok\n");
   EXPECT_EQ(r.err, "");
+}
+
+// A launcher's variables in the environment (a job script that exports them) must not make
+// `loom check` start a bootstrap: no error about missing RANK, no wait for other ranks.
+TEST_F(Cli, CheckIgnoresLauncherVariables) {
+  const auto file = dir_.write("good.toml", "[comm.world]\nplugin = \"probe\"\n");
+  for (const std::string env : {"MASTER_ADDR=127.0.0.1 MASTER_PORT=29999",
+                                "RANK=0 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 "
+                                "MASTER_PORT=29999 LOOM_BOOTSTRAP_TIMEOUT=30",
+                                "LOOM_BOOTSTRAP=env RANK=1 WORLD_SIZE=2"}) {
+    const auto r = loom_env(env, "check " + quote(file.string()) + " " + plugin_path());
+    EXPECT_EQ(r.exit_code, 0) << env << ": " << r.err;
+    EXPECT_EQ(r.out, file.string() + ": ok\n") << env;
+  }
 }
 
 TEST_F(Cli, CheckRejectsAnInvalidManifestWithEveryError) {
@@ -432,6 +449,16 @@ TEST_F(Cli, CheckValidatesATrainerConfigAndItsManifest) {
   EXPECT_EQ(l[1], bad.string() + ":6:7: [model] dim 130 is not divisible by heads 4");
   EXPECT_EQ(l[2], bad.string() + ":11:1: [train] stepz: unknown key (did you mean 'steps'?)");
   EXPECT_EQ(l[3], bad.string() + ":12:6: [train] lr: 20.1 is out of range [0, 10]");
+
+  // A trainer config whose `path` is misspelt is still read as a trainer config: the
+  // trainer's own message, not libloom's "unknown section" ones.
+  const auto typo = dir_.write("typo.toml",
+                               "[manifest]\npth = \"good.toml\"\n[model]\ndim = 32\n"
+                               "[train]\nsteps = 3\n");
+  r = loom("check " + quote(typo.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("did you mean 'path'?")) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("unknown section"))) << r.err;
 
   // A sound config whose manifest is not: the manifest's errors, as loom check prints them.
   const auto man = config("m.toml", "bad.toml", "heads = 2\ndim = 32\n");

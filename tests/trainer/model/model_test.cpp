@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -147,6 +148,25 @@ TEST(TrainerLayers, FloatSpansMatchTheReferenceOnEveryTarget) {
       }
       EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum + 1e-30);
       EXPECT_EQ(e[n], -1.0f);
+    }
+  });
+}
+
+// A NaN stays a NaN on every target (x86's min/max would turn it into the clamp bound), so
+// a diverging run shows a NaN loss instead of training on.
+TEST(TrainerLayers, FloatSpansKeepNaNOnEveryTarget) {
+  for_each_target([] {
+    for (const size_t at : {size_t{0}, size_t{5}, size_t{16}, size_t{36}}) {
+      std::vector<float> x(37, 0.25f);
+      x[at] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> out(x.size());
+      ly::gelu_forward_span(out.data(), x.data(), x.size());
+      EXPECT_TRUE(std::isnan(out[at])) << "gelu at " << at;
+      EXPECT_FALSE(std::isnan(out[(at + 1) % x.size()]));
+      std::vector<float> e = x;
+      const float sum = ly::exp_sum_span(e.data(), e.size(), 0.0f);
+      EXPECT_TRUE(std::isnan(e[at])) << "exp at " << at;
+      EXPECT_TRUE(std::isnan(sum)) << "sum with a NaN at " << at;
     }
   });
 }
