@@ -583,6 +583,180 @@ TEST_P(BadInput, ForeignTruncatedAndNewerStateIsRejected) {
   EXPECT_EQ(g2[0].params[0].p, p0);
 }
 
+// Every tensor description is validated before anything reads it: each case below is
+// INVALID_ARGUMENT, names the tensor, and leaves both tensors (and the state) unchanged.
+TEST_P(BadInput, MalformedTensorDescriptionsAreRejected) {
+  Session s(manifest(GetParam()));
+  std::vector<float> ok_p(4, 1.0f), ok_g(4, 0.5f), p(12, 1.0f), g(12, 0.5f), mask(12, 1.0f);
+  int64_t s4[1] = {4};
+  const int64_t big = int64_t{1} << 31;
+  struct Case {
+    const char* name;
+    std::vector<int64_t> shape;    // of the second tensor's param (grad: the same, unless below)
+    int32_t ndim;                  // -2: shape.size()
+    std::vector<int64_t> strides;  // empty: NULL
+    bool null_shape = false;
+    DLDataType grad_dtype = kF32;
+    DLDevice device = {kDLCPU, 0};
+    bool bad_mask = false;  // the exp_avg_mask gets ndim -1 instead
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"negative ndim",
+       {12},
+       -1,
+       {},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1: ndim is -1; must be 0 to 64"},
+      {"too many dims",
+       std::vector<int64_t>(65, 1),
+       -2,
+       {},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1: ndim is 65; must be 0 to 64"},
+      {"NULL shape",
+       {12},
+       -2,
+       {},
+       true,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1: ndim is 1 but shape is NULL"},
+      {"negative dim",
+       {3, -1, 4},
+       -2,
+       {},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1: dim 1 is -1"},
+      {"element count overflow",
+       {big, big, 4},
+       -2,
+       {},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1: shape [2147483648,2147483648,4] has more than 2^63 - 1 elements"},
+      {"byte count overflow",
+       {big, big, 1},
+       -2,
+       {},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1: shape [2147483648,2147483648,1] of float32 is more than 2^63 - 1 bytes"},
+      {"strides overflow",
+       {3, 4},
+       -2,
+       {int64_t{1} << 62, 1},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1: stride 0 (4611686018427387904) reaches beyond 2^63 - 1 elements"},
+      {"strided",
+       {3, 4},
+       -2,
+       {8, 1},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       false,
+       "param 0.1 is not contiguous"},
+      {"no lanes",
+       {12},
+       -2,
+       {},
+       false,
+       DLDataType{kDLFloat, 32, 0},
+       {kDLCPU, 0},
+       false,
+       "grad 0.1: dtype float32x0 has no bits or no lanes"},
+      {"negative device id",
+       {12},
+       -2,
+       {},
+       false,
+       kF32,
+       {kDLCPU, -1},
+       false,
+       "param 0.1: device type 1 id -1 is not a DLPack device"},
+      {"bad mask",
+       {12},
+       -2,
+       {},
+       false,
+       kF32,
+       {kDLCPU, 0},
+       true,
+       "exp_avg_mask 0.1: ndim is -1; must be 0 to 64"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<int64_t> shape = c.shape;
+    std::vector<int64_t> strides = c.strides;
+    DLTensor okp = tensor(ok_p.data(), s4, kF32), okg = tensor(ok_g.data(), s4, kF32);
+    DLTensor tp = tensor(p.data(), shape.data(), kF32);
+    tp.ndim = c.ndim == -2 ? static_cast<int32_t>(shape.size()) : c.ndim;
+    if (c.null_shape) tp.shape = nullptr;
+    tp.strides = strides.empty() ? nullptr : strides.data();
+    tp.device = c.device;
+    DLTensor tg = tp;
+    tg.data = g.data();
+    tg.device = {kDLCPU, 0};
+    tg.dtype = c.grad_dtype;
+    if (c.grad_dtype.lanes == 0) tp.dtype = kF32;
+    int64_t s12[1] = {12};
+    DLTensor tm = tensor(mask.data(), s12, kF32);
+    if (c.bad_mask) tm.ndim = -1;
+    loom_optimizer_tensor ts[2] = {
+        {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &okp, &okg, nullptr},
+        {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, nullptr, c.bad_mask ? &tm : nullptr}};
+    loom_optimizer_group grp{LOOM_OPTIMIZER_GROUP_SIZE, 0, ts, 2, 1.0, NAN};
+    loom_optimizer_step_args a{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &grp, 1, 1e-3, 1.0, 1, nullptr};
+    EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_ERR_INVALID_ARGUMENT) << loom_last_error();
+    EXPECT_EQ(loom_last_error_code(), LOOM_ERR_INVALID_ARGUMENT);
+    const std::string e = loom_last_error();
+    EXPECT_TRUE(e.size() >= c.want.size() &&
+                e.compare(e.size() - c.want.size(), c.want.size(), c.want) == 0)
+        << "got: " << e << "\nwant it to end with: " << c.want;
+    EXPECT_EQ(ok_p, std::vector<float>(4, 1.0f));
+    EXPECT_EQ(p, std::vector<float>(12, 1.0f));
+  }
+  // Not an error: the 12 elements as [3, 4] with NULL strides (compact by definition) or
+  // explicit row-major ones, and a 0-d tensor (one element).
+  for (const bool explicit_strides : {false, true}) {
+    int64_t shape[2] = {3, 4};
+    int64_t strides[2] = {4, 1};
+    DLTensor tp = tensor(p.data(), shape, kF32);
+    tp.ndim = 2;
+    tp.strides = explicit_strides ? strides : nullptr;
+    DLTensor tg = tp;
+    tg.data = g.data();
+    float p0 = 1.0f, g0 = 0.5f;
+    DLTensor sp = tensor(&p0, nullptr, kF32), sg = tensor(&g0, nullptr, kF32);
+    sp.ndim = sg.ndim = 0;
+    loom_optimizer_tensor ts[2] = {{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &sp, &sg, nullptr},
+                                   {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp, &tg, nullptr}};
+    loom_optimizer_group grp{LOOM_OPTIMIZER_GROUP_SIZE, 0, ts, 2, 1.0, NAN};
+    loom_optimizer_step_args a{LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &grp, 1, 1e-3, 1.0, 1, nullptr};
+    EXPECT_EQ(loom_optimizer_step(s.opt, &a), LOOM_OK) << loom_last_error();
+    EXPECT_LT(p0, 1.0f);
+    EXPECT_LT(p[11], 1.0f);
+  }
+}
+
 TEST_P(BadInput, BadMaskAndUnknownFlagsAreRejected) {
   Session s(manifest(GetParam()));
   std::vector<float> p(6, 1.0f), g(6, 0.5f), ok_p(4, 1.0f), ok_g(4, 0.5f), mask(5, 1.0f);
