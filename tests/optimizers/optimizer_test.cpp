@@ -481,6 +481,8 @@ void expect_update_matches(const std::string& plugin, double wd, bool nonzero_p0
     for (const double beta2 : {0.999, 0.9999, 0.99999}) {
       const double e = worst_update_error(plugin, beta2, wd, nonzero_p0, 100);
       EXPECT_LT(e, 1e-6) << plugin << " target " << hwy::TargetName(target) << " beta2 " << beta2;
+      std::printf("%s wd %g, %s, beta2 %.5f: worst relative update error %.2g\n", plugin.c_str(),
+                  wd, hwy::TargetName(target), beta2, e);
     }
   }
   hwy::SetSupportedTargetsForTest(0);
