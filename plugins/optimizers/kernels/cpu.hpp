@@ -26,7 +26,7 @@ struct TensorRef {
 
 // A decay rate and its complement for the kernels: both computed from the double the user
 // gave and rounded to fp32 once. `rest` is 1 - beta in double, not 1 - float(beta): the
-// latter is off by up to 2^-25 absolute, 1.3e-5 relative at beta = 0.999 and 1e-3 at
+// latter is off by up to 2^-25 absolute, 1.3e-5 relative at beta = 0.999 and 1.4e-3 at
 // 0.99999, which would make every Adam update that much larger than torch.optim's.
 struct Decay {
   float beta = 0.0f;
