@@ -4,8 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <nlohmann/json.hpp>
+#include <string>
 
+#include "last_error.hpp"
 #include "plugin_library.hpp"
 #include "status.hpp"
 #include "validate.hpp"
@@ -119,9 +122,13 @@ nlohmann::json plugin_json(const PluginInfo& p) {
 extern "C" LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path,
                                                   char** json_out) {
   using loom::host::PluginCatalog;
+  using loom::host::set_last_error;
+  if (json_out == nullptr) {
+    return set_last_error(LOOM_ERR_INVALID_ARGUMENT,
+                          "loom_describe_plugins: json_out must not be NULL");
+  }
+  *json_out = nullptr;
   try {
-    if (json_out == nullptr) return LOOM_ERR_INVALID_ARGUMENT;
-    *json_out = nullptr;
     const PluginCatalog catalog(
         PluginCatalog::search_path({}, plugin_path != nullptr ? plugin_path : ""));
     nlohmann::json doc{{"search_path", nlohmann::json::array()},
@@ -129,14 +136,17 @@ extern "C" LOOM_API int32_t loom_describe_plugins(const char* name, const char* 
                        {"errors", nlohmann::json::array()}};
     for (const auto& d : catalog.dirs()) doc["search_path"].push_back(d.string());
     int32_t rc = LOOM_OK;
+    std::string error;  // the named plugin's, also in doc["errors"]
     if (name != nullptr) {
       try {
         doc["plugins"].push_back(loom::host::plugin_json(*catalog.load(name)));
       } catch (const loom::host::Error& e) {
         doc["errors"].push_back({{"path", catalog.locate(name).string()}, {"error", e.what()}});
         rc = e.code();
+        error = e.what();
       }
     } else {
+      // Every file: a broken one is listed in "errors" and the call still succeeds.
       for (const auto& file : catalog.available_files()) {
         try {
           doc["plugins"].push_back(loom::host::plugin_json(*loom::host::load_plugin(file)));
@@ -147,11 +157,20 @@ extern "C" LOOM_API int32_t loom_describe_plugins(const char* name, const char* 
     }
     const std::string text = doc.dump(2);
     *json_out = static_cast<char*>(std::malloc(text.size() + 1));
-    if (*json_out == nullptr) return LOOM_ERR_RESOURCE_EXHAUSTED;
+    if (*json_out == nullptr) {
+      return set_last_error(LOOM_ERR_RESOURCE_EXHAUSTED, "loom_describe_plugins: out of memory");
+    }
     std::memcpy(*json_out, text.c_str(), text.size() + 1);
-    return rc;
+    if (rc != LOOM_OK) return set_last_error(rc, error);
+    return loom::host::clear_last_error();
+  } catch (const loom::host::Error& e) {
+    return set_last_error(e.code(), std::string("loom_describe_plugins: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return set_last_error(LOOM_ERR_RESOURCE_EXHAUSTED, "loom_describe_plugins: out of memory");
+  } catch (const std::exception& e) {
+    return set_last_error(LOOM_ERR_INTERNAL, std::string("loom_describe_plugins: ") + e.what());
   } catch (...) {
-    return LOOM_ERR_INTERNAL;
+    return set_last_error(LOOM_ERR_INTERNAL, "loom_describe_plugins: unknown exception");
   }
 }
 

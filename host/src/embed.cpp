@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kinds.hpp"
+#include "last_error.hpp"
 #include "session.hpp"
 #include "status.hpp"
 
@@ -20,20 +21,28 @@ struct loom_session {
 };
 
 namespace {
-
 thread_local std::string g_last_error;
 thread_local int32_t g_last_code = LOOM_OK;
+}  // namespace
 
-int32_t succeed() {
+int32_t loom::host::set_last_error(int32_t code, std::string message) {
+  g_last_error = std::move(message);
+  g_last_code = code;
+  return code;
+}
+
+int32_t loom::host::clear_last_error() {
   g_last_error.clear();
   g_last_code = LOOM_OK;
   return LOOM_OK;
 }
 
+namespace {
+
+int32_t succeed() { return loom::host::clear_last_error(); }
+
 int32_t fail(int32_t code, std::string message) {
-  g_last_error = std::move(message);
-  g_last_code = code;
-  return code;
+  return loom::host::set_last_error(code, std::move(message));
 }
 
 // Runs `fn`, mapping every exception to an error code and message.
@@ -82,6 +91,13 @@ Instance* impl(const loom_instance* h) {
   return reinterpret_cast<Instance*>(const_cast<loom_instance*>(h));  // NOLINT
 }
 loom_instance* handle(Instance* inst) { return reinterpret_cast<loom_instance*>(inst); }  // NOLINT
+
+// Records that `fn` got a NULL argument (for the calls that return no status).
+void null_argument(const char* fn, const char* what) noexcept {
+  api_call(
+      [&] { return fail(LOOM_ERR_INVALID_ARGUMENT, std::string(fn) + ": " + what + " is NULL"); });
+}
+void null_instance(const char* fn) noexcept { null_argument(fn, "instance"); }
 
 int32_t check_kind(const Instance* inst, const char* kind) {
   if (inst->kind != kind) {
@@ -143,11 +159,27 @@ LOOM_API void loom_close(loom_session* session) {
 }
 
 LOOM_API size_t loom_instance_count(const loom_session* session) {
-  return session != nullptr ? session->session->instances().size() : 0;
+  if (session == nullptr) {
+    null_argument("loom_instance_count", "session");
+    return 0;
+  }
+  return session->session->instances().size();
 }
 
 LOOM_API loom_instance* loom_instance_at(loom_session* session, size_t index) {
-  if (session == nullptr || index >= session->session->instances().size()) return nullptr;
+  if (session == nullptr) {
+    null_argument("loom_instance_at", "session");
+    return nullptr;
+  }
+  const size_t count = session->session->instances().size();
+  if (index >= count) {
+    api_call([&] {
+      return fail(LOOM_ERR_OUT_OF_RANGE, "loom_instance_at: index " + std::to_string(index) +
+                                             " is out of range; the session has " +
+                                             std::to_string(count) + " instances");
+    });
+    return nullptr;
+  }
   return handle(session->session->instances()[index].get());
 }
 
@@ -176,20 +208,41 @@ LOOM_API int32_t loom_find_instance(loom_session* session, const char* kind, con
   });
 }
 
+// The getters below fail only on a NULL handle: they record it and return "" or NULL.
 LOOM_API const char* loom_instance_name(const loom_instance* instance) {
-  return instance != nullptr ? impl(instance)->name.c_str() : "";
+  if (instance == nullptr) {
+    null_instance("loom_instance_name");
+    return "";
+  }
+  return impl(instance)->name.c_str();
 }
 LOOM_API const char* loom_instance_kind(const loom_instance* instance) {
-  return instance != nullptr ? impl(instance)->kind.c_str() : "";
+  if (instance == nullptr) {
+    null_instance("loom_instance_kind");
+    return "";
+  }
+  return impl(instance)->kind.c_str();
 }
 LOOM_API const char* loom_instance_plugin(const loom_instance* instance) {
-  return instance != nullptr ? impl(instance)->plugin_name().c_str() : "";
+  if (instance == nullptr) {
+    null_instance("loom_instance_plugin");
+    return "";
+  }
+  return impl(instance)->plugin_name().c_str();
 }
 LOOM_API void* loom_instance_object(const loom_instance* instance) {
-  return instance != nullptr ? impl(instance)->object : nullptr;
+  if (instance == nullptr) {
+    null_instance("loom_instance_object");
+    return nullptr;
+  }
+  return impl(instance)->object;
 }
 LOOM_API const void* loom_instance_vtable(const loom_instance* instance) {
-  return instance != nullptr ? impl(instance)->factory().vtable : nullptr;
+  if (instance == nullptr) {
+    null_instance("loom_instance_vtable");
+    return nullptr;
+  }
+  return impl(instance)->factory().vtable;
 }
 
 LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffer, size_t capacity,

@@ -51,8 +51,7 @@ class Adam : public loom::sdk::Optimizer {
       const double lr = args.lr * groups[g].lr_scale;
       const double wd = groups[g].weight_decay;
       AdamHyper h;
-      h.beta1 = static_cast<float>(beta1_);
-      h.beta2 = static_cast<float>(beta2_);
+      h.set_betas(beta1_, beta2_);
       h.eps = static_cast<float>(eps_);
       h.inv_scale = static_cast<float>(1.0 / args.grad_scale);
       h.l2 = adam_w_mode_ ? 0.0f : static_cast<float>(wd);

@@ -113,10 +113,7 @@ inline std::vector<StepGroup> collect(const loom_optimizer_step_args& args, doub
       st.ref.gtype = dtype_of(grad);
       st.ref.n = static_cast<std::size_t>(loom::sdk::numel(p));
       if (tensor.master != nullptr) {
-        const DLTensor& master = *tensor.master;
-        if (master.data == nullptr && st.ref.n != 0) {
-          throw Error(LOOM_ERR_INVALID_ARGUMENT, "master " + id + " has no data");
-        }
+        const DLTensor& master = loom::sdk::expect_tensor(tensor.master, "master " + id);
         loom::sdk::expect_fp32(master, "master " + id);
         loom::sdk::expect_contiguous(master, "master " + id);
         loom::sdk::expect_same_shape(master, "master " + id, p, "param " + id);
@@ -141,11 +138,8 @@ inline std::vector<StepGroup> collect(const loom_optimizer_step_args& args, doub
       const bool has_mask =
           loom::sdk::has_field(tensor, LOOM_STRUCT_SIZE(loom_optimizer_tensor, exp_avg_mask));
       if (has_mask && tensor.exp_avg_mask != nullptr) {
-        const DLTensor& mask = *tensor.exp_avg_mask;
         const std::string what = "exp_avg_mask " + id;
-        if (mask.data == nullptr && st.ref.n != 0) {
-          throw Error(LOOM_ERR_INVALID_ARGUMENT, what + " has no data");
-        }
+        const DLTensor& mask = loom::sdk::expect_tensor(tensor.exp_avg_mask, what);
         loom::sdk::expect_fp32(mask, what);
         loom::sdk::expect_contiguous(mask, what);
         loom::sdk::expect_same_shape(mask, what, p, "param " + id);

@@ -63,8 +63,7 @@ class Lamb : public loom::sdk::Optimizer {
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const double lr = args.lr * groups[g].lr_scale;
       LambHyper h;
-      h.beta1 = static_cast<float>(beta1_);
-      h.beta2 = static_cast<float>(beta2_);
+      h.set_betas(beta1_, beta2_);
       h.eps = static_cast<float>(eps_);
       h.inv_scale = static_cast<float>(1.0 / args.grad_scale);
       h.wd = static_cast<float>(groups[g].weight_decay);

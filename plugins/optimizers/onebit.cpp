@@ -673,8 +673,7 @@ class Onebit : public loom::sdk::Optimizer {
       }
       const double lr = lr_base * g.lr_scale;
       loom::optim::AdamHyper h;
-      h.beta1 = static_cast<float>(beta1_);
-      h.beta2 = static_cast<float>(beta2_);
+      h.set_betas(beta1_, beta2_);
       h.eps = static_cast<float>(eps_);
       h.inv_scale = 1.0f;
       h.decay = static_cast<float>(1.0 - lr * g.weight_decay);
@@ -695,7 +694,7 @@ class Onebit : public loom::sdk::Optimizer {
   }
 
   void momentum_flat(const Buffer& g) {
-    be().momentum(m_.data(), g.data(), total_, static_cast<float>(beta1_));
+    be().momentum(m_.data(), g.data(), total_, loom::optim::decay_of(beta1_));
   }
 
   // ---------------------------------------------------------------- 1-bit Adam
@@ -724,7 +723,7 @@ class Onebit : public loom::sdk::Optimizer {
     copy_subset(flat_, subset_, /*non_freeze=*/true, /*gather=*/false);
     adam_full(groups, lr, bc(beta1_, t), bc(beta2_, t), Groups::kNonFreeze);
     be().momentum_subset(segments(groups, Groups::kCompressed), m_.data(), flat_.data(),
-                         static_cast<float>(beta1_));
+                         loom::optim::decay_of(beta1_));
     compressed(m_);
     apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_), Groups::kCompressed,
                /*masks=*/true);
@@ -799,8 +798,8 @@ class Onebit : public loom::sdk::Optimizer {
                         uint64_t t) {
     gather_grads(groups, inv_scale);
     const float eps = static_cast<float>(eps_);
-    const float b1 = static_cast<float>(beta1_);
-    const float b2 = static_cast<float>(beta2_);
+    const loom::optim::Decay b1 = loom::optim::decay_of(beta1_);
+    const loom::optim::Decay b2 = loom::optim::decay_of(beta2_);
     const std::size_t count = offsets_.size() - 1;
     if (t <= freeze_step_) {
       allreduce_avg(flat_);

@@ -8,11 +8,13 @@
 // range [offset, offset + n) of the flat buffers, its own parameter p, exp_avg_mask, low
 // copy, gradient, and the per-tensor scalars each primitive documents there.
 //
-// CPU: the loops onebit.cpp ran before this split, unchanged (threaded with parallel_for,
-// the Highway kernels of kernels/cpu.hpp where it used them), so CPU results are
-// bit-identical to earlier builds. CUDA: kernels/onebit_cuda.hpp and kernels/cuda.hpp,
-// every launch and copy ordered on the stream set with set_stream (the step's stream);
-// primitives that return values to the host (the reductions) synchronize that stream.
+// Decay rates cross as loom::optim::Decay: beta and 1 - beta, each computed in double and
+// rounded to fp32 once (decay_of), never 1 - float(beta).
+//
+// CPU: the loops onebit.cpp ran before this split (threaded with parallel_for, the Highway
+// kernels of kernels/cpu.hpp where it used them). CUDA: kernels/onebit_cuda.hpp and
+// kernels/cuda.hpp, every launch and copy ordered on the stream set with set_stream (the step's
+// stream); primitives that return values to the host (the reductions) synchronize that stream.
 // Errors throw loom::sdk::Error (INTERNAL for a CUDA failure).
 #pragma once
 
@@ -57,10 +59,10 @@ class Backend {
   virtual void zero(float* dst, std::size_t n) = 0;
   // The fused Adam kernel (kernels/cpu.hpp adam_cpu / cuda::adam) on tensors of one group.
   virtual void adam(const std::vector<TensorRef>& refs, const AdamHyper& h) = 0;
-  // m = b1 * m + (1 - b1) * g over n elements.
-  virtual void momentum(float* m, const float* g, std::size_t n, float b1) = 0;
+  // m = b1.beta * m + b1.rest * g over n elements.
+  virtual void momentum(float* m, const float* g, std::size_t n, Decay b1) = 0;
   // The same per segment (momentum_segments with scale 1, no m_prev).
-  virtual void momentum_subset(const Segments& s, float* m, const float* g, float b1) = 0;
+  virtual void momentum_subset(const Segments& s, float* m, const float* g, Decay b1) = 0;
   virtual void mask_multiply(const Segments& s, float* buf) = 0;
   virtual void apply_adam(const Segments& s, float* m, const float* v, float inv_bc2,
                           float eps) = 0;
@@ -73,17 +75,17 @@ class Backend {
   virtual void copy_out(const Segments& s) = 0;
   // LAMB warmup pass 1 (out: 2 doubles per segment, sum p^2 and sum u^2) and pass 2
   // (lamb_apply with seg.step = lr * lr_scale * trust ratio).
-  virtual void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, float b1,
-                                   float b2, float inv_bc1, float inv_bc2, float eps,
+  virtual void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, Decay b1,
+                                   Decay b2, float inv_bc1, float inv_bc2, float eps,
                                    double* out) = 0;
-  virtual void lamb_warmup_apply(const Segments& s, const float* m, const float* v, float b1,
-                                 float b2, float inv_bc1, float inv_bc2, float eps) = 0;
+  virtual void lamb_warmup_apply(const Segments& s, const float* m, const float* v, Decay b1,
+                                 Decay b2, float inv_bc1, float inv_bc2, float eps) = 0;
   virtual void sum_squares(const Segments& s, const float* m, double* out) = 0;
-  // m_prev = m, then m = (b1 * m + (1 - b1) * g) * seg.scale (momentum_segments).
+  // m_prev = m, then m = (b1.beta * m + b1.rest * g) * seg.scale (momentum_segments).
   virtual void lamb_momentum(const Segments& s, float* m, const float* g, float* m_prev,
-                             float b1) = 0;
+                             Decay b1) = 0;
   virtual void lamb_post(const Segments& s, float* m, const float* mp, const float* v, float* vf,
-                         float b1, float b2, float inv_bc1, float inv_bc2, float inv_bc2_fresh,
+                         Decay b1, Decay b2, float inv_bc1, float inv_bc2, float inv_bc2_fresh,
                          float eps, LambPostStats* out) = 0;
   virtual void lamb_apply(const Segments& s, const float* m, const float* v, float inv_bc1,
                           float inv_bc2, float eps) = 0;
@@ -109,10 +111,10 @@ class CpuBackend final : public Backend {
   void adam(const std::vector<TensorRef>& refs, const AdamHyper& h) override {
     for (const TensorRef& r : refs) adam_cpu(r, h);
   }
-  void momentum(float* m, const float* g, std::size_t n, float b1) override {
+  void momentum(float* m, const float* g, std::size_t n, Decay b1) override {
     momentum_cpu(m, g, DType::kF32, n, b1, 1.0f);
   }
-  void momentum_subset(const Segments& s, float* m, const float* g, float b1) override {
+  void momentum_subset(const Segments& s, float* m, const float* g, Decay b1) override {
     for (const Segment& seg : s) {
       momentum_cpu(m + seg.offset, g + seg.offset, DType::kF32, seg.n, b1, 1.0f);
     }
@@ -190,8 +192,8 @@ class CpuBackend final : public Backend {
       if (seg.low != nullptr) copy_out_cpu(seg.p, seg.low, seg.ltype, seg.n);
     }
   }
-  void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, float b1,
-                           float b2, float inv_bc1, float inv_bc2, float eps,
+  void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, Decay b1,
+                           Decay b2, float inv_bc1, float inv_bc2, float eps,
                            double* out) override {
     for (std::size_t k = 0; k < s.size(); ++k) {
       const TensorRef r = ref(s[k], g, m, v);
@@ -201,7 +203,7 @@ class CpuBackend final : public Backend {
       lamb_moments_cpu(r, h, &out[2 * k], &out[2 * k + 1]);
     }
   }
-  void lamb_warmup_apply(const Segments& s, const float* m, const float* v, float b1, float b2,
+  void lamb_warmup_apply(const Segments& s, const float* m, const float* v, Decay b1, Decay b2,
                          float inv_bc1, float inv_bc2, float eps) override {
     for (const Segment& seg : s) {
       const TensorRef r = ref(seg, nullptr, const_cast<float*>(m), const_cast<float*>(v));
@@ -217,17 +219,17 @@ class CpuBackend final : public Backend {
     }
   }
   void lamb_momentum(const Segments& s, float* m_flat, const float* g_flat, float* m_prev,
-                     float b1) override {
+                     Decay b1) override {
     for (const Segment& seg : s) {
       float* m = m_flat + seg.offset;
       const float* g = g_flat + seg.offset;
       if (m_prev != nullptr) copy(m_prev + seg.offset, m, seg.n);
       const float sc = seg.scale;
-      for_range(seg.n, [&](std::size_t i) { m[i] = (b1 * m[i] + (1.0f - b1) * g[i]) * sc; });
+      for_range(seg.n, [&](std::size_t i) { m[i] = (b1.beta * m[i] + b1.rest * g[i]) * sc; });
     }
   }
   void lamb_post(const Segments& s, float* m_flat, const float* mp_flat, const float* v_flat,
-                 float* vf_flat, float b1, float b2, float inv_bc1, float inv_bc2,
+                 float* vf_flat, Decay b1, Decay b2, float inv_bc1, float inv_bc2,
                  float inv_bc2_fresh, float eps, LambPostStats* out) override {
     for (std::size_t k = 0; k < s.size(); ++k) {
       const Segment& seg = s[k];
@@ -245,8 +247,8 @@ class CpuBackend final : public Backend {
       for (std::size_t i = 0; i < seg.n; ++i) {
         m[i] *= inv_sc;
         if (mask != nullptr) m[i] *= mask[i];
-        const float gh = (m[i] - b1 * mp[i]) / (1.0f - b1);
-        vf[i] = b2 * vf[i] + (1.0f - b2) * gh * gh;
+        const float gh = (m[i] - b1.beta * mp[i]) / b1.rest;
+        vf[i] = b2.beta * vf[i] + b2.rest * gh * gh;
         const float denom = std::sqrt(v[i]) * inv_bc2 + eps;
         const float pre = m[i] * inv_bc1 / denom;
         const float u = pre + wd * p[i];
@@ -286,11 +288,13 @@ class CpuBackend final : public Backend {
     r.n = seg.n;
     return r;
   }
-  static LambHyper hyper(const Segment& seg, float b1, float b2, float inv_bc1, float inv_bc2,
+  static LambHyper hyper(const Segment& seg, Decay b1, Decay b2, float inv_bc1, float inv_bc2,
                          float eps) {
     LambHyper h;
-    h.beta1 = b1;
-    h.beta2 = b2;
+    h.beta1 = b1.beta;
+    h.beta2 = b2.beta;
+    h.omb1 = b1.rest;
+    h.omb2 = b2.rest;
     h.eps = eps;
     h.inv_scale = 1.0f;
     h.wd = seg.wd;
@@ -321,10 +325,10 @@ class CudaBackend final : public Backend {
   void adam(const std::vector<TensorRef>& refs, const AdamHyper& h) override {
     if (!refs.empty()) ok(cuda::adam(refs.data(), refs.size(), h, stream_));
   }
-  void momentum(float* m, const float* g, std::size_t n, float b1) override {
+  void momentum(float* m, const float* g, std::size_t n, Decay b1) override {
     if (n != 0) ok(k::momentum(m, g, n, b1, stream_));
   }
-  void momentum_subset(const Segments& s, float* m, const float* g, float b1) override {
+  void momentum_subset(const Segments& s, float* m, const float* g, Decay b1) override {
     Segments unscaled = s;
     for (Segment& seg : unscaled) seg.scale = 1.0f;
     ok(k::momentum_segments(unscaled.data(), unscaled.size(), m, g, nullptr, b1, stream_));
@@ -348,25 +352,25 @@ class CudaBackend final : public Backend {
     ok(k::zero_one_sync_post(s.data(), s.size(), m, v, u, scale, inv_bc2, eps, stream_));
   }
   void copy_out(const Segments& s) override { ok(k::copy_out(s.data(), s.size(), stream_)); }
-  void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, float b1,
-                           float b2, float inv_bc1, float inv_bc2, float eps,
+  void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, Decay b1,
+                           Decay b2, float inv_bc1, float inv_bc2, float eps,
                            double* out) override {
     ok(k::lamb_warmup_moments(s.data(), s.size(), g, m, v, b1, b2, inv_bc1, inv_bc2, eps, out,
                               stream_));
   }
-  void lamb_warmup_apply(const Segments& s, const float* m, const float* v, float /*b1*/,
-                         float /*b2*/, float inv_bc1, float inv_bc2, float eps) override {
+  void lamb_warmup_apply(const Segments& s, const float* m, const float* v, Decay /*b1*/,
+                         Decay /*b2*/, float inv_bc1, float inv_bc2, float eps) override {
     ok(k::lamb_apply(s.data(), s.size(), m, v, inv_bc1, inv_bc2, eps, stream_));
   }
   void sum_squares(const Segments& s, const float* m, double* out) override {
     ok(k::sum_squares(s.data(), s.size(), m, out, stream_));
   }
   void lamb_momentum(const Segments& s, float* m, const float* g, float* m_prev,
-                     float b1) override {
+                     Decay b1) override {
     ok(k::momentum_segments(s.data(), s.size(), m, g, m_prev, b1, stream_));
   }
-  void lamb_post(const Segments& s, float* m, const float* mp, const float* v, float* vf, float b1,
-                 float b2, float inv_bc1, float inv_bc2, float inv_bc2_fresh, float eps,
+  void lamb_post(const Segments& s, float* m, const float* mp, const float* v, float* vf, Decay b1,
+                 Decay b2, float inv_bc1, float inv_bc2, float inv_bc2_fresh, float eps,
                  LambPostStats* out) override {
     ok(k::lamb_post(s.data(), s.size(), m, mp, v, vf, b1, b2, inv_bc1, inv_bc2, inv_bc2_fresh, eps,
                     out, stream_));

@@ -90,6 +90,26 @@ int main(int argc, char** argv) {
   CHECK(strstr(loom_last_error(), "'nobody'") != NULL);
   CHECK(loom_last_error_code() == LOOM_ERR_NOT_FOUND);
 
+  /* Calls that return no status record their failures too; a success clears them. */
+  CHECK(loom_instance_at(session, 2) == NULL);
+  CHECK(loom_last_error_code() == LOOM_ERR_OUT_OF_RANGE);
+  CHECK(strcmp(loom_last_error(),
+               "loom_instance_at: index 2 is out of range; the session has 2 instances") == 0);
+  CHECK(loom_find_instance(session, "optimizer", "main", &opt) == LOOM_OK);
+  CHECK(loom_last_error_code() == LOOM_OK && loom_last_error()[0] == '\0');
+  CHECK(strcmp(loom_instance_name(NULL), "") == 0);
+  CHECK(loom_last_error_code() == LOOM_ERR_INVALID_ARGUMENT);
+  CHECK(strcmp(loom_last_error(), "loom_instance_name: instance is NULL") == 0);
+  CHECK(loom_instance_vtable(NULL) == NULL);
+  CHECK(strcmp(loom_last_error(), "loom_instance_vtable: instance is NULL") == 0);
+  CHECK(loom_instance_count(NULL) == 0);
+  CHECK(strcmp(loom_last_error(), "loom_instance_count: session is NULL") == 0);
+  char* described = NULL;
+  CHECK(loom_describe_plugins("no_such_plugin", argv[1], &described) != LOOM_OK);
+  CHECK(loom_last_error_code() != LOOM_OK);
+  CHECK(strstr(loom_last_error(), "no_such_plugin") != NULL);
+  loom_free_string(described);
+
   /* A bad manifest: FILE:LINE:COL in the message, no session. */
   loom_session* bad = NULL;
   CHECK(loom_open_string("[optimizer.x]\nplugin = \"probe\"\ntag = 5\n", "bad.toml", &opts, &bad) ==

@@ -21,12 +21,16 @@ using ::testing::StartsWith;
 struct Described {
   int32_t rc = LOOM_OK;
   nlohmann::json doc;
+  std::string last_error;  // loom_last_error() right after the call
+  int32_t last_code = LOOM_OK;
 };
 
 Described describe(const char* name, const std::string& plugin_path) {
   char* raw = nullptr;
   Described d;
   d.rc = loom_describe_plugins(name, plugin_path.c_str(), &raw);
+  d.last_error = loom_last_error();
+  d.last_code = loom_last_error_code();
   if (raw != nullptr) {
     d.doc = nlohmann::json::parse(raw);
     loom_free_string(raw);
@@ -117,6 +121,30 @@ TEST_F(PluginLibrary, LibraryWithoutEntrySymbolIsRefused) {
   const auto d = describe("nosymbol", loom_test::plugin_dir().string());
   EXPECT_EQ(d.rc, LOOM_ERR_NOT_FOUND);
   EXPECT_THAT(first_error(d), HasSubstr("has no entry symbol loom_plugin_entry_v1"));
+}
+
+// A failing describe sets the thread's last error like every other call (its message is the
+// one in "errors"); a succeeding one clears a stale error.
+TEST_F(PluginLibrary, DescribeFailureSetsLastError) {
+  const auto broken = describe("major2", loom_test::plugin_dir().string());
+  ASSERT_EQ(broken.rc, LOOM_ERR_ABI_MISMATCH);
+  EXPECT_EQ(broken.last_code, LOOM_ERR_ABI_MISMATCH);
+  EXPECT_EQ(broken.last_error, first_error(broken));
+  EXPECT_THAT(broken.last_error, HasSubstr("built for Loom ABI 2"));
+
+  const auto missing = describe("no_such_plugin", loom_test::plugin_dir().string());
+  EXPECT_NE(missing.rc, LOOM_OK);
+  EXPECT_EQ(missing.last_code, missing.rc);
+  EXPECT_THAT(missing.last_error, HasSubstr("no_such_plugin"));
+
+  const auto ok = describe("probe", loom_test::plugin_dir().string());
+  ASSERT_EQ(ok.rc, LOOM_OK) << ok.doc.dump(2);
+  EXPECT_EQ(ok.last_code, LOOM_OK);
+  EXPECT_EQ(ok.last_error, "");
+
+  EXPECT_EQ(loom_describe_plugins("probe", nullptr, nullptr), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(loom_last_error_code(), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(loom_last_error(), "loom_describe_plugins: json_out must not be NULL");
 }
 
 TEST_F(PluginLibrary, TruncatedLibraryIsRefused) {

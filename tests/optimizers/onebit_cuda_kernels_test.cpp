@@ -224,8 +224,9 @@ class OnebitCudaKernels : public ::testing::Test {
   }
 };
 
-constexpr float kB1 = 0.9f;
-constexpr float kB2 = 0.999f;
+// Decay rates as the plugins pass them: beta and 1 - beta, both from double.
+constexpr loom::optim::Decay kB1 = loom::optim::decay_of(0.9);
+constexpr loom::optim::Decay kB2 = loom::optim::decay_of(0.999);
 constexpr float kEps = 1e-8f;
 
 TEST_F(OnebitCudaKernels, LoadGrad) {
@@ -272,7 +273,7 @@ TEST_F(OnebitCudaKernels, Momentum) {
     const auto m = r.normal(n, 0.1f);
     const auto g = r.normal(n, 1.0f);
     std::vector<float> want = m;
-    for (std::size_t i = 0; i < n; ++i) want[i] = kB1 * m[i] + (1.0f - kB1) * g[i];
+    for (std::size_t i = 0; i < n; ++i) want[i] = kB1.beta * m[i] + kB1.rest * g[i];
     Dev<float> dm(m), dg(g);
     const std::string e = ob::momentum(dm.get(), dg.get(), n, kB1, nullptr);
     ASSERT_TRUE(e.empty()) << e;
@@ -311,7 +312,7 @@ TEST_F(OnebitCudaKernels, MomentumSegments) {
       s.scale = 0.5f + static_cast<float>(k) * 0.37f;
       for (std::size_t i = s.offset; i < s.offset + s.n; ++i) {
         want_prev[i] = m[i];
-        want[i] = (kB1 * m[i] + (1.0f - kB1) * g[i]) * s.scale;
+        want[i] = (kB1.beta * m[i] + kB1.rest * g[i]) * s.scale;
       }
     }
     Dev<float> dm(m), dg(g), dp(prev0);
@@ -478,8 +479,8 @@ TEST_F(OnebitCudaKernels, LambWarmupMomentsAndApply) {
       double su = 0.0;
       for (std::size_t i = 0; i < s.n; ++i) {
         const std::size_t f = s.offset + i;
-        m[f] = kB1 * m[f] + (1.0f - kB1) * g[f];
-        v[f] = kB2 * v[f] + (1.0f - kB2) * g[f] * g[f];
+        m[f] = kB1.beta * m[f] + kB1.rest * g[f];
+        v[f] = kB2.beta * v[f] + kB2.rest * g[f] * g[f];
         const float pi = p.host[k][i];
         const float u = s.wd * pi + (m[f] * inv_bc1) / (std::sqrt(v[f]) * inv_bc2 + kEps);
         sp += static_cast<double>(pi) * pi;
@@ -584,8 +585,8 @@ TEST_F(OnebitCudaKernels, LambPost) {
           const std::size_t f = s.offset + i;
           m[f] *= s.scale;
           if (masked) m[f] *= mask[f];
-          const float gh = (m[f] - kB1 * mp[f]) / (1.0f - kB1);
-          vf[f] = kB2 * vf[f] + (1.0f - kB2) * gh * gh;
+          const float gh = (m[f] - kB1.beta * mp[f]) / kB1.rest;
+          vf[f] = kB2.beta * vf[f] + kB2.rest * gh * gh;
           const float denom = std::sqrt(v[f]) * inv_bc2 + kEps;
           const float pre = m[f] * inv_bc1 / denom;
           const float u = pre + s.wd * p.host[k][i];

@@ -55,7 +55,10 @@ LOOM_API uint32_t loom_abi_minor(void);
 
 /* The message of the last failed call on this thread ("" when none). Valid until
  * the next Loom call on this thread. Lists every error when a manifest has several,
- * one "FILE:LINE:COL: message" per line. */
+ * one "FILE:LINE:COL: message" per line. Every call that returns a status sets it
+ * (a success clears it); the calls that return a count, a handle or a string set it
+ * when they fail (0, NULL or "" for a NULL argument or an index out of range) and leave
+ * it alone otherwise. */
 LOOM_API const char* loom_last_error(void);
 LOOM_API int32_t loom_last_error_code(void);
 
@@ -108,7 +111,8 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
  * "version", "description", "abi", "path", "kinds": [{"kind", "params": [...]}]}],
  * "errors": [{"path", "error"}]}. `name` NULL: every loom_*.so on the search path
  * (`plugin_path` first, then LOOM_PLUGIN_PATH, then the bundled folder); otherwise only
- * that plugin, and a missing or broken one is an error. Free *json_out with
+ * that plugin, and a missing or broken one is an error (its status, its message in
+ * loom_last_error and in "errors"). Free *json_out with
  * loom_free_string. Loading a plugin runs its code: only configured folders are used. */
 LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path, char** json_out);
 LOOM_API void loom_free_string(char* s);

@@ -83,9 +83,9 @@ void AdamTile(const TensorRef& t, const AdamHyper& h, std::size_t begin, std::si
   const DF d;
   const std::size_t N = hn::Lanes(d);
   const auto b1 = hn::Set(d, h.beta1);
-  const auto omb1 = hn::Set(d, 1.0f - h.beta1);
+  const auto omb1 = hn::Set(d, h.omb1);
   const auto b2 = hn::Set(d, h.beta2);
-  const auto omb2 = hn::Set(d, 1.0f - h.beta2);
+  const auto omb2 = hn::Set(d, h.omb2);
   const auto eps = hn::Set(d, h.eps);
   const auto inv_scale = hn::Set(d, h.inv_scale);
   const auto l2 = hn::Set(d, h.l2);
@@ -108,8 +108,8 @@ void AdamTile(const TensorRef& t, const AdamHyper& h, std::size_t begin, std::si
   }
   for (; i < end; ++i) {
     const float g = LoadG1<G>(t.g, i) * h.inv_scale + h.l2 * p[i];
-    m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * g;
-    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * g * g;
+    m[i] = h.beta1 * m[i] + h.omb1 * g;
+    v[i] = h.beta2 * v[i] + h.omb2 * g * g;
     const float denom = std::sqrt(v[i]) * h.inv_bc2_sqrt + h.eps;
     p[i] = p[i] * h.decay - h.step_size * (m[i] / denom);
   }
@@ -145,9 +145,9 @@ void LambMomentsT(const TensorRef& t, const LambHyper& h, std::size_t begin, std
   const DF d;
   const std::size_t N = hn::Lanes(d);
   const auto b1 = hn::Set(d, h.beta1);
-  const auto omb1 = hn::Set(d, 1.0f - h.beta1);
+  const auto omb1 = hn::Set(d, h.omb1);
   const auto b2 = hn::Set(d, h.beta2);
-  const auto omb2 = hn::Set(d, 1.0f - h.beta2);
+  const auto omb2 = hn::Set(d, h.omb2);
   const auto eps = hn::Set(d, h.eps);
   const auto inv_scale = hn::Set(d, h.inv_scale);
   const auto wd = hn::Set(d, h.wd);
@@ -175,8 +175,8 @@ void LambMomentsT(const TensorRef& t, const LambHyper& h, std::size_t begin, std
   double tail_u = 0.0;
   for (; i < end; ++i) {
     const float g = LoadG1<G>(t.g, i) * h.inv_scale;
-    m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * g;
-    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * g * g;
+    m[i] = h.beta1 * m[i] + h.omb1 * g;
+    v[i] = h.beta2 * v[i] + h.omb2 * g * g;
     const float u = h.wd * p[i] + (m[i] * h.inv_bc1) / (std::sqrt(v[i]) * h.inv_bc2_sqrt + h.eps);
     tail_p += static_cast<double>(p[i]) * p[i];
     tail_u += static_cast<double>(u) * u;
@@ -237,22 +237,24 @@ void LambApply(const TensorRef* t, const LambHyper* h, float lr_coeff, std::size
 }
 
 template <DType G>
-void MomentumT(float* m, const void* g, std::size_t begin, std::size_t end, float beta1,
+void MomentumT(float* m, const void* g, std::size_t begin, std::size_t end, Decay beta1,
                float inv_scale) {
   const DF d;
   const std::size_t N = hn::Lanes(d);
-  const auto b1 = hn::Set(d, beta1);
-  const auto omb1 = hn::Set(d, 1.0f - beta1);
+  const auto b1 = hn::Set(d, beta1.beta);
+  const auto omb1 = hn::Set(d, beta1.rest);
   const auto s = hn::Set(d, inv_scale);
   std::size_t i = begin;
   for (; i + N <= end; i += N) {
     const auto gv = hn::Mul(LoadG<G>(d, g, i), s);
     hn::StoreU(hn::MulAdd(b1, hn::LoadU(d, m + i), hn::Mul(omb1, gv)), d, m + i);
   }
-  for (; i < end; ++i) m[i] = beta1 * m[i] + (1.0f - beta1) * (LoadG1<G>(g, i) * inv_scale);
+  for (; i < end; ++i) {
+    m[i] = beta1.beta * m[i] + beta1.rest * (LoadG1<G>(g, i) * inv_scale);
+  }
 }
 
-void Momentum(float* m, const void* g, DType gt, std::size_t begin, std::size_t end, float beta1,
+void Momentum(float* m, const void* g, DType gt, std::size_t begin, std::size_t end, Decay beta1,
               float inv_scale) {
   switch (gt) {
     case DType::kF32:
@@ -319,7 +321,7 @@ void lamb_apply_cpu(const TensorRef& t, const LambHyper& h, float lr_coeff) {
   });
 }
 
-void momentum_cpu(float* m, const void* g, DType gtype, std::size_t n, float beta1,
+void momentum_cpu(float* m, const void* g, DType gtype, std::size_t n, Decay beta1,
                   float inv_scale) {
   loom::plugins::parallel_for(n, kGrain, [&](std::size_t b, std::size_t e) {
     HWY_DYNAMIC_DISPATCH(Momentum)(m, g, gtype, b, e, beta1, inv_scale);

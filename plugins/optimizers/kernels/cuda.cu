@@ -67,8 +67,8 @@ __global__ void adam_kernel(Launch L, AdamHyper h) {
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const float pv = p[i];
     const float g = fmaf(load_g(L.g[t], L.gtype[t], i), h.inv_scale, h.l2 * pv);
-    const float mv = fmaf(h.beta1, m[i], (1.0f - h.beta1) * g);
-    const float vv = fmaf(h.beta2, v[i], ((1.0f - h.beta2) * g) * g);
+    const float mv = fmaf(h.beta1, m[i], h.omb1 * g);
+    const float vv = fmaf(h.beta2, v[i], (h.omb2 * g) * g);
     const float denom = fmaf(sqrtf(vv), h.inv_bc2_sqrt, h.eps);
     const float np = fmaf(pv, h.decay, -h.step_size * __fdiv_rn(mv, denom));
     m[i] = mv;
@@ -92,8 +92,8 @@ __global__ void lamb_moments_kernel(Launch L, LambHyper h, double* norms) {
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const float pv = p[i];
     const float g = load_g(L.g[t], L.gtype[t], i) * h.inv_scale;
-    const float mv = fmaf(h.beta1, m[i], (1.0f - h.beta1) * g);
-    const float vv = fmaf(h.beta2, v[i], ((1.0f - h.beta2) * g) * g);
+    const float mv = fmaf(h.beta1, m[i], h.omb1 * g);
+    const float vv = fmaf(h.beta2, v[i], (h.omb2 * g) * g);
     m[i] = mv;
     v[i] = vv;
     const float u =

@@ -150,11 +150,11 @@ __global__ void load_grad_kernel(Batch b, float* flat, float inv_scale) {
   });
 }
 
-__global__ void momentum_kernel(float* m, const float* g, int64_t n, float b1) {
-  const float omb1 = sub(1.0f, b1);
+__global__ void momentum_kernel(float* m, const float* g, int64_t n, Decay b1) {
+  const float omb1 = b1.rest;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
-    m[i] = add(mul(b1, m[i]), mul(omb1, g[i]));
+    m[i] = add(mul(b1.beta, m[i]), mul(omb1, g[i]));
   }
 }
 
@@ -163,12 +163,12 @@ __global__ void mask_kernel(Batch b, float* buf) {
 }
 
 __global__ void momentum_segments_kernel(Batch b, float* m, const float* g, float* m_prev,
-                                         float b1) {
-  const float omb1 = sub(1.0f, b1);
+                                         Decay b1) {
+  const float omb1 = b1.rest;
   for_block(b, [&](const Segment& s, int64_t, int64_t f) {
     const float mv = m[f];
     if (m_prev != nullptr) m_prev[f] = mv;
-    m[f] = mul(add(mul(b1, mv), mul(omb1, g[f])), s.scale);
+    m[f] = mul(add(mul(b1.beta, mv), mul(omb1, g[f])), s.scale);
   });
 }
 
@@ -245,16 +245,16 @@ __global__ void sum_squares_kernel(Batch b, const float* m, double* part) {
   block_reduce<1, -1>(acc, part + static_cast<int64_t>(blockIdx.x));
 }
 
-__global__ void warmup_moments_kernel(Batch b, const float* g, float* m, float* v, float b1,
-                                      float b2, float inv_bc1, float inv_bc2, float eps,
+__global__ void warmup_moments_kernel(Batch b, const float* g, float* m, float* v, Decay b1,
+                                      Decay b2, float inv_bc1, float inv_bc2, float eps,
                                       double* part) {
-  const float omb1 = sub(1.0f, b1);
-  const float omb2 = sub(1.0f, b2);
+  const float omb1 = b1.rest;
+  const float omb2 = b2.rest;
   double acc[2] = {0.0, 0.0};
   for_block(b, [&](const Segment& s, int64_t i, int64_t f) {
     const float gv = g[f];
-    const float mv = add(mul(b1, m[f]), mul(omb1, gv));
-    const float vv = add(mul(b2, v[f]), mul(mul(omb2, gv), gv));
+    const float mv = add(mul(b1.beta, m[f]), mul(omb1, gv));
+    const float vv = add(mul(b2.beta, v[f]), mul(mul(omb2, gv), gv));
     m[f] = mv;
     v[f] = vv;
     const float pv = s.p[i];
@@ -268,18 +268,18 @@ __global__ void warmup_moments_kernel(Batch b, const float* g, float* m, float* 
 }
 
 __global__ void lamb_post_kernel(Batch b, float* m, const float* mp, const float* v, float* vf,
-                                 float b1, float b2, float inv_bc1, float inv_bc2,
+                                 Decay b1, Decay b2, float inv_bc1, float inv_bc2,
                                  float inv_bc2_fresh, float eps, double* part) {
-  const float omb1 = sub(1.0f, b1);
-  const float omb2 = sub(1.0f, b2);
+  const float omb1 = b1.rest;
+  const float omb2 = b2.rest;
   double acc[3] = {0.0, 0.0, 0.0};
   float factor = 0.0f;
   for_block(b, [&](const Segment& s, int64_t i, int64_t f) {
     float mv = mul(m[f], s.scale);
     if (s.mask != nullptr) mv = mul(mv, s.mask[i]);
     m[f] = mv;
-    const float gh = dvd(sub(mv, mul(b1, mp[f])), omb1);
-    const float vfv = add(mul(b2, vf[f]), mul(mul(omb2, gh), gh));
+    const float gh = dvd(sub(mv, mul(b1.beta, mp[f])), omb1);
+    const float vfv = add(mul(b2.beta, vf[f]), mul(mul(omb2, gh), gh));
     vf[f] = vfv;
     const float denom = denom_of(v[f], inv_bc2, eps);
     const float pre = dvd(mul(mv, inv_bc1), denom);
@@ -400,7 +400,7 @@ std::string load_grad(const Segment* segs, std::size_t count, float* flat, float
                      });
 }
 
-std::string momentum(float* m, const float* g, std::size_t n, float b1, void* stream) {
+std::string momentum(float* m, const float* g, std::size_t n, Decay b1, void* stream) {
   if (n == 0) return {};
   const auto nn = static_cast<int64_t>(n);
   momentum_kernel<<<flat_blocks(nn), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(m, g, nn,
@@ -409,7 +409,7 @@ std::string momentum(float* m, const float* g, std::size_t n, float b1, void* st
 }
 
 std::string momentum_segments(const Segment* segs, std::size_t count, float* m, const float* g,
-                              float* m_prev, float b1, void* stream) {
+                              float* m_prev, Decay b1, void* stream) {
   return launch_each(segs, count, stream, "onebit momentum_segments",
                      [&](const Batch& b, unsigned blocks, cudaStream_t s) {
                        momentum_segments_kernel<<<blocks, kThreads, 0, s>>>(b, m, g, m_prev, b1);
@@ -473,7 +473,7 @@ std::string copy_out(const Segment* segs, std::size_t count, void* stream) {
 }
 
 std::string lamb_warmup_moments(const Segment* segs, std::size_t count, const float* g, float* m,
-                                float* v, float b1, float b2, float inv_bc1, float inv_bc2,
+                                float* v, Decay b1, Decay b2, float inv_bc1, float inv_bc2,
                                 float eps, double* out, void* stream) {
   return reduce_each<2, -1>(segs, count, stream, "onebit lamb_warmup_moments", out,
                             [&](const Batch& b, unsigned blocks, cudaStream_t s, double* part) {
@@ -491,7 +491,7 @@ std::string sum_squares(const Segment* segs, std::size_t count, const float* m, 
 }
 
 std::string lamb_post(const Segment* segs, std::size_t count, float* m, const float* mp,
-                      const float* v, float* vf, float b1, float b2, float inv_bc1, float inv_bc2,
+                      const float* v, float* vf, Decay b1, Decay b2, float inv_bc1, float inv_bc2,
                       float inv_bc2_fresh, float eps, LambPostStats* out, void* stream) {
   std::vector<double> r(3 * count);
   std::string e =

@@ -7,7 +7,8 @@
 // Arithmetic. Each kernel evaluates the expression of the matching scalar CPU loop in
 // onebit.cpp, operation by operation, with IEEE round-to-nearest intrinsics (no FMA
 // contraction, correctly rounded sqrt and division, no flush to zero), from the same
-// float scalars the host computes (in double, then cast, exactly as onebit.cpp does). So
+// float scalars the host computes (in double, then cast, exactly as onebit.cpp does; a
+// decay rate crosses as a Decay, beta and 1 - beta both from double). So
 // every element equals what an unfused scalar C++ loop computes; only the order of the
 // double reductions differs from the CPU.
 //
@@ -60,15 +61,15 @@ struct Segment {
 std::string load_grad(const Segment* segs, std::size_t count, float* flat, float inv_scale,
                       void* stream);
 
-// momentum_flat: m = b1 * m + (1 - b1) * g over the whole flat buffer.
-std::string momentum(float* m, const float* g, std::size_t n, float b1, void* stream);
+// momentum_flat: m = b1.beta * m + b1.rest * g over the whole flat buffer.
+std::string momentum(float* m, const float* g, std::size_t n, Decay b1, void* stream);
 
 // Per segment: m_prev = m (when m_prev is not null), then
-// m = (b1 * m + (1 - b1) * g) * seg.scale: 1-bit LAMB's compression momentum (scale =
+// m = (b1.beta * m + b1.rest * g) * seg.scale: 1-bit LAMB's compression momentum (scale =
 // scaling_coeff), or, with the default scale 1 (exact), the momentum of a subset of the
 // tensors (onebit_adam's compressed groups beside non_freeze ones). Reads offset, n, scale.
 std::string momentum_segments(const Segment* segs, std::size_t count, float* m, const float* g,
-                              float* m_prev, float b1, void* stream);
+                              float* m_prev, Decay b1, void* stream);
 
 // apply_masks: buf[offset + i] *= seg.mask[i] for the segments with a mask (for places
 // without a fused kernel, e.g. 0/1 Adam's 1-bit averaged gradient before `momentum`).
@@ -102,13 +103,13 @@ std::string zero_one_sync_post(const Segment* segs, std::size_t count, float* m,
 std::string copy_out(const Segment* segs, std::size_t count, void* stream);
 
 // 1-bit LAMB warmup, pass 1 (lamb_moments_cpu on the averaged gradient g, per tensor):
-// m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g;
+// m = b1.beta * m + b1.rest * g; v = b2.beta * v + b2.rest * g * g;
 // u = seg.wd * p + (m * inv_bc1) / (sqrt(v) * inv_bc2 + eps).
 // out (host, 2 * count doubles): out[2k] = sum p^2, out[2k + 1] = sum u^2 of segment k.
 // The host derives the trust ratio (and its EMA) and runs lamb_apply with
 // seg.step = lr * lr_scale * coeff. Synchronizes the stream. Reads offset, n, p, wd.
 std::string lamb_warmup_moments(const Segment* segs, std::size_t count, const float* g, float* m,
-                                float* v, float b1, float b2, float inv_bc1, float inv_bc2,
+                                float* v, Decay b1, Decay b2, float inv_bc1, float inv_bc2,
                                 float eps, double* out, void* stream);
 
 // Per-segment sum of m^2 (the scaling coefficients' rms): out (host, count doubles).
@@ -124,12 +125,12 @@ struct LambPostStats {
 };
 
 // 1-bit LAMB's per-tensor post loop after the compressed allreduce, per element:
-// m *= seg.scale (1 / scaling_coeff); m *= seg.mask (when set); gh = (m - b1 * mp) / (1 - b1);
-// vf = b2 * vf + (1 - b2) * gh * gh; denom = sqrt(v) * inv_bc2 + eps;
+// m *= seg.scale (1 / scaling_coeff); m *= seg.mask (when set); gh = (m - b1.beta * mp) / b1.rest;
+// vf = b2.beta * vf + b2.rest * gh * gh; denom = sqrt(v) * inv_bc2 + eps;
 // pre = m * inv_bc1 / denom; u = pre + seg.wd * p. p is not written.
 // out (host, count entries). Synchronizes the stream. Reads offset, n, p, mask, wd, scale.
 std::string lamb_post(const Segment* segs, std::size_t count, float* m, const float* mp,
-                      const float* v, float* vf, float b1, float b2, float inv_bc1, float inv_bc2,
+                      const float* v, float* vf, Decay b1, Decay b2, float inv_bc1, float inv_bc2,
                       float inv_bc2_fresh, float eps, LambPostStats* out, void* stream);
 
 // LAMB apply (warmup pass 2 and the compression-stage update):

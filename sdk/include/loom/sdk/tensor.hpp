@@ -6,6 +6,7 @@
 #include <dlpack/dlpack.h>
 #include <loom/sdk/status.hpp>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -138,8 +139,90 @@ inline void fail_argument(const std::string& message) {
   throw Error(LOOM_ERR_INVALID_ARGUMENT, message);
 }
 
+// Most dimensions a tensor may have (PyTorch's limit as well).
+constexpr int32_t kMaxNdim = 64;
+
+// Checks that a DLTensor's description can be read safely, before anything else looks at it:
+// ndim in [0, kMaxNdim] with a shape array when ndim > 0, every dim >= 0, an element count,
+// a byte count and (with strides) a reach of the strides that fit in int64_t; dtype with at
+// least one bit and one lane; a device type and id DLPack allows (type >= kDLCPU, id >= 0).
+// After it, numel, nbytes, is_contiguous and shape_string cannot overflow. Messages name the
+// tensor: "param 0.3: dim 1 is -1". Layout, dtype and device *requirements* (contiguous,
+// float32, CPU) are the plugin's, with the expect_* checks below.
+inline void validate_tensor(const DLTensor& t, std::string_view what) {
+  const std::string w(what);
+  constexpr int64_t kMax = INT64_MAX;
+  if (t.ndim < 0 || t.ndim > kMaxNdim) {
+    fail_argument(w + ": ndim is " + std::to_string(t.ndim) + "; must be 0 to " +
+                  std::to_string(kMaxNdim));
+  }
+  if (t.ndim > 0 && t.shape == nullptr) {
+    fail_argument(w + ": ndim is " + std::to_string(t.ndim) + " but shape is NULL");
+  }
+  bool empty = false;
+  for (int32_t i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0) {
+      fail_argument(w + ": dim " + std::to_string(i) + " is " + std::to_string(t.shape[i]));
+    }
+    if (t.shape[i] == 0) empty = true;
+  }
+  if (t.dtype.bits == 0 || t.dtype.lanes == 0) {
+    fail_argument(w + ": dtype " + dtype_string(t.dtype) + " has no bits or no lanes");
+  }
+  if (static_cast<int>(t.device.device_type) < static_cast<int>(kDLCPU) || t.device.device_id < 0) {
+    fail_argument(w + ": device type " + std::to_string(static_cast<int>(t.device.device_type)) +
+                  " id " + std::to_string(t.device.device_id) + " is not a DLPack device");
+  }
+  // Element count, then bytes (bits * lanes per element, sub-byte types rounded up).
+  int64_t n = 1;
+  if (!empty) {
+    for (int32_t i = 0; i < t.ndim; ++i) {
+      if (t.shape[i] != 0 && n > kMax / t.shape[i]) {
+        fail_argument(w + ": shape " + shape_string(t) + " has more than 2^63 - 1 elements");
+      }
+      n *= t.shape[i];
+    }
+  } else {
+    n = 0;
+  }
+  // Whether `count` elements fit in 2^63 - 1 bytes (sub-byte and odd widths rounded up).
+  const int64_t bits_per_element = static_cast<int64_t>(t.dtype.bits) * t.dtype.lanes;
+  const auto bytes_fit = [&](int64_t count) {
+    if (bits_per_element % 8 == 0) return count <= kMax / (bits_per_element / 8);
+    return count <= (kMax - 7) / bits_per_element;
+  };
+  if (!bytes_fit(n)) {
+    fail_argument(w + ": shape " + shape_string(t) + " of " + dtype_string(t.dtype) +
+                  " is more than 2^63 - 1 bytes");
+  }
+  // Strides: the farthest element they reach (in elements) must fit as well; NULL strides
+  // are row-major, covered by the element count.
+  if (t.strides != nullptr && !empty) {
+    int64_t reach = 0;
+    for (int32_t i = 0; i < t.ndim; ++i) {
+      if (t.shape[i] <= 1) continue;
+      const int64_t st = t.strides[i];
+      if (st == INT64_MIN) {
+        fail_argument(w + ": stride " + std::to_string(i) + " is " + std::to_string(st));
+      }
+      const int64_t a = st < 0 ? -st : st;
+      const int64_t span = t.shape[i] - 1;
+      if (a != 0 && (span > kMax / a || reach > kMax - a * span)) {
+        fail_argument(w + ": stride " + std::to_string(i) + " (" + std::to_string(st) +
+                      ") reaches beyond 2^63 - 1 elements");
+      }
+      reach += a * span;
+    }
+    if (reach == kMax || !bytes_fit(reach + 1)) {
+      fail_argument(w + ": its strides reach more than 2^63 - 1 bytes");
+    }
+  }
+}
+
+// Non-NULL, a valid description (validate_tensor), and data unless it has no elements.
 inline const DLTensor& expect_tensor(const DLTensor* t, std::string_view what) {
   if (t == nullptr) fail_argument(std::string(what) + " is NULL");
+  validate_tensor(*t, what);
   if (t->data == nullptr && numel(*t) != 0) fail_argument(std::string(what) + " has no data");
   return *t;
 }
