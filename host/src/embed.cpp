@@ -312,16 +312,70 @@ LOOM_API int32_t loom_instance_import_state(loom_instance* instance, const void*
   });
 }
 
+LOOM_API int32_t loom_instance_table(const loom_instance* instance, const char* kind,
+                                     uint32_t min_size, void** object, const void** table) {
+  return api_call([&] {
+    if (instance == nullptr || kind == nullptr || object == nullptr || table == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_instance_table: NULL argument");
+    }
+    const Instance* inst = impl(instance);
+    const std::string_view id = loom::host::normalize_kind(kind);
+    const std::string wanted = id.empty() ? std::string(kind) : std::string(id);
+    if (inst->kind != wanted) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT,
+                  inst->label + " is a " + inst->kind + " instance, not " + wanted);
+    }
+    const void* vt = inst->factory().vtable;
+    uint32_t have = 0;
+    std::memcpy(&have, vt, sizeof have);  // every table starts with its struct_size
+    if (have < min_size) {
+      return fail(LOOM_ERR_UNIMPLEMENTED, inst->label + ": its " + inst->kind + " table has " +
+                                              std::to_string(have) + " bytes, the caller needs " +
+                                              std::to_string(min_size) +
+                                              " (a plugin built against an older ABI minor)");
+    }
+    *object = inst->object;
+    *table = vt;
+    return succeed();
+  });
+}
+
+LOOM_API int32_t loom_instance_take_status(const loom_instance* instance, loom_status* status,
+                                           char* message, size_t capacity) {
+  return api_call([&] {
+    auto taken = loom::host::take_status(status);
+    std::string text;
+    int32_t rc = LOOM_OK;
+    if (taken.ok()) {
+      rc = succeed();
+    } else {
+      text = (instance != nullptr ? impl(instance)->label + ": " : std::string()) + taken.message;
+      rc = fail(taken.code, text);
+    }
+    if (message != nullptr && capacity > 0) {
+      const size_t n = std::min(capacity - 1, text.size());
+      std::memcpy(message, text.data(), n);
+      message[n] = '\0';
+    }
+    return rc;
+  });
+}
+
 LOOM_API int32_t loom_optimizer_step(loom_instance* instance,
                                      const loom_optimizer_step_args* args) {
+  void* obj = nullptr;
+  const void* vt = nullptr;
+  const int32_t rc =
+      loom_instance_table(instance, LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE, &obj, &vt);
+  if (rc != LOOM_OK) return rc;
   return api_call([&] {
-    if (instance == nullptr || args == nullptr) {
-      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step: NULL argument");
-    }
-    Instance* inst = impl(instance);
-    if (const int32_t rc = check_kind(inst, LOOM_KIND_OPTIMIZER); rc != LOOM_OK) return rc;
-    const auto* vt = static_cast<const loom_optimizer_v1*>(inst->factory().vtable);
-    return plugin_call(inst, "step", [&] { return vt->step(inst->object, args); });
+    if (args == nullptr) return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step: NULL args");
+    const auto* table = static_cast<const loom_optimizer_v1*>(vt);
+    return loom_instance_take_status(
+        instance,
+        loom::host::guarded_call(impl(instance)->label + " step",
+                                 [&] { return table->step(obj, args); }),
+        nullptr, 0);
   });
 }
 

@@ -1,25 +1,39 @@
-// The kinds this host knows: a manifest section name and the ABI kind ID it maps to.
-// A new kind is one line here (and its header in abi/), added in a minor version.
+// The kinds this host knows, one row each: the manifest section, the ABI kind ID and the
+// smallest function table accepted, all three from the kind's own header. Adding a kind to
+// the host is one row here plus its header's include (docs/abi.md, "Adding a kind").
 #pragma once
 
 #include <loom/abi.h>
+#include <loom/kinds/codec.h>
+#include <loom/kinds/comm.h>
+#include <loom/kinds/optimizer.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace loom::host {
 
-struct KindName {
+struct KindInfo {
   std::string_view section;  // [optimizer.NAME]
   std::string_view id;       // "loom.optimizer/1"
+  uint32_t min_table_size;   // LOOM_OPTIMIZER_V1_MIN_SIZE
 };
 
-inline constexpr KindName kKnownKinds[] = {
-    {"optimizer", LOOM_KIND_OPTIMIZER},
-    {"comm", LOOM_KIND_COMM},
-    {"codec", LOOM_KIND_CODEC},
+inline constexpr KindInfo kKnownKinds[] = {
+    {"optimizer", LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE},
+    {"comm", LOOM_KIND_COMM, LOOM_COMM_V1_MIN_SIZE},
+    {"codec", LOOM_KIND_CODEC, LOOM_CODEC_V1_MIN_SIZE},
 };
+
+// The row of a section name or kind ID, or nullptr.
+inline const KindInfo* find_kind(std::string_view kind) {
+  for (const auto& k : kKnownKinds) {
+    if (k.section == kind || k.id == kind) return &k;
+  }
+  return nullptr;
+}
 
 // "" when unknown.
 inline std::string_view kind_id_for_section(std::string_view section) {
@@ -31,10 +45,8 @@ inline std::string_view kind_id_for_section(std::string_view section) {
 
 // Accepts a section name or a kind ID; returns the kind ID or "".
 inline std::string_view normalize_kind(std::string_view kind) {
-  for (const auto& k : kKnownKinds) {
-    if (k.section == kind || k.id == kind) return k.id;
-  }
-  return {};
+  const KindInfo* k = find_kind(kind);
+  return k != nullptr ? k->id : std::string_view();
 }
 
 inline std::vector<std::string> known_sections() {

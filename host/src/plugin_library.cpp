@@ -15,6 +15,7 @@
 
 #include "diagnostics.hpp"
 #include "elf_check.hpp"
+#include "kinds.hpp"
 #include "status.hpp"
 
 namespace loom::host {
@@ -232,10 +233,8 @@ std::shared_ptr<const PluginInfo> load_uncached(const std::filesystem::path& pat
 }  // namespace
 
 uint32_t min_vtable_size(std::string_view kind) {
-  if (kind == LOOM_KIND_OPTIMIZER) return LOOM_STRUCT_SIZE(loom_optimizer_v1, step);
-  if (kind == LOOM_KIND_COMM) return LOOM_STRUCT_SIZE(loom_comm_v1, stats);
-  if (kind == LOOM_KIND_CODEC) return LOOM_STRUCT_SIZE(loom_codec_v1, decode);
-  return sizeof(uint32_t);  // a kind this host does not know: only the size field
+  const KindInfo* k = find_kind(kind);
+  return k != nullptr ? k->min_table_size : sizeof(uint32_t);  // unknown: only the size field
 }
 
 std::string plugin_file_name(std::string_view name) { return "loom_" + std::string(name) + ".so"; }

@@ -110,6 +110,44 @@ int main(int argc, char** argv) {
   CHECK(strstr(loom_last_error(), "no_such_plugin") != NULL);
   loom_free_string(described);
 
+  /* The generic path, here to the comm: its checked table, a call through it, the status
+   * taken into a buffer. */
+  loom_instance* world = NULL;
+  CHECK(loom_find_instance(session, "comm", "world", &world) == LOOM_OK);
+  void* object = NULL;
+  const void* table = NULL;
+  CHECK(loom_instance_table(world, "comm", LOOM_COMM_V1_MIN_SIZE, &object, &table) == LOOM_OK);
+  CHECK(object != NULL && table != NULL);
+  if (table != NULL) {
+    const loom_comm_v1* comm = (const loom_comm_v1*)table;
+    loom_comm_stats stats;
+    memset(&stats, 0, sizeof stats);
+    stats.struct_size = LOOM_COMM_STATS_SIZE;
+    char message[256] = "untouched";
+    CHECK(loom_instance_take_status(world, comm->stats(object, &stats), message, sizeof message) ==
+          LOOM_OK);
+    CHECK(message[0] == '\0');
+    CHECK(stats.rounds == 4); /* the optimizer's two steps, two allreduces each */
+    /* A failing call: its code, its message prefixed with the instance, truncated to fit. */
+    stats.struct_size = 4;
+    char small[16];
+    CHECK(loom_instance_take_status(world, comm->stats(object, &stats), small, sizeof small) ==
+          LOOM_ERR_INVALID_ARGUMENT);
+    CHECK(strlen(small) == sizeof small - 1);
+    CHECK(strncmp(small, "comm.world", 10) == 0);
+    CHECK(strstr(loom_last_error(), "probe comm: stats struct too small") != NULL);
+    CHECK(loom_last_error_code() == LOOM_ERR_INVALID_ARGUMENT);
+    CHECK(loom_instance_take_status(world, NULL, NULL, 0) == LOOM_OK);
+  }
+  /* The wrong kind, and a table shorter than the caller needs. */
+  CHECK(loom_instance_table(world, LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE, &object,
+                            &table) == LOOM_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(loom_last_error(), "is a loom.comm/1 instance, not loom.optimizer/1") != NULL);
+  CHECK(loom_instance_table(world, "comm", 4096, &object, &table) == LOOM_ERR_UNIMPLEMENTED);
+  CHECK(strstr(loom_last_error(), "the caller needs 4096") != NULL);
+  CHECK(loom_instance_table(world, "comm", LOOM_COMM_V1_MIN_SIZE, NULL, &table) ==
+        LOOM_ERR_INVALID_ARGUMENT);
+
   /* A bad manifest: FILE:LINE:COL in the message, no session. */
   loom_session* bad = NULL;
   CHECK(loom_open_string("[optimizer.x]\nplugin = \"probe\"\ntag = 5\n", "bad.toml", &opts, &bad) ==

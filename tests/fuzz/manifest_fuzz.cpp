@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "diagnostics.hpp"
+#include "kinds.hpp"
 #include "manifest.hpp"
 #include "plugin_info.hpp"
 #include "status.hpp"

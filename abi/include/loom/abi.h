@@ -289,10 +289,10 @@ LOOM_CHECK_STRUCT_SIZE(loom_plugin_v1, LOOM_PLUGIN_V1_SIZE);
 #define LOOM_PLUGIN_ENTRY_V1_NAME "loom_plugin_entry_v1"
 typedef const loom_plugin_v1* (*loom_plugin_entry_v1_fn)(void);
 
-/* Kind IDs known to this ABI version. New kinds arrive with a minor version. */
-#define LOOM_KIND_OPTIMIZER "loom.optimizer/1"
-#define LOOM_KIND_COMM "loom.comm/1"
-#define LOOM_KIND_CODEC "loom.codec/1"
+/* Kinds: each kind's header (loom/kinds/NAME.h) defines its ID (LOOM_KIND_NAME, the
+ * string in loom_factory.kind) and the smallest function table a host accepts for it
+ * (LOOM_NAME_V1_MIN_SIZE). New kinds arrive with a minor version, as a new header; this
+ * file lists none of them (docs/abi.md, "Adding a kind"). */
 
 #ifdef __cplusplus
 }

@@ -88,6 +88,22 @@ LOOM_API const char* loom_instance_plugin(const loom_instance* instance);
 LOOM_API void* loom_instance_object(const loom_instance* instance);
 LOOM_API const void* loom_instance_vtable(const loom_instance* instance);
 
+/* The generic path to an instance of any kind, checked: its object and function table.
+ * `kind` is a section ("codec") or a kind ID ("loom.codec/1"); `min_size` is the number of
+ * table bytes the caller will use: the kind's LOOM_NAME_V1_MIN_SIZE, or the
+ * LOOM_STRUCT_SIZE up to a later optional field. INVALID_ARGUMENT for an instance of
+ * another kind; UNIMPLEMENTED when the plugin's table is shorter (a plugin built against an
+ * older minor). Then call table->fn(object, ...) and hand what it returns to
+ * loom_instance_take_status. */
+LOOM_API int32_t loom_instance_table(const loom_instance* instance, const char* kind,
+                                     uint32_t min_size, void** object, const void** table);
+/* Takes the status a call through the table returned, and destroys it: NULL is LOOM_OK.
+ * Otherwise returns its code, records it as loom_last_error ("codec.c: MESSAGE"), and, when
+ * `message` is not NULL, copies that text into message[capacity] (truncated,
+ * NUL-terminated). */
+LOOM_API int32_t loom_instance_take_status(const loom_instance* instance, loom_status* status,
+                                           char* message, size_t capacity);
+
 /* State for checkpoints. Call with buffer NULL to learn the size; *size gets the
  * number of bytes the state needs (or wrote). A buffer too small is LOOM_ERR_OUT_OF_RANGE;
  * after any failure the buffer's contents are unspecified. An SDK plugin serialises once
@@ -96,7 +112,7 @@ LOOM_API int32_t loom_instance_export_state(loom_instance* instance, void* buffe
                                             size_t* size);
 LOOM_API int32_t loom_instance_import_state(loom_instance* instance, const void* data, size_t size);
 
-/* ---- loom.optimizer/1 */
+/* ---- loom.optimizer/1: one-liners over loom_instance_table and loom_instance_take_status */
 LOOM_API int32_t loom_optimizer_step(loom_instance* instance, const loom_optimizer_step_args* args);
 /* The simple path: one group of contiguous fp32 CPU tensors. */
 LOOM_API int32_t loom_optimizer_step_f32(loom_instance* instance, float* const* params,

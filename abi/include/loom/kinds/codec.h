@@ -11,6 +11,9 @@
 
 #include <loom/abi.h>
 
+/* This kind's ID: loom_factory.kind of a plugin that provides it. */
+#define LOOM_KIND_CODEC "loom.codec/1"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -74,6 +77,9 @@ typedef struct loom_codec_v1 {
 } loom_codec_v1;
 #define LOOM_CODEC_V1_SIZE LOOM_STRUCT_SIZE(loom_codec_v1, decode_sum)
 LOOM_CHECK_STRUCT_SIZE(loom_codec_v1, LOOM_CODEC_V1_SIZE);
+/* The smallest table a host accepts for this kind: the fields of the first ABI minor that
+ * had it (later fields are optional and checked against struct_size before use). */
+#define LOOM_CODEC_V1_MIN_SIZE LOOM_STRUCT_SIZE(loom_codec_v1, decode)
 
 #ifdef __cplusplus
 }

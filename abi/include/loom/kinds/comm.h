@@ -8,6 +8,9 @@
 
 #include <loom/abi.h>
 
+/* This kind's ID: loom_factory.kind of a plugin that provides it. */
+#define LOOM_KIND_COMM "loom.comm/1"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -96,6 +99,9 @@ typedef struct loom_comm_v1 {
 } loom_comm_v1;
 #define LOOM_COMM_V1_SIZE LOOM_STRUCT_SIZE(loom_comm_v1, native_handle)
 LOOM_CHECK_STRUCT_SIZE(loom_comm_v1, LOOM_COMM_V1_SIZE);
+/* The smallest table a host accepts for this kind: the fields of the first ABI minor that
+ * had it (later fields are optional and checked against struct_size before use). */
+#define LOOM_COMM_V1_MIN_SIZE LOOM_STRUCT_SIZE(loom_comm_v1, stats)
 
 #ifdef __cplusplus
 }

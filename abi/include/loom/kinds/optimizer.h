@@ -5,6 +5,9 @@
 
 #include <loom/abi.h>
 
+/* This kind's ID: loom_factory.kind of a plugin that provides it. */
+#define LOOM_KIND_OPTIMIZER "loom.optimizer/1"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -89,6 +92,9 @@ typedef struct loom_optimizer_v1 {
 } loom_optimizer_v1;
 #define LOOM_OPTIMIZER_V1_SIZE LOOM_STRUCT_SIZE(loom_optimizer_v1, comm_info)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_v1, LOOM_OPTIMIZER_V1_SIZE);
+/* The smallest table a host accepts for this kind: the fields of the first ABI minor that
+ * had it (later fields are optional and checked against struct_size before use). */
+#define LOOM_OPTIMIZER_V1_MIN_SIZE LOOM_STRUCT_SIZE(loom_optimizer_v1, step)
 
 #ifdef __cplusplus
 }

@@ -400,6 +400,42 @@ struct FactoryThunks {
   }
 };
 
+// ---- the kinds the SDK implements, one entry each: the base class a plugin class derives
+// from and the table template that builds its function table. Adding a kind is its base
+// class (above), its table (above) and one entry here.
+
+template <class Base, template <class> class Table>
+struct Kind {
+  using base = Base;
+  template <class T>
+  static const void* table() {
+    return Table<T>::get();
+  }
+};
+template <class... Entries>
+struct KindList {};
+using Kinds =
+    KindList<Kind<Optimizer, OptimizerTable>, Kind<Comm, CommTable>, Kind<Codec, CodecTable>>;
+
+// How many of the kinds' base classes T derives from (a plugin class must derive from one).
+template <class T, class... Entries>
+constexpr int kind_count(KindList<Entries...> /*kinds*/) {
+  return (0 + ... + static_cast<int>(kIs<T, typename Entries::base>));
+}
+
+// Sets the factory's kind ID and table from the one kind T derives from.
+template <class T, class... Entries>
+void set_kind(loom_factory& factory, KindList<Entries...> /*kinds*/) {
+  (
+      [&] {
+        if constexpr (kIs<T, typename Entries::base>) {
+          factory.kind = Entries::base::kKind;
+          factory.vtable = Entries::template table<T>();
+        }
+      }(),
+      ...);
+}
+
 // Everything one factory points to, built once on first use and kept in static storage.
 template <class T>
 struct FactoryStorage {
@@ -409,16 +445,7 @@ struct FactoryStorage {
     factory.param_count = schema.size();
     factory.create = &FactoryThunks<T>::create;
     factory.destroy = &FactoryThunks<T>::destroy;
-    if constexpr (kIs<T, Optimizer>) {
-      factory.kind = Optimizer::kKind;
-      factory.vtable = OptimizerTable<T>::get();
-    } else if constexpr (kIs<T, Comm>) {
-      factory.kind = Comm::kKind;
-      factory.vtable = CommTable<T>::get();
-    } else {
-      factory.kind = Codec::kKind;
-      factory.vtable = CodecTable<T>::get();
-    }
+    set_kind<T>(factory, Kinds{});
     if constexpr (kHasState<T>) {
       factory.export_state = &FactoryThunks<T>::export_state;
       factory.import_state = &FactoryThunks<T>::import_state;
@@ -509,11 +536,12 @@ class PluginStorage {
 
 }  // namespace detail
 
-// The factory for class T (deriving from Optimizer, Comm or Codec).
+// The factory for class T (deriving from one kind base class: Optimizer, Comm, Codec, ...).
 template <class T>
 FactoryFn factory() {
-  static_assert(detail::kIs<T, Optimizer> + detail::kIs<T, Comm> + detail::kIs<T, Codec> == 1,
-                "derive the plugin class from exactly one of loom::sdk::Optimizer, Comm, Codec");
+  static_assert(detail::kind_count<T>(detail::Kinds{}) == 1,
+                "derive the plugin class from exactly one kind base class (loom::sdk::Optimizer, "
+                "Comm, Codec: the kinds in loom::sdk::detail::Kinds)");
   static_assert(std::is_constructible_v<T, Context&>,
                 "the plugin class needs a constructor taking loom::sdk::Context&");
   return [] {
