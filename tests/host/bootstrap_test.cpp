@@ -373,7 +373,7 @@ TEST_F(EnvBootstrap, ARankThatNeverStartsIsNamedWithinTheTimeout) {
 // has its time to send the 64 MiB result to every rank, and every rank checks what it got.
 TEST_F(EnvBootstrap, ARankThatComesJustInTimeStillGetsTheResult) {
   auto procs =
-      run_world(4, {"--rounds", "3", "--stall", "2", "2.6", "--round1-bytes", "16777216"}, 3);
+      run_world(4, {"--rounds", "3", "--stall", "2", "2.75", "--round1-bytes", "16777216"}, 3);
   for (const Proc& p : procs) {
     EXPECT_EQ(p.code, 0) << p.out;
     EXPECT_EQ(sum_of(p.out), sum_of(procs[0].out));

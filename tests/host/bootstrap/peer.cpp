@@ -10,8 +10,8 @@
 //                                            4 when a collective failed, 5 on bad data)
 // Options: --rounds K (default 12); --exit-after K: rank 1 exits right after round K's
 // allgather, before its barrier (a peer that dies); --mismatch: rank 1 sends one byte more
-// than the others in round 1; --stall R S: rank R sleeps S seconds before round 1 (a rank
-// that comes late); --round1-bytes N: round 1 gathers N bytes per rank; --linger S: after an
+// than the others in round 1; --stall R S: rank R sleeps S seconds before round 1's allgather (a
+// rank that comes late); --round1-bytes N: round 1 gathers N bytes per rank; --linger S: after an
 // error, wait S seconds before exiting (a failed rank that stays alive); --nofile N: limit
 // the process to N open files (RLIMIT_NOFILE) before the bootstrap.
 #include <sys/resource.h>
@@ -105,12 +105,12 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r) {
     const size_t bytes = r == 1 && round1_bytes >= 0 ? static_cast<size_t>(round1_bytes)
                                                      : sizes[static_cast<size_t>(r) % n_sizes];
-    if (r == 1 && b->rank == stall_rank) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(stall_s));
-    }
     const size_t mine = bytes + (mismatch && b->rank == 1 && r == 1 ? 1 : 0);
     std::vector<uint8_t> send(mine), recv(mine * static_cast<size_t>(b->size) + 1, 0xee);
     for (size_t i = 0; i < mine; ++i) send[i] = pattern(b->rank, r, i);
+    if (r == 1 && b->rank == stall_rank) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(stall_s));
+    }
     if (loom_status* st = b->allgather(b->ctx, send.data(), mine, recv.data())) {
       return report(st, 4);
     }
