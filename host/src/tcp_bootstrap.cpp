@@ -681,9 +681,19 @@ class TcpBootstrap {
       o.bytes = data != nullptr ? head.bytes : 0;
     }
     send_many(outs, deadline_from_now(), timeout(), true);
-    for (size_t i = 1; i < peers_.size(); ++i) {
+    // A connection that failed comes first: send_many stopped there, and the ones it left
+    // unfinished (still marked kTimeout) did not time out.
+    size_t bad = 0;
+    for (size_t i = 1; i < peers_.size() && bad == 0; ++i) {
+      const Io got = outs[i - 1].io.what;
+      if (got != Io::kOk && got != Io::kTimeout) bad = i;
+    }
+    for (size_t i = 1; i < peers_.size() && bad == 0; ++i) {
+      if (outs[i - 1].io.what != Io::kOk) bad = i;
+    }
+    if (bad != 0) {
+      const size_t i = bad;
       const IoResult io = outs[i - 1].io;
-      if (io.what == Io::kOk) continue;
       std::vector<char> torn(peers_.size(), 0);
       for (size_t j = 1; j < peers_.size(); ++j) torn[j] = outs[j - 1].torn() ? 1 : 0;
       torn[i] = 1;
