@@ -61,6 +61,11 @@ static_assert(sizeof(Frame) == 32, "Frame has no padding");
 
 constexpr size_t kMaxFailMessage = size_t{64} * 1024;
 constexpr long kMaxWorld = 1L << 20;  // rank 0 holds a connection per rank
+// Connections rank 0 holds before they say hello; beyond it the oldest is dropped.
+constexpr size_t kMaxPending = 64;
+// The longest a rank waits for one address of MASTER_ADDR to answer before it tries the next
+// (a filtered address would otherwise take the whole timeout).
+constexpr auto kConnectAttempt = std::chrono::seconds(2);
 
 const char* kind_name(uint16_t kind) {
   switch (kind) {
@@ -136,14 +141,18 @@ struct IoResult {
 
 bool is_reset(int err) { return err == EPIPE || err == ECONNRESET || err == ENOTCONN; }
 
-// Receives exactly n bytes, waiting at most until the deadline.
-IoResult recv_all(int fd, void* buf, size_t n, Clock::time_point deadline) {
+// Receives exactly n bytes, waiting at most until the deadline; with `idle` above zero the
+// deadline moves to `idle` after the last byte received (a long message that keeps coming is
+// not cut off).
+IoResult recv_all(int fd, void* buf, size_t n, Clock::time_point deadline,
+                  Clock::duration idle = Clock::duration::zero()) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
     const ssize_t k = ::recv(fd, p, std::min<size_t>(n, size_t{1} << 30), 0);
     if (k > 0) {
       p += k;
       n -= static_cast<size_t>(k);
+      if (idle > Clock::duration::zero()) deadline = std::max(deadline, Clock::now() + idle);
       continue;
     }
     if (k == 0) return {Io::kClosed, 0};
@@ -186,6 +195,83 @@ IoResult send_all(int fd, const void* buf, size_t n, Clock::time_point deadline,
     }
   }
   return {};
+}
+
+// One message for one connection: a frame and its payload, for send_many.
+struct Outgoing {
+  int fd = -1;
+  Frame head{};
+  const char* data = nullptr;
+  size_t bytes = 0;
+  size_t sent = 0;               // of size()
+  IoResult io{Io::kTimeout, 0};  // kOk once everything is sent
+  bool finished = false;
+  [[nodiscard]] size_t size() const { return sizeof(Frame) + bytes; }
+  // Part of the message is out but not all: the stream is mid-frame, and nothing else may be
+  // written to it.
+  [[nodiscard]] bool torn() const { return sent > 0 && sent < size(); }
+};
+
+// Sends every message at once (one slow reader does not hold up the others), until each is
+// sent or has failed, or the deadline passes (the unfinished ones keep kTimeout). With `idle`
+// above zero the deadline moves to `idle` after every byte sent. With `stop_on_failure`,
+// returns as soon as one connection fails.
+void send_many(std::vector<Outgoing>& out, Clock::time_point deadline, Clock::duration idle,
+               bool stop_on_failure) {
+  std::vector<pollfd> fds;
+  std::vector<size_t> who;
+  for (;;) {
+    bool failed = false;
+    fds.clear();
+    who.clear();
+    for (size_t i = 0; i < out.size(); ++i) {
+      Outgoing& o = out[i];
+      if (o.finished) continue;
+      bool moved = false;
+      while (o.sent < o.size()) {
+        const char* p = nullptr;
+        size_t n = 0;
+        if (o.sent < sizeof(Frame)) {
+          p = reinterpret_cast<const char*>(&o.head) + o.sent;  // NOLINT
+          n = sizeof(Frame) - o.sent;
+        } else {
+          p = o.data + (o.sent - sizeof(Frame));
+          n = o.size() - o.sent;
+        }
+        const ssize_t k = ::send(o.fd, p, std::min<size_t>(n, size_t{1} << 30), MSG_NOSIGNAL);
+        if (k > 0) {
+          o.sent += static_cast<size_t>(k);
+          moved = true;
+          continue;
+        }
+        if (k < 0 && errno == EINTR) continue;
+        if (k == 0 || errno == EAGAIN || errno == EWOULDBLOCK) break;
+        o.io = {is_reset(errno) ? Io::kClosed : Io::kError, errno};
+        o.finished = true;
+        failed = true;
+        break;
+      }
+      if (moved && idle > Clock::duration::zero()) {
+        deadline = std::max(deadline, Clock::now() + idle);
+      }
+      if (!o.finished && o.sent == o.size()) {
+        o.io = {};
+        o.finished = true;
+      }
+      if (!o.finished) {
+        fds.push_back({o.fd, POLLOUT, 0});
+        who.push_back(i);
+      }
+    }
+    if (fds.empty() || (failed && stop_on_failure)) return;
+    const int r = poll_until(fds.data(), fds.size(), deadline);
+    if (r < 0) {
+      const int err = errno;
+      for (const size_t i : who) out[i].io = {Io::kError, err};
+      return;
+    }
+    if (r == 0) return;
+  }
 }
 
 void set_nodelay(int fd) {
@@ -279,6 +365,14 @@ Config read_config(double timeout_s) {
     c.local_rank = parse_int("LOCAL_RANK", lr, 0, c.world - 1);
   }
   c.addr = env_value("MASTER_ADDR");
+  if (c.addr.size() >= 2 && c.addr.front() == '[' && c.addr.back() == ']') {
+    c.addr = c.addr.substr(1, c.addr.size() - 2);  // a bracketed IPv6 address, as in a URL
+  }
+  if (c.addr.empty() || c.addr.find_first_of("[] \t") != std::string::npos) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string("env bootstrap: MASTER_ADDR='") +
+                                               env_value("MASTER_ADDR") +
+                                               "' is not a host name or address" + kHint);
+  }
   const int master_port = parse_int("MASTER_PORT", env_value("MASTER_PORT"), 1, 65535);
   c.port = master_port;
   c.port_from = "MASTER_PORT";
@@ -341,14 +435,27 @@ class TcpBootstrap {
     return static_cast<TcpBootstrap*>(ctx)->collective(kBarrier, nullptr, 0, nullptr);
   }
 
-  [[nodiscard]] Clock::time_point deadline_from_now() const {
-    return Clock::now() +
-           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c_.timeout_s));
+  [[nodiscard]] Clock::time_point deadline_from_now() const { return Clock::now() + timeout(); }
+  [[nodiscard]] Clock::duration timeout() const {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c_.timeout_s));
   }
-  [[nodiscard]] std::string timeout_text() const {
+  // How much longer than rank 0 the other ranks wait for it: rank 0 times out first and
+  // tells them why (which rank it waited for), rather than each giving up on its own.
+  [[nodiscard]] double grace_s() const { return std::max(2.0, c_.timeout_s * 0.1); }
+  [[nodiscard]] Clock::duration peer_timeout() const {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(c_.timeout_s + grace_s()));
+  }
+  static std::string seconds_text(double s) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", c_.timeout_s);
+    std::snprintf(buf, sizeof buf, "%g", s);
     return std::string(buf) + " s";
+  }
+  [[nodiscard]] std::string timeout_text() const { return seconds_text(c_.timeout_s); }
+  [[nodiscard]] std::string peer_timeout_text() const {
+    return seconds_text(c_.timeout_s + grace_s()) +
+           " (LOOM_BOOTSTRAP_TIMEOUT=" + seconds_text(c_.timeout_s) + " plus " +
+           seconds_text(grace_s()) + " for rank 0's verdict)";
   }
   [[nodiscard]] std::string me() const {
     return "rank " + std::to_string(c_.rank) + " of " + std::to_string(c_.world);
@@ -402,14 +509,24 @@ class TcpBootstrap {
     size_t got = 0;
   };
 
-  // Accepts connections until every rank has said hello, or fails every connected rank.
+  // Accepts connections until every rank has said hello, or fails every connected rank. A
+  // connection that is not one of this job's ranks (a port scanner, a rank of another job, a
+  // second process with a RANK already taken) is turned away on its own, and the rendezvous
+  // goes on: the timeout's message quotes what was turned away.
   void accept_ranks(Clock::time_point deadline) {
     if (c_.world == 1) return;
     Fd listener = listen_socket();
     std::vector<Pending> pending;
     std::vector<std::string> from(peers_.size());
+    std::vector<std::string> rejected;
     int joined = 0;
     int strangers = 0;
+    // Turns one connection away with the error and goes on waiting for the job's ranks.
+    const auto reject = [&](Fd& offender, const std::string& message) {
+      send_fail(offender.get(), LOOM_ERR_INVALID_ARGUMENT, message, Clock::now());
+      offender.reset();
+      rejected.push_back(message);
+    };
     while (joined < c_.world - 1) {
       std::vector<pollfd> fds;
       fds.push_back({listener.get(), POLLIN, 0});
@@ -427,16 +544,25 @@ class TcpBootstrap {
           if (++n_absent <= 16) absent += (absent.empty() ? "" : ", ") + std::to_string(i);
         }
         if (n_absent > 16) absent += " and " + std::to_string(n_absent - 16) + " more";
+        std::string turned;
+        for (size_t i = 0; i < rejected.size() && i < 3; ++i) {
+          turned += (i == 0 ? "" : "; ") +
+                    rejected[i].substr(rejected[i].rfind("env bootstrap: ", 0) == 0 ? 15 : 0);
+        }
+        if (rejected.size() > 3) turned += "; and " + std::to_string(rejected.size() - 3) + " more";
         fail_all(LOOM_ERR_DEADLINE_EXCEEDED,
                  "env bootstrap: rank 0 waited " + timeout_text() + " on port " +
                      std::to_string(c_.port) + " but " + (n_absent == 1 ? "rank " : "ranks ") +
                      absent + " of WORLD_SIZE=" + std::to_string(c_.world) +
                      " never connected (did one fail to start, or is its MASTER_ADDR/"
-                     "MASTER_PORT different?" +
-                     (strangers > 0 ? " Connections that were not Loom ranks were dropped: " +
-                                          std::to_string(strangers)
-                                    : std::string()) +
-                     "; LOOM_BOOTSTRAP_TIMEOUT sets the limit in seconds)");
+                     "MASTER_PORT different? LOOM_BOOTSTRAP_TIMEOUT sets the limit in seconds)" +
+                     (rejected.empty()
+                          ? std::string()
+                          : "; rank 0 turned away " + std::to_string(rejected.size()) +
+                                (rejected.size() == 1 ? " process: " : " processes: ") + turned) +
+                     (strangers > 0 ? "; " + std::to_string(strangers) +
+                                          " connections that were not Loom ranks were dropped"
+                                    : std::string()));
       }
       // Read hellos before accepting more, so `fds` still matches `pending`.
       for (size_t i = fds.size(); i-- > 1;) {
@@ -459,33 +585,38 @@ class TcpBootstrap {
           continue;
         }
         if (h.version != kVersion) {
-          reject(done.fd, LOOM_ERR_INVALID_ARGUMENT,
-                 "env bootstrap: the rank at " + done.from + " speaks bootstrap protocol " +
-                     std::to_string(h.version) + ", rank 0 speaks " + std::to_string(kVersion) +
-                     " (are all ranks running the same Loom?)");
+          reject(done.fd, "env bootstrap: the rank at " + done.from +
+                              " speaks bootstrap protocol " + std::to_string(h.version) +
+                              ", rank 0 speaks " + std::to_string(kVersion) +
+                              " (are all ranks running the same Loom?)");
+          continue;
         }
         if (h.world != c_.world) {
-          reject(done.fd, LOOM_ERR_INVALID_ARGUMENT,
-                 "env bootstrap: ranks disagree on WORLD_SIZE: rank " + std::to_string(h.rank) +
-                     " (at " + done.from + ") has WORLD_SIZE=" + std::to_string(h.world) +
-                     " but rank 0 has WORLD_SIZE=" + std::to_string(c_.world));
+          reject(done.fd, "env bootstrap: ranks disagree on WORLD_SIZE: rank " +
+                              std::to_string(h.rank) + " (at " + done.from +
+                              ") has WORLD_SIZE=" + std::to_string(h.world) +
+                              " but rank 0 has WORLD_SIZE=" + std::to_string(c_.world));
+          continue;
         }
         if (h.rank == 0) {
-          reject(done.fd, LOOM_ERR_INVALID_ARGUMENT,
-                 "env bootstrap: two processes have RANK=0 (the one listening on port " +
-                     std::to_string(c_.port) + " and the one at " + done.from +
-                     "); every rank needs its own RANK");
+          reject(done.fd, "env bootstrap: two processes have RANK=0 (the one listening on port " +
+                              std::to_string(c_.port) + " and the one at " + done.from +
+                              "); every rank needs its own RANK");
+          continue;
         }
         if (h.rank < 0 || h.rank >= c_.world) {
-          reject(done.fd, LOOM_ERR_INVALID_ARGUMENT,
-                 "env bootstrap: the process at " + done.from + " says RANK=" +
-                     std::to_string(h.rank) + ", outside 0.." + std::to_string(c_.world - 1));
+          reject(done.fd, "env bootstrap: the process at " + done.from +
+                              " says RANK=" + std::to_string(h.rank) + ", outside 0.." +
+                              std::to_string(c_.world - 1));
+          continue;
         }
         const auto idx = static_cast<size_t>(h.rank);
         if (peers_[idx].valid()) {
-          reject(done.fd, LOOM_ERR_INVALID_ARGUMENT,
-                 "env bootstrap: two processes have RANK=" + std::to_string(h.rank) + " (at " +
-                     from[idx] + " and at " + done.from + "); every rank needs its own RANK");
+          reject(done.fd, "env bootstrap: two processes have RANK=" + std::to_string(h.rank) +
+                              " (at " + from[idx] + " and at " + done.from +
+                              "); every rank needs its own RANK (rank 0 kept the first and "
+                              "turned the second away)");
+          continue;
         }
         peers_[idx] = std::move(done.fd);
         from[idx] = done.from;
@@ -502,6 +633,13 @@ class TcpBootstrap {
             if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) {
               break;
             }
+            if ((err == EMFILE || err == ENFILE) && !pending.empty()) {
+              // Out of files with connections that have not said who they are: drop the one
+              // that has waited longest (a rank says hello as soon as it connects).
+              pending.erase(pending.begin());
+              ++strangers;
+              continue;
+            }
             fail_all(LOOM_ERR_RESOURCE_EXHAUSTED,
                      "env bootstrap: rank 0 cannot accept a connection: " + errno_text(err) +
                          (err == EMFILE || err == ENFILE
@@ -514,6 +652,10 @@ class TcpBootstrap {
           p.fd = Fd(fd);
           p.from = peer_name(reinterpret_cast<sockaddr*>(&sa));  // NOLINT
           pending.push_back(std::move(p));
+          if (pending.size() > kMaxPending) {  // idle connections: drop the oldest
+            pending.erase(pending.begin());
+            ++strangers;
+          }
         }
       }
     }
@@ -521,19 +663,53 @@ class TcpBootstrap {
     Frame w;
     w.kind = kWelcome;
     w.world = c_.world;
-    for (size_t i = 1; i < peers_.size(); ++i) {
-      const IoResult io = send_all(peers_[i].get(), &w, sizeof w, deadline);
-      if (io.what != Io::kOk) {
-        fail_all(LOOM_ERR_UNAVAILABLE, "env bootstrap: rank " + std::to_string(i) +
-                                           " left before the job started (" + describe(io) + ")");
-      }
-    }
+    send_to_all(w, nullptr, "the welcome", "env bootstrap", "left before the job started");
   }
 
-  // Sends the error to `offender` and to every rank that has joined, then throws it.
-  [[noreturn]] void reject(Fd& offender, loom_code code, const std::string& message) {
-    send_fail(offender.get(), code, message);
-    fail_all(code, message);
+  // Rank 0: sends `head` and `total` bytes of `data` to every rank at once, with a fresh
+  // deadline that moves while bytes move, so a phase that started late still has its time.
+  // On a failure, fails every rank; those whose message is half sent are only shut down (a
+  // Fail frame there would be read as part of the message).
+  void send_to_all(const Frame& head, const char* data, const std::string& what,
+                   const std::string& prefix, const std::string& closed_text) {
+    std::vector<Outgoing> outs(peers_.size() - 1);
+    for (size_t i = 1; i < peers_.size(); ++i) {
+      Outgoing& o = outs[i - 1];
+      o.fd = peers_[i].get();
+      o.head = head;
+      o.data = data;
+      o.bytes = data != nullptr ? head.bytes : 0;
+    }
+    send_many(outs, deadline_from_now(), timeout(), true);
+    // A connection that failed comes first: send_many stopped there, and the ones it left
+    // unfinished (still marked kTimeout) did not time out.
+    size_t bad = 0;
+    for (size_t i = 1; i < peers_.size() && bad == 0; ++i) {
+      const Io got = outs[i - 1].io.what;
+      if (got != Io::kOk && got != Io::kTimeout) bad = i;
+    }
+    for (size_t i = 1; i < peers_.size() && bad == 0; ++i) {
+      if (outs[i - 1].io.what != Io::kOk) bad = i;
+    }
+    if (bad != 0) {
+      const size_t i = bad;
+      const IoResult io = outs[i - 1].io;
+      std::vector<char> torn(peers_.size(), 0);
+      for (size_t j = 1; j < peers_.size(); ++j) torn[j] = outs[j - 1].torn() ? 1 : 0;
+      torn[i] = 1;
+      if (io.what == Io::kTimeout) {
+        fail_all(LOOM_ERR_DEADLINE_EXCEEDED,
+                 prefix + ": rank " + std::to_string(i) + " did not take " + what + " (" +
+                     std::to_string(outs[i - 1].sent) + " of " +
+                     std::to_string(outs[i - 1].size()) + " bytes sent, none for " +
+                     timeout_text() + "; is it stuck?)",
+                 &torn);
+      }
+      fail_all(
+          LOOM_ERR_UNAVAILABLE,
+          prefix + ": rank " + std::to_string(i) + " " + closed_text + " (" + describe(io) + ")",
+          &torn);
+    }
   }
 
   static std::string describe(const IoResult& io) {
@@ -550,24 +726,46 @@ class TcpBootstrap {
     return "ok";
   }
 
-  // Best effort, bounded by a second: the peer may be gone already.
-  static void send_fail(int fd, loom_code code, const std::string& message) {
-    if (fd < 0) return;
+  // Sends the error to every connection in `fds` at once, best effort until `deadline` (a
+  // peer may be gone or not reading), then shuts each down: the peer reads the error, then
+  // the end of the stream.
+  static void send_fail_to(const std::vector<int>& fds, loom_code code, const std::string& message,
+                           Clock::time_point deadline) {
     const std::string text = message.substr(0, kMaxFailMessage);
-    Frame f;
-    f.kind = kFail;
-    f.rank = code;
-    f.bytes = text.size();
-    const auto deadline = Clock::now() + std::chrono::seconds(1);
-    if (send_all(fd, &f, sizeof f, deadline).what == Io::kOk) {
-      (void)send_all(fd, text.data(), text.size(), deadline);
+    std::vector<Outgoing> outs(fds.size());
+    for (size_t i = 0; i < fds.size(); ++i) {
+      outs[i].fd = fds[i];
+      outs[i].head.kind = kFail;
+      outs[i].head.rank = code;
+      outs[i].head.bytes = text.size();
+      outs[i].data = text.data();
+      outs[i].bytes = text.size();
     }
-    (void)::shutdown(fd, SHUT_WR);  // the peer reads the error, then end of stream
+    send_many(outs, deadline, Clock::duration::zero(), false);
+    for (const Outgoing& o : outs) {
+      (void)::shutdown(o.fd, o.io.what == Io::kOk ? SHUT_WR : SHUT_RDWR);
+    }
+  }
+  static void send_fail(int fd, loom_code code, const std::string& message,
+                        Clock::time_point deadline) {
+    if (fd >= 0) send_fail_to({fd}, code, message, deadline);
   }
 
-  // Rank 0: tells every connected rank, remembers the error for later calls, throws it.
-  [[noreturn]] void fail_all(loom_code code, const std::string& message) {
-    for (size_t i = 1; i < peers_.size(); ++i) send_fail(peers_[i].get(), code, message);
+  // Rank 0: tells every connected rank (all at once, within a second in all), then throws
+  // the error (collective() remembers it for later calls). The ranks marked in `torn` are
+  // mid-message: they are only shut down.
+  [[noreturn]] void fail_all(loom_code code, const std::string& message,
+                             const std::vector<char>* torn = nullptr) {
+    std::vector<int> fds;
+    for (size_t i = 1; i < peers_.size(); ++i) {
+      if (!peers_[i].valid()) continue;
+      if (torn != nullptr && (*torn)[i] != 0) {
+        (void)::shutdown(peers_[i].get(), SHUT_RDWR);
+      } else {
+        fds.push_back(peers_[i].get());
+      }
+    }
+    send_fail_to(fds, code, message, Clock::now() + std::chrono::seconds(1));
     throw Error(code, message);
   }
 
@@ -575,6 +773,9 @@ class TcpBootstrap {
 
   void join(Clock::time_point deadline) {
     Fd fd = connect_to_rank0(deadline);
+    // Rank 0 listens, so its own deadline started before now: wait longer than it does, so
+    // that its verdict (which ranks never came) is the one every rank reports.
+    deadline = Clock::now() + peer_timeout();
     Frame h;
     h.kind = kHello;
     h.rank = c_.rank;
@@ -598,7 +799,7 @@ class TcpBootstrap {
     if (io.what == Io::kTimeout) {
       throw Error(LOOM_ERR_DEADLINE_EXCEEDED,
                   "env bootstrap: " + me() + " reached rank 0 at " + where_ +
-                      " but the job did not start within " + timeout_text() +
+                      " but the job did not start within " + peer_timeout_text() +
                       ": rank 0 waits for all WORLD_SIZE ranks to connect, and its own error "
                       "names the missing ones (LOOM_BOOTSTRAP_TIMEOUT sets the limit in "
                       "seconds)");
@@ -638,11 +839,12 @@ class TcpBootstrap {
       const std::string port = std::to_string(c_.port);
       const int gai = ::getaddrinfo(c_.addr.c_str(), port.c_str(), &hints, &list);
       const std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(list, ::freeaddrinfo);
-      if (gai != 0 && gai != EAI_AGAIN) {
-        throw Error(LOOM_ERR_INVALID_ARGUMENT, "env bootstrap: MASTER_ADDR='" + c_.addr +
-                                                   "' does not resolve: " + ::gai_strerror(gai));
+      // A name that does not resolve yet may later (a Kubernetes headless service has no
+      // address until its pod is up): retry until the deadline.
+      if (gai != 0) {
+        last = "MASTER_ADDR '" + c_.addr + "' does not resolve: " +
+               (gai == EAI_SYSTEM ? errno_text(errno) : std::string(::gai_strerror(gai)));
       }
-      if (gai == EAI_AGAIN) last = ::gai_strerror(gai);
       for (const addrinfo* a = list; a != nullptr; a = a->ai_next) {
         Fd fd(
             ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
@@ -653,8 +855,9 @@ class TcpBootstrap {
         }
         int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
         if (rc != 0 && (errno == EINPROGRESS || errno == EINTR)) {
+          // At most kConnectAttempt per address, then the next one (and the list again).
           pollfd pfd{fd.get(), POLLOUT, 0};
-          const int r = poll_until(&pfd, 1, deadline);
+          const int r = poll_until(&pfd, 1, std::min(deadline, Clock::now() + kConnectAttempt));
           if (r <= 0) {
             const int err = errno;
             last = r == 0 ? "connection attempt timed out" : errno_text(err);
@@ -703,16 +906,21 @@ class TcpBootstrap {
       }
       return nullptr;
     } catch (const Error& e) {
-      failed_ = true;
-      failed_code_ = e.code();
-      failed_text_ = e.what();
+      fail_locally(e.code(), e.what());
       return make_status(e.code(), e.what());
     } catch (const std::exception& e) {
-      failed_ = true;
-      failed_code_ = LOOM_ERR_INTERNAL;
-      failed_text_ = e.what();
+      fail_locally(LOOM_ERR_INTERNAL, e.what());
       return make_status(LOOM_ERR_INTERNAL, e.what());
     }
+  }
+
+  // Remembers the error for later calls. A rank other than 0 also shuts its connection down,
+  // so rank 0 sees the end of the stream at once instead of waiting for the timeout.
+  void fail_locally(loom_code code, const std::string& text) {
+    failed_ = true;
+    failed_code_ = code;
+    failed_text_ = text;
+    if (c_.rank != 0 && peers_[0].valid()) (void)::shutdown(peers_[0].get(), SHUT_RDWR);
   }
 
   [[nodiscard]] std::string op_text(Kind kind, size_t bytes) const {
@@ -805,24 +1013,14 @@ class TcpBootstrap {
         }
       }
     }
+    // Every block is in: the result goes out with its own deadline (the last rank may have
+    // come just before the gathering's).
     Frame res;
     res.kind = kResult;
     res.seq = seq_;
     res.bytes = total;
-    for (size_t i = 1; i < n; ++i) {
-      IoResult io = send_all(peers_[i].get(), &res, sizeof res, deadline);
-      if (io.what == Io::kOk) io = send_all(peers_[i].get(), out, total, deadline);
-      if (io.what == Io::kTimeout) {
-        fail_all(LOOM_ERR_DEADLINE_EXCEEDED,
-                 "bootstrap " + op_text(kind, bytes) + ": rank " + std::to_string(i) +
-                     " did not take the result within " + timeout_text());
-      }
-      if (io.what != Io::kOk) {
-        fail_all(LOOM_ERR_UNAVAILABLE, "bootstrap " + op_text(kind, bytes) + ": rank " +
-                                           std::to_string(i) + " closed its connection (" +
-                                           describe(io) + ")");
-      }
-    }
+    send_to_all(res, out, "the result", "bootstrap " + op_text(kind, bytes),
+                "closed its connection");
   }
 
   void check_request(size_t from, const Frame& h, Kind kind, size_t bytes) {
@@ -844,7 +1042,7 @@ class TcpBootstrap {
 
   void peer_collective(Kind kind, const void* send, size_t bytes, void* recv) {
     const uint64_t total = total_bytes(bytes, c_.world);
-    const auto deadline = deadline_from_now();
+    const auto deadline = Clock::now() + peer_timeout();
     const int fd = peers_[0].get();
     const std::string what = "bootstrap " + op_text(kind, bytes) + ": " + me();
     Frame req;
@@ -869,7 +1067,8 @@ class TcpBootstrap {
           throw Error(LOOM_ERR_INTERNAL, what + " got an unexpected " + kind_name(reply.kind) +
                                              " #" + std::to_string(reply.seq) + " from rank 0");
         }
-        io = recv_all(fd, recv, total, deadline);
+        // Rank 0 sends the result with a deadline of its own: wait while it keeps coming.
+        io = recv_all(fd, recv, total, Clock::now() + peer_timeout(), peer_timeout());
         if (io.what == Io::kOk) return;
       } else if (io.what == Io::kOk) {
         io = got;
@@ -877,9 +1076,9 @@ class TcpBootstrap {
     }
     if (io.what == Io::kTimeout) {
       throw Error(LOOM_ERR_DEADLINE_EXCEEDED,
-                  what + " waited " + timeout_text() +
-                      " for rank 0 (did a rank die, hang, or stop calling the bootstrap? "
-                      "LOOM_BOOTSTRAP_TIMEOUT sets the limit in seconds)");
+                  what + " waited " + peer_timeout_text() +
+                      " for rank 0, which did not say why (did rank 0 die, hang, or stop "
+                      "calling the bootstrap? LOOM_BOOTSTRAP_TIMEOUT sets the limit in seconds)");
     }
     throw Error(LOOM_ERR_UNAVAILABLE, what + ": rank 0 at " + where_ + " closed the connection (" +
                                           describe(io) + "; did it exit or crash?)");

@@ -1,10 +1,12 @@
 // host/src/tcp_bootstrap.cpp: the torchrun-style bootstrap (RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT). The bootstrap is process-wide, so every rank is a process of
 // loom_bootstrap_peer (bootstrap/peer.cpp) on 127.0.0.1 and a free port: allgather and
-// barrier rounds across 2, 3 and 4 processes, rank 0 starting last, and every bad launch
-// (missing or malformed variables, a rank that never starts, ranks disagreeing on
-// WORLD_SIZE, two processes with the same RANK, a rank that dies, mismatched collectives)
-// failing every rank with an error that names the problem, well before the test's limit.
+// barrier rounds across 2, 3 and 4 processes, rank 0 starting last, a rank that comes just
+// before the timeout with a large block, and every bad launch (missing or malformed
+// variables, a rank that never starts, a rank with another WORLD_SIZE or a RANK already
+// taken, which are turned away while the job goes on, idle connections, a rank that dies, a
+// rank whose collective failed, mismatched collectives) failing with an error that names the
+// problem, well before the test's limit.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -319,6 +321,38 @@ TEST_F(EnvBootstrap, AConnectionThatIsNotARankIsIgnored) {
   }
 }
 
+// Idle connections that never say hello do not exhaust rank 0's files: with 40 open files
+// allowed and 60 idle connections, rank 0 drops the oldest and the job runs.
+TEST_F(EnvBootstrap, IdleConnectionsDoNotExhaustRankZero) {
+  std::vector<Proc> procs{start(rank_env(0, 2, 20), {"--rounds", "2", "--nofile", "40"})};
+  std::vector<int> idle;
+  const int first = connect_when_listening(port_);
+  ASSERT_GE(first, 0) << "rank 0 never listened";
+  idle.push_back(first);
+  for (int i = 0; i < 60; ++i) {  // one try each: rank 0 listens already
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {  // NOLINT
+      ADD_FAILURE() << "idle connection " << i << ": " << std::strerror(errno);
+      ::close(fd);
+      break;
+    }
+    idle.push_back(fd);
+  }
+  procs.push_back(start(rank_env(1, 2, 20), {"--rounds", "2"}));
+  wait_all(procs, 40);
+  for (const int fd : idle) {
+    if (fd >= 0) ::close(fd);
+  }
+  for (const Proc& p : procs) {
+    EXPECT_EQ(p.code, 0) << p.out;
+    EXPECT_THAT(p.out, HasSubstr("ok rank"));
+  }
+}
+
 TEST_F(EnvBootstrap, ARankThatNeverStartsIsNamedWithinTheTimeout) {
   const auto t0 = Clock::now();
   std::vector<Proc> procs{start(rank_env(0, 3, 3)), start(rank_env(1, 3, 3))};
@@ -330,6 +364,37 @@ TEST_F(EnvBootstrap, ARankThatNeverStartsIsNamedWithinTheTimeout) {
   EXPECT_THAT(procs[0].out, HasSubstr("rank 2 of WORLD_SIZE=3 never connected"));
   EXPECT_EQ(procs[1].code, 3) << procs[1].out;
   EXPECT_THAT(procs[1].out, HasSubstr("error DEADLINE_EXCEEDED"));
+  // Rank 1 waits a little longer than rank 0, so it reports rank 0's verdict, not its own.
+  EXPECT_THAT(procs[1].out, HasSubstr("rank 2 of WORLD_SIZE=3 never connected"));
+  EXPECT_THAT(procs[1].out, HasSubstr("[reported to rank 1 of 3 by rank 0]"));
+}
+
+// Rank 2 comes to round 1 just before the 3 s timeout, with 16 MiB per rank: rank 0 still
+// has its time to send the 64 MiB result to every rank, and every rank checks what it got.
+TEST_F(EnvBootstrap, ARankThatComesJustInTimeStillGetsTheResult) {
+  auto procs =
+      run_world(4, {"--rounds", "3", "--stall", "2", "2.75", "--round1-bytes", "16777216"}, 3);
+  for (const Proc& p : procs) {
+    EXPECT_EQ(p.code, 0) << p.out;
+    EXPECT_EQ(sum_of(p.out), sum_of(procs[0].out));
+  }
+}
+
+// Rank 0 stalls past rank 1's timeout: rank 1 fails, stays alive, but shuts its connection,
+// so rank 0's next collective sees it closed at once instead of waiting for the timeout.
+TEST_F(EnvBootstrap, ARankWhoseCollectiveFailedClosesItsConnection) {
+  std::vector<Proc> procs{start(rank_env(0, 2, 2), {"--rounds", "3", "--stall", "0", "5"}),
+                          start(rank_env(1, 2, 2), {"--rounds", "3", "--linger", "8"})};
+  std::vector<Proc> zero{procs[0]};
+  wait_all(zero, 30);
+  procs[0] = zero[0];  // reaped
+  wait_all(procs, 30);
+  EXPECT_EQ(procs[1].code, 4) << procs[1].out;
+  EXPECT_THAT(procs[1].out, HasSubstr("error DEADLINE_EXCEEDED: bootstrap allgather #4 (1 bytes "
+                                      "per rank): rank 1 of 2 waited 4 s"));
+  EXPECT_EQ(zero[0].code, 4) << zero[0].out;
+  EXPECT_THAT(zero[0].out, HasSubstr("error UNAVAILABLE: bootstrap"));
+  EXPECT_THAT(zero[0].out, HasSubstr("rank 1 closed its connection"));
 }
 
 TEST_F(EnvBootstrap, NoRankZeroGivesAnErrorNamingTheAddress) {
@@ -343,29 +408,106 @@ TEST_F(EnvBootstrap, NoRankZeroGivesAnErrorNamingTheAddress) {
   EXPECT_THAT(procs[0].out, HasSubstr("Connection refused"));
 }
 
-TEST_F(EnvBootstrap, RanksThatDisagreeOnWorldSizeAllFail) {
-  std::vector<Proc> procs{start(rank_env(0, 2)), start(rank_env(1, 3))};
-  wait_all(procs);
+// A rank with another WORLD_SIZE (of another job, say) is turned away at once, and rank 0
+// goes on waiting: for the right rank 1, which then runs the job; or, when it never comes,
+// until the timeout, whose message quotes what was turned away.
+TEST_F(EnvBootstrap, ARankWithAnotherWorldSizeIsTurnedAway) {
+  const auto t0 = Clock::now();
+  std::vector<Proc> procs{start(rank_env(0, 2, 3)), start(rank_env(1, 3, 3))};
+  std::vector<Proc> stray{procs[1]};
+  wait_all(stray, 30);
+  procs[1] = stray[0];  // reaped
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.5)
+      << "the stray waited for the timeout instead of hearing rank 0's error";
+  wait_all(procs, 30);
   for (const Proc& p : procs) {
     EXPECT_EQ(p.code, 3) << p.out;
-    EXPECT_THAT(p.out, HasSubstr("error INVALID_ARGUMENT: env bootstrap: ranks disagree on "
-                                 "WORLD_SIZE: rank 1 (at 127.0.0.1:"));
+    EXPECT_THAT(p.out, HasSubstr("ranks disagree on WORLD_SIZE: rank 1 (at 127.0.0.1:"));
     EXPECT_THAT(p.out, HasSubstr("has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"));
   }
+  EXPECT_THAT(procs[1].out, HasSubstr("error INVALID_ARGUMENT: env bootstrap: ranks disagree"));
   EXPECT_THAT(procs[1].out, HasSubstr("[reported to rank 1 of 3 by rank 0]"));
+  EXPECT_THAT(procs[0].out, HasSubstr("error DEADLINE_EXCEEDED: env bootstrap: rank 0 waited 3 s"));
+  EXPECT_THAT(procs[0].out, HasSubstr("rank 1 of WORLD_SIZE=2 never connected"));
+  EXPECT_THAT(procs[0].out, HasSubstr("rank 0 turned away 1 process: ranks disagree"));
+
+  port_ = free_port();
+  procs = {start(rank_env(0, 2)), start(rank_env(1, 3))};
+  stray = {procs[1]};
+  wait_all(stray, 30);
+  procs[1] = start(rank_env(1, 2));
+  wait_all(procs);
+  EXPECT_EQ(stray[0].code, 3) << stray[0].out;
+  EXPECT_THAT(stray[0].out, HasSubstr("has WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2"));
+  for (const Proc& p : procs) {
+    EXPECT_EQ(p.code, 0) << p.out;
+    EXPECT_THAT(p.out, HasSubstr("ok rank"));
+  }
 }
 
-TEST_F(EnvBootstrap, TwoProcessesWithTheSameRankAllFail) {
-  std::vector<Proc> procs{start(rank_env(0, 3)), start(rank_env(1, 3)), start(rank_env(1, 3))};
-  wait_all(procs);
-  for (const Proc& p : procs) {
-    EXPECT_EQ(p.code, 3) << p.out;
-    EXPECT_THAT(p.out, HasSubstr("error INVALID_ARGUMENT: env bootstrap: two processes have "
-                                 "RANK=1"));
+// Waits until one of procs[from..] exits; returns its index (or -1 after `limit` seconds).
+int wait_first(std::vector<Proc>& procs, size_t from, double limit) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(limit);
+  while (Clock::now() < deadline) {
+    for (size_t i = from; i < procs.size(); ++i) {
+      int st = 0;
+      if (procs[i].pid > 0 && ::waitpid(procs[i].pid, &st, WNOHANG) == procs[i].pid) {
+        procs[i].pid = -1;
+        procs[i].code = WIFEXITED(st) ? WEXITSTATUS(st) : -2;
+        std::ifstream f(procs[i].log);
+        std::stringstream s;
+        s << f.rdbuf();
+        procs[i].out = s.str();
+        return static_cast<int>(i);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  // A second rank 0 cannot even listen; the first one and rank 1 run the job.
+  return -1;
+}
+
+// The second process with RANK=1 is turned away; the first stays, and with rank 2 the job
+// runs. When the missing rank never comes, the timeout's message quotes the duplicate.
+TEST_F(EnvBootstrap, ASecondProcessWithTheSameRankIsTurnedAway) {
+  std::vector<Proc> procs{start(rank_env(0, 3)), start(rank_env(1, 3)), start(rank_env(1, 3))};
+  const int dup = wait_first(procs, 1, 20);
+  ASSERT_GE(dup, 1) << "neither process with RANK=1 was turned away";
+  EXPECT_EQ(procs[static_cast<size_t>(dup)].code, 3) << procs[static_cast<size_t>(dup)].out;
+  EXPECT_THAT(procs[static_cast<size_t>(dup)].out,
+              HasSubstr("error INVALID_ARGUMENT: env bootstrap: two processes have RANK=1"));
+  EXPECT_THAT(procs[static_cast<size_t>(dup)].out,
+              HasSubstr("[reported to rank 1 of 3 by rank 0]"));
+  procs.push_back(start(rank_env(2, 3)));
+  wait_all(procs);
+  for (size_t i = 0; i < procs.size(); ++i) {
+    if (static_cast<int>(i) == dup) continue;
+    EXPECT_EQ(procs[i].code, 0) << procs[i].out;
+    EXPECT_THAT(procs[i].out, HasSubstr("ok rank"));
+  }
+
   port_ = free_port();
-  procs = {start(rank_env(0, 2))};
+  procs = {start(rank_env(0, 3, 3)), start(rank_env(1, 3, 3)), start(rank_env(1, 3, 3))};
+  wait_all(procs, 30);
+  int turned_away = 0;
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(procs[i].code, 3) << procs[i].out;
+    if (procs[i].out.find("error INVALID_ARGUMENT: env bootstrap: two processes have RANK=1") !=
+        std::string::npos) {
+      ++turned_away;
+    } else {
+      EXPECT_THAT(procs[i].out, HasSubstr("rank 2 of WORLD_SIZE=3 never connected"));
+    }
+  }
+  EXPECT_EQ(turned_away, 1);
+  EXPECT_EQ(procs[0].code, 3) << procs[0].out;
+  EXPECT_THAT(procs[0].out, HasSubstr("error DEADLINE_EXCEEDED"));
+  EXPECT_THAT(procs[0].out, HasSubstr("rank 2 of WORLD_SIZE=3 never connected"));
+  EXPECT_THAT(procs[0].out, HasSubstr("rank 0 turned away 1 process: two processes have RANK=1"));
+}
+
+TEST_F(EnvBootstrap, ASecondRankZeroCannotListen) {
+  // A second rank 0 cannot even listen; the first one and rank 1 run the job.
+  std::vector<Proc> procs = {start(rank_env(0, 2))};
   const int probe = connect_when_listening(port_);
   ASSERT_GE(probe, 0) << "rank 0 never listened";
   ::close(probe);
@@ -440,9 +582,41 @@ TEST_F(EnvBootstrap, IncompleteOrMalformedVariablesAreNamed) {
   EXPECT_THAT(fails_to_start(e), HasSubstr("LOOM_BOOTSTRAP='tcp' is not one of mpi, env, single"));
   EXPECT_THAT(fails_to_start({{"LOOM_BOOTSTRAP", "env"}}),
               HasSubstr("env bootstrap: none of the variables is set"));
-  e = rank_env(1, 2, 3);
+  // A name that does not resolve is retried until the deadline (it may resolve later).
+  e = rank_env(1, 2, 2);
   e["MASTER_ADDR"] = "no-such-host.invalid";
-  EXPECT_THAT(fails_to_start(e), HasSubstr("no-such-host.invalid"));
+  const auto t0 = Clock::now();
+  const std::string out = fails_to_start(e);
+  EXPECT_GE(std::chrono::duration<double>(Clock::now() - t0).count(), 1.9);
+  EXPECT_THAT(out, HasSubstr("error DEADLINE_EXCEEDED: env bootstrap: rank 1 of 2 could not "
+                             "reach rank 0 at no-such-host.invalid:"));
+  EXPECT_THAT(out, HasSubstr("MASTER_ADDR 'no-such-host.invalid' does not resolve"));
+  e = rank_env(1, 2);
+  e["MASTER_ADDR"] = "[]";
+  EXPECT_THAT(fails_to_start(e), HasSubstr("MASTER_ADDR='[]' is not a host name or address"));
+}
+
+// MASTER_ADDR may be a bracketed IPv6 address, as in a URL.
+TEST_F(EnvBootstrap, ABracketedIpv6MasterAddrWorks) {
+  const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool has_v6 =
+      probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;  // NOLINT
+  if (probe >= 0) ::close(probe);
+  if (!has_v6) GTEST_SKIP() << "no IPv6 loopback here";
+  std::vector<Proc> procs;
+  for (int r = 0; r < 2; ++r) {
+    Env e = rank_env(r, 2);
+    e["MASTER_ADDR"] = "[::1]";
+    procs.push_back(start(e, {"--rounds", "2"}));
+  }
+  wait_all(procs);
+  for (const Proc& p : procs) {
+    EXPECT_EQ(p.code, 0) << p.out;
+    EXPECT_THAT(p.out, HasSubstr("via [::1]:" + std::to_string(port_)));
+  }
 }
 
 TEST_F(EnvBootstrap, SingleIgnoresTheVariables) {
