@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "free_port.hpp"
 #include "loom_test.hpp"
 
 extern char** environ;  // NOLINT
@@ -38,22 +39,7 @@ using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 using Env = std::map<std::string, std::string>;
 
-// A port nothing listens on now: the kernel's choice for port 0 (so parallel tests differ).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&  // NOLINT
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {          // NOLINT
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
+using loom_test_common::free_port;
 
 // A connection to 127.0.0.1:port, retried for up to 10 s (-1 if none): tells when rank 0
 // listens. Rank 0 drops a connection that closes without a hello.

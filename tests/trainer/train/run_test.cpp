@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "corpus.hpp"
+#include "free_port.hpp"
 
 namespace fs = std::filesystem;
 
@@ -145,21 +146,7 @@ std::vector<nlohmann::json> run_metrics(const fs::path& run, const std::string& 
   return v;
 }
 
-// A port nothing listens on now (the kernel's pick for port 0).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&  // NOLINT
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {          // NOLINT
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
+using loom_test_common::free_port;
 
 TEST_F(TrainerRun, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
