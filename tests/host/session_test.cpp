@@ -120,6 +120,21 @@ TEST_F(Session, FailedCreateNamesThePlaceAndUndoesWhatWasCreated) {
   EXPECT_EQ(loom_test::take_events(events), "+a -a ");
 }
 
+// A plugin that needs a newer host than this one refuses at create and names both versions
+// (the host reads only the prefix of its structs it knows, so it could not tell by itself);
+// validation, which runs no plugin code, still passes.
+TEST_F(Session, APluginNeedingANewerHostRefusesNamingBothVersions) {
+  EXPECT_EQ(check("[optimizer.o]\nplugin = \"newer_host\"\n"), LOOM_OK) << error_;
+  EXPECT_EQ(open("[optimizer.o]\nplugin = \"newer_host\"\n"), LOOM_ERR_ABI_MISMATCH);
+  EXPECT_EQ(session_, nullptr);
+  const std::string need = "1." + std::to_string(LOOM_ABI_MINOR + 1);
+  const std::string have = "1." + std::to_string(LOOM_ABI_MINOR);
+  EXPECT_THAT(error_, HasSubstr("optimizer.o (plugin 'newer_host'")) << error_;
+  EXPECT_THAT(error_, HasSubstr("needs a Loom host that speaks ABI " + need +
+                                " or newer; this host speaks ABI " + have))
+      << error_;
+}
+
 TEST_F(Session, ValidateOnlyCreatesNothing) {
   ASSERT_EQ(open("[comm.first]\nplugin = \"probe\"\n"), LOOM_OK) << error_;
   probe_events* events = loom_test::probe_event_log(session_, "first");

@@ -336,12 +336,44 @@ constexpr bool kHasState = requires(T& t, StateWriter& w, std::span<const std::b
   t.import_state(b);
 };
 
+// The ABI minor a plugin class needs its host to speak: T::kRequiredHostMinor when the class
+// declares it (it uses something a later minor added), else 0 (any 1.x host).
+template <class T>
+constexpr uint16_t required_host_minor() {
+  if constexpr (requires {
+                  { T::kRequiredHostMinor } -> std::convertible_to<uint16_t>;
+                }) {
+    return static_cast<uint16_t>(T::kRequiredHostMinor);
+  } else {
+    return 0;
+  }
+}
+
+// An older host reads only the prefix of the plugin's structs it knows and cannot tell what
+// the plugin needs: the plugin refuses instead, naming both versions, before it reads a
+// field the host does not have.
+template <class T>
+void check_host_version(const loom_host_services* host) {
+  if (host == nullptr || host->struct_size < LOOM_STRUCT_SIZE(loom_host_services, abi_minor)) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, "the host services table is missing or too short");
+  }
+  constexpr uint16_t need = required_host_minor<T>();
+  if (host->abi_major != LOOM_ABI_MAJOR || host->abi_minor < need) {
+    throw Error(LOOM_ERR_ABI_MISMATCH,
+                "this plugin needs a Loom host that speaks ABI " + std::to_string(LOOM_ABI_MAJOR) +
+                    "." + std::to_string(need) + " or newer; this host speaks ABI " +
+                    std::to_string(host->abi_major) + "." + std::to_string(host->abi_minor) +
+                    " (update Loom, or use a build of the plugin for this version)");
+  }
+}
+
 template <class T>
 struct FactoryThunks {
   static loom_status* create(const loom_host_services* host, void** out_instance) noexcept {
     return guard([&] {
       if (out_instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "out_instance is NULL");
       *out_instance = nullptr;
+      check_host_version<T>(host);
       // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
       *out_instance = new Holder<T>(host);  // NOLINT(bugprone-unhandled-exception-at-new)
     });
