@@ -316,6 +316,25 @@ TEST(UcxAllgather, MatchesReference) {
   }
 }
 
+// [instance]: one call at a time, but from any thread. Each collective here runs on a
+// different thread than the one that created the instance (and than the previous call),
+// the way a trainer's step may move between threads; results must match the reference.
+TEST(UcxThreads, CallsFromOtherThreadsOneAtATime) {
+  Comm c("timeout_s = 30.0\nsmall_message_bytes = 0\nchunk_bytes = 4096\n");
+  ASSERT_EQ(c.rc, LOOM_OK) << c.error;
+  for (int round = 0; round < 4; ++round) {
+    std::thread t([&] {
+      check_allreduce(c, Dt::kF32, LOOM_REDUCE_SUM, 100003, round % 2 == 0);
+      const Result b = c.barrier();
+      EXPECT_EQ(b.code, LOOM_OK) << b.text;
+    });
+    t.join();
+    check_allreduce(c, Dt::kBF16, LOOM_REDUCE_MAX, 1000, false);  // and back on this one
+    const std::vector<int64_t> ranks = c.gather(c.rank);
+    for (int k = 0; k < c.size; ++k) EXPECT_EQ(ranks[static_cast<std::size_t>(k)], k);
+  }
+}
+
 // Element i of the block rank `from` sends to rank `to`.
 float a2a_value(int from, int to, std::size_t i) {
   return static_cast<float>(from * 1000 + to * 100 + static_cast<int>(i % 97));
