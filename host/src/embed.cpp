@@ -99,14 +99,6 @@ void null_argument(const char* fn, const char* what) noexcept {
 }
 void null_instance(const char* fn) noexcept { null_argument(fn, "instance"); }
 
-int32_t check_kind(const Instance* inst, const char* kind) {
-  if (inst->kind != kind) {
-    return fail(LOOM_ERR_INVALID_ARGUMENT,
-                inst->label + " is a " + inst->kind + " instance, not " + kind);
-  }
-  return LOOM_OK;
-}
-
 }  // namespace
 
 extern "C" {
@@ -432,22 +424,26 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
     if (instance == nullptr || out == nullptr) {
       return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_get_comm_info: NULL argument");
     }
+    void* obj = nullptr;
+    const void* table = nullptr;
+    if (const int32_t rc = loom_instance_table(instance, LOOM_KIND_OPTIMIZER,
+                                               LOOM_OPTIMIZER_V1_MIN_SIZE, &obj, &table)) {
+      return rc;
+    }
     Instance* inst = impl(instance);
-    if (const int32_t rc = check_kind(inst, LOOM_KIND_OPTIMIZER); rc != LOOM_OK) return rc;
     const uint32_t size = out->struct_size;
     if (size < LOOM_STRUCT_SIZE(loom_optimizer_comm_info, owns_communication)) {
       return fail(
           LOOM_ERR_INVALID_ARGUMENT,
           "loom_optimizer_get_comm_info: set out->struct_size to LOOM_OPTIMIZER_COMM_INFO_SIZE");
     }
-    const auto* vt = static_cast<const loom_optimizer_v1*>(inst->factory().vtable);
+    const auto* vt = static_cast<const loom_optimizer_v1*>(table);
     const bool has_fn = vt->struct_size >= LOOM_OPTIMIZER_V1_SIZE && vt->comm_info != nullptr;
     // Hand the plugin a full-size struct, then copy back what the caller's size holds.
     loom_optimizer_comm_info full{};
     full.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
     if (has_fn) {
-      const int32_t rc =
-          plugin_call(inst, "comm_info", [&] { return vt->comm_info(inst->object, &full); });
+      const int32_t rc = plugin_call(inst, "comm_info", [&] { return vt->comm_info(obj, &full); });
       if (rc != LOOM_OK) return rc;
     }
     full.struct_size = size < LOOM_OPTIMIZER_COMM_INFO_SIZE ? size : LOOM_OPTIMIZER_COMM_INFO_SIZE;

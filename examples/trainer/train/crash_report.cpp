@@ -34,7 +34,26 @@ const char* signal_name(int sig) {
   }
 }
 
-std::string describe_cpu() {
+void write_text(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
+
+void handler(int sig, siginfo_t* /*info*/, void* /*ucontext*/) {
+  write_text(g_prefix.data());
+  write_text(signal_name(sig));
+  write_text(g_cpu.data());
+  // Our own backtrace, then the default action. UCX's and OpenMPI's handlers are not
+  // chained to: they would print the crash as theirs, and UCX re-raises into a loop.
+  std::array<void*, 64> frames{};
+  const int depth = ::backtrace(frames.data(), static_cast<int>(frames.size()));
+  ::backtrace_symbols_fd(frames.data(), depth, STDERR_FILENO);
+  ::signal(sig, SIG_DFL);
+  // Raised again whatever its origin (a fault, kill(), an asynchronous machine check): it is
+  // blocked while this handler runs, so the default action ends the process on return.
+  ::raise(sig);
+}
+
+}  // namespace
+
+std::string cpu_description() {
   std::string have;
   std::string lack;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -60,34 +79,13 @@ std::string describe_cpu() {
   return out;
 }
 
-void write_text(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
-
-void handler(int sig, siginfo_t* /*info*/, void* /*ucontext*/) {
-  write_text(g_prefix.data());
-  write_text(signal_name(sig));
-  write_text(g_cpu.data());
-  // Our own backtrace, then the default action. UCX's and OpenMPI's handlers are not
-  // chained to: they would print the crash as theirs, and UCX re-raises into a loop.
-  std::array<void*, 64> frames{};
-  const int depth = ::backtrace(frames.data(), static_cast<int>(frames.size()));
-  ::backtrace_symbols_fd(frames.data(), depth, STDERR_FILENO);
-  ::signal(sig, SIG_DFL);
-  // Raised again whatever its origin (a fault, kill(), an asynchronous machine check): it is
-  // blocked while this handler runs, so the default action ends the process on return.
-  ::raise(sig);
-}
-
-}  // namespace
-
-std::string cpu_description() { return describe_cpu(); }
-
 void apply_simd_cap(const char* program) {
   if (!layers::cap_simd_from_env().empty()) install_crash_report(program);  // new target name
 }
 
 void install_crash_report(const char* program) {
   std::snprintf(g_prefix.data(), g_prefix.size(), "%s: fatal ", program);
-  std::snprintf(g_cpu.data(), g_cpu.size(), "; CPU: %s\n", describe_cpu().c_str());
+  std::snprintf(g_cpu.data(), g_cpu.size(), "; CPU: %s\n", cpu_description().c_str());
   std::array<void*, 1> warm{};
   ::backtrace(warm.data(), 1);  // loads libgcc's unwinder now, not inside the handler
   // An alternate stack for this thread, so a stack overflow is reported too.

@@ -41,6 +41,18 @@ std::string slurp(const fs::path& p) {
   return s.str();
 }
 
+// The metrics of one type from a run directory's metrics.jsonl.
+std::vector<nlohmann::json> run_metrics(const fs::path& run, const std::string& type) {
+  std::ifstream f(run / "metrics.jsonl");
+  std::vector<nlohmann::json> v;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == type) v.push_back(j);
+  }
+  return v;
+}
+
 class TrainerRun : public ::testing::Test {
  protected:
   static fs::path dir_;
@@ -122,29 +134,10 @@ class TrainerRun : public ::testing::Test {
               "exit $rc)");
   }
   static std::vector<nlohmann::json> metrics(const std::string& run, const std::string& type) {
-    std::ifstream f(dir_ / "runs" / run / "metrics.jsonl");
-    std::vector<nlohmann::json> v;
-    std::string line;
-    while (std::getline(f, line)) {
-      auto j = nlohmann::json::parse(line);
-      if (j["type"] == type) v.push_back(j);
-    }
-    return v;
+    return run_metrics(dir_ / "runs" / run, type);
   }
 };
 fs::path TrainerRun::dir_;
-
-// The metrics of one type from a run directory's metrics.jsonl.
-std::vector<nlohmann::json> run_metrics(const fs::path& run, const std::string& type) {
-  std::ifstream f(run / "metrics.jsonl");
-  std::vector<nlohmann::json> v;
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == type) v.push_back(j);
-  }
-  return v;
-}
 
 using loom_test_common::free_port;
 

@@ -244,7 +244,7 @@ inline constexpr std::size_t kHeaderBytes = 16;  // tag + payload size
 inline constexpr std::size_t kTrailerBytes = 4;  // CRC32C
 inline constexpr std::size_t kOverhead = kHeaderBytes + kTrailerBytes;
 
-// Starts a frame in `blob` (which must be empty): the tag and a placeholder size.
+// Starts a frame in `blob` (which must be empty): the tag, and a size finish() fills in.
 inline void begin(std::vector<std::byte>& blob) {
   blob.resize(kHeaderBytes);
   std::memcpy(blob.data(), kTag, sizeof kTag);
