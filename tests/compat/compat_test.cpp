@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "compat_support.hpp"
 #include "loom_test.hpp"
 
 namespace {
@@ -29,7 +30,15 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
+using compat_test::Tensor1d;
+
 const std::string kPluginDir = LOOM_COMPAT_PLUGIN_DIR;
+
+// A session whose plugin path is the fixtures' folder.
+class Session : public compat_test::Session {
+ public:
+  Session() : compat_test::Session(kPluginDir) {}
+};
 
 struct Era {
   const char* abi;    // "1.0"
@@ -137,24 +146,6 @@ struct RefSgd {
 
 // ------------------------------------------------------------------ host helpers
 
-// A 1-D fp32 CPU DLTensor over a vector (the shape lives beside it).
-struct Tensor1d {
-  int64_t shape = 0;
-  DLTensor t{};
-  explicit Tensor1d(std::vector<float>& v) : shape(static_cast<int64_t>(v.size())) {
-    t.data = v.data();
-    t.device = {kDLCPU, 0};
-    t.ndim = 1;
-    t.dtype = {kDLFloat, 32, 1};
-    t.shape = &shape;
-  }
-  Tensor1d(const Tensor1d&) = delete;
-  Tensor1d& operator=(const Tensor1d&) = delete;
-  Tensor1d(Tensor1d&&) = delete;
-  Tensor1d& operator=(Tensor1d&&) = delete;
-  ~Tensor1d() = default;
-};
-
 // One step through loom_optimizer_step with today's structs (sizes of this host's minor).
 // flags go to every group (today's field; an older optimizer cannot see it).
 int32_t host_step(loom_instance* opt, const std::vector<RefSgd::Group>& groups, double lr,
@@ -195,46 +186,6 @@ int32_t host_step(loom_instance* opt, const std::vector<RefSgd::Group>& groups, 
   args.step = step;
   return loom_optimizer_step(opt, &args);
 }
-
-// A session over a manifest written to a temporary folder, with the fixtures' folder as
-// plugin path.
-class Session {
- public:
-  int32_t open(const std::string& toml, bool validate_only = false) {
-    close();
-    file_ = dir_.write("manifest.toml", toml);
-    auto r = loom_test::open_file(file_, validate_only, kPluginDir);
-    error_ = r.error;
-    session_ = r.session;
-    return r.rc;
-  }
-  void close() {
-    loom_close(session_);
-    session_ = nullptr;
-  }
-  loom_instance* find(const char* kind, const char* name) const {
-    loom_instance* out = nullptr;
-    EXPECT_EQ(loom_find_instance(session_, kind, name, &out), LOOM_OK) << loom_last_error();
-    return out;
-  }
-  [[nodiscard]] std::string at(int line, int col) const {
-    return file_.string() + ":" + std::to_string(line) + ":" + std::to_string(col) + ": ";
-  }
-  [[nodiscard]] const std::string& error() const { return error_; }
-  [[nodiscard]] const loom_test::TempDir& dir() const { return dir_; }
-  Session() = default;
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-  Session(Session&&) = delete;
-  Session& operator=(Session&&) = delete;
-  ~Session() { close(); }
-
- private:
-  loom_test::TempDir dir_;
-  fs::path file_;
-  std::string error_;
-  loom_session* session_ = nullptr;
-};
 
 std::vector<unsigned char> export_state(loom_instance* inst) {
   size_t size = 0;

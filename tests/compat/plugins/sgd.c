@@ -69,8 +69,8 @@ static void free_buffers(sgd* s) {
   s->buffer_count = 0;
 }
 
-/* Fresh zeroed buffers for `count` tensors of the given sizes; 0 on failure (s unchanged). */
-static int make_buffers(sgd* s, size_t count, const int64_t* numels, float*** out_buffers,
+/* Fresh zeroed buffers for `count` tensors of the given sizes; 0 on failure. */
+static int make_buffers(size_t count, const int64_t* numels, float*** out_buffers,
                         int64_t** out_numels) {
   float** buffers = calloc(count > 0 ? count : 1, sizeof *buffers);
   int64_t* sizes = calloc(count > 0 ? count : 1, sizeof *sizes);
@@ -89,7 +89,6 @@ static int make_buffers(sgd* s, size_t count, const int64_t* numels, float*** ou
       return 0;
     }
   }
-  (void)s;
   *out_buffers = buffers;
   *out_numels = sizes;
   return 1;
@@ -289,7 +288,7 @@ static loom_status* sgd_step(void* instance, const loom_optimizer_step_args* arg
     }
     float** buffers = NULL;
     int64_t* numels = NULL;
-    const int ok = make_buffers(s, total, sizes, &buffers, &numels);
+    const int ok = make_buffers(total, sizes, &buffers, &numels);
     free(sizes);
     if (!ok) return compat_fail(COMPAT_NAME, LOOM_ERR_RESOURCE_EXHAUSTED, "out of memory");
     s->buffers = buffers;
@@ -421,7 +420,7 @@ static loom_status* sgd_import(void* instance, const void* data, size_t bytes) {
   }
   float** buffers = NULL;
   int64_t* numels = NULL;
-  if (!make_buffers(s, (size_t)count, sizes, &buffers, &numels)) {
+  if (!make_buffers((size_t)count, sizes, &buffers, &numels)) {
     free(sizes);
     return compat_fail(COMPAT_NAME, LOOM_ERR_RESOURCE_EXHAUSTED, "out of memory");
   }
