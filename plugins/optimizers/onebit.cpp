@@ -64,6 +64,7 @@ loom::sdk::Schema Onebit::common_schema() {
       Bool("bias_correction", true,
            "Divide the moments by (1 - beta^t). DeepSpeed accepts and ignores it; here it "
            "is applied (false gives DeepSpeed's arithmetic)."),
+      loom::optim::skip_nonfinite_param(),
   };
 }
 
@@ -82,6 +83,7 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
       eps_(ctx.get_float("eps")),
       weight_decay_(ctx.get_float("weight_decay")),
       bias_correction_(ctx.get_bool("bias_correction")),
+      skip_nonfinite_(ctx.get_bool("skip_nonfinite")),
       variant_(variant) {
   world_ = comm_.call(&loom_comm_v1::size);
   if (world_ <= 0) throw Error(LOOM_ERR_UNAVAILABLE, "comm '" + comm_.name() + "' has no ranks");
@@ -95,6 +97,7 @@ void Onebit::comm_info(loom_optimizer_comm_info& out) {
   out.bytes_received = bytes_received_;
   out.rounds = rounds_;
   out.uncompressed_bytes_sent = uncompressed_bytes_;
+  out.skipped_steps = skipped_;
 }
 
 void Onebit::step(const loom_optimizer_step_args& args) {
@@ -118,12 +121,35 @@ void Onebit::step(const loom_optimizer_step_args& args) {
   layout(groups);  // validates against the state before anything changes
   device_set_ = true;
   const uint64_t t = steps_ + 1;
-  const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
+  gather_grads(groups, static_cast<float>(1.0 / args.grad_scale));  // flat_ is scratch
+  // The 1-bit optimizers see local gradients: a NaN on one rank must skip the step on all.
+  if (skip_nonfinite_ && !finite_on_every_rank()) {
+    ++skipped_;
+    ctx_.debug("step " + std::to_string(args.step) + " skipped: a gradient is not finite");
+    loom::optim::report_found_inf(args, true);
+    return;
+  }
   // A plain fp32 ring allreduce of the gradients would send this much per step.
   uncompressed_bytes_ +=
       static_cast<uint64_t>(2.0 * (world_ - 1) / world_ * static_cast<double>(total_) * 4.0);
-  algorithm_step(groups, args.lr, inv_scale, t);
+  algorithm_step(groups, args.lr, t);
   steps_ = t;
+  loom::optim::report_found_inf(args, false);
+}
+
+bool Onebit::finite_on_every_rank() {
+  finite_.reset(device_, stream_);
+  finite_.check({{flat_.data(), loom::optim::DType::kF32, static_cast<std::size_t>(total_)}}, 1.0f,
+                stream_);
+  if (world_ > 1) {
+    // One fp32 (0 or 1) on the state's device; not counted in the traffic counters, which
+    // measure the gradient averaging (and are state: a skipped step leaves them as they were).
+    int64_t shape[1] = {1};
+    DLTensor t = flat_tensor(finite_.buffer().data(), shape, device_);
+    loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_MAX, nullptr, &t, stream_};
+    comm_.call(&loom_comm_v1::allreduce, &a);
+  }
+  return !finite_.raised(stream_);
 }
 
 void Onebit::export_state(loom::sdk::StateWriter& out) {

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "finite_check.hpp"
 #include "onebit_backend.hpp"
 
 namespace loom::optim::onebit {
@@ -101,9 +102,9 @@ class Onebit : public loom::sdk::Optimizer {
   // The `freeze_step` parameter of onebit_adam and onebit_lamb.
   static loom::sdk::Int freeze_step_param();
 
-  // One step of the algorithm, after the checks and the layout (t = the step's number).
-  virtual void algorithm_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
-                              uint64_t t) = 0;
+  // One step of the algorithm, after the checks, the layout and the finite check (t = the
+  // step's number); flat_ holds the step's local gradients divided by grad_scale.
+  virtual void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) = 0;
 
   // Which groups a pass covers.
   enum class Groups { kAll, kCompressed, kNonFreeze };
@@ -197,6 +198,7 @@ class Onebit : public loom::sdk::Optimizer {
   double eps_;
   double weight_decay_;
   bool bias_correction_;
+  bool skip_nonfinite_;
   int32_t world_ = 1;
 
   // State (all exported; a variant uses the fields its comment names). The flat buffers
@@ -230,6 +232,11 @@ class Onebit : public loom::sdk::Optimizer {
   std::vector<uint8_t> non_freeze_;
   uint64_t compressed_numel_ = 0;
 
+  // Steps skipped for a non-finite gradient on any rank, and the flag the ranks agree on
+  // (neither exported: the state after a skipped step is byte-identical to the one before).
+  uint64_t skipped_ = 0;
+  FiniteFlag finite_;
+
   // Scratch on device_ (not exported).
   Buffer flat_;    // the step's gradients in the flat layout
   Buffer subset_;  // the compressed or non_freeze tensors, packed
@@ -250,6 +257,9 @@ class Onebit : public loom::sdk::Optimizer {
   void check_device(DLDevice device);
   // The flat layout: tensor k of the step occupies [offsets_[k], offsets_[k+1]).
   void layout(const std::vector<StepGroup>& groups);
+  // True when flat_ (the step's local gradients) is finite on every rank: each rank checks
+  // its own, then one allreduce MAX of the flag, so that all ranks skip the same steps.
+  bool finite_on_every_rank();
   // Counts what `fn` (one collective) did on the transport.
   template <class Fn>
   void counted(Fn&& fn);
@@ -274,8 +284,7 @@ class OnebitAdam final : public Onebit {
   explicit OnebitAdam(loom::sdk::Context& ctx);
 
  private:
-  void algorithm_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
-                      uint64_t t) override;
+  void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
   uint64_t freeze_step_ = 0;
 };
 
@@ -285,8 +294,7 @@ class ZeroOneAdam final : public Onebit {
   explicit ZeroOneAdam(loom::sdk::Context& ctx);
 
  private:
-  void algorithm_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
-                      uint64_t t) override;
+  void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
   uint64_t var_freeze_step_ = 0;
   uint64_t var_update_scaler_ = 16;
   uint64_t local_step_scaler_ = 32678;
@@ -299,8 +307,7 @@ class OnebitLamb final : public Onebit {
   explicit OnebitLamb(loom::sdk::Context& ctx);
 
  private:
-  void algorithm_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
-                      uint64_t t) override;
+  void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
   uint64_t freeze_step_ = 0;
   double max_coeff_ = 10.0;
   double min_coeff_ = 0.01;

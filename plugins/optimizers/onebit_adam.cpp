@@ -15,9 +15,7 @@ OnebitAdam::OnebitAdam(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kOnebitAd
   freeze_step_ = static_cast<uint64_t>(ctx.get_int("freeze_step"));
 }
 
-void OnebitAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
-                                uint64_t t) {
-  gather_grads(groups, inv_scale);
+void OnebitAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
   if (t <= freeze_step_) {
     allreduce_avg(flat_);
     adam_full(groups, lr, bc(beta1_, t), bc(beta2_, t));

@@ -40,9 +40,7 @@ OnebitLamb::OnebitLamb(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kOnebitLa
   }
 }
 
-void OnebitLamb::algorithm_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
-                                uint64_t t) {
-  gather_grads(groups, inv_scale);
+void OnebitLamb::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
   const float eps = static_cast<float>(eps_);
   const loom::optim::Decay b1 = loom::optim::decay_of(beta1_);
   const loom::optim::Decay b2 = loom::optim::decay_of(beta2_);

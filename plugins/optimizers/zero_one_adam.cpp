@@ -30,9 +30,7 @@ ZeroOneAdam::ZeroOneAdam(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kZeroOn
   local_step_clipper_ = static_cast<uint64_t>(ctx.get_int("local_step_clipper"));
 }
 
-void ZeroOneAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr, float inv_scale,
-                                 uint64_t t) {
-  gather_grads(groups, inv_scale);
+void ZeroOneAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
   if (!frozen_) {
     if (t % var_interval_ == 0) {
       // Variance step: full-precision average, both moments.
