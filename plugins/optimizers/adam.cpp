@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "finite_check.hpp"
 
 namespace {
 
@@ -27,6 +28,7 @@ class Adam : public loom::sdk::Optimizer {
         Bool("adam_w_mode", true,
              "true: decoupled weight decay (AdamW); false: L2 added to the gradient (Adam)."),
         Bool("bias_correction", true, "Divide the moments by (1 - beta^t)."),
+        loom::optim::skip_nonfinite_param(),
     };
   }
 
@@ -37,11 +39,20 @@ class Adam : public loom::sdk::Optimizer {
         eps_(ctx.get_float("eps")),
         weight_decay_(ctx.get_float("weight_decay")),
         adam_w_mode_(ctx.get_bool("adam_w_mode")),
-        bias_correction_(ctx.get_bool("bias_correction")) {}
+        bias_correction_(ctx.get_bool("bias_correction")),
+        skip_nonfinite_(ctx.get_bool("skip_nonfinite")) {}
 
   void step(const loom_optimizer_step_args& args) {
     auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
     loom::optim::expect_layout(slots_, groups);
+    const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
+    if (skip_nonfinite_ &&
+        !loom::optim::gradients_finite(finite_, groups, inv_scale, args.stream)) {
+      ++skipped_;
+      ctx_.debug("step " + std::to_string(args.step) + " skipped: a gradient is not finite");
+      loom::optim::report_found_inf(args, true);
+      return;
+    }
     loom::optim::ensure_slots(slots_, groups, 2, args.stream);
     const uint64_t t = steps_ + 1;
     const double bc1 = loom::optim::bias_correction(bias_correction_, beta1_, t);
@@ -53,7 +64,7 @@ class Adam : public loom::sdk::Optimizer {
       AdamHyper h;
       h.set_betas(beta1_, beta2_);
       h.eps = static_cast<float>(eps_);
-      h.inv_scale = static_cast<float>(1.0 / args.grad_scale);
+      h.inv_scale = inv_scale;
       h.l2 = adam_w_mode_ ? 0.0f : static_cast<float>(wd);
       h.decay = adam_w_mode_ ? static_cast<float>(1.0 - lr * wd) : 1.0f;
       h.step_size = static_cast<float>(lr / bc1);
@@ -75,6 +86,13 @@ class Adam : public loom::sdk::Optimizer {
       }
     }
     steps_ = t;
+    loom::optim::report_found_inf(args, false);
+  }
+
+  // adam and lamb never communicate; they report the steps they skipped.
+  void comm_info(loom_optimizer_comm_info& out) {
+    out.owns_communication = 0;
+    out.skipped_steps = skipped_;
   }
 
   // Format v1: header, step count, slot table ({m, v} per tensor).
@@ -100,8 +118,11 @@ class Adam : public loom::sdk::Optimizer {
   double weight_decay_;
   bool adam_w_mode_;
   bool bias_correction_;
+  bool skip_nonfinite_;
   uint64_t steps_ = 0;
   loom::optim::SlotTable slots_;  // {m, v} per tensor
+  uint64_t skipped_ = 0;          // steps skipped for a non-finite gradient (not exported)
+  loom::optim::FiniteFlag finite_;
 };
 
 }  // namespace

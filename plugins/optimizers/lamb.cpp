@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "finite_check.hpp"
 
 namespace {
 
@@ -31,6 +32,7 @@ class Lamb : public loom::sdk::Optimizer {
               "weight_decay overrides it.")
             .min(0),
         Bool("bias_correction", true, "Divide the moments by (1 - beta^t)."),
+        loom::optim::skip_nonfinite_param(),
         Float("max_coeff", 10.0, "Upper clamp of the trust ratio |p| / |u|.").min(0),
         Float("min_coeff", 0.01, "Lower clamp of the trust ratio |p| / |u|.").min(0),
     };
@@ -44,7 +46,8 @@ class Lamb : public loom::sdk::Optimizer {
         weight_decay_(ctx.get_float("weight_decay")),
         bias_correction_(ctx.get_bool("bias_correction")),
         max_coeff_(ctx.get_float("max_coeff")),
-        min_coeff_(ctx.get_float("min_coeff")) {
+        min_coeff_(ctx.get_float("min_coeff")),
+        skip_nonfinite_(ctx.get_bool("skip_nonfinite")) {
     if (min_coeff_ > max_coeff_) {
       throw Error(LOOM_ERR_INVALID_ARGUMENT, "min_coeff " + std::to_string(min_coeff_) +
                                                  " is above max_coeff " +
@@ -55,6 +58,14 @@ class Lamb : public loom::sdk::Optimizer {
   void step(const loom_optimizer_step_args& args) {
     auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
     loom::optim::expect_layout(slots_, groups);
+    const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
+    if (skip_nonfinite_ &&
+        !loom::optim::gradients_finite(finite_, groups, inv_scale, args.stream)) {
+      ++skipped_;
+      ctx_.debug("step " + std::to_string(args.step) + " skipped: a gradient is not finite");
+      loom::optim::report_found_inf(args, true);
+      return;
+    }
     loom::optim::ensure_slots(slots_, groups, 2, args.stream);
     const uint64_t t = steps_ + 1;
     const double bc1 = loom::optim::bias_correction(bias_correction_, beta1_, t);
@@ -65,7 +76,7 @@ class Lamb : public loom::sdk::Optimizer {
       LambHyper h;
       h.set_betas(beta1_, beta2_);
       h.eps = static_cast<float>(eps_);
-      h.inv_scale = static_cast<float>(1.0 / args.grad_scale);
+      h.inv_scale = inv_scale;
       h.wd = static_cast<float>(groups[g].weight_decay);
       h.inv_bc1 = static_cast<float>(1.0 / bc1);
       h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
@@ -92,6 +103,13 @@ class Lamb : public loom::sdk::Optimizer {
       }
     }
     steps_ = t;
+    loom::optim::report_found_inf(args, false);
+  }
+
+  // adam and lamb never communicate; they report the steps they skipped.
+  void comm_info(loom_optimizer_comm_info& out) {
+    out.owns_communication = 0;
+    out.skipped_steps = skipped_;
   }
 
   void export_state(loom::sdk::StateWriter& out) {
@@ -126,8 +144,11 @@ class Lamb : public loom::sdk::Optimizer {
   bool bias_correction_;
   double max_coeff_;
   double min_coeff_;
+  bool skip_nonfinite_;
   uint64_t steps_ = 0;
   loom::optim::SlotTable slots_;  // {m, v} per tensor
+  uint64_t skipped_ = 0;          // steps skipped for a non-finite gradient (not exported)
+  loom::optim::FiniteFlag finite_;
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <loom_cli_support.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -204,8 +205,12 @@ struct TrainerState {
   // after a resume averages the same steps as without the interruption.
   double loss_acc = 0;
   int64_t acc_steps = 0;
+  // Steps the optimizer skipped for a non-finite gradient (found_inf), over the whole run.
+  uint64_t skipped_steps = 0;
 };
-constexpr uint32_t kTrainerStateMagic = 0x4c545332;  // "LTS2"; "LTS1" lacked the loss sums
+// "LTS3"; "LTS2" (still read, as 0 skipped steps) lacked skipped_steps, "LTS1" the loss sums.
+constexpr uint32_t kTrainerStateMagic = 0x4c545333;
+constexpr uint32_t kTrainerStateMagicV2 = 0x4c545332;
 
 std::vector<uint8_t> encode(const TrainerState& s) {
   std::vector<uint8_t> b;
@@ -221,11 +226,13 @@ std::vector<uint8_t> encode(const TrainerState& s) {
   put(b, s.elapsed_s);
   put(b, s.loss_acc);
   put(b, s.acc_steps);
+  put(b, s.skipped_steps);
   return b;
 }
 TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   size_t o = 0;
-  if (take<uint32_t>(b, o, file) != kTrainerStateMagic) {
+  const auto magic = take<uint32_t>(b, o, file);
+  if (magic != kTrainerStateMagic && magic != kTrainerStateMagicV2) {
     throw CheckpointError(file + ": not a trainer state of this version of loom-train");
   }
   TrainerState s;
@@ -240,6 +247,7 @@ TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   s.elapsed_s = take<double>(b, o, file);
   s.loss_acc = take<double>(b, o, file);
   s.acc_steps = take<int64_t>(b, o, file);
+  if (magic == kTrainerStateMagic) s.skipped_steps = take<uint64_t>(b, o, file);
   if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the trainer state");
   return s;
 }
@@ -317,7 +325,8 @@ class Trainer {
     float loss = 0;
     double gnorm = 0;
     double lr = 0;
-    bool owns = false;  // the optimizer did the gradient communication itself
+    bool owns = false;     // the optimizer did the gradient communication itself
+    bool skipped = false;  // the optimizer skipped the step: a gradient was NaN or Inf
   };
 
   // ---- setup
@@ -533,6 +542,33 @@ class Trainer {
     if (progress && std::string(progress) == "lines") tty_ = false;
     per_step_uncompressed_ =
         world_ > 1 ? 2.0 * (world_ - 1) / world_ * 4.0 * static_cast<double>(numel_) : 0.0;
+    choose_nonfinite_injection();
+  }
+
+  // LOOM_TRAIN_NONFINITE_GRAD=STEP[:RANK] (a test aid): at global step STEP, rank RANK (the
+  // last rank when omitted) puts a NaN into its first gradient element right after the
+  // backward pass, so the optimizer's skipped-step path can be exercised end to end.
+  void choose_nonfinite_injection() {
+    const char* v = std::getenv("LOOM_TRAIN_NONFINITE_GRAD");
+    if (v == nullptr || *v == '\0') return;
+    const std::string text = v;
+    char* end = nullptr;
+    const long long step = std::strtoll(text.c_str(), &end, 10);
+    bool ok = end != text.c_str();
+    long long rank = world_ - 1;
+    if (ok && *end == ':') {
+      const char* r = end + 1;
+      rank = std::strtoll(r, &end, 10);
+      ok = end != r;
+    }
+    ok = ok && *end == '\0';
+    if (!ok || step < 1 || rank < 0 || rank >= world_) {
+      throw TrainError("LOOM_TRAIN_NONFINITE_GRAD='" + text +
+                       "': expected STEP or STEP:RANK with STEP >= 1 and RANK in 0.." +
+                       std::to_string(world_ - 1));
+    }
+    inject_step_ = step;
+    inject_rank_ = static_cast<int>(rank);
   }
 
   void print_banner() const {
@@ -562,6 +598,9 @@ class Trainer {
     fill_batch(*ds_, c_, step, rank_ * local_batch_, local_batch_, x_, y_);
     model_->zero_grad();
     r.loss = model_->forward_backward(x_.data(), y_.data(), local_batch_, c_.seq_len);
+    if (step == inject_step_ && rank_ == inject_rank_ && !params.empty() && params[0].numel > 0) {
+      params[0].grad[0] = std::numeric_limits<float>::quiet_NaN();
+    }
     if (!std::isfinite(r.loss)) {
       throw TrainError("step " + std::to_string(step) + ": the loss is " + std::to_string(r.loss) +
                        " (diverged; lower lr or clip_grad_norm)");
@@ -590,9 +629,25 @@ class Trainer {
         for (size_t i = 0; i < p.numel; ++i) p.grad[i] *= s;
     }
     r.lr = lr_at(c_, step);
+    // found_inf: the optimizer checks the gradients and skips a step with a NaN or an Inf
+    // (every rank skips the same one); parameters and its state stay as they were.
+    int32_t found_inf = 0;
     loom_optimizer_step_args sa{
         LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups_.data(), groups_.size(), r.lr, 1.0, step, nullptr};
+    sa.found_inf = &found_inf;
     check_loom(loom_optimizer_step(opt_, &sa), "optimizer step " + std::to_string(step));
+    if (found_inf != 0) {
+      r.skipped = true;
+      ++st_.skipped_steps;
+      if (root_) {
+        if (tty_) std::cout << "\n";
+        std::printf(
+            "step %lld: skipped by the optimizer (a gradient is NaN or Inf); %llu skipped "
+            "so far\n",
+            static_cast<long long>(step), static_cast<unsigned long long>(st_.skipped_steps));
+        std::fflush(stdout);
+      }
+    }
     st_.tokens_seen += static_cast<uint64_t>(c_.batch_size) * c_.seq_len;
     st_.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed_);
     loss_acc_ += r.loss;
@@ -627,6 +682,7 @@ class Trainer {
                           {"comm_rounds", rounds},
                           {"uncompressed_bytes", st_.uncompressed_bytes},
                           {"owns_communication", r.owns},
+                          {"skipped_steps", st_.skipped_steps},
                           {"elapsed_s", elapsed}};
       metrics_ << j.dump() << "\n" << std::flush;
       const double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
@@ -759,11 +815,16 @@ class Trainer {
                                 {"comm_bytes_sent", sent},
                                 {"comm_rounds", rounds},
                                 {"uncompressed_bytes", st_.uncompressed_bytes},
+                                {"skipped_steps", st_.skipped_steps},
                                 {"elapsed_s", st_.elapsed_s}};
       const std::string s = summary.dump(2) + "\n";
       write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());
       if (tty_) std::cout << "\n";
       std::printf("final eval loss: %.4f (perplexity %.2f)\n", last_eval_, std::exp(last_eval_));
+      if (st_.skipped_steps > 0) {
+        std::printf("steps skipped for a NaN or Inf gradient: %llu\n",
+                    static_cast<unsigned long long>(st_.skipped_steps));
+      }
       if (world_ > 1) {
         std::printf(
             "bytes sent by rank 0 for gradient sync: %s in %llu rounds; uncompressed Adam "
@@ -824,6 +885,8 @@ class Trainer {
   int64_t acc_steps_ = 0;
   std::vector<int32_t> x_, y_;  // the batch (and eval windows)
   bool tty_ = false;
+  int64_t inject_step_ = 0;  // LOOM_TRAIN_NONFINITE_GRAD (0: none)
+  int inject_rank_ = 0;
   double per_step_uncompressed_ = 0;
 
   clk::time_point t_start_, t_log_;

@@ -257,6 +257,42 @@ TEST_F(TrainerRun, UnusedPositionRowsStayPutUnderOnebitAdamOnlyWhenMasked) {
   }
 }
 
+// A NaN in rank 1's gradient at step 5 (LOOM_TRAIN_NONFINITE_GRAD): the optimizer skips the
+// step on both ranks (adam: the trainer's average carries the NaN to rank 0; onebit_adam past
+// its freeze: the ranks agree on the flag), the trainer says so, counts it in the metrics and
+// the summary, and the run finishes with finite weights.
+TEST_F(TrainerRun, NonfiniteGradientIsSkippedLoggedAndCounted) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  for (const char* manifest : {"adam.toml", "onebit3.toml"}) {
+    SCOPED_TRACE(manifest);
+    const std::string name = std::string("nonfinite-") + (manifest[0] == 'a' ? "adam" : "onebit");
+    ::setenv("LOOM_TRAIN_NONFINITE_GRAD", "5:1", 1);
+    const auto r = train(2, config(name, manifest, "", 1, 10), "--fresh");
+    ::unsetenv("LOOM_TRAIN_NONFINITE_GRAD");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("step 5: skipped by the optimizer (a gradient is NaN or Inf); 1 skipped"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("steps skipped for a NaN or Inf gradient: 1"), std::string::npos) << r.out;
+    const auto m = metrics(name, "train");
+    ASSERT_EQ(m.size(), 10u);
+    for (size_t i = 0; i < m.size(); ++i) {
+      EXPECT_EQ(m[i]["skipped_steps"], i + 1 < 5 ? 0 : 1) << "step " << i + 1;
+      EXPECT_TRUE(std::isfinite(double(m[i]["loss"]))) << "step " << i + 1;
+    }
+    const auto summary = nlohmann::json::parse(slurp(dir_ / "runs" / name / "summary.json"));
+    EXPECT_EQ(summary["skipped_steps"], 1);
+    EXPECT_TRUE(std::isfinite(double(summary["final_eval_loss"])));
+  }
+  ::setenv("LOOM_TRAIN_NONFINITE_GRAD", "5:x", 1);
+  const auto bad = train(1, config("nonfinite-bad", "adam.toml", "", 1, 2), "--fresh");
+  ::unsetenv("LOOM_TRAIN_NONFINITE_GRAD");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("LOOM_TRAIN_NONFINITE_GRAD='5:x': expected STEP or STEP:RANK"),
+            std::string::npos)
+      << bad.out;
+}
+
 TEST_F(TrainerRun, CorruptOrTruncatedCheckpointsGiveClearErrors) {
   const std::string cfg = config("ck", "adam.toml", "");
   ASSERT_EQ(train(1, cfg, "--fresh --steps 5").code, 0);

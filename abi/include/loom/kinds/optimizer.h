@@ -61,11 +61,21 @@ typedef struct loom_optimizer_step_args {
   double grad_scale; /* gradients are divided by this (loss scaling); 1.0 for none */
   int64_t step;      /* the trainer's global step, 1-based; informational */
   void* stream;      /* cudaStream_t for device tensors, NULL otherwise */
+  /* out */
+  /* Since 1.2. Caller-owned; set to 1 when the step was skipped because a gradient divided
+   * by grad_scale is not finite (NaN or +-Inf; parameters and optimizer state are then left
+   * exactly as they were), 0 otherwise; NULL: the caller does not ask. Optimizers skip such
+   * steps whether or not the caller asks (an older caller's shorter struct has no field)
+   * unless their manifest sets skip_nonfinite = false. Written during the call; unspecified
+   * after an error. Initialise it to 0: an optimizer built against an older minor does not
+   * know the field and leaves it as it was. */
+  int32_t* found_inf LOOM_APPENDED_FIELD;
 } loom_optimizer_step_args;
-#define LOOM_OPTIMIZER_STEP_ARGS_SIZE LOOM_STRUCT_SIZE(loom_optimizer_step_args, stream)
+#define LOOM_OPTIMIZER_STEP_ARGS_SIZE LOOM_STRUCT_SIZE(loom_optimizer_step_args, found_inf)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_step_args, LOOM_OPTIMIZER_STEP_ARGS_SIZE);
 
-/* Communication an optimizer did on its own (the 1-bit family). */
+/* Communication an optimizer did on its own (the 1-bit family), and (since 1.2) the steps it
+ * skipped. */
 typedef struct loom_optimizer_comm_info {
   uint32_t struct_size;
   /* 1 when, for the next step, the optimizer reduces gradients itself and the
@@ -75,9 +85,12 @@ typedef struct loom_optimizer_comm_info {
   uint64_t bytes_received;
   uint64_t rounds;                  /* collective calls */
   uint64_t uncompressed_bytes_sent; /* what a plain fp32 allreduce would have sent */
+  /* Since 1.2 (out, as every field here). Steps skipped for a non-finite gradient
+   * (loom_optimizer_step_args.found_inf) since the instance was created; not part of the
+   * exported state, so a restored instance counts from 0. */
+  uint64_t skipped_steps LOOM_APPENDED_FIELD;
 } loom_optimizer_comm_info;
-#define LOOM_OPTIMIZER_COMM_INFO_SIZE \
-  LOOM_STRUCT_SIZE(loom_optimizer_comm_info, uncompressed_bytes_sent)
+#define LOOM_OPTIMIZER_COMM_INFO_SIZE LOOM_STRUCT_SIZE(loom_optimizer_comm_info, skipped_steps)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_comm_info, LOOM_OPTIMIZER_COMM_INFO_SIZE);
 
 typedef struct loom_optimizer_v1 {
@@ -86,8 +99,8 @@ typedef struct loom_optimizer_v1 {
   /* [instance] One optimizer step over all groups. On error no parameter is changed
    * when the error is in the arguments (shapes, dtypes, devices). */
   loom_status* (*step)(void* instance, const loom_optimizer_step_args* args);
-  /* [instance] Optional (NULL: the optimizer never communicates). Fills `out`, whose
-   * struct_size the caller sets. */
+  /* [instance] Optional (NULL: the optimizer never communicates and reports no skipped
+   * steps). Fills `out`, whose struct_size the caller sets. */
   loom_status* (*comm_info)(void* instance, loom_optimizer_comm_info* out);
 } loom_optimizer_v1;
 #define LOOM_OPTIMIZER_V1_SIZE LOOM_STRUCT_SIZE(loom_optimizer_v1, comm_info)

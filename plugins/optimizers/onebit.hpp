@@ -1,0 +1,320 @@
+// The 1-bit family: onebit_adam, zero_one_adam and onebit_lamb (as the 1-bit Adam, 0/1
+// Adam and 1-bit LAMB papers and DeepSpeed's implementations define them; docs/optimizers.md).
+// They do their own data-parallel communication over the `comm` and `codec` instances the
+// manifest names, so the trainer always passes local gradients (owns_communication = 1):
+//   warmup:      the gradients are averaged with one uncompressed fp32 allreduce;
+//   compression: the momentum (or, for 0/1 Adam, the gradient / the accumulated local
+//                update) is averaged with loom::sdk::CompressedAllreduce.
+// All tensors of all groups are fused into one flat buffer: one collective per step for the
+// whole model.
+//
+// Where the code lives:
+//   onebit.hpp (this file)  the shared part, class Onebit: parameters every variant has, the
+//                           device and layout checks, the flat state and scratch buffers, the
+//                           backend, the collectives, the state format;
+//   onebit.cpp              its implementation;
+//   onebit_adam.cpp, zero_one_adam.cpp, onebit_lamb.cpp
+//                           one algorithm each: its schema, its own parameters and its step;
+//   onebit_plugin.cpp       the plugin entry; built three times (LOOM_ONEBIT_VARIANT selects
+//                           which of the three classes a library registers).
+//
+// Devices (docs/optimizers.md): the tensors of a step are all on the CPU or all on one CUDA
+// device, fixed by the first step. On CUDA the flat state (m, v, aux and the scratch buffers)
+// lives in that device's memory and every loop runs as a kernel ordered on the step's stream
+// (onebit_backend.hpp: each algorithm written once, CPU and CUDA primitives); the warmup
+// allreduce and the compressed allreduce run on the device buffers with that stream, so the
+// comm and the codec must support the device. The state blob is the same on both (device
+// buffers are copied to and from the host), so a checkpoint moves between CPU and CUDA.
+//
+// Param-group extras (ABI 1.1; DeepSpeed has both): a tensor's exp_avg_mask multiplies what the
+// compressed allreduce returned (1-bit Adam's momentum, 0/1 Adam's gradient and synced update,
+// 1-bit LAMB's unscaled momentum), per tensor; a LOOM_OPTIMIZER_GROUP_NON_FREEZE group of
+// onebit_adam keeps the warmup's uncompressed averaging and moment updates after the freeze
+// (its tensors are left out of the compressed allreduce). The other two refuse non_freeze.
+//
+// Where DeepSpeed has a bug (docs/optimizers.md lists them) this code does the correct
+// thing: bias_correction is applied when set; error buffers, 0/1 Adam's local-step
+// accumulator, the stage flags and every schedule counter are checkpointed, so a resumed
+// run is bit-identical; gradients are scaled the same way before and after the freeze.
+#pragma once
+
+#include <loom/sdk.hpp>
+#include <loom/sdk/compressed_allreduce.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "finite_check.hpp"
+#include "onebit_backend.hpp"
+
+namespace loom::optim::onebit {
+
+enum class Variant { kOnebitAdam = 0, kZeroOneAdam = 1, kOnebitLamb = 2 };
+
+// The plugin's name; also the magic of its state blob.
+constexpr const char* plugin_name(Variant v) {
+  switch (v) {
+    case Variant::kOnebitAdam:
+      return "onebit_adam";
+    case Variant::kZeroOneAdam:
+      return "zero_one_adam";
+    case Variant::kOnebitLamb:
+      return "onebit_lamb";
+  }
+  return "";
+}
+
+struct TensorState {  // onebit_lamb's per-tensor scalars
+  double lamb_coeff_freeze = 0.0;
+  double last_factor = 1.0;
+  double scaling_coeff = 1.0;
+};
+
+// What the three optimizers share. A variant derives from it, adds its parameters to
+// schema() and implements algorithm_step().
+class Onebit : public loom::sdk::Optimizer {
+ public:
+  virtual ~Onebit() = default;
+  Onebit(const Onebit&) = delete;
+  Onebit& operator=(const Onebit&) = delete;
+
+  void comm_info(loom_optimizer_comm_info& out);
+  void step(const loom_optimizer_step_args& args);
+  // Format v1: header, variant, counters, flat buffers, per-tensor scalars, traffic
+  // counters, then the compressed allreduce's error buffers. The same on every device:
+  // device buffers are copied to the host (on the last step's stream, synchronized first, so
+  // the compressed allreduce's error buffers are final too).
+  void export_state(loom::sdk::StateWriter& out);
+  // The buffers are kept on the host until the next step moves them to its device, so a
+  // blob imports the same way before the first step, on a CPU instance or a CUDA one.
+  void import_state(std::span<const std::byte> blob);
+
+ protected:
+  Onebit(loom::sdk::Context& ctx, Variant variant);
+
+  // comm, codec, betas, eps, weight_decay, bias_correction (every variant, in this order).
+  static loom::sdk::Schema common_schema();
+  // The `freeze_step` parameter of onebit_adam and onebit_lamb.
+  static loom::sdk::Int freeze_step_param();
+
+  // One step of the algorithm, after the checks, the layout and the finite check (t = the
+  // step's number); flat_ holds the step's local gradients divided by grad_scale.
+  virtual void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) = 0;
+
+  // Which groups a pass covers.
+  enum class Groups { kAll, kCompressed, kNonFreeze };
+  static bool selected(const StepGroup& g, Groups which) {
+    return which == Groups::kAll || g.non_freeze() == (which == Groups::kNonFreeze);
+  }
+
+  const char* name() const { return plugin_name(variant_); }
+  Backend& be();
+  bool on_cuda() const { return device_.device_type == kDLCUDA; }
+  bool any_non_freeze() const { return compressed_numel_ != total_; }
+  double bc(double beta, uint64_t t) const {
+    return loom::optim::bias_correction(bias_correction_, beta, t);
+  }
+
+  // `b` holds n elements on the state's device (contents undefined when it had to change).
+  void ensure(Buffer& b, std::size_t n);
+  // dst = a copy of src (both on the state's device).
+  void assign_copy(Buffer& dst, const Buffer& src);
+  // Zeroes the compressed allreduce's error buffers, ordered on the current stream.
+  void reset_car();
+
+  // One Segment per tensor of the selected groups, in layout order (with Groups::kAll,
+  // segment j is flat tensor j). `masks`: carry each tensor's exp_avg_mask (never for a
+  // non_freeze group's tensors: those are averaged exactly). fn(group, segment) sets the
+  // per-group scalars.
+  template <class Fn>
+  Segments segments(const std::vector<StepGroup>& groups, Groups which, bool masks, Fn&& fn) const {
+    Segments out;
+    std::size_t k = 0;
+    for (const auto& g : groups) {
+      if (!selected(g, which)) {
+        k += g.tensors.size();
+        continue;
+      }
+      for (const auto& t : g.tensors) {
+        Segment s;
+        s.offset = offsets_[k++];
+        s.n = t.ref.n;
+        s.p = t.ref.p;
+        s.mask = masks && !g.non_freeze() ? t.mask : nullptr;
+        s.low = t.ref.low;
+        s.ltype = t.ref.ltype;
+        s.g = t.ref.g;
+        s.gtype = t.ref.gtype;
+        fn(g, s);
+        out.push_back(s);
+      }
+    }
+    return out;
+  }
+  Segments segments(const std::vector<StepGroup>& groups, Groups which = Groups::kAll,
+                    bool masks = false) const {
+    return segments(groups, which, masks, [](const StepGroup&, Segment&) {});
+  }
+  static Segments without_low(Segments s) {
+    for (Segment& seg : s) seg.low = nullptr;
+    return s;
+  }
+
+  // flat_ = local gradients * inv_scale, in the flat layout.
+  void gather_grads(const std::vector<StepGroup>& groups, float inv_scale);
+  // The uncompressed average of buf over the ranks (on the state's device and stream).
+  void allreduce_avg(Buffer& buf);
+  // The compressed average of `buf` (flat layout) over the tensors outside non_freeze groups;
+  // the non_freeze tensors' entries are left as they are.
+  void compressed(Buffer& buf);
+  // Packs (gather) or unpacks the flat-layout entries of the tensors whose non_freeze flag is
+  // `non_freeze` into / from the dense `packed`, in layout order.
+  void copy_subset(Buffer& flat, Buffer& packed, bool non_freeze, bool gather);
+  // buf (flat layout) *= each tensor's exp_avg_mask, for tensors that have one and are not in
+  // a non_freeze group (those are averaged exactly and need no mask).
+  void apply_masks(const std::vector<StepGroup>& groups, Buffer& buf);
+  // p = p * (1 - lr * wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps) over each tensor,
+  // with the moments in the flat layout (no moment update). `masks`: m *= exp_avg_mask
+  // first (written back), as apply_masks(groups, m_) would.
+  void apply_adam(const std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
+                  Groups which, bool masks);
+  // Warmup: the averaged gradient through the fused Adam kernel (identical to `adam`).
+  void adam_full(const std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
+                 Groups which = Groups::kAll);
+  // m = beta1 * m + (1 - beta1) * g over the whole flat layout.
+  void momentum_flat(const Buffer& g);
+
+  // Parameters every variant has.
+  loom::sdk::Context ctx_;
+  loom::sdk::InstanceRef<loom_comm_v1> comm_;
+  loom::sdk::InstanceRef<loom_codec_v1> codec_;
+  double beta1_;
+  double beta2_;
+  double eps_;
+  double weight_decay_;
+  bool bias_correction_;
+  bool skip_nonfinite_;
+  int32_t world_ = 1;
+
+  // State (all exported; a variant uses the fields its comment names). The flat buffers
+  // are on device_ after a step; an import puts them on the host until the next step moves
+  // them.
+  uint64_t steps_ = 0;
+  uint64_t total_ = 0;
+  std::vector<uint64_t> offsets_;
+  Buffer m_;
+  Buffer v_;
+  Buffer aux_;                     // 0/1 Adam: the local-step accumulator u; 1-bit LAMB: v_fresh
+  bool frozen_ = false;            // 0/1 Adam: past var_freeze_step
+  uint64_t var_interval_ = 1;      // 0/1 Adam
+  uint64_t var_counter_ = 0;       // 0/1 Adam
+  uint64_t var_updates_ = 0;       // 0/1 Adam
+  uint64_t local_interval_ = 1;    // 0/1 Adam
+  uint64_t local_counter_ = 0;     // 0/1 Adam
+  double lrs_ = 0.0;               // 0/1 Adam
+  std::vector<TensorState> lamb_;  // 1-bit LAMB
+  bool scaling_set_ = false;       // 1-bit LAMB
+  uint64_t bytes_sent_ = 0;
+  uint64_t bytes_received_ = 0;
+  uint64_t rounds_ = 0;
+  uint64_t uncompressed_bytes_ = 0;
+  std::unique_ptr<loom::sdk::CompressedAllreduce> car_;
+  std::vector<std::byte> pending_car_;  // imported before the first step built car_
+
+  // Set with car_ (not exported: the groups' flags come with every step): per flat tensor, 1
+  // when its group is non_freeze; the element count the compressed allreduce covers.
+  bool laid_out_ = false;
+  std::vector<uint8_t> non_freeze_;
+  uint64_t compressed_numel_ = 0;
+
+  // Steps skipped for a non-finite gradient on any rank, and the flag the ranks agree on
+  // (neither exported: the state after a skipped step is byte-identical to the one before).
+  uint64_t skipped_ = 0;
+  FiniteFlag finite_;
+
+  // Scratch on device_ (not exported).
+  Buffer flat_;    // the step's gradients in the flat layout
+  Buffer subset_;  // the compressed or non_freeze tensors, packed
+  Buffer prev_;    // 1-bit LAMB: m before this step's momentum update (m_prev)
+
+ private:
+  static constexpr uint32_t kVersion = 1;
+
+  static loom_status* append(void* ctx, const void* data, size_t bytes);
+  static bool same_device(DLDevice a, DLDevice b) {
+    return a.device_type == b.device_type &&
+           (a.device_type == kDLCPU || a.device_id == b.device_id);
+  }
+  // The device of the step's tensors (collect() already refused CPU mixed with CUDA and
+  // devices other than those two); a step without tensors keeps the state's device.
+  DLDevice step_device(const std::vector<StepGroup>& groups) const;
+  // The state's device is fixed by the first step; the comm and the codec must support it.
+  void check_device(DLDevice device);
+  // The flat layout: tensor k of the step occupies [offsets_[k], offsets_[k+1]).
+  void layout(const std::vector<StepGroup>& groups);
+  // True when flat_ (the step's local gradients) is finite on every rank: each rank checks
+  // its own, then one allreduce MAX of the flag, so that all ranks skip the same steps.
+  bool finite_on_every_rank();
+  // Counts what `fn` (one collective) did on the transport.
+  template <class Fn>
+  void counted(Fn&& fn);
+
+  Variant variant_;
+
+  // Where the state lives: fixed by the first step (device_set_); stream_ is the last step's.
+  bool device_set_ = false;
+  DLDevice device_{kDLCPU, 0};
+  void* stream_ = nullptr;
+  CpuBackend cpu_;
+#if LOOM_OPTIM_HAVE_CUDA
+  CudaBackend cuda_;
+#endif
+};
+
+// ---------------------------------------------------------------- the three variants
+
+class OnebitAdam final : public Onebit {
+ public:
+  static loom::sdk::Schema schema();
+  explicit OnebitAdam(loom::sdk::Context& ctx);
+
+ private:
+  void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
+  uint64_t freeze_step_ = 0;
+};
+
+class ZeroOneAdam final : public Onebit {
+ public:
+  static loom::sdk::Schema schema();
+  explicit ZeroOneAdam(loom::sdk::Context& ctx);
+
+ private:
+  void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
+  uint64_t var_freeze_step_ = 0;
+  uint64_t var_update_scaler_ = 16;
+  uint64_t local_step_scaler_ = 32678;
+  uint64_t local_step_clipper_ = 16;
+};
+
+class OnebitLamb final : public Onebit {
+ public:
+  static loom::sdk::Schema schema();
+  explicit OnebitLamb(loom::sdk::Context& ctx);
+
+ private:
+  void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
+  uint64_t freeze_step_ = 0;
+  double max_coeff_ = 10.0;
+  double min_coeff_ = 0.01;
+  double coeff_beta_ = 0.9;
+  double factor_max_ = 4.0;
+  double factor_min_ = 0.5;
+  double factor_threshold_ = 0.1;
+};
+
+}  // namespace loom::optim::onebit

@@ -1,0 +1,145 @@
+// 1-bit LAMB (onebit_lamb): LAMB warmup with uncompressed gradient averaging (its trust
+// ratios averaged into lamb_coeff_freeze), then the variance and trust ratio frozen, the
+// scaled momentum averaged with the 1-bit compressed allreduce and the update scaled by a
+// clamped factor from a fresh variance. The shared part (layout, buffers, collectives, state
+// format) is in onebit.hpp.
+#include "onebit.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace loom::optim::onebit {
+
+loom::sdk::Schema OnebitLamb::schema() {
+  using loom::sdk::Float;
+  loom::sdk::Schema s = common_schema();
+  s.add(freeze_step_param());
+  s.add(Float("max_coeff", 10.0, "Upper clamp of the warmup trust ratio.").min(0));
+  s.add(Float("min_coeff", 0.01, "Lower clamp of the warmup trust ratio.").min(0));
+  s.add(Float("coeff_beta", 0.9, "EMA factor of the trust ratio frozen at the freeze.")
+            .range(0, 0.9999999));
+  s.add(Float("factor_max", 4.0, "Upper clamp of the compression-stage factor.").min(0));
+  s.add(Float("factor_min", 0.5, "Lower clamp of the compression-stage factor.").min(0));
+  s.add(Float("factor_threshold", 0.1,
+              "Largest relative change of the factor from one step to the next.")
+            .min(0));
+  return s;
+}
+
+OnebitLamb::OnebitLamb(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kOnebitLamb) {
+  freeze_step_ = static_cast<uint64_t>(ctx.get_int("freeze_step"));
+  max_coeff_ = ctx.get_float("max_coeff");
+  min_coeff_ = ctx.get_float("min_coeff");
+  coeff_beta_ = ctx.get_float("coeff_beta");
+  factor_max_ = ctx.get_float("factor_max");
+  factor_min_ = ctx.get_float("factor_min");
+  factor_threshold_ = ctx.get_float("factor_threshold");
+  if (min_coeff_ > max_coeff_ || factor_min_ > factor_max_) {
+    throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, "min_coeff/factor_min above their max");
+  }
+}
+
+void OnebitLamb::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
+  const float eps = static_cast<float>(eps_);
+  const loom::optim::Decay b1 = loom::optim::decay_of(beta1_);
+  const loom::optim::Decay b2 = loom::optim::decay_of(beta2_);
+  const std::size_t count = offsets_.size() - 1;
+  if (t <= freeze_step_) {
+    allreduce_avg(flat_);
+    const float inv_bc1 = static_cast<float>(1.0 / bc(beta1_, t));
+    const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
+    Segments segs = segments(groups, Groups::kAll, false, [](const StepGroup& g, Segment& s) {
+      s.wd = static_cast<float>(g.weight_decay);
+    });
+    std::vector<double> sums(2 * count, 0.0);
+    be().lamb_warmup_moments(segs, flat_.data(), m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2,
+                             eps, sums.data());
+    std::size_t k = 0;
+    for (const auto& g : groups) {
+      for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+        const std::size_t idx = k++;
+        const double sp = sums[2 * idx];
+        const double su = sums[2 * idx + 1];
+        double coeff = 1.0;
+        if (sp > 0.0 && su > 0.0) {
+          coeff = std::clamp(std::sqrt(sp) / std::sqrt(su), min_coeff_, max_coeff_);
+        }
+        TensorState& s = lamb_[idx];
+        if (coeff != 1.0)
+          s.lamb_coeff_freeze = coeff_beta_ * s.lamb_coeff_freeze + (1.0 - coeff_beta_) * coeff;
+        segs[idx].step = static_cast<float>(lr * g.lr_scale * coeff);
+      }
+    }
+    be().lamb_warmup_apply(segs, m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2, eps);
+    if (t == freeze_step_) assign_copy(aux_, v_);  // v_fresh starts from the frozen variance
+    return;
+  }
+  if (aux_.size() == 0 || t == 1) assign_copy(aux_, v_);  // freeze_step 0: no warmup at all
+  const double bc1 = bc(beta1_, t);
+  const float inv_bc1 = static_cast<float>(1.0 / bc1);
+  const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, freeze_step_)));
+  // v_fresh continues v's average past the freeze, so its bias correction is at step t.
+  const float inv_bc2_fresh = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
+  if (!scaling_set_) {
+    // Equalise the tensors' momentum magnitudes under the one 1-bit scale.
+    std::vector<double> squares(count, 0.0);
+    be().sum_squares(segments(groups), m_.data(), squares.data());
+    std::vector<double> rms(count, 0.0);
+    double sum = 0.0;
+    std::size_t nonzero = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::size_t n = offsets_[j + 1] - offsets_[j];
+      rms[j] = n > 0 ? std::sqrt(squares[j] / static_cast<double>(n)) : 0.0;
+      if (rms[j] > 0.0) {
+        sum += rms[j];
+        ++nonzero;
+      }
+    }
+    const double united = nonzero > 0 ? sum / static_cast<double>(nonzero) : 1.0;
+    for (std::size_t j = 0; j < count; ++j) {
+      lamb_[j].scaling_coeff = rms[j] > 0.0 ? united / rms[j] : 1.0;  // guard: zero momentum
+    }
+    scaling_set_ = true;
+  }
+  // m_prev = m, then the scaled momentum (the gradient folded in) is averaged.
+  ensure(prev_, total_);
+  Segments segs = segments(groups, Groups::kAll, /*masks=*/true);
+  for (std::size_t j = 0; j < count; ++j) {
+    segs[j].scale = static_cast<float>(lamb_[j].scaling_coeff);
+  }
+  be().lamb_momentum(segs, m_.data(), flat_.data(), prev_.data(), b1);
+  compressed(m_);
+  std::size_t k = 0;
+  for (const auto& g : groups) {
+    for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+      const std::size_t j = k++;
+      segs[j].scale = static_cast<float>(1.0 / lamb_[j].scaling_coeff);
+      segs[j].wd = static_cast<float>(g.weight_decay);
+    }
+  }
+  std::vector<LambPostStats> stats(count);
+  be().lamb_post(segs, m_.data(), prev_.data(), v_.data(), aux_.data(), b1, b2, inv_bc1, inv_bc2,
+                 inv_bc2_fresh, eps, stats.data());
+  k = 0;
+  for (const auto& g : groups) {
+    const float wd = static_cast<float>(g.weight_decay);
+    for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+      const std::size_t j = k++;
+      TensorState& s = lamb_[j];
+      double f = stats[j].factor;
+      if (wd > 0.0f && stats[j].u2 > 0.0) {
+        const double r = std::min(1.0, std::sqrt(stats[j].pre2) / std::sqrt(stats[j].u2));
+        f = f * r + (1.0 - r);
+      }
+      f = std::clamp(f, factor_min_, factor_max_);
+      f = std::clamp(f, s.last_factor * (1.0 - factor_threshold_),
+                     s.last_factor * (1.0 + factor_threshold_));
+      s.last_factor = f;
+      segs[j].step = static_cast<float>(lr * g.lr_scale * s.lamb_coeff_freeze * f);
+    }
+  }
+  be().lamb_apply(segs, m_.data(), v_.data(), inv_bc1, inv_bc2, eps);
+}
+
+}  // namespace loom::optim::onebit
