@@ -4,6 +4,7 @@
 //    public:
 //     explicit Sgd(loom::sdk::Context& ctx);
 //     static loom::sdk::Schema schema();                             // optional
+//     static void validate_params(loom::sdk::Context& params);       // optional
 //     void step(const loom_optimizer_step_args& args);
 //     void export_state(loom::sdk::StateWriter& out);                // optional, with
 //     void import_state(std::span<const std::byte> blob);            //   import_state
@@ -367,16 +368,96 @@ void check_host_version(const loom_host_services* host) {
   }
 }
 
+// The cross-parameter hook: static void validate_params(Context&), given the same typed
+// view of the parameters as the constructor. It throws Error(code, message, "key") to name
+// the parameter to blame.
+template <class T>
+constexpr bool kHasValidate = requires(Context& c) {
+  T::validate_params(c);
+};
+
+// The index of parameter `name` in an array the host passed (walked by its own stride), or -1.
+inline int32_t param_index(const loom_param* params, std::size_t count, const std::string& name) {
+  if (params == nullptr || count == 0 || params[0].struct_size < sizeof(loom_param)) return -1;
+  const std::size_t stride = params[0].struct_size;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(params);  // NOLINT
+  for (std::size_t i = 0; i < count && i < 0x7fffffff; ++i) {
+    const auto* p = reinterpret_cast<const loom_param*>(bytes + i * stride);  // NOLINT
+    if (p->name != nullptr && name == p->name) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
 template <class T>
 struct FactoryThunks {
+  // `host_validated`: the host ran the factory's validate (a 1.2 host does before create);
+  // an older host never calls it, so the hook runs here and fails the create instead.
+  static void make(const loom_host_services* host, void** out_instance, bool host_validated) {
+    if (out_instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "out_instance is NULL");
+    *out_instance = nullptr;
+    check_host_version<T>(host);
+    if constexpr (kHasValidate<T>) {
+      if (!host_validated) {
+        Context params(host);
+        try {
+          T::validate_params(params);
+        } catch (const Error& e) {
+          if (e.param().empty()) throw;
+          throw Error(e.code(), "parameter '" + e.param() + "': " + e.what());
+        }
+      }
+    }
+    // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
+    *out_instance = new Holder<T>(host);  // NOLINT(bugprone-unhandled-exception-at-new)
+  }
   static loom_status* create(const loom_host_services* host, void** out_instance) noexcept {
     return guard([&] {
-      if (out_instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "out_instance is NULL");
-      *out_instance = nullptr;
-      check_host_version<T>(host);
-      // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
-      *out_instance = new Holder<T>(host);  // NOLINT(bugprone-unhandled-exception-at-new)
+      const bool validated = host != nullptr &&
+                             host->struct_size >= LOOM_STRUCT_SIZE(loom_host_services, abi_minor) &&
+                             host->abi_minor >= 2;
+      make(host, out_instance, validated);
     });
+  }
+  static loom_status* create_with_args(const loom_create_args* args, void** out_instance) noexcept {
+    return guard([&] {
+      if (out_instance != nullptr) *out_instance = nullptr;
+      const loom_create_args in = normalized(args, "create args");
+      make(in.host, out_instance, true);  // create_with_args is 1.2: the host validated
+    });
+  }
+  // Runs T::validate_params on the parameters the host passes (no instance exists yet): a
+  // Context over a services table that holds only them, the instance's name and the host's
+  // make_status. An Error naming a parameter sets bad_param.
+  static loom_status* validate(loom_validate_args* args) noexcept {
+    if (args == nullptr || args->struct_size < LOOM_STRUCT_SIZE(loom_validate_args, bad_param)) {
+      return make_status(LOOM_ERR_INVALID_ARGUMENT, "validate args are missing or too short");
+    }
+    try {
+      const loom_validate_args in = normalized(args, "validate args");
+      loom_host_services svc{};
+      svc.struct_size = LOOM_HOST_SERVICES_SIZE;
+      svc.abi_major = LOOM_ABI_MAJOR;
+      svc.abi_minor = 2;  // validate exists since 1.2
+      svc.host_ctx = in.host_ctx;
+      svc.instance_name = in.instance_name;
+      svc.make_status = in.make_status;
+      svc.params = in.params;
+      svc.param_count = in.params != nullptr ? in.param_count : 0;
+      Context params(&svc);
+      T::validate_params(params);
+      return nullptr;
+    } catch (const Error& e) {
+      if (e.param().empty()) return make_status(e.code(), e.what());
+      const int32_t index = param_index(args->params, args->param_count, e.param());
+      if (index < 0) {
+        return make_status(e.code(), std::string(e.what()) + " (parameter '" + e.param() +
+                                         "', which is not in the schema)");
+      }
+      args->bad_param = index;
+      return make_status(e.code(), e.what());
+    } catch (...) {
+      return status_from_current_exception();
+    }
   }
   static void destroy(void* instance) noexcept {
     // A throwing destructor has nowhere to report to; the C signature returns nothing.
@@ -420,14 +501,20 @@ struct FactoryThunks {
   }
   // Checks the frame (DATA_LOSS naming what does not match) and gives the plugin the payload;
   // an unframed blob from before frames reaches the plugin whole, as it always did.
+  static void import(void* instance, const void* data, std::size_t bytes) {
+    if (data == nullptr && bytes != 0) throw Error(LOOM_ERR_INVALID_ARGUMENT, "state data is NULL");
+    T& obj = object<T>(instance);
+    obj.import_state(state_frame::open(
+        std::span<const std::byte>(static_cast<const std::byte*>(data), data ? bytes : 0)));
+  }
   static loom_status* import_state(void* instance, const void* data, std::size_t bytes) noexcept {
+    return guard([&] { import(instance, data, bytes); });
+  }
+  static loom_status* import_state_with_args(void* instance,
+                                             const loom_import_state_args* args) noexcept {
     return guard([&] {
-      if (data == nullptr && bytes != 0) {
-        throw Error(LOOM_ERR_INVALID_ARGUMENT, "state data is NULL");
-      }
-      T& obj = object<T>(instance);
-      obj.import_state(state_frame::open(
-          std::span<const std::byte>(static_cast<const std::byte*>(data), data ? bytes : 0)));
+      const loom_import_state_args in = normalized(args, "import_state args");
+      import(instance, in.data, in.bytes);
     });
   }
 };
@@ -475,13 +562,17 @@ struct FactoryStorage {
     factory.struct_size = LOOM_FACTORY_SIZE;
     factory.param_specs = schema.data();
     factory.param_count = schema.size();
+    // Both create entries: create_with_args for hosts from 1.2 on, create for older ones.
     factory.create = &FactoryThunks<T>::create;
+    factory.create_with_args = &FactoryThunks<T>::create_with_args;
     factory.destroy = &FactoryThunks<T>::destroy;
     set_kind<T>(factory, Kinds{});
     if constexpr (kHasState<T>) {
       factory.export_state = &FactoryThunks<T>::export_state;
       factory.import_state = &FactoryThunks<T>::import_state;
+      factory.import_state_with_args = &FactoryThunks<T>::import_state_with_args;
     }
+    if constexpr (kHasValidate<T>) factory.validate = &FactoryThunks<T>::validate;
   }
 
   static Schema make_schema() {
