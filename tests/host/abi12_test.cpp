@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <loom/abi.h>
+#include <loom/sdk/plugin.hpp>
 
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -120,6 +121,71 @@ TEST_F(Abi12, DescribeShowsExclusiveAndExactBounds) {
   EXPECT_TRUE(offsets["max"].is_null());  // INT64_MAX: unbounded
   EXPECT_EQ(offsets["min_exclusive"], true);
   EXPECT_EQ(param(p, "low")["min_exclusive"], false);
+}
+
+TEST_F(Abi12, UnknownSpecFlagBitRefusesThePluginNamingTheParameter) {
+  char* raw = nullptr;
+  EXPECT_EQ(loom_describe_plugins("badflags", loom_test::plugin_dir().string().c_str(), &raw),
+            LOOM_ERR_ABI_MISMATCH);
+  loom_free_string(raw);
+  EXPECT_THAT(std::string(loom_last_error()),
+              HasSubstr("parameter 0 ('gain') has unknown flags 0x80 (from a newer ABI minor "
+                        "than this host's 1.2)"));
+  EXPECT_EQ(check("[optimizer.b]\nplugin = \"badflags\"\n"), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(error_, HasSubstr(at(2, 10) + "optimizer.b: plugin file "));
+  EXPECT_THAT(error_, HasSubstr("unknown flags 0x80"));
+}
+
+// The SDK refuses a schema that contradicts its own bounds (the entry point returns NULL).
+std::string schema_error(const loom::sdk::Param& p) {
+  try {
+    const loom::sdk::SchemaStorage storage(loom::sdk::Schema{p});
+  } catch (const loom::sdk::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SdkSchema, BoundBuildersRefuseContradictions) {
+  using namespace loom::sdk;
+  EXPECT_EQ(schema_error(Float("eps", 0.0, "d").greater_than(0)),
+            "schema parameter 'eps': default out of range");
+  EXPECT_EQ(schema_error(Float("eps", 1e-8, "d").greater_than(0)), "");
+  EXPECT_EQ(schema_error(Float("r", 1.0, "d").range(0, 1).less_than(1)),
+            "schema parameter 'r': default out of range");
+  EXPECT_EQ(schema_error(Float("r", 0.5, "d").greater_than(1).less_than(1)),
+            "schema parameter 'r': empty range");
+  EXPECT_EQ(schema_error(Int("n", 3, "d").greater_than(3).less_than(4)),
+            "schema parameter 'n': empty range");  // no integer strictly between 3 and 4
+  EXPECT_EQ(schema_error(Int("n", 9007199254740993, "d").int_max(9007199254740992)),
+            "schema parameter 'n': default out of range");  // exact, not as doubles
+  EXPECT_EQ(schema_error(Int("n", 9007199254740993, "d").int_max(9007199254740993)), "");
+  EXPECT_EQ(schema_error(IntList("l", {1, 0}, "d").int_min(1)),
+            "schema parameter 'l': default element out of range");
+  EXPECT_EQ(schema_error(Int("n", 0, "d").int_range(5, 4)), "schema parameter 'n': empty range");
+}
+
+TEST(SdkSchema, SpecsCarryFlagsAndOutwardRoundedDoubles) {
+  using namespace loom::sdk;
+  const SchemaStorage storage(Schema{
+      Float("eps", 1e-8, "d").greater_than(0).max(1),
+      Int("n", 0, "d").int_range(-9007199254740993, 9007199254740993),
+      Int("m", 5, "d").greater_than(2.5),  // integers > 2.5 are those > 2
+      String("s", "a", "d"),
+  });
+  const loom_param_spec* spec = storage.data();
+  EXPECT_EQ(spec[0].struct_size, LOOM_PARAM_SPEC_SIZE);
+  EXPECT_EQ(spec[0].flags, LOOM_PARAM_MIN_EXCLUSIVE);
+  EXPECT_EQ(spec[0].min, 0.0);
+  EXPECT_EQ(spec[0].max, 1.0);
+  EXPECT_EQ(spec[1].flags, LOOM_PARAM_INT_RANGE);
+  EXPECT_EQ(spec[1].int_min, -9007199254740993LL);
+  EXPECT_EQ(spec[1].int_max, 9007199254740993LL);
+  EXPECT_EQ(spec[1].min, -9007199254740994.0);  // the next double outward
+  EXPECT_EQ(spec[1].max, 9007199254740994.0);
+  EXPECT_EQ(spec[2].flags, LOOM_PARAM_MIN_EXCLUSIVE);  // double bounds only
+  EXPECT_EQ(spec[2].min, 2.5);
+  EXPECT_EQ(spec[3].flags, 0U);
 }
 
 // ---------------------------------------------------------------- validate

@@ -366,7 +366,10 @@ class SchemaStorage {
         (p.min_ == p.max_ && (p.min_exclusive_ || p.max_exclusive_))) {
       fail(p, "empty range");
     }
-    if (p.int_range_ && !int_range_allows_some(p)) fail(p, "empty range");
+    // Integers: no integer in the range is an empty range too (> 3 and < 4), whichever
+    // bounds the spec carries; int_min_/int_max_ follow every bound setter.
+    const bool integral = p.type_ == LOOM_PARAM_INT || p.type_ == LOOM_PARAM_INT_LIST;
+    if (integral && !int_range_allows_some(p)) fail(p, "empty range");
     if (p.length_ < 0) fail(p, "negative list length");
     if (p.type_ == LOOM_PARAM_REF && p.ref_kind_.empty()) fail(p, "reference without a kind");
     if (p.required_) return;  // the default is ignored
