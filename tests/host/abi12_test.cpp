@@ -400,6 +400,37 @@ TEST_F(SdkFactory, ValidateSetsBadParamToTheKeyItsHookNames) {
   EXPECT_THAT(take(factory_->validate(nullptr), &code), HasSubstr("validate args"));  // no crash
 }
 
+TEST_F(SdkFactory, OnAHostBefore12CreateChecksTheBoundsThatHostCannot) {
+  // A 1.1 host checks only the inclusive double bounds: eps = 0 and seed = 2^53 + 2 pass there.
+  fill_params(9007199254740994);
+  params_[1].value.int_value = 0;  // nesterov off: only the bounds are at stake
+  loom_param eps{};
+  eps.struct_size = LOOM_PARAM_SIZE;
+  eps.name = "eps";
+  eps.value.struct_size = LOOM_VALUE_SIZE;
+  eps.value.type = LOOM_PARAM_FLOAT;
+  eps.value.float_value = 1e-8;
+  params_.push_back(eps);
+  const loom_host_services old_host = host(1);
+  void* instance = nullptr;
+  int32_t code = 0;
+  EXPECT_EQ(take(factory_->create(&old_host, &instance), &code),
+            "parameter 'seed' = 9007199254740994 is out of range [-9007199254740993, "
+            "9007199254740993]");
+  EXPECT_EQ(code, LOOM_ERR_INVALID_ARGUMENT);
+  params_[2].value.int_value = 9007199254740993;
+  params_[3].value.float_value = 0.0;
+  const loom_host_services old_host2 = host(1);
+  EXPECT_EQ(take(factory_->create(&old_host2, &instance), &code),
+            "parameter 'eps' = 0 is out of range (0, inf]");
+  EXPECT_EQ(instance, nullptr);
+  params_[3].value.float_value = 1e-8;
+  const loom_host_services old_host3 = host(1);
+  ASSERT_EQ(factory_->create(&old_host3, &instance), nullptr);
+  ASSERT_NE(instance, nullptr);
+  factory_->destroy(instance);
+}
+
 TEST_F(SdkFactory, OnAHostBefore12CreateRunsTheHookItself) {
   fill_params(0);
   const loom_host_services old_host = host(1);

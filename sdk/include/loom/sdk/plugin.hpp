@@ -24,6 +24,7 @@
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
 
+#include <charconv>
 #include <concepts>
 #include <cstddef>
 #include <cstdio>
@@ -32,6 +33,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -389,6 +391,75 @@ inline int32_t param_index(const loom_param* params, std::size_t count, const st
 }
 
 template <class T>
+struct FactoryStorage;
+template <class T>
+const FactoryStorage<T>& factory_storage();
+
+// Shortest text that reads back as `v` ("1e-08", "0.5"), for messages.
+inline std::string number_text(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return r.ec == std::errc() ? std::string(buf, r.ptr) : std::to_string(v);
+}
+
+// What a host before ABI 1.2 does not check: exclusive bounds and exact int64 ranges (it reads
+// only the inclusive double bounds, which the SDK rounds outward). Run in create on such a
+// host, so a value the schema refuses never reaches the constructor.
+inline void check_12_bounds(const Context& params, const loom_param_spec* specs,
+                            std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const loom_param_spec& spec = specs[i];
+    if ((spec.flags &
+         (LOOM_PARAM_MIN_EXCLUSIVE | LOOM_PARAM_MAX_EXCLUSIVE | LOOM_PARAM_INT_RANGE)) == 0 ||
+        !params.has(spec.name)) {
+      continue;
+    }
+    const bool lo_ex = (spec.flags & LOOM_PARAM_MIN_EXCLUSIVE) != 0;
+    const bool hi_ex = (spec.flags & LOOM_PARAM_MAX_EXCLUSIVE) != 0;
+    const bool exact = (spec.flags & LOOM_PARAM_INT_RANGE) != 0;
+    const std::string range =
+        std::string(lo_ex ? "(" : "[") +
+        (exact ? std::to_string(spec.int_min) : number_text(spec.min)) + ", " +
+        (exact ? std::to_string(spec.int_max) : number_text(spec.max)) + (hi_ex ? ")" : "]");
+    auto refuse = [&](const std::string& value) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "parameter '" + std::string(spec.name) +
+                                                 "' = " + value + " is out of range " + range);
+    };
+    auto check_double = [&](double x) {
+      if (!((lo_ex ? x > spec.min : x >= spec.min) && (hi_ex ? x < spec.max : x <= spec.max))) {
+        refuse(number_text(x));
+      }
+    };
+    auto check_int = [&](int64_t x) {
+      if (!exact) return check_double(static_cast<double>(x));
+      if (!((lo_ex ? x > spec.int_min : x >= spec.int_min) &&
+            (hi_ex ? x < spec.int_max : x <= spec.int_max))) {
+        refuse(std::to_string(x));
+      }
+    };
+    const loom_value& v = params.value(spec.name);
+    switch (v.type) {
+      case LOOM_PARAM_FLOAT:
+        check_double(v.float_value);
+        break;
+      case LOOM_PARAM_INT:
+        check_int(v.int_value);
+        break;
+      case LOOM_PARAM_FLOAT_LIST:
+        for (std::size_t k = 0; k < v.count && v.float_list != nullptr; ++k) {
+          check_double(v.float_list[k]);
+        }
+        break;
+      case LOOM_PARAM_INT_LIST:
+        for (std::size_t k = 0; k < v.count && v.int_list != nullptr; ++k) check_int(v.int_list[k]);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+template <class T>
 struct FactoryThunks {
   // `host_validated`: the host ran the factory's validate (a 1.2 host does before create);
   // an older host never calls it, so the hook runs here and fails the create instead.
@@ -396,6 +467,10 @@ struct FactoryThunks {
     if (out_instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "out_instance is NULL");
     *out_instance = nullptr;
     check_host_version<T>(host);
+    if (!host_validated) {
+      const auto& storage = factory_storage<T>();
+      check_12_bounds(Context(host), storage.schema.data(), storage.schema.size());
+    }
     if constexpr (kHasValidate<T>) {
       if (!host_validated) {
         Context params(host);
@@ -589,6 +664,14 @@ struct FactoryStorage {
   loom_factory factory{};
 };
 
+// Built on the entry point's first call (a broken schema is reported there), kept while the
+// library is loaded.
+template <class T>
+const FactoryStorage<T>& factory_storage() {
+  static const FactoryStorage<T> storage;
+  return storage;
+}
+
 // Reports a broken plugin declaration where a developer will see it: there is no status to
 // return from the entry point, and the host reports the NULL it gets.
 inline void report_declaration_error(const char* plugin, const char* message) noexcept {
@@ -667,10 +750,7 @@ FactoryFn factory() {
                 "Comm, Codec: the kinds in loom::sdk::detail::Kinds)");
   static_assert(std::is_constructible_v<T, Context&>,
                 "the plugin class needs a constructor taking loom::sdk::Context&");
-  return [] {
-    static const detail::FactoryStorage<T> storage;
-    return static_cast<const loom_factory*>(&storage.factory);
-  };
+  return [] { return static_cast<const loom_factory*>(&detail::factory_storage<T>().factory); };
 }
 
 }  // namespace loom::sdk
