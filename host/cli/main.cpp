@@ -118,7 +118,9 @@ int cmd_describe(const std::string& name, bool json, const std::string& plugin_p
   for (const auto& k : p["kinds"]) {
     std::cout << "\n"
               << k["kind"].get<std::string>()
-              << (k["has_state"].get<bool>() ? " (exports state)" : "") << "\n";
+              << (k["has_state"].get<bool>() ? " (exports state)" : "")
+              << (k.value("has_validate", false) ? " (checks its parameters together)" : "")
+              << "\n";
     if (k["params"].empty()) {
       std::cout << "  (no parameters)\n";
       continue;
@@ -134,8 +136,13 @@ int cmd_describe(const std::string& name, bool json, const std::string& plugin_p
         line += ", default " + value_text(prm["default"]);
       }
       if (prm.contains("min") && (!prm["min"].is_null() || !prm["max"].is_null())) {
-        line += ", range [" + (prm["min"].is_null() ? std::string("-inf") : prm["min"].dump()) +
-                ", " + (prm["max"].is_null() ? std::string("inf") : prm["max"].dump()) + "]";
+        // "(" / ")" for an exclusive bound (ABI 1.2), as in the validation messages.
+        const bool lo_ex = prm.value("min_exclusive", false);
+        const bool hi_ex = prm.value("max_exclusive", false);
+        line += std::string(", range ") + (lo_ex ? "(" : "[") +
+                (prm["min"].is_null() ? std::string("-inf") : prm["min"].dump()) + ", " +
+                (prm["max"].is_null() ? std::string("inf") : prm["max"].dump()) +
+                (hi_ex ? ")" : "]");
       }
       if (prm.contains("choices")) {
         line += ", one of " + join(prm["choices"].get<std::vector<std::string>>(), "|");

@@ -93,8 +93,16 @@ nlohmann::json plugin_json(const PluginInfo& p) {
       if (s.type == LOOM_PARAM_INT || s.type == LOOM_PARAM_FLOAT || s.type == LOOM_PARAM_INT_LIST ||
           s.type == LOOM_PARAM_FLOAT_LIST) {
         const bool integral = s.type == LOOM_PARAM_INT || s.type == LOOM_PARAM_INT_LIST;
-        j["min"] = bound(s.min, integral);
-        j["max"] = bound(s.max, integral);
+        if (integral && (s.flags & LOOM_PARAM_INT_RANGE) != 0) {
+          // Exact int64 bounds (ABI 1.2); the limits mean unbounded.
+          j["min"] = s.int_min != INT64_MIN ? nlohmann::json(s.int_min) : nlohmann::json(nullptr);
+          j["max"] = s.int_max != INT64_MAX ? nlohmann::json(s.int_max) : nlohmann::json(nullptr);
+        } else {
+          j["min"] = bound(s.min, integral);
+          j["max"] = bound(s.max, integral);
+        }
+        j["min_exclusive"] = (s.flags & LOOM_PARAM_MIN_EXCLUSIVE) != 0;
+        j["max_exclusive"] = (s.flags & LOOM_PARAM_MAX_EXCLUSIVE) != 0;
       }
       if (s.list_length > 0) j["list_length"] = s.list_length;
       if (s.choices != nullptr) {
@@ -105,8 +113,10 @@ nlohmann::json plugin_json(const PluginInfo& p) {
       if (s.type == LOOM_PARAM_REF) j["ref_kind"] = s.ref_kind;
       params.push_back(j);
     }
-    kinds.push_back(
-        {{"kind", f.kind}, {"has_state", f.raw.export_state != nullptr}, {"params", params}});
+    kinds.push_back({{"kind", f.kind},
+                     {"has_state", f.raw.export_state != nullptr},
+                     {"has_validate", f.raw.validate != nullptr},
+                     {"params", params}});
   }
   return {{"name", p.name},
           {"version", p.version},

@@ -294,13 +294,14 @@ LOOM_API int32_t loom_instance_import_state(loom_instance* instance, const void*
       return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_instance_import_state: NULL argument");
     }
     Instance* inst = impl(instance);
-    const auto importer = inst->factory().import_state;
-    if (importer == nullptr) {
+    const auto& factory = *inst->validated->factory;
+    if (!factory.has_import_state()) {
       if (size == 0) return succeed();
       return fail(LOOM_ERR_INVALID_ARGUMENT, inst->label + " has no state, but a state of " +
                                                  std::to_string(size) + " bytes was given");
     }
-    return plugin_call(inst, "import_state", [&] { return importer(inst->object, data, size); });
+    return plugin_call(inst, "import_state",
+                       [&] { return factory.import_state(inst->object, data, size); });
   });
 }
 

@@ -18,6 +18,13 @@ struct FactoryInfo {
   loom_factory raw{};
 
   [[nodiscard]] const loom_param_spec* find_spec(std::string_view name) const;
+
+  // The factory's entries, preferring the args-struct versions (1.2) when the plugin has
+  // them and falling back to the positional ones of plugins built against 1.0 / 1.1.
+  // Unguarded: callers wrap them in guarded_call.
+  [[nodiscard]] loom_status* create(const loom_host_services* host, void** out_instance) const;
+  [[nodiscard]] bool has_import_state() const;
+  [[nodiscard]] loom_status* import_state(void* instance, const void* data, size_t bytes) const;
 };
 
 struct PluginInfo {

@@ -48,6 +48,21 @@ std::string str_or(const char* s, const char* fallback) { return s != nullptr ? 
 
 bool valid_param_type(int32_t t) { return t >= LOOM_PARAM_BOOL && t <= LOOM_PARAM_REF; }
 
+// False for a NaN bound or a range no value can meet: min > max, or an exclusive bound
+// equal to the other one (or, for exact int64 bounds, no integer strictly inside).
+bool range_allows_some(const loom_param_spec& spec) {
+  const bool lo_ex = (spec.flags & LOOM_PARAM_MIN_EXCLUSIVE) != 0;
+  const bool hi_ex = (spec.flags & LOOM_PARAM_MAX_EXCLUSIVE) != 0;
+  if ((spec.flags & LOOM_PARAM_INT_RANGE) != 0) {
+    // Widened, so that the int64 limits cannot overflow.
+    const auto lo = static_cast<long double>(spec.int_min) + (lo_ex ? 1 : 0);
+    const auto hi = static_cast<long double>(spec.int_max) - (hi_ex ? 1 : 0);
+    return lo <= hi;
+  }
+  if (std::isnan(spec.min) || std::isnan(spec.max) || spec.min > spec.max) return false;
+  return !(spec.min == spec.max && (lo_ex || hi_ex));
+}
+
 struct LoadedLibrary {
   boost::dll::shared_library library;
   std::shared_ptr<const PluginInfo> info;
@@ -83,8 +98,11 @@ FactoryInfo read_factory(const std::filesystem::path& path, const std::string& p
   info.raw = copy_prefix<loom_factory>(f, f->struct_size);
   if (info.raw.kind == nullptr || *info.raw.kind == '\0') fail(path, where + " has no kind");
   info.kind = info.raw.kind;
-  if (info.raw.create == nullptr || info.raw.vtable == nullptr) {
-    fail(path, where + " (" + info.kind + ") lacks create or vtable");
+  // Fields past the factory's struct_size read as NULL (copy_prefix), so a factory from
+  // before 1.2 needs create, and one from 1.2 on either create or create_with_args.
+  if ((info.raw.create == nullptr && info.raw.create_with_args == nullptr) ||
+      info.raw.vtable == nullptr) {
+    fail(path, where + " (" + info.kind + ") lacks create (or create_with_args) or vtable");
   }
   const uint32_t vt_size = *static_cast<const uint32_t*>(info.raw.vtable);
   if (vt_size < min_vtable_size(info.kind)) {
@@ -122,7 +140,25 @@ FactoryInfo read_factory(const std::filesystem::path& path, const std::string& p
     if (spec.type == LOOM_PARAM_REF && (spec.ref_kind == nullptr || *spec.ref_kind == '\0')) {
       fail(path, pwhere + " ('" + spec.name + "') is a reference without ref_kind");
     }
-    if (std::isnan(spec.min) || std::isnan(spec.max) || spec.min > spec.max) {
+    if ((spec.flags & ~LOOM_PARAM_KNOWN_FLAGS) != 0) {
+      std::ostringstream hex;
+      hex << std::hex << (spec.flags & ~LOOM_PARAM_KNOWN_FLAGS);
+      fail(path,
+           pwhere + " ('" + spec.name + "') has unknown flags 0x" + hex.str() +
+               " (from a newer ABI minor than this host's " + std::to_string(LOOM_ABI_MAJOR) + "." +
+               std::to_string(LOOM_ABI_MINOR) + ")",
+           LOOM_ERR_ABI_MISMATCH);
+    }
+    const bool numeric = spec.type == LOOM_PARAM_INT || spec.type == LOOM_PARAM_FLOAT ||
+                         spec.type == LOOM_PARAM_INT_LIST || spec.type == LOOM_PARAM_FLOAT_LIST;
+    const bool integral = spec.type == LOOM_PARAM_INT || spec.type == LOOM_PARAM_INT_LIST;
+    if (!numeric && (spec.flags & (LOOM_PARAM_MIN_EXCLUSIVE | LOOM_PARAM_MAX_EXCLUSIVE)) != 0) {
+      fail(path, pwhere + " ('" + spec.name + "') has exclusive bounds but is not a number");
+    }
+    if (!integral && (spec.flags & LOOM_PARAM_INT_RANGE) != 0) {
+      fail(path, pwhere + " ('" + spec.name + "') has LOOM_PARAM_INT_RANGE but is not an integer");
+    }
+    if (!range_allows_some(spec)) {
       fail(path, pwhere + " ('" + spec.name + "') has an invalid range");
     }
     info.specs.push_back(spec);

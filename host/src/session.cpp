@@ -187,9 +187,8 @@ void Session::create_instances() {
     svc.param_count = v.params.params.size();
 
     void* object = nullptr;
-    const auto& factory = v.factory->raw;
     auto taken = take_status(guarded_call(
-        inst->label + " create", [&] { return factory.create(&inst->services, &object); }));
+        inst->label + " create", [&] { return v.factory->create(&inst->services, &object); }));
     if (taken.ok() && object == nullptr) {
       taken = {LOOM_ERR_INTERNAL, "create returned success but no instance"};
     }

@@ -13,8 +13,53 @@ namespace {
 
 using Type = ManifestValue::Type;
 
-std::string range_phrase(const loom_param_spec& spec) {
-  return "[" + loom_text::number(spec.min) + ", " + loom_text::number(spec.max) + "]";
+bool min_exclusive(const loom_param_spec& spec) {
+  return (spec.flags & LOOM_PARAM_MIN_EXCLUSIVE) != 0;
+}
+bool max_exclusive(const loom_param_spec& spec) {
+  return (spec.flags & LOOM_PARAM_MAX_EXCLUSIVE) != 0;
+}
+bool exact_ints(const loom_param_spec& spec, int32_t type) {
+  return type == LOOM_PARAM_INT && (spec.flags & LOOM_PARAM_INT_RANGE) != 0;
+}
+
+// What a value outside the spec's range is told, after "NAME = VALUE ": "is out of range
+// [0, 1]" ("(0, 1]" with an exclusive bound), or "must be > 0" when only one side is bounded.
+// Exact int64 bounds print as integers.
+std::string range_error(const loom_param_spec& spec, int32_t type) {
+  std::string lo;
+  std::string hi;
+  if (exact_ints(spec, type)) {
+    if (spec.int_min != INT64_MIN || min_exclusive(spec)) lo = std::to_string(spec.int_min);
+    if (spec.int_max != INT64_MAX || max_exclusive(spec)) hi = std::to_string(spec.int_max);
+  } else {
+    // Integers without exact bounds use +-9.2e18 for "none", as the ABI suggests.
+    const double none = type == LOOM_PARAM_INT ? 9.2e18 : INFINITY;
+    if (std::abs(spec.min) < none) lo = loom_text::number(spec.min);
+    if (std::abs(spec.max) < none) hi = loom_text::number(spec.max);
+  }
+  if (!lo.empty() && !hi.empty()) {
+    return std::string("is out of range ") + (min_exclusive(spec) ? "(" : "[") + lo + ", " + hi +
+           (max_exclusive(spec) ? ")" : "]");
+  }
+  if (!lo.empty()) return std::string("must be ") + (min_exclusive(spec) ? "> " : ">= ") + lo;
+  if (!hi.empty()) return std::string("must be ") + (max_exclusive(spec) ? "< " : "<= ") + hi;
+  return "is out of range";  // only NaN gets here
+}
+
+bool int_in_range(int64_t x, const loom_param_spec& spec) {
+  if ((spec.flags & LOOM_PARAM_INT_RANGE) != 0) {
+    return (min_exclusive(spec) ? x > spec.int_min : x >= spec.int_min) &&
+           (max_exclusive(spec) ? x < spec.int_max : x <= spec.int_max);
+  }
+  const auto d = static_cast<double>(x);
+  return (min_exclusive(spec) ? d > spec.min : d >= spec.min) &&
+         (max_exclusive(spec) ? d < spec.max : d <= spec.max);
+}
+
+bool float_in_range(double x, const loom_param_spec& spec) {
+  return !std::isnan(x) && (min_exclusive(spec) ? x > spec.min : x >= spec.min) &&
+         (max_exclusive(spec) ? x < spec.max : x <= spec.max);
 }
 
 bool is_list(int32_t type) {
@@ -55,10 +100,9 @@ bool check_scalar(const ManifestValue& v, int32_t type, const loom_param_spec& s
       break;
     case LOOM_PARAM_INT:
       if (v.type == Type::kInt) {
-        const auto x = static_cast<double>(v.int_value);
-        if (x < spec.min || x > spec.max) {
-          diags.error(v.pos, what + " = " + std::to_string(v.int_value) + " is out of range " +
-                                 range_phrase(spec));
+        if (!int_in_range(v.int_value, spec)) {
+          diags.error(v.pos,
+                      what + " = " + std::to_string(v.int_value) + " " + range_error(spec, type));
           return false;
         }
         return true;
@@ -67,9 +111,8 @@ bool check_scalar(const ManifestValue& v, int32_t type, const loom_param_spec& s
     case LOOM_PARAM_FLOAT:
       if (v.type == Type::kInt || v.type == Type::kFloat) {
         const double x = v.type == Type::kInt ? static_cast<double>(v.int_value) : v.float_value;
-        if (std::isnan(x) || x < spec.min || x > spec.max) {
-          diags.error(v.pos, what + " = " + loom_text::number(x) + " is out of range " +
-                                 range_phrase(spec));
+        if (!float_in_range(x, spec)) {
+          diags.error(v.pos, what + " = " + loom_text::number(x) + " " + range_error(spec, type));
           return false;
         }
         return true;
@@ -174,6 +217,58 @@ bool check_value(const ManifestValue& v, const loom_param_spec& spec, const std:
                        "element " + std::to_string(i) + " of " + what, diags);
   }
   return ok;
+}
+
+loom_status* hook_make_status(void* /*host_ctx*/, int32_t code, const char* message) noexcept {
+  return make_status(code, message);
+}
+
+// The factory's cross-parameter check (ABI 1.2), on an instance whose parameters passed the
+// schema. Its error goes to the key it blames (the instance's table when that key was not set,
+// or when it blames none); an exception escaping it is reported, never propagated. False when
+// it refused the parameters.
+bool run_validate_hook(const ValidatedInstance& inst,
+                       const std::map<std::string, const ManifestEntry*>& given,
+                       Diagnostics& diags) {
+  const auto hook = inst.factory->raw.validate;
+  if (hook == nullptr) return true;
+  const InstanceDecl& decl = *inst.decl;
+  const auto& params = inst.params.params;
+  loom_validate_args args{};
+  args.struct_size = LOOM_VALIDATE_ARGS_SIZE;
+  args.params = params.empty() ? nullptr : params.data();
+  args.param_count = params.size();
+  args.instance_name = decl.name.c_str();
+  args.make_status = hook_make_status;
+  args.bad_param = -1;
+  const std::string who = decl.label() + " (" + inst.plugin->label() + ")";
+  loom_status* raw = nullptr;
+  try {
+    raw = hook(&args);
+  } catch (const std::exception& e) {
+    raw = make_status(LOOM_ERR_INTERNAL,
+                      (who + ": validate threw an exception: " + e.what()).c_str());
+    args.bad_param = -1;
+  } catch (...) {
+    raw = make_status(LOOM_ERR_INTERNAL, (who + ": validate threw an exception").c_str());
+    args.bad_param = -1;
+  }
+  if (raw == nullptr) return true;
+  const std::string message = take_status(raw).message;  // a status is an error, whatever its code
+  if (args.bad_param >= 0 && static_cast<size_t>(args.bad_param) < params.size()) {
+    const std::string name = params[static_cast<size_t>(args.bad_param)].name;
+    const auto it = given.find(name);
+    if (it != given.end()) {
+      diags.error(it->second->key_pos,
+                  "parameter '" + name + "' of " + decl.label() + ": " + message);
+    } else {
+      diags.error(decl.pos, "parameter '" + name + "' of " + decl.label() +
+                                " (not set, so its default): " + message);
+    }
+  } else {
+    diags.error(decl.pos, decl.label() + " (plugin '" + decl.plugin + "'): " + message);
+  }
+  return false;
 }
 
 }  // namespace
@@ -337,6 +432,8 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
       edges[i].emplace_back(s, t->second);
       edge_pos[{i, t->second}] = entry.value.pos;
     }
+    // Every parameter passed the schema: the plugin's own cross-parameter check.
+    if (usable[i] && !run_validate_hook(out, given, diags)) usable[i] = false;
   }
 
   // Depth-first order so that every instance comes after what it references; a back edge

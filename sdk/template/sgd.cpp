@@ -35,17 +35,23 @@ class Sgd : public loom::sdk::Optimizer {
     };
   }
 
+  // Checks between parameters, run by `loom check` and before any instance is created; the
+  // third argument names the key the host reports the error at (FILE:LINE:COL).
+  // torch.optim.SGD refuses the same combination.
+  static void validate_params(Context& params) {
+    if (params.get_bool("nesterov") &&
+        (params.get_float("momentum") <= 0.0 || params.get_float("dampening") != 0.0)) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "nesterov needs momentum > 0 and dampening = 0",
+                  "nesterov");
+    }
+  }
+
   explicit Sgd(Context& ctx)
       : ctx_(ctx),
         momentum_(ctx.get_float("momentum")),
         dampening_(ctx.get_float("dampening")),
         nesterov_(ctx.get_bool("nesterov")),
-        weight_decay_(ctx.get_float("weight_decay")) {
-    // torch.optim.SGD refuses the same combination.
-    if (nesterov_ && (momentum_ <= 0.0 || dampening_ != 0.0)) {
-      throw Error(LOOM_ERR_INVALID_ARGUMENT, "nesterov needs momentum > 0 and dampening = 0");
-    }
-  }
+        weight_decay_(ctx.get_float("weight_decay")) {}
 
   void step(const loom_optimizer_step_args& args) {
     // Check every tensor before touching any: a bad argument must leave parameters as they

@@ -67,6 +67,18 @@ for cxx in g++ clang++; do
     out=$("$loom" check "$work/$manifest" 2>&1) ||
       fail "loom check $template/$manifest ($cxx): $out"
     [ "$out" = "$work/$manifest: ok" ] || fail "unexpected loom check output: $out"
+    if [ "$name" = sgd ]; then
+      # The template's validate_params: nesterov without momentum fails `loom check` at the
+      # nesterov key (sdk/template/README.md).
+      sed 's/^momentum = 0.9$/momentum = 0.0/' "$work/$manifest" >"$work/nesterov.toml"
+      line=$(grep -n '^nesterov = true$' "$work/nesterov.toml" | cut -d: -f1)
+      [ -n "$line" ] || fail "no 'nesterov = true' line in $template/$manifest"
+      if out=$("$loom" check "$work/nesterov.toml" 2>&1); then
+        fail "loom check accepted nesterov with momentum 0 ($cxx)"
+      fi
+      [ "$out" = "$work/nesterov.toml:$line:1: parameter 'nesterov' of optimizer.main: nesterov needs momentum > 0 and dampening = 0" ] ||
+        fail "unexpected error for nesterov with momentum 0 ($cxx): $out"
+    fi
   done
 
   # docs/sdk.md's test program (its one ```c block), built with docs/embedding.md's CMake

@@ -65,7 +65,7 @@ TEST_F(Manifest, UnknownLoomKeySuggestsTheClosestOne) {
 
 TEST_F(Manifest, OtherAbiMajorIsRejected) {
   EXPECT_EQ(check("[loom]\nabi = 2\n"), LOOM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_, at(2, 7) + "[loom] abi = 2 is not supported: this host speaks ABI 1.1");
+  EXPECT_EQ(error_, at(2, 7) + "[loom] abi = 2 is not supported: this host speaks ABI 1.2");
 }
 
 TEST_F(Manifest, LoomKeysOfTheWrongType) {

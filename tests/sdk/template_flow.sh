@@ -92,4 +92,25 @@ grep -q "^$tmp/bad.toml:8:1: unknown parameter 'nesterovv' for optimizer.main (p
   "$tmp/bad.err" || fail "no unknown-parameter error at 8:1"
 [ "$(wc -l <"$tmp/bad.err")" -eq 2 ] || fail "expected exactly 2 errors"
 
+echo "== loom check (nesterov without momentum: the template's validate_params)"
+cat >"$tmp/nesterov.toml" <<'TOML'
+[loom]
+abi = 1
+plugin_path = ["build"]
+
+[optimizer.main]
+plugin = "sgd"
+dampening = 0.0
+nesterov = true
+TOML
+set +e
+"$loom" check "$tmp/nesterov.toml" >"$tmp/nesterov.out" 2>"$tmp/nesterov.err"
+rc=$?
+set -e
+cat "$tmp/nesterov.err"
+[ "$rc" -eq 2 ] || fail "loom check exited $rc on nesterov without momentum, expected 2"
+grep -qx "$tmp/nesterov.toml:8:1: parameter 'nesterov' of optimizer.main: nesterov needs momentum > 0 and dampening = 0" \
+  "$tmp/nesterov.err" || fail "no cross-parameter error at the nesterov key (8:1)"
+[ "$(wc -l <"$tmp/nesterov.err")" -eq 1 ] || fail "expected exactly 1 error"
+
 echo "template_flow: ok"

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 1
+#define LOOM_ABI_MINOR 2
 
 /* Size of a struct up to and including its last field (trailing padding excluded). */
 #define LOOM_STRUCT_SIZE(type, last_field) \
@@ -132,6 +132,17 @@ typedef struct loom_value {
 #define LOOM_VALUE_SIZE LOOM_STRUCT_SIZE(loom_value, ref_vtable)
 LOOM_CHECK_STRUCT_SIZE(loom_value, LOOM_VALUE_SIZE);
 
+/* loom_param_spec.flags (since 1.2). A host refuses a spec with a bit it does not know
+ * (loading the plugin fails naming the parameter), so a bit added later never passes
+ * unchecked. */
+#define LOOM_PARAM_MIN_EXCLUSIVE (1u << 0) /* the lower bound is excluded: value > min */
+#define LOOM_PARAM_MAX_EXCLUSIVE (1u << 1) /* the upper bound is excluded: value < max */
+/* INT / INT_LIST only: the bounds are int_min / int_max, compared exactly as int64
+ * (min / max still hold them as doubles, rounded outward, for hosts before 1.2). */
+#define LOOM_PARAM_INT_RANGE (1u << 2)
+#define LOOM_PARAM_KNOWN_FLAGS \
+  (LOOM_PARAM_MIN_EXCLUSIVE | LOOM_PARAM_MAX_EXCLUSIVE | LOOM_PARAM_INT_RANGE)
+
 /* One entry of a plugin's parameter schema. */
 typedef struct loom_param_spec {
   uint32_t struct_size;
@@ -141,16 +152,26 @@ typedef struct loom_param_spec {
   int32_t required;         /* 1: no default, the manifest must set it */
   int32_t list_length;      /* *_LIST: exact number of elements, 0 = any */
   loom_value default_value; /* ignored when required */
-  /* Numeric range, inclusive, for INT/FLOAT and each element of their lists.
-   * Use -INFINITY / INFINITY (or +-9.2e18 for ints) for no bound. */
+  /* Numeric range for INT/FLOAT and each element of their lists: inclusive, unless
+   * `flags` (since 1.2) makes a bound exclusive; for INT/INT_LIST with LOOM_PARAM_INT_RANGE
+   * the exact int_min / int_max apply instead. Use -INFINITY / INFINITY (or +-9.2e18 for
+   * ints) for no bound. */
   double min;
   double max;
   /* STRING / STRING_LIST: NULL, or a NULL-terminated list of allowed values. */
   const char* const* choices;
   /* REF: the kind ID the referenced instance must provide, e.g. "loom.comm/1". */
   const char* ref_kind;
+  /* Since 1.2. LOOM_PARAM_* bits: which bounds are exclusive, whether int_min / int_max
+   * apply. 0 (and a spec that ends before it): inclusive double bounds, as in 1.1. */
+  uint32_t flags LOOM_APPENDED_FIELD;
+  uint32_t reserved2 LOOM_APPENDED_FIELD; /* 0 */
+  /* Since 1.2, with LOOM_PARAM_INT_RANGE: exact bounds of an INT and of each element of an
+   * INT_LIST (INT64_MIN / INT64_MAX for none); exclusive per the flags. */
+  int64_t int_min LOOM_APPENDED_FIELD;
+  int64_t int_max LOOM_APPENDED_FIELD;
 } loom_param_spec;
-#define LOOM_PARAM_SPEC_SIZE LOOM_STRUCT_SIZE(loom_param_spec, ref_kind)
+#define LOOM_PARAM_SPEC_SIZE LOOM_STRUCT_SIZE(loom_param_spec, int_max)
 LOOM_CHECK_STRUCT_SIZE(loom_param_spec, LOOM_PARAM_SPEC_SIZE);
 
 /* A validated parameter as the host hands it to an instance. */
@@ -245,6 +266,49 @@ LOOM_CHECK_STRUCT_SIZE(loom_state_writer, LOOM_STATE_WRITER_SIZE);
 
 /* ------------------------------------------------------------- factory */
 
+/* What loom_factory.validate receives (since 1.2). */
+typedef struct loom_validate_args {
+  uint32_t struct_size;
+  uint32_t reserved;
+  /* The instance's parameters as create will get them: validated against the schema
+   * (types, ranges, choices), defaults filled in, params[i] for param_specs[i]. A REF holds
+   * the referenced instance's name only (ref_instance and ref_vtable are NULL): nothing is
+   * created yet. */
+  const loom_param* params;
+  size_t param_count;
+  const char* instance_name; /* the manifest's name for the instance */
+  /* [any] A status the host owns, for plugins without an allocator of their own. */
+  void* host_ctx;
+  loom_status* (*make_status)(void* host_ctx, int32_t code, const char* message);
+  /* out: with an error, the index into params of the parameter to blame (the host reports
+   * the error at that key in the manifest, or at the instance's table when the key was not
+   * set); the host sets -1 before the call, which blames the instance as a whole. */
+  int32_t bad_param;
+  uint32_t reserved2;
+} loom_validate_args;
+#define LOOM_VALIDATE_ARGS_SIZE LOOM_STRUCT_SIZE(loom_validate_args, reserved2)
+LOOM_CHECK_STRUCT_SIZE(loom_validate_args, LOOM_VALIDATE_ARGS_SIZE);
+
+/* What loom_factory.create_with_args receives (since 1.2); grows at the end. */
+typedef struct loom_create_args {
+  uint32_t struct_size;
+  uint32_t reserved;
+  /* The host's services for the new instance; valid until destroy returns. */
+  const loom_host_services* host;
+} loom_create_args;
+#define LOOM_CREATE_ARGS_SIZE LOOM_STRUCT_SIZE(loom_create_args, host)
+LOOM_CHECK_STRUCT_SIZE(loom_create_args, LOOM_CREATE_ARGS_SIZE);
+
+/* What loom_factory.import_state_with_args receives (since 1.2); grows at the end. */
+typedef struct loom_import_state_args {
+  uint32_t struct_size;
+  uint32_t reserved;
+  const void* data; /* the blob export_state wrote; borrowed for the call */
+  size_t bytes;
+} loom_import_state_args;
+#define LOOM_IMPORT_STATE_ARGS_SIZE LOOM_STRUCT_SIZE(loom_import_state_args, bytes)
+LOOM_CHECK_STRUCT_SIZE(loom_import_state_args, LOOM_IMPORT_STATE_ARGS_SIZE);
+
 /* One kind a plugin provides. The kind ID names the function table `vtable` points to,
  * e.g. "loom.optimizer/1" -> const loom_optimizer_v1*. */
 typedef struct loom_factory {
@@ -253,8 +317,9 @@ typedef struct loom_factory {
   const char* kind;                   /* "loom.optimizer/1" */
   const loom_param_spec* param_specs; /* the schema; may be NULL when param_count is 0 */
   size_t param_count;
-  /* [process] Makes an instance. `host` stays valid until destroy returns. */
-  loom_status* (*create)(const loom_host_services* host, void** out_instance);
+  /* [process] Makes an instance. `host` stays valid until destroy returns. May be NULL
+   * when create_with_args (below, since 1.2) is set. */
+  loom_status* (*create)(const loom_host_services* host, void** out_instance /* out */);
   /* [instance] Frees the instance; joins any thread it started. NULL is a no-op. */
   void (*destroy)(void* instance);
   const void* vtable; /* the kind's function table */
@@ -264,8 +329,23 @@ typedef struct loom_factory {
   /* [instance] Optional. Restores exported state; rejects foreign or corrupt blobs with
    * LOOM_ERR_DATA_LOSS or LOOM_ERR_INVALID_ARGUMENT and leaves the instance unchanged. */
   loom_status* (*import_state)(void* instance, const void* data, size_t bytes);
+  /* [process] Since 1.2, optional (NULL: no checks beyond the schema). Cross-parameter
+   * checks: returns NULL when the parameter set is acceptable, else an error whose message
+   * says what is wrong, with args->bad_param naming the parameter to blame. Called by
+   * `loom check` and before any instance of the manifest is created; it must not keep
+   * the pointers, create anything or depend on other instances. */
+  loom_status* (*validate)(loom_validate_args* args)LOOM_APPENDED_FIELD;
+  /* [process] Since 1.2, optional: create with its inputs in a struct that can grow. A host
+   * that speaks 1.2 calls it instead of create when it is set; a factory must set create
+   * too to load on hosts before 1.2. One of the two must be set. */
+  loom_status* (*create_with_args)(const loom_create_args* args,
+                                   void** out_instance /* out */)LOOM_APPENDED_FIELD;
+  /* [instance] Since 1.2, optional: import_state with its inputs in a struct that can grow,
+   * same contract; preferred over import_state when set. */
+  loom_status* (*import_state_with_args)(void* instance,
+                                         const loom_import_state_args* args)LOOM_APPENDED_FIELD;
 } loom_factory;
-#define LOOM_FACTORY_SIZE LOOM_STRUCT_SIZE(loom_factory, import_state)
+#define LOOM_FACTORY_SIZE LOOM_STRUCT_SIZE(loom_factory, import_state_with_args)
 LOOM_CHECK_STRUCT_SIZE(loom_factory, LOOM_FACTORY_SIZE);
 
 /* ------------------------------------------------------------- plugin entry */

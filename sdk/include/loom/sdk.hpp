@@ -7,6 +7,7 @@
 #include <loom/sdk/comm.hpp>
 #include <loom/sdk/context.hpp>
 #include <loom/sdk/plugin.hpp>
+#include <loom/sdk/quant_format.hpp>
 #include <loom/sdk/schema.hpp>
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>

@@ -90,7 +90,7 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, VersionNamesTheAbi) {
   const auto r = loom("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.1)\n");
+  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.2)\n");
 }
 
 TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
@@ -99,7 +99,7 @@ TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
   const auto doc = nlohmann::json::parse(r.out);
   EXPECT_EQ(doc["version"], LOOM_EXPECTED_VERSION);
   EXPECT_EQ(doc["abi"]["major"], 1);
-  EXPECT_EQ(doc["abi"]["minor"], 1);
+  EXPECT_EQ(doc["abi"]["minor"], 2);
   const std::string dlpack = doc["dlpack"]["version"];
   EXPECT_TRUE(std::regex_match(dlpack, std::regex("[0-9]+\\.[0-9]+"))) << dlpack;
   EXPECT_EQ(dlpack, std::to_string(DLPACK_VERSION / 100) + "." +
@@ -175,7 +175,7 @@ TEST_F(Cli, PluginsJsonListsTheTestPlugins) {
   }
   ASSERT_NE(probe, nullptr) << r.out;
   EXPECT_EQ((*probe)["version"], "1.2.3");
-  EXPECT_EQ((*probe)["abi"], "1.1");
+  EXPECT_EQ((*probe)["abi"], "1.2");
   EXPECT_EQ((*probe)["path"], loom_test::plugin_file("probe").string());
   ASSERT_EQ((*probe)["kinds"].size(), 2U);
   EXPECT_EQ((*probe)["kinds"][0]["kind"], "loom.optimizer/1");
@@ -191,7 +191,7 @@ TEST_F(Cli, PluginsTableListsProbe) {
   const auto r = loom("plugins " + plugin_path());
   EXPECT_THAT(r.out, StartsWith("NAME"));
   EXPECT_TRUE(std::regex_search(
-      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.1 +loom\.optimizer/1,loom\.comm/1 )")))
+      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.2 +loom\.optimizer/1,loom\.comm/1 )")))
       << r.out;
   EXPECT_THAT(r.err, HasSubstr("built for Loom ABI 2"));
 }
@@ -227,6 +227,28 @@ TEST_F(Cli, DescribeShowsIntegerRangesAsIntegers) {
   const auto doc = nlohmann::json::parse(j.out);
   EXPECT_TRUE(doc["kinds"][0]["params"][2]["max"].is_number_integer())
       << doc["kinds"][0]["params"][2];
+}
+
+TEST_F(Cli, DescribeShowsExclusiveAndExactBoundsAndTheCrossCheck) {
+  // abi12 (ABI 1.2): exclusive bounds print with "(" / ")", exact int64 bounds in full.
+  const auto r = loom("describe abi12 " + plugin_path());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("loom.optimizer/1 (exports state) (checks its parameters "
+                               "together)\n"));
+  EXPECT_THAT(r.out, HasSubstr("  gain (a number), default 1.0, range (0.0, inf]\n"));
+  EXPECT_THAT(r.out, HasSubstr("  ratio (a number), default 0.5, range (0.0, 1.0)\n"));
+  EXPECT_THAT(r.out, HasSubstr("  seed (an integer), default 0, range [0, 9007199254740993]\n"));
+  EXPECT_THAT(r.out, HasSubstr("  offsets (an array of integers), default [], range "
+                               "(-9007199254740993, inf]\n"));
+}
+
+TEST_F(Cli, CheckReportsACrossParameterErrorAtTheBlamedKey) {
+  const auto file = dir_.write("x.toml", "[optimizer.a]\nplugin = \"abi12\"\nlow = 3\nhigh = 2\n");
+  const auto r = loom("check " + quote(file.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, file.string() +
+                       ":4:1: parameter 'high' of optimizer.a: must be greater than "
+                       "low\n");
 }
 
 TEST_F(Cli, DescribeOptionalParameterWithoutDefaultSaysOptional) {

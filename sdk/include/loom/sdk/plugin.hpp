@@ -4,6 +4,7 @@
 //    public:
 //     explicit Sgd(loom::sdk::Context& ctx);
 //     static loom::sdk::Schema schema();                             // optional
+//     static void validate_params(loom::sdk::Context& params);       // optional
 //     void step(const loom_optimizer_step_args& args);
 //     void export_state(loom::sdk::StateWriter& out);                // optional, with
 //     void import_state(std::span<const std::byte> blob);            //   import_state
@@ -23,6 +24,7 @@
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
 
+#include <charconv>
 #include <concepts>
 #include <cstddef>
 #include <cstdio>
@@ -31,6 +33,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -367,16 +370,169 @@ void check_host_version(const loom_host_services* host) {
   }
 }
 
+// The cross-parameter hook: static void validate_params(Context&), given the same typed
+// view of the parameters as the constructor. It throws Error(code, message, "key") to name
+// the parameter to blame.
+template <class T>
+constexpr bool kHasValidate = requires(Context& c) {
+  T::validate_params(c);
+};
+
+// The index of parameter `name` in an array the host passed (walked by its own stride), or -1.
+inline int32_t param_index(const loom_param* params, std::size_t count, const std::string& name) {
+  if (params == nullptr || count == 0 || params[0].struct_size < sizeof(loom_param)) return -1;
+  const std::size_t stride = params[0].struct_size;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(params);  // NOLINT
+  for (std::size_t i = 0; i < count && i < 0x7fffffff; ++i) {
+    const auto* p = reinterpret_cast<const loom_param*>(bytes + i * stride);  // NOLINT
+    if (p->name != nullptr && name == p->name) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+template <class T>
+struct FactoryStorage;
+template <class T>
+const FactoryStorage<T>& factory_storage();
+
+// Shortest text that reads back as `v` ("1e-08", "0.5"), for messages.
+inline std::string number_text(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return r.ec == std::errc() ? std::string(buf, r.ptr) : std::to_string(v);
+}
+
+// What a host before ABI 1.2 does not check: exclusive bounds and exact int64 ranges (it reads
+// only the inclusive double bounds, which the SDK rounds outward). Run in create on such a
+// host, so a value the schema refuses never reaches the constructor.
+inline void check_12_bounds(const Context& params, const loom_param_spec* specs,
+                            std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const loom_param_spec& spec = specs[i];
+    if ((spec.flags &
+         (LOOM_PARAM_MIN_EXCLUSIVE | LOOM_PARAM_MAX_EXCLUSIVE | LOOM_PARAM_INT_RANGE)) == 0 ||
+        !params.has(spec.name)) {
+      continue;
+    }
+    const bool lo_ex = (spec.flags & LOOM_PARAM_MIN_EXCLUSIVE) != 0;
+    const bool hi_ex = (spec.flags & LOOM_PARAM_MAX_EXCLUSIVE) != 0;
+    const bool exact = (spec.flags & LOOM_PARAM_INT_RANGE) != 0;
+    const std::string range =
+        std::string(lo_ex ? "(" : "[") +
+        (exact ? std::to_string(spec.int_min) : number_text(spec.min)) + ", " +
+        (exact ? std::to_string(spec.int_max) : number_text(spec.max)) + (hi_ex ? ")" : "]");
+    auto refuse = [&](const std::string& value) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "parameter '" + std::string(spec.name) +
+                                                 "' = " + value + " is out of range " + range);
+    };
+    auto check_double = [&](double x) {
+      if (!((lo_ex ? x > spec.min : x >= spec.min) && (hi_ex ? x < spec.max : x <= spec.max))) {
+        refuse(number_text(x));
+      }
+    };
+    auto check_int = [&](int64_t x) {
+      if (!exact) return check_double(static_cast<double>(x));
+      if (!((lo_ex ? x > spec.int_min : x >= spec.int_min) &&
+            (hi_ex ? x < spec.int_max : x <= spec.int_max))) {
+        refuse(std::to_string(x));
+      }
+    };
+    const loom_value& v = params.value(spec.name);
+    switch (v.type) {
+      case LOOM_PARAM_FLOAT:
+        check_double(v.float_value);
+        break;
+      case LOOM_PARAM_INT:
+        check_int(v.int_value);
+        break;
+      case LOOM_PARAM_FLOAT_LIST:
+        for (std::size_t k = 0; k < v.count && v.float_list != nullptr; ++k) {
+          check_double(v.float_list[k]);
+        }
+        break;
+      case LOOM_PARAM_INT_LIST:
+        for (std::size_t k = 0; k < v.count && v.int_list != nullptr; ++k) check_int(v.int_list[k]);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 template <class T>
 struct FactoryThunks {
+  // `host_validated`: the host ran the factory's validate (a 1.2 host does before create);
+  // an older host never calls it, so the hook runs here and fails the create instead.
+  static void make(const loom_host_services* host, void** out_instance, bool host_validated) {
+    if (out_instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "out_instance is NULL");
+    *out_instance = nullptr;
+    check_host_version<T>(host);
+    if (!host_validated) {
+      const auto& storage = factory_storage<T>();
+      check_12_bounds(Context(host), storage.schema.data(), storage.schema.size());
+    }
+    if constexpr (kHasValidate<T>) {
+      if (!host_validated) {
+        Context params(host);
+        try {
+          T::validate_params(params);
+        } catch (const Error& e) {
+          if (e.param().empty()) throw;
+          throw Error(e.code(), "parameter '" + e.param() + "': " + e.what());
+        }
+      }
+    }
+    // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
+    *out_instance = new Holder<T>(host);  // NOLINT(bugprone-unhandled-exception-at-new)
+  }
   static loom_status* create(const loom_host_services* host, void** out_instance) noexcept {
     return guard([&] {
-      if (out_instance == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "out_instance is NULL");
-      *out_instance = nullptr;
-      check_host_version<T>(host);
-      // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
-      *out_instance = new Holder<T>(host);  // NOLINT(bugprone-unhandled-exception-at-new)
+      const bool validated = host != nullptr &&
+                             host->struct_size >= LOOM_STRUCT_SIZE(loom_host_services, abi_minor) &&
+                             host->abi_minor >= 2;
+      make(host, out_instance, validated);
     });
+  }
+  static loom_status* create_with_args(const loom_create_args* args, void** out_instance) noexcept {
+    return guard([&] {
+      if (out_instance != nullptr) *out_instance = nullptr;
+      const loom_create_args in = normalized(args, "create args");
+      make(in.host, out_instance, true);  // create_with_args is 1.2: the host validated
+    });
+  }
+  // Runs T::validate_params on the parameters the host passes (no instance exists yet): a
+  // Context over a services table that holds only them, the instance's name and the host's
+  // make_status. An Error naming a parameter sets bad_param.
+  static loom_status* validate(loom_validate_args* args) noexcept {
+    if (args == nullptr || args->struct_size < LOOM_STRUCT_SIZE(loom_validate_args, bad_param)) {
+      return make_status(LOOM_ERR_INVALID_ARGUMENT, "validate args are missing or too short");
+    }
+    try {
+      const loom_validate_args in = normalized(args, "validate args");
+      loom_host_services svc{};
+      svc.struct_size = LOOM_HOST_SERVICES_SIZE;
+      svc.abi_major = LOOM_ABI_MAJOR;
+      svc.abi_minor = 2;  // validate exists since 1.2
+      svc.host_ctx = in.host_ctx;
+      svc.instance_name = in.instance_name;
+      svc.make_status = in.make_status;
+      svc.params = in.params;
+      svc.param_count = in.params != nullptr ? in.param_count : 0;
+      Context params(&svc);
+      T::validate_params(params);
+      return nullptr;
+    } catch (const Error& e) {
+      if (e.param().empty()) return make_status(e.code(), e.what());
+      const int32_t index = param_index(args->params, args->param_count, e.param());
+      if (index < 0) {
+        return make_status(e.code(), std::string(e.what()) + " (parameter '" + e.param() +
+                                         "', which is not in the schema)");
+      }
+      args->bad_param = index;
+      return make_status(e.code(), e.what());
+    } catch (...) {
+      return status_from_current_exception();
+    }
   }
   static void destroy(void* instance) noexcept {
     // A throwing destructor has nowhere to report to; the C signature returns nothing.
@@ -420,14 +576,20 @@ struct FactoryThunks {
   }
   // Checks the frame (DATA_LOSS naming what does not match) and gives the plugin the payload;
   // an unframed blob from before frames reaches the plugin whole, as it always did.
+  static void import(void* instance, const void* data, std::size_t bytes) {
+    if (data == nullptr && bytes != 0) throw Error(LOOM_ERR_INVALID_ARGUMENT, "state data is NULL");
+    T& obj = object<T>(instance);
+    obj.import_state(state_frame::open(
+        std::span<const std::byte>(static_cast<const std::byte*>(data), data ? bytes : 0)));
+  }
   static loom_status* import_state(void* instance, const void* data, std::size_t bytes) noexcept {
+    return guard([&] { import(instance, data, bytes); });
+  }
+  static loom_status* import_state_with_args(void* instance,
+                                             const loom_import_state_args* args) noexcept {
     return guard([&] {
-      if (data == nullptr && bytes != 0) {
-        throw Error(LOOM_ERR_INVALID_ARGUMENT, "state data is NULL");
-      }
-      T& obj = object<T>(instance);
-      obj.import_state(state_frame::open(
-          std::span<const std::byte>(static_cast<const std::byte*>(data), data ? bytes : 0)));
+      const loom_import_state_args in = normalized(args, "import_state args");
+      import(instance, in.data, in.bytes);
     });
   }
 };
@@ -475,13 +637,17 @@ struct FactoryStorage {
     factory.struct_size = LOOM_FACTORY_SIZE;
     factory.param_specs = schema.data();
     factory.param_count = schema.size();
+    // Both create entries: create_with_args for hosts from 1.2 on, create for older ones.
     factory.create = &FactoryThunks<T>::create;
+    factory.create_with_args = &FactoryThunks<T>::create_with_args;
     factory.destroy = &FactoryThunks<T>::destroy;
     set_kind<T>(factory, Kinds{});
     if constexpr (kHasState<T>) {
       factory.export_state = &FactoryThunks<T>::export_state;
       factory.import_state = &FactoryThunks<T>::import_state;
+      factory.import_state_with_args = &FactoryThunks<T>::import_state_with_args;
     }
+    if constexpr (kHasValidate<T>) factory.validate = &FactoryThunks<T>::validate;
   }
 
   static Schema make_schema() {
@@ -497,6 +663,14 @@ struct FactoryStorage {
   SchemaStorage schema;
   loom_factory factory{};
 };
+
+// Built on the entry point's first call (a broken schema is reported there), kept while the
+// library is loaded.
+template <class T>
+const FactoryStorage<T>& factory_storage() {
+  static const FactoryStorage<T> storage;
+  return storage;
+}
 
 // Reports a broken plugin declaration where a developer will see it: there is no status to
 // return from the entry point, and the host reports the NULL it gets.
@@ -576,10 +750,7 @@ FactoryFn factory() {
                 "Comm, Codec: the kinds in loom::sdk::detail::Kinds)");
   static_assert(std::is_constructible_v<T, Context&>,
                 "the plugin class needs a constructor taking loom::sdk::Context&");
-  return [] {
-    static const detail::FactoryStorage<T> storage;
-    return static_cast<const loom_factory*>(&storage.factory);
-  };
+  return [] { return static_cast<const loom_factory*>(&detail::factory_storage<T>().factory); };
 }
 
 }  // namespace loom::sdk

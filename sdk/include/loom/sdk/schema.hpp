@@ -5,6 +5,8 @@
 //     using namespace loom::sdk;
 //     return {
 //         Float("momentum", 0.0, "Momentum factor.").range(0, 1),
+//         Float("eps", 1e-8, "Added to the denominator.").greater_than(0),
+//         Int("seed", 0, "Random seed.").int_range(0, INT64_MAX),   // exact int64 bounds
 //         Int("freeze_step", 100000, "Steps before compression starts.").min(1),
 //         FloatList("betas", {0.9, 0.999}, "Adam's betas.").length(2).range(0, 1),
 //         String("mode", "fast", "Kernel choice.").choices({"fast", "exact"}),
@@ -49,6 +51,13 @@ class Param {
   int32_t length_ = 0;
   double min_ = -std::numeric_limits<double>::infinity();
   double max_ = std::numeric_limits<double>::infinity();
+  bool min_exclusive_ = false;
+  bool max_exclusive_ = false;
+  // Int / IntList: exact bounds (LOOM_PARAM_INT_RANGE) once int_range/int_min/int_max is
+  // used; kept in step with min_/max_ by every bound setter.
+  bool int_range_ = false;
+  int64_t int_min_ = std::numeric_limits<int64_t>::min();
+  int64_t int_max_ = std::numeric_limits<int64_t>::max();
   bool bool_default_ = false;
   int64_t int_default_ = 0;
   double float_default_ = 0.0;
@@ -81,26 +90,92 @@ class ParamBuilder : public Param {
   const Self& self() const { return static_cast<const Self&>(*this); }
 };
 
-// Inclusive bounds for numbers and for each element of numeric lists.
+// The integer bound an integer x must meet for `x >= lo` (inclusive) or `x > lo`
+// (exclusive) to hold as it does against the double lo; saturates at the int64 limits.
+inline int64_t int_lower_bound(double lo, bool exclusive) {
+  if (std::isnan(lo) || lo <= -0x1p63) return std::numeric_limits<int64_t>::min();
+  if (lo >= 0x1p63) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(exclusive ? std::floor(lo) : std::ceil(lo));
+}
+inline int64_t int_upper_bound(double hi, bool exclusive) {
+  if (std::isnan(hi) || hi >= 0x1p63) return std::numeric_limits<int64_t>::max();
+  if (hi <= -0x1p63) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(exclusive ? std::ceil(hi) : std::floor(hi));
+}
+// An int64 as a double rounded down (lower bounds) or up (upper bounds), so a reader that
+// only knows the double bounds (a host before ABI 1.2) accepts at least every valid value.
+inline double double_at_or_below(int64_t v) {
+  if (v == std::numeric_limits<int64_t>::min()) return -std::numeric_limits<double>::infinity();
+  double d = static_cast<double>(v);
+  if (static_cast<long double>(d) > static_cast<long double>(v)) {
+    d = std::nextafter(d, -std::numeric_limits<double>::infinity());
+  }
+  return d;
+}
+inline double double_at_or_above(int64_t v) {
+  if (v == std::numeric_limits<int64_t>::max()) return std::numeric_limits<double>::infinity();
+  double d = static_cast<double>(v);
+  if (static_cast<long double>(d) < static_cast<long double>(v)) {
+    d = std::nextafter(d, std::numeric_limits<double>::infinity());
+  }
+  return d;
+}
+
+// Bounds for numbers and for each element of numeric lists: inclusive (range, min, max) or
+// exclusive (greater_than, less_than). Setting a bound again replaces it.
 template <class Self>
 class NumericBuilder : public ParamBuilder<Self> {
  public:
   using ParamBuilder<Self>::ParamBuilder;
 
-  Self range(double lo, double hi) const {
+  Self range(double lo, double hi) const { return this->self().min(lo).max(hi); }
+  Self min(double lo) const { return lower(lo, false); }
+  Self max(double hi) const { return upper(hi, false); }
+  // value > lo, e.g. a learning-rate-like ratio or an epsilon: .greater_than(0).
+  Self greater_than(double lo) const { return lower(lo, true); }
+  // value < hi.
+  Self less_than(double hi) const { return upper(hi, true); }
+
+ protected:
+  Self lower(double lo, bool exclusive) const {
     Self copy = this->self();
     copy.min_ = lo;
-    copy.max_ = hi;
+    copy.min_exclusive_ = exclusive;
+    copy.int_min_ = int_lower_bound(lo, exclusive);
     return copy;
   }
-  Self min(double lo) const {
-    Self copy = this->self();
-    copy.min_ = lo;
-    return copy;
-  }
-  Self max(double hi) const {
+  Self upper(double hi, bool exclusive) const {
     Self copy = this->self();
     copy.max_ = hi;
+    copy.max_exclusive_ = exclusive;
+    copy.int_max_ = int_upper_bound(hi, exclusive);
+    return copy;
+  }
+};
+
+// Int and IntList: bounds as exact int64 values (LOOM_PARAM_INT_RANGE), for ranges the
+// double bounds cannot state exactly (past 2^53). Inclusive; greater_than/less_than still
+// make a bound exclusive.
+template <class Self>
+class IntBuilder : public NumericBuilder<Self> {
+ public:
+  using NumericBuilder<Self>::NumericBuilder;
+
+  Self int_range(int64_t lo, int64_t hi) const { return this->self().int_min(lo).int_max(hi); }
+  Self int_min(int64_t lo) const {
+    Self copy = this->self();
+    copy.int_range_ = true;
+    copy.int_min_ = lo;
+    copy.min_ = double_at_or_below(lo);
+    copy.min_exclusive_ = false;
+    return copy;
+  }
+  Self int_max(int64_t hi) const {
+    Self copy = this->self();
+    copy.int_range_ = true;
+    copy.int_max_ = hi;
+    copy.max_ = double_at_or_above(hi);
+    copy.max_exclusive_ = false;
     return copy;
   }
 };
@@ -137,10 +212,10 @@ class Bool : public detail::ParamBuilder<Bool> {
   }
 };
 
-class Int : public detail::NumericBuilder<Int> {
+class Int : public detail::IntBuilder<Int> {
  public:
   Int(std::string name, int64_t default_value, std::string doc)
-      : NumericBuilder(LOOM_PARAM_INT, std::move(name), std::move(doc)) {
+      : IntBuilder(LOOM_PARAM_INT, std::move(name), std::move(doc)) {
     int_default_ = default_value;
   }
 };
@@ -165,10 +240,10 @@ class String : public detail::ParamBuilder<String>, public detail::ChoicesBuilde
   friend class detail::ChoicesBuilder<String>;
 };
 
-class IntList : public detail::NumericBuilder<IntList>, public detail::ListBuilder<IntList> {
+class IntList : public detail::IntBuilder<IntList>, public detail::ListBuilder<IntList> {
  public:
   IntList(std::string name, std::vector<int64_t> default_value, std::string doc)
-      : NumericBuilder(LOOM_PARAM_INT_LIST, std::move(name), std::move(doc)) {
+      : IntBuilder(LOOM_PARAM_INT_LIST, std::move(name), std::move(doc)) {
     int_list_default_ = std::move(default_value);
   }
 
@@ -270,6 +345,13 @@ class SchemaStorage {
            t == LOOM_PARAM_FLOAT_LIST;
   }
 
+  static bool int_range_allows_some(const Param& p) {
+    // Widen to avoid overflow at the int64 limits.
+    const auto lo = static_cast<long double>(p.int_min_) + (p.min_exclusive_ ? 1 : 0);
+    const auto hi = static_cast<long double>(p.int_max_) - (p.max_exclusive_ ? 1 : 0);
+    return lo <= hi;
+  }
+
   [[noreturn]] static void fail(const Param& p, const std::string& what) {
     throw Error(LOOM_ERR_INVALID_ARGUMENT, "schema parameter '" + p.name_ + "': " + what);
   }
@@ -280,11 +362,26 @@ class SchemaStorage {
     for (std::size_t j = 0; j < index; ++j) {
       if (params_[j].name_ == p.name_) fail(p, "declared twice");
     }
-    if (std::isnan(p.min_) || std::isnan(p.max_) || p.min_ > p.max_) fail(p, "empty range");
+    if (std::isnan(p.min_) || std::isnan(p.max_) || p.min_ > p.max_ ||
+        (p.min_ == p.max_ && (p.min_exclusive_ || p.max_exclusive_))) {
+      fail(p, "empty range");
+    }
+    // Integers: no integer in the range is an empty range too (> 3 and < 4), whichever
+    // bounds the spec carries; int_min_/int_max_ follow every bound setter.
+    const bool integral = p.type_ == LOOM_PARAM_INT || p.type_ == LOOM_PARAM_INT_LIST;
+    if (integral && !int_range_allows_some(p)) fail(p, "empty range");
     if (p.length_ < 0) fail(p, "negative list length");
     if (p.type_ == LOOM_PARAM_REF && p.ref_kind_.empty()) fail(p, "reference without a kind");
     if (p.required_) return;  // the default is ignored
-    auto in_range = [&](double v) { return v >= p.min_ && v <= p.max_; };
+    auto in_range = [&](double v) {
+      return (p.min_exclusive_ ? v > p.min_ : v >= p.min_) &&
+             (p.max_exclusive_ ? v < p.max_ : v <= p.max_);
+    };
+    auto int_in_range = [&](int64_t v) {
+      if (!p.int_range_) return in_range(static_cast<double>(v));
+      return (p.min_exclusive_ ? v > p.int_min_ : v >= p.int_min_) &&
+             (p.max_exclusive_ ? v < p.int_max_ : v <= p.int_max_);
+    };
     auto allowed = [&](const std::string& s) {
       if (p.choices_.empty()) return true;
       for (const std::string& c : p.choices_) {
@@ -300,7 +397,7 @@ class SchemaStorage {
     };
     switch (p.type_) {
       case LOOM_PARAM_INT:
-        if (!in_range(static_cast<double>(p.int_default_))) fail(p, "default out of range");
+        if (!int_in_range(p.int_default_)) fail(p, "default out of range");
         break;
       case LOOM_PARAM_FLOAT:
         if (!in_range(p.float_default_)) fail(p, "default out of range");
@@ -311,7 +408,7 @@ class SchemaStorage {
       case LOOM_PARAM_INT_LIST:
         check_length(p.int_list_default_.size());
         for (int64_t v : p.int_list_default_) {
-          if (!in_range(static_cast<double>(v))) fail(p, "default element out of range");
+          if (!int_in_range(v)) fail(p, "default element out of range");
         }
         break;
       case LOOM_PARAM_FLOAT_LIST:
@@ -342,6 +439,15 @@ class SchemaStorage {
     spec.list_length = p.length_;
     spec.min = is_numeric(p.type_) ? p.min_ : -std::numeric_limits<double>::infinity();
     spec.max = is_numeric(p.type_) ? p.max_ : std::numeric_limits<double>::infinity();
+    if (is_numeric(p.type_)) {
+      if (p.min_exclusive_) spec.flags |= LOOM_PARAM_MIN_EXCLUSIVE;
+      if (p.max_exclusive_) spec.flags |= LOOM_PARAM_MAX_EXCLUSIVE;
+    }
+    if (p.int_range_ && (p.type_ == LOOM_PARAM_INT || p.type_ == LOOM_PARAM_INT_LIST)) {
+      spec.flags |= LOOM_PARAM_INT_RANGE;
+      spec.int_min = p.int_min_;
+      spec.int_max = p.int_max_;
+    }
     if (!p.choices_.empty()) {
       std::vector<const char*>& ptrs = choice_ptrs_[index];
       for (const std::string& c : p.choices_) ptrs.push_back(c.c_str());

@@ -16,16 +16,23 @@
 
 namespace loom::sdk {
 
-// The exception plugin code throws to fail a call with a specific code.
+// The exception plugin code throws to fail a call with a specific code. `param`, when
+// given, names the parameter to blame: a plugin's validate_params hook throws
+// Error(LOOM_ERR_INVALID_ARGUMENT, "needs momentum > 0", "nesterov"), and the host reports
+// the message at that key in the manifest.
 class Error : public std::runtime_error {
  public:
-  Error(loom_code code, const std::string& message)
-      : std::runtime_error(message), code_(code == LOOM_OK ? LOOM_ERR_INTERNAL : code) {}
+  Error(loom_code code, const std::string& message, std::string param = {})
+      : std::runtime_error(message),
+        code_(code == LOOM_OK ? LOOM_ERR_INTERNAL : code),
+        param_(std::move(param)) {}
 
   loom_code code() const noexcept { return code_; }
+  const std::string& param() const noexcept { return param_; }
 
  private:
   loom_code code_;
+  std::string param_;
 };
 
 // A short name for a code, for messages ("INVALID_ARGUMENT").
