@@ -1,5 +1,6 @@
 // adam: Adam and AdamW (adam_w_mode) as torch.optim.Adam / AdamW compute them, fused in
-// one pass per element on the CPU (Highway) or one multi-tensor launch per group on CUDA.
+// one pass per element on the CPU (Highway) or one multi-tensor launch per group on CUDA
+// (backend.hpp: one Backend, chosen by the step's device).
 #include <loom/sdk.hpp>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.hpp"
 #include "common.hpp"
 #include "finite_check.hpp"
 
@@ -53,11 +55,12 @@ class Adam : public loom::sdk::Optimizer {
       loom::optim::report_found_inf(args, true);
       return;
     }
+    loom::optim::Backend& be = backends_.begin(groups, args.stream);
+    loom::optim::StepBackend::End end(backends_);
     loom::optim::ensure_slots(slots_, groups, 2, args.stream);
     const uint64_t t = steps_ + 1;
     const double bc1 = loom::optim::bias_correction(bias_correction_, beta1_, t);
     const double bc2 = loom::optim::bias_correction(bias_correction_, beta2_, t);
-    const bool on_cuda = loom::optim::step_on_cuda(groups);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const double lr = args.lr * groups[g].lr_scale;
       const double wd = groups[g].weight_decay;
@@ -76,15 +79,9 @@ class Adam : public loom::sdk::Optimizer {
         r.v = slots_[g][i].buffers[1].data();
         refs.push_back(r);
       }
-      if (on_cuda) {
-#if LOOM_OPTIM_HAVE_CUDA
-        loom::optim::Buffer::check_cuda(
-            loom::optim::cuda::adam(refs.data(), refs.size(), h, args.stream));
-#endif
-      } else {
-        for (const auto& r : refs) loom::optim::adam_cpu(r, h);
-      }
+      be.adam(refs, h);
     }
+    end.done();
     steps_ = t;
     loom::optim::report_found_inf(args, false);
   }
@@ -97,6 +94,7 @@ class Adam : public loom::sdk::Optimizer {
 
   // Format v1: header, step count, slot table ({m, v} per tensor).
   void export_state(loom::sdk::StateWriter& out) {
+    backends_.synchronize();  // the copies run on the legacy default stream
     loom::optim::write_moment_state(out, kMagic, kVersion, steps_, slots_);
   }
 
@@ -123,6 +121,7 @@ class Adam : public loom::sdk::Optimizer {
   loom::optim::SlotTable slots_;  // {m, v} per tensor
   uint64_t skipped_ = 0;          // steps skipped for a non-finite gradient (not exported)
   loom::optim::FiniteFlag finite_;
+  loom::optim::StepBackend backends_;
 };
 
 }  // namespace

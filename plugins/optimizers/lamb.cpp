@@ -3,6 +3,7 @@
 //   m, v as in Adam; u = m_hat / (sqrt(v_hat) + eps) + weight_decay * p
 //   coeff = clamp(|p| / |u|, min_coeff, max_coeff)  (1 when either norm is 0)
 //   p = p - lr * coeff * u
+// Both passes run in the step's Backend (backend.hpp), CPU or CUDA by the tensors' device.
 #include <loom/sdk.hpp>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.hpp"
 #include "common.hpp"
 #include "finite_check.hpp"
 
@@ -66,11 +68,12 @@ class Lamb : public loom::sdk::Optimizer {
       loom::optim::report_found_inf(args, true);
       return;
     }
+    loom::optim::Backend& be = backends_.begin(groups, args.stream);
+    loom::optim::StepBackend::End end(backends_);
     loom::optim::ensure_slots(slots_, groups, 2, args.stream);
     const uint64_t t = steps_ + 1;
     const double bc1 = loom::optim::bias_correction(bias_correction_, beta1_, t);
     const double bc2 = loom::optim::bias_correction(bias_correction_, beta2_, t);
-    const bool on_cuda = loom::optim::step_on_cuda(groups);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const double lr = args.lr * groups[g].lr_scale;
       LambHyper h;
@@ -87,21 +90,9 @@ class Lamb : public loom::sdk::Optimizer {
         r.v = slots_[g][i].buffers[1].data();
         refs.push_back(r);
       }
-      if (on_cuda) {
-#if LOOM_OPTIM_HAVE_CUDA
-        loom::optim::Buffer::check_cuda(loom::optim::cuda::lamb(
-            refs.data(), refs.size(), h, static_cast<float>(lr), static_cast<float>(min_coeff_),
-            static_cast<float>(max_coeff_), args.stream));
-#endif
-        continue;
-      }
-      for (const auto& r : refs) {
-        double sp = 0.0;
-        double su = 0.0;
-        loom::optim::lamb_moments_cpu(r, h, &sp, &su);
-        loom::optim::lamb_apply_cpu(r, h, static_cast<float>(lr * trust_ratio(sp, su)));
-      }
+      be.lamb(refs, h, lr, min_coeff_, max_coeff_);
     }
+    end.done();
     steps_ = t;
     loom::optim::report_found_inf(args, false);
   }
@@ -113,6 +104,7 @@ class Lamb : public loom::sdk::Optimizer {
   }
 
   void export_state(loom::sdk::StateWriter& out) {
+    backends_.synchronize();  // the copies run on the legacy default stream
     loom::optim::write_moment_state(out, kMagic, kVersion, steps_, slots_);
   }
 
@@ -125,16 +117,6 @@ class Lamb : public loom::sdk::Optimizer {
  private:
   static constexpr const char* kMagic = "loom.lamb";
   static constexpr uint32_t kVersion = 1;
-
-  // Computed in fp32 like the CUDA kernel, so both paths pick the same coefficient.
-  double trust_ratio(double sum_p2, double sum_u2) const {
-    const double pn = std::sqrt(sum_p2);
-    const double un = std::sqrt(sum_u2);
-    if (!(pn > 0.0) || !(un > 0.0)) return 1.0;
-    float c = static_cast<float>(pn / un);
-    c = std::min(std::max(c, static_cast<float>(min_coeff_)), static_cast<float>(max_coeff_));
-    return static_cast<double>(c);
-  }
 
   Context ctx_;
   double beta1_;
@@ -149,6 +131,7 @@ class Lamb : public loom::sdk::Optimizer {
   loom::optim::SlotTable slots_;  // {m, v} per tensor
   uint64_t skipped_ = 0;          // steps skipped for a non-finite gradient (not exported)
   loom::optim::FiniteFlag finite_;
+  loom::optim::StepBackend backends_;
 };
 
 }  // namespace

@@ -27,9 +27,9 @@ DLTensor flat_tensor(float* data, int64_t* shape, DLDevice device) {
 }
 
 #if LOOM_OPTIM_HAVE_CUDA
-// How the compressed allreduce moves device memory: the kernels library's helpers (the
-// same CUDA runtime as the kernels).
-loom::sdk::DeviceOps device_ops() {
+// How the compressed allreduce moves and orders device memory on `device`: the kernels
+// library's helpers (the same CUDA runtime as the kernels).
+loom::sdk::DeviceOps device_ops(int device) {
   namespace kc = loom::optim::cuda;
   loom::sdk::DeviceOps ops;
   ops.copy = [](void* dst, const void* src, std::size_t bytes, void* stream) {
@@ -44,6 +44,13 @@ loom::sdk::DeviceOps device_ops() {
   ops.from_host = [](void* dst, const void* src, std::size_t bytes, void* stream) {
     Buffer::check_cuda(kc::copy_to_device(dst, src, bytes, stream));
   };
+  ops.record_event = [device](void** event, void* stream) {
+    Buffer::check_cuda(kc::event_record(event, stream, device));
+  };
+  ops.wait_event = [device](void* event, void* stream) {
+    Buffer::check_cuda(kc::event_wait(event, stream, device));
+  };
+  ops.destroy_event = [](void* event) { kc::event_destroy(event); };
   return ops;
 }
 #endif
@@ -116,8 +123,30 @@ void Onebit::step(const loom_optimizer_step_args& args) {
   device_ = device;
   stream_ = args.stream;
 #if LOOM_OPTIM_HAVE_CUDA
-  cuda_.set_stream(args.stream);
+  // The state kept on the device since the last step: this step's stream waits for that
+  // step's work when it brings another stream, and the step's work is marked at its end
+  // (also when it fails part-way), for the next one.
+  if (on_cuda()) {
+    cuda_.begin(stream_, device_.device_id);
+    try {
+      if (car_) car_->use_stream(stream_);
+      ordered_step(groups, args);
+    } catch (...) {
+      try {
+        cuda_.end();
+      } catch (...) {  // the step's own error is the one reported
+      }
+      throw;
+    }
+    cuda_.end();
+    return;
+  }
 #endif
+  ordered_step(groups, args);
+}
+
+void Onebit::ordered_step(const std::vector<StepGroup>& groups,
+                          const loom_optimizer_step_args& args) {
   layout(groups);  // validates against the state before anything changes
   device_set_ = true;
   const uint64_t t = steps_ + 1;
@@ -223,6 +252,11 @@ void Onebit::import_state(std::span<const std::byte> blob) {
   } else if (car_) {
     reset_car();
   }
+#if LOOM_OPTIM_HAVE_CUDA
+  // car_ exists after a step, so on CUDA the backend has begun on the last step's stream:
+  // the copies and zeroing above are marked like a step's work.
+  if (car_ && on_cuda()) cuda_.end();
+#endif
   steps_ = steps;
   total_ = total;
   offsets_ = std::move(offsets);
@@ -386,13 +420,14 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
     // every group is non_freeze).
     std::unique_ptr<loom::sdk::CompressedAllreduce> car;
     if (packed > 0) {
-      // On CUDA: buffers from the host's device_alloc, stream-ordered on this (the first)
-      // step's stream, which is also where they are freed when the optimizer is destroyed.
+      // On CUDA: buffers from the host's device_alloc, stream-ordered on this step's stream;
+      // a later step on another stream hands it over with use_stream() (an event), and the
+      // buffers are freed on the last step's stream when the optimizer is destroyed.
       loom::sdk::CompressedAllreduce::Options options;
       options.device = device_;
       options.stream = stream_;
 #if LOOM_OPTIM_HAVE_CUDA
-      if (on_cuda()) options.device_ops = device_ops();
+      if (on_cuda()) options.device_ops = device_ops(device_.device_id);
 #endif
       car = std::make_unique<loom::sdk::CompressedAllreduce>(
           ctx_, comm_, codec_, static_cast<int64_t>(packed), std::move(options));

@@ -26,6 +26,12 @@
 // comm and the codec must support the device. The state blob is the same on both (device
 // buffers are copied to and from the host), so a checkpoint moves between CPU and CUDA.
 //
+// Streams (docs/abi.md): each step may bring another stream. The step's work is marked with
+// an event on its stream at its end, and a step on another stream first waits for it (the
+// compressed allreduce is handed over the same way, use_stream); export_state copies on the
+// last step's stream, and the compressed allreduce's buffers are freed on it at destruction,
+// so that stream must stay valid until the optimizer steps on another one or is destroyed.
+//
 // Param-group extras (ABI 1.1; DeepSpeed has both): a tensor's exp_avg_mask multiplies what the
 // compressed allreduce returned (1-bit Adam's momentum, 0/1 Adam's gradient and synced update,
 // 1-bit LAMB's unscaled momentum), per tensor; a LOOM_OPTIMIZER_GROUP_NON_FREEZE group of
@@ -255,6 +261,8 @@ class Onebit : public loom::sdk::Optimizer {
   DLDevice step_device(const std::vector<StepGroup>& groups) const;
   // The state's device is fixed by the first step; the comm and the codec must support it.
   void check_device(DLDevice device);
+  // step() once the device and stream are set (and, on CUDA, ordered after the last step).
+  void ordered_step(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
   // The flat layout: tensor k of the step occupies [offsets_[k], offsets_[k+1]).
   void layout(const std::vector<StepGroup>& groups);
   // True when flat_ (the step's local gradients) is finite on every rank: each rank checks
@@ -266,7 +274,9 @@ class Onebit : public loom::sdk::Optimizer {
 
   Variant variant_;
 
-  // Where the state lives: fixed by the first step (device_set_); stream_ is the last step's.
+  // Where the state lives: fixed by the first step (device_set_); stream_ is the last step's
+  // (export_state's copies run on it; on CUDA the next step on another stream waits for its
+  // work through cuda_'s event, docs/abi.md Streams).
   bool device_set_ = false;
   DLDevice device_{kDLCPU, 0};
   void* stream_ = nullptr;

@@ -1,7 +1,9 @@
-// The elementwise and reduction primitives of the 1-bit optimizer family (onebit.cpp), behind
-// one interface with a CPU and a CUDA implementation. onebit.cpp writes each algorithm once
+// The elementwise and reduction primitives of the 1-bit optimizer family (onebit.hpp), behind
+// one interface with a CPU and a CUDA implementation: backend.hpp's Backend (the fused Adam
+// and LAMB kernels, shared with adam and lamb) extended with the family's own loops. The
+// algorithms (onebit_adam.cpp, zero_one_adam.cpp, onebit_lamb.cpp) are written once
 // (schedules, bias corrections, LAMB's trust-ratio EMA and factor clamps, scaling
-// coefficients: all host-side scalar logic) and calls these for every loop over elements.
+// coefficients: all host-side scalar logic) and call these for every loop over elements.
 //
 // Buffers are flat fp32 arrays (the optimizer's m, v, aux, gradient scratch) on the
 // backend's device; a Segment (kernels/onebit_cuda.hpp) is one tensor of the step: its
@@ -11,10 +13,11 @@
 // Decay rates cross as loom::optim::Decay: beta and 1 - beta, each computed in double and
 // rounded to fp32 once (decay_of), never 1 - float(beta).
 //
-// CPU: the loops onebit.cpp ran before this split (threaded with parallel_for, the Highway
-// kernels of kernels/cpu.hpp where it used them). CUDA: kernels/onebit_cuda.hpp and
-// kernels/cuda.hpp, every launch and copy ordered on the stream set with set_stream (the step's
-// stream); primitives that return values to the host (the reductions) synchronize that stream.
+// CPU: threaded with parallel_for, the Highway kernels of kernels/cpu.hpp where they apply.
+// CUDA: kernels/onebit_cuda.hpp and kernels/cuda.hpp, every launch and copy ordered on the
+// stream given to begin() (the step's stream; begin()/end() order the state across streams,
+// backend.hpp); primitives that return values to the host (the reductions) synchronize that
+// stream.
 // Errors throw loom::sdk::Error (INTERNAL for a CUDA failure).
 #pragma once
 
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.hpp"
 #include "common/parallel_for.hpp"
 #include "kernels/cpu.hpp"
 #include "kernels/onebit_cuda.hpp"  // Segment, LambPostStats (plain C++ declarations)
@@ -48,17 +52,14 @@ void for_range(std::size_t n, Fn&& fn) {
 }
 
 // Semantics of every primitive: kernels/onebit_cuda.hpp (the function of the same name)
-// unless noted.
-class Backend {
+// unless noted; adam() and lamb(): backend.hpp.
+class Backend : public loom::optim::Backend {
  public:
-  virtual ~Backend() = default;
   // flat[offset + i] = float(seg.g[i]) * inv_scale.
   virtual void load_grad(const Segments& s, float* flat, float inv_scale) = 0;
   // dst[0, n) = src[0, n) (same device).
   virtual void copy(float* dst, const float* src, std::size_t n) = 0;
   virtual void zero(float* dst, std::size_t n) = 0;
-  // The fused Adam kernel (kernels/cpu.hpp adam_cpu / cuda::adam) on tensors of one group.
-  virtual void adam(const std::vector<TensorRef>& refs, const AdamHyper& h) = 0;
   // m = b1.beta * m + b1.rest * g over n elements.
   virtual void momentum(float* m, const float* g, std::size_t n, Decay b1) = 0;
   // The same per segment (momentum_segments with scale 1, no m_prev).
@@ -92,7 +93,7 @@ class Backend {
 };
 
 // ---------------------------------------------------------------- CPU
-class CpuBackend final : public Backend {
+class CpuBackend final : public loom::optim::CpuBackendT<Backend> {
  public:
   void load_grad(const Segments& s, float* flat, float inv_scale) override {
     for (const Segment& seg : s) {
@@ -108,9 +109,6 @@ class CpuBackend final : public Backend {
     if (n != 0 && dst != src) std::memcpy(dst, src, n * sizeof(float));
   }
   void zero(float* dst, std::size_t n) override { std::fill(dst, dst + n, 0.0f); }
-  void adam(const std::vector<TensorRef>& refs, const AdamHyper& h) override {
-    for (const TensorRef& r : refs) adam_cpu(r, h);
-  }
   void momentum(float* m, const float* g, std::size_t n, Decay b1) override {
     momentum_cpu(m, g, DType::kF32, n, b1, 1.0f);
   }
@@ -308,11 +306,8 @@ class CpuBackend final : public Backend {
 #if LOOM_OPTIM_HAVE_CUDA
 namespace k = loom::optim::cuda::onebit;
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public loom::optim::CudaBackendT<Backend> {
  public:
-  void set_stream(void* stream) { stream_ = stream; }
-  void* stream() const { return stream_; }
-
   void load_grad(const Segments& s, float* flat, float inv_scale) override {
     ok(k::load_grad(s.data(), s.size(), flat, inv_scale, stream_));
   }
@@ -321,9 +316,6 @@ class CudaBackend final : public Backend {
   }
   void zero(float* dst, std::size_t n) override {
     if (n != 0) ok(cuda::memset_zero(dst, n * sizeof(float), stream_));
-  }
-  void adam(const std::vector<TensorRef>& refs, const AdamHyper& h) override {
-    if (!refs.empty()) ok(cuda::adam(refs.data(), refs.size(), h, stream_));
   }
   void momentum(float* m, const float* g, std::size_t n, Decay b1) override {
     if (n != 0) ok(k::momentum(m, g, n, b1, stream_));
@@ -379,12 +371,6 @@ class CudaBackend final : public Backend {
                   float eps) override {
     ok(k::lamb_apply(s.data(), s.size(), m, v, inv_bc1, inv_bc2, eps, stream_));
   }
-
- private:
-  static void ok(const std::string& e) {
-    if (!e.empty()) throw loom::sdk::Error(LOOM_ERR_INTERNAL, e);
-  }
-  void* stream_ = nullptr;
 };
 #endif
 

@@ -38,6 +38,14 @@
 // LOOM_SDK_CUDA_RUNTIME before including this header to get those ops from
 // <cuda_runtime_api.h> by default (then link CUDA::cudart).
 //
+// Streams (docs/abi.md): the buffers live across calls, so each call that queues work on
+// them records an event on its stream at the end, and a call on another stream first makes
+// its stream wait for that event (DeviceOps record_event / wait_event; without those a
+// stream change is refused with FAILED_PRECONDITION). Export, import and reset use the
+// last call's stream, and the destructor frees the buffers on it (stream-ordered, through
+// the host's device_free): that stream must stay valid until the object is destroyed or
+// used on another stream.
+//
 // Threads: one call at a time ([instance] of the comm and codec instances it uses).
 #ifndef LOOM_SDK_COMPRESSED_ALLREDUCE_HPP
 #define LOOM_SDK_COMPRESSED_ALLREDUCE_HPP
@@ -86,6 +94,14 @@ struct DeviceOps {
       to_host;
   std::function<void(void* device_dst, const void* host_src, std::size_t bytes, void* stream)>
       from_host;
+  // Ordering across streams (optional; needed to run on more than one stream). Creates
+  // *event on first use (on the buffers' device) and records it after the work queued so far
+  // on `stream`.
+  std::function<void(void** event, void* stream)> record_event;
+  // Work queued on `stream` after this starts after the event's last record.
+  std::function<void(void* event, void* stream)> wait_event;
+  // Destroys an event record_event created (at destruction).
+  std::function<void(void* event)> destroy_event;
 };
 
 #ifdef LOOM_SDK_CUDA_RUNTIME
@@ -115,6 +131,21 @@ inline DeviceOps cuda_device_ops() {
        "cudaMemcpyAsync");
     ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
   };
+  // Events are created on the current device, which must be the buffers' device.
+  ops.record_event = [ok](void** event, void* stream) {
+    if (*event == nullptr) {
+      cudaEvent_t e = nullptr;
+      ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      *event = e;
+    }
+    ok(cudaEventRecord(static_cast<cudaEvent_t>(*event), static_cast<cudaStream_t>(stream)),
+       "cudaEventRecord");
+  };
+  ops.wait_event = [ok](void* event, void* stream) {
+    ok(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+       "cudaStreamWaitEvent");
+  };
+  ops.destroy_event = [](void* event) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
   return ops;
 }
 #endif
@@ -122,7 +153,7 @@ inline DeviceOps cuda_device_ops() {
 // Where a CompressedAllreduce works (CompressedAllreduce::Options).
 struct CompressedAllreduceOptions {
   DLDevice device{kDLCPU, 0};  // where the tensors and every buffer live
-  void* stream = nullptr;      // allocation stream, and run()'s default stream
+  void* stream = nullptr;      // the allocation stream, and the first run()'s default stream
   DeviceOps device_ops;        // required unless device is host memory
 };
 
@@ -147,14 +178,22 @@ class CompressedAllreduce {
 
   CompressedAllreduce(const CompressedAllreduce&) = delete;
   CompressedAllreduce& operator=(const CompressedAllreduce&) = delete;
-  ~CompressedAllreduce() { release(); }
+  ~CompressedAllreduce() {
+    release();
+    if (event_ != nullptr && options_.device_ops.destroy_event) {
+      options_.device_ops.destroy_event(event_);
+    }
+  }
 
   // output = compressed average over ranks of input. Both fp32, contiguous, numel() elements,
-  // on options.device; output may be input (in place). `stream`: NULL uses options.stream.
+  // on options.device; output may be input (in place). `stream`: NULL uses the last call's
+  // stream (at first options.stream); another stream waits for the last call's work first.
   void run(const DLTensor& input, DLTensor& output, void* stream = nullptr) {
-    if (stream == nullptr) stream = options_.stream;
+    if (stream == nullptr) stream = stream_;
     check_tensor(input, "compressed allreduce input");
     check_tensor(output, "compressed allreduce output");
+    use_stream(stream);
+    const Marker marker(*this);  // the event after this call's work, also on a throw
     const CompressedAllreduceTraffic before = read_stats();
     const std::size_t in_bytes = static_cast<std::size_t>(numel_) * sizeof(float);
 
@@ -248,6 +287,25 @@ class CompressedAllreduce {
   // In place.
   void run(DLTensor& tensor, void* stream = nullptr) { run(tensor, tensor, stream); }
 
+  // Makes `stream` the one later work on the buffers goes to (run() without a stream, reset,
+  // export, import, the destructor's frees), ordered after the work queued so far: for an
+  // owner that also touches the buffers itself (worker_error(), server_error()) on its own
+  // stream. No-op for host memory and for the current stream.
+  void use_stream(void* stream) {
+    if (is_cpu(options_.device) || stream == stream_) return;
+    if (!options_.device_ops.record_event || !options_.device_ops.wait_event) {
+      throw Error(LOOM_ERR_FAILED_PRECONDITION,
+                  "compressed allreduce on " + device_string(options_.device) +
+                      ": a call on another stream than the last one needs "
+                      "Options::device_ops.record_event and wait_event");
+    }
+    if (event_ != nullptr) options_.device_ops.wait_event(event_, stream);
+    stream_ = stream;
+    mark();  // the event follows the new stream (the old one may go away)
+  }
+  // The stream later work goes to (the last call's).
+  void* stream() const { return stream_; }
+
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return padded_; }         // N
   int64_t chunk_numel() const { return padded_ / size_; }  // c = N / n
@@ -309,10 +367,11 @@ class CompressedAllreduce {
     import_errors(in.read_bytes(static_cast<std::size_t>(bytes)));
   }
 
-  // Zeroes both error buffers (a fresh start, as at construction).
+  // Zeroes both error buffers (a fresh start, as at construction), on the last call's stream.
   void reset() {
-    zero(worker_error_, worker_bytes(), options_.stream);
-    zero(server_error_, server_bytes(), options_.stream);
+    zero(worker_error_, worker_bytes(), stream_);
+    zero(server_error_, server_bytes(), stream_);
+    mark();
   }
 
   // Traffic of the last run() and of all runs so far, and the number of runs.
@@ -321,6 +380,27 @@ class CompressedAllreduce {
   uint64_t calls() const { return calls_; }
 
  private:
+  // Records the event after the work queued on the current stream (device memory with
+  // record_event only).
+  void mark() {
+    if (!is_cpu(options_.device) && options_.device_ops.record_event) {
+      options_.device_ops.record_event(&event_, stream_);
+    }
+  }
+  // Calls mark() when a run() leaves, returning or throwing (work may have been queued).
+  struct Marker {
+    explicit Marker(CompressedAllreduce& c) : owner(c) {}
+    ~Marker() {
+      try {
+        owner.mark();
+      } catch (...) {  // a failure to record shows at the next wait or sync
+      }
+    }
+    Marker(const Marker&) = delete;
+    Marker& operator=(const Marker&) = delete;
+    CompressedAllreduce& owner;
+  };
+
   // Encodes `input` (+ `error`, updated in place) into `chunks` chunks at `output`.
   void encode(const DLTensor* input, DLTensor* error, uint32_t chunks, void* output, void* stream) {
     loom_codec_encode_args enc{};
@@ -345,11 +425,11 @@ class CompressedAllreduce {
     // The options are not known yet (delegating constructor); capture by value later.
     Allocator a;
     a.alloc = [ctx, this](std::size_t bytes) {
-      return ctx.device_alloc(options_.device, bytes, options_.stream);
+      return ctx.device_alloc(options_.device, bytes, stream_);
     };
     a.free = [ctx, this](void* p) noexcept {
       try {
-        ctx.device_free(options_.device, p, options_.stream);
+        ctx.device_free(options_.device, p, stream_);
       } catch (...) {
       }
     };
@@ -362,7 +442,8 @@ class CompressedAllreduce {
         codec_(std::move(codec)),
         options_(std::move(options)),
         allocator_(std::move(allocator)),
-        numel_(numel) {
+        numel_(numel),
+        stream_(options_.stream) {
     if (!comm_) throw Error(LOOM_ERR_INVALID_ARGUMENT, "compressed allreduce: comm is not set");
     if (!codec_) throw Error(LOOM_ERR_INVALID_ARGUMENT, "compressed allreduce: codec is not set");
     if (numel_ <= 0) {
@@ -427,10 +508,13 @@ class CompressedAllreduce {
       send_ = allocate(chunk_bytes_ * static_cast<std::size_t>(size_));
       recv_ = allocate(chunk_bytes_ * static_cast<std::size_t>(size_));
       server_chunk_ = allocate(chunk_bytes_);
+      zero(work_, worker_bytes(), stream_);
       reset();
-      zero(work_, worker_bytes(), options_.stream);
     } catch (...) {
       release();
+      if (event_ != nullptr && options_.device_ops.destroy_event) {
+        options_.device_ops.destroy_event(event_);
+      }
       throw;
     }
   }
@@ -531,14 +615,14 @@ class CompressedAllreduce {
     if (is_cpu(options_.device)) {
       std::memcpy(dst, src, bytes);
     } else {
-      options_.device_ops.to_host(dst, src, bytes, options_.stream);
+      options_.device_ops.to_host(dst, src, bytes, stream_);
     }
   }
   void from_host(void* dst, const void* src, std::size_t bytes) const {
     if (is_cpu(options_.device)) {
       std::memcpy(dst, src, bytes);
     } else {
-      options_.device_ops.from_host(dst, src, bytes, options_.stream);
+      options_.device_ops.from_host(dst, src, bytes, stream_);
     }
   }
 
@@ -567,6 +651,8 @@ class CompressedAllreduce {
   CompressedAllreduceTraffic last_;
   CompressedAllreduceTraffic total_;
   uint64_t calls_ = 0;
+  void* stream_ = nullptr;  // the last call's stream: later work and the frees go there
+  void* event_ = nullptr;   // recorded after the last call's work on stream_ (device memory)
 };
 
 }  // namespace loom::sdk
