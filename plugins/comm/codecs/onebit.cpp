@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -37,6 +38,13 @@ class Onebit : public loom::sdk::Codec {
   explicit Onebit(Context& ctx) : ctx_(ctx) {
     ctx_.debug(std::string("onebit CPU kernels: ") + codecs::simd_target_name());
   }
+  ~Onebit() {
+#ifdef LOOM_CODECS_CUDA
+    for (auto& [device, word] : faults_) codecs::cuda::fault_word_free(word);
+#endif
+  }
+  Onebit(const Onebit&) = delete;
+  Onebit& operator=(const Onebit&) = delete;
 
   void layout(loom_codec_layout& l) {
     const uint64_t n = codecs::layout_world(l);
@@ -67,11 +75,8 @@ class Onebit : public loom::sdk::Codec {
     if (!loom::sdk::is_cpu(v.device)) unsupported(v.device);
     // Pass 1: the norm (nothing is written yet, so a bad input changes nothing).
     const double sum = codecs::onebit_sum_squares(v.x, v.e, v.n);
-    if (!std::isfinite(sum)) {
-      throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                  "onebit encode: input + error has non-finite values (or overflows fp32 when "
-                  "squared)");
-    }
+    if (!std::isfinite(sum))
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, non_finite_message("onebit encode"));
     const float scale = codecs::onebit_scale(sum, v.n);
     const std::size_t chunk_groups = v.chunk_elements / 8;
     const std::size_t chunk_bytes = 4 + chunk_groups;
@@ -137,6 +142,16 @@ class Onebit : public loom::sdk::Codec {
   }
 
  private:
+  // The CPU and CUDA paths fail bad data with the same codes and messages (the CUDA one
+  // adds where it was found).
+  static std::string non_finite_message(const std::string& op) {
+    return op + ": input + error has non-finite values (or overflows fp32 when squared)";
+  }
+  static std::string bad_scale_message(const std::string& op, std::size_t chunk, float s) {
+    return op + ": chunk " + std::to_string(chunk) + " has an invalid scale (" + std::to_string(s) +
+           "); the input is not onebit chunks of this size";
+  }
+
   // alpha * scale of each chunk, after checking the scales.
   static std::vector<float> chunk_values(const codecs::DecodeView& v, const char* op) {
     const std::size_t chunk_bytes = 4 + v.chunk_elements / 8;
@@ -144,10 +159,7 @@ class Onebit : public loom::sdk::Codec {
     for (std::size_t j = 0; j < v.chunks; ++j) {
       const float s = codecs::read_scale(v.in + j * chunk_bytes);
       if (!codecs::finite(s) || s < 0.0f) {
-        throw Error(LOOM_ERR_DATA_LOSS, std::string("onebit ") + op + ": chunk " +
-                                            std::to_string(j) + " has an invalid scale (" +
-                                            std::to_string(s) +
-                                            "); the input is not onebit chunks of this size");
+        throw Error(LOOM_ERR_DATA_LOSS, bad_scale_message(std::string("onebit ") + op, j, s));
       }
       values[j] = v.alpha * s;
     }
@@ -159,14 +171,22 @@ class Onebit : public loom::sdk::Codec {
                 "onebit: tensors on " + loom::sdk::device_string(d) + " are not supported");
   }
 
+  // CUDA: kernels record bad data in the device's fault word (onebit_cuda.h); decode and
+  // decode_sum read it after their own kernels (synchronizing the stream) and turn a fault,
+  // theirs or an earlier encode's, into the status the CPU path returns.
   void encode_cuda([[maybe_unused]] const codecs::EncodeView& v, [[maybe_unused]] void* stream) {
 #ifdef LOOM_CODECS_CUDA
+    void* fault = fault_word(v.device);
     const std::size_t ws_bytes = codecs::cuda::onebit_encode_workspace_bytes(v.n);
     void* ws = ctx_.device_alloc(v.device, ws_bytes, stream);
-    const std::string err = codecs::cuda::onebit_encode(
-        v.x, v.e, v.n, static_cast<uint32_t>(v.chunks), v.out, ws, stream);
+    try {
+      codecs::cuda::onebit_encode(v.x, v.e, v.n, static_cast<uint32_t>(v.chunks), v.out, ws, fault,
+                                  stream);
+    } catch (...) {
+      ctx_.device_free(v.device, ws, stream);
+      throw;
+    }
     ctx_.device_free(v.device, ws, stream);
-    if (!err.empty()) throw Error(LOOM_ERR_INTERNAL, "onebit encode (CUDA): " + err);
 #else
     unsupported(v.device);
 #endif
@@ -175,17 +195,51 @@ class Onebit : public loom::sdk::Codec {
   void decode_cuda([[maybe_unused]] const codecs::DecodeView& v, [[maybe_unused]] void* stream,
                    [[maybe_unused]] bool sum) {
 #ifdef LOOM_CODECS_CUDA
+    void* fault = fault_word(v.device);
     const auto chunks = static_cast<uint32_t>(v.chunks);
-    const std::string err =
-        sum ? codecs::cuda::onebit_decode_sum(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate,
-                                              v.out, stream)
-            : codecs::cuda::onebit_decode(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate,
-                                          v.out, stream);
-    if (!err.empty()) throw Error(LOOM_ERR_INTERNAL, "onebit decode (CUDA): " + err);
+    if (sum) {
+      codecs::cuda::onebit_decode_sum(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate, v.out,
+                                      fault, stream);
+    } else {
+      codecs::cuda::onebit_decode(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate, v.out,
+                                  fault, stream);
+    }
+    const codecs::cuda::FaultReport r = codecs::cuda::read_fault(fault, stream);
+    using codecs::cuda::Fault;
+    switch (r.fault) {
+      case Fault::kNone:
+        return;
+      case Fault::kEncodeNonFinite:
+        throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                    non_finite_message("onebit encode") +
+                        " (found on the CUDA device; reported by the next decode, which is the "
+                        "first call that synchronizes)");
+      case Fault::kDecodeBadScale:
+      case Fault::kDecodeSumBadScale:
+        throw Error(LOOM_ERR_DATA_LOSS,
+                    bad_scale_message(r.fault == Fault::kDecodeSumBadScale ? "onebit decode_sum"
+                                                                           : "onebit decode",
+                                      r.chunk, r.value) +
+                        " (found on the CUDA device)");
+    }
+    throw Error(LOOM_ERR_INTERNAL,
+                "onebit: unknown CUDA fault code " + std::to_string(static_cast<int>(r.fault)));
 #else
     unsupported(v.device);
 #endif
   }
+
+#ifdef LOOM_CODECS_CUDA
+  // This instance's fault word on the tensor's device, made on first use.
+  void* fault_word(DLDevice d) {
+    auto it = faults_.find(d.device_id);
+    if (it == faults_.end()) {
+      it = faults_.emplace(d.device_id, codecs::cuda::fault_word_alloc(d.device_id)).first;
+    }
+    return it->second;
+  }
+  std::map<int32_t, void*> faults_;
+#endif
 
   Context ctx_;
 };
