@@ -20,9 +20,7 @@
 
 #include <stdint.h>
 
-#if !defined(__CUDA_ARCH__)
 #include <cstring>
-#endif
 
 #if defined(__CUDACC__)
 #define LOOM_HALF_FN __host__ __device__ __forceinline__

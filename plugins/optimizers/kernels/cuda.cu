@@ -33,17 +33,17 @@ struct Launch {
   int count;
 };
 
-namespace half = loom::plugins::half;
+namespace conv = loom::plugins::half;  // not "half": CUDA's fp16 type
 
 __device__ __forceinline__ float load_g(const void* g, uint8_t type, int64_t i) {
   if (type == 0) return static_cast<const float*>(g)[i];
   const uint16_t h = static_cast<const uint16_t*>(g)[i];
-  if (type == 1) return half::bf16_to_f32(h);
-  return half::f16_to_f32(h);
+  if (type == 1) return conv::bf16_to_f32(h);
+  return conv::f16_to_f32(h);
 }
 
 __device__ __forceinline__ void store_low(void* low, uint8_t type, int64_t i, float f) {
-  static_cast<uint16_t*>(low)[i] = type == 1 ? half::f32_to_bf16(f) : half::f32_to_f16(f);
+  static_cast<uint16_t*>(low)[i] = type == 1 ? conv::f32_to_bf16(f) : conv::f32_to_f16(f);
 }
 
 __device__ __forceinline__ int find_tensor(const Launch& L, int block) {

@@ -44,18 +44,18 @@ __device__ __forceinline__ float denom_of(float v, float inv_bc2, float eps) {
   return add(mul(root(v), inv_bc2), eps);
 }
 
-namespace half = loom::plugins::half;
+namespace conv = loom::plugins::half;  // not "half": CUDA's fp16 type
 
 __device__ __forceinline__ float load_g(const void* g, DType type, int64_t i) {
   if (type == DType::kF32) return static_cast<const float*>(g)[i];
   const uint16_t h = static_cast<const uint16_t*>(g)[i];
-  return type == DType::kBF16 ? half::bf16_to_f32(h) : half::f16_to_f32(h);
+  return type == DType::kBF16 ? conv::bf16_to_f32(h) : conv::f16_to_f32(h);
 }
 
 __device__ __forceinline__ void store_low(const Segment& s, int64_t i, float f) {
   if (s.low == nullptr) return;
   static_cast<uint16_t*>(s.low)[i] =
-      s.ltype == DType::kBF16 ? half::f32_to_bf16(f) : half::f32_to_f16(f);
+      s.ltype == DType::kBF16 ? conv::f32_to_bf16(f) : conv::f32_to_f16(f);
 }
 
 // ---------------------------------------------------------------- segment walk
