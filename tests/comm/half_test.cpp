@@ -1,6 +1,7 @@
-// The ucx transport's fp16/bf16 conversions (plugins/comm/ucx/half.hpp) against exact
-// arithmetic in double: every half value round-trips, and float -> half rounds to nearest
-// even, with subnormals, overflow to infinity and NaN handled.
+// The ucx transport's reductions and conversions, by the names it uses (plugins/common/reduce.hpp
+// over plugins/common/half.hpp), against exact arithmetic in double: every half value
+// round-trips, float -> half rounds to nearest even, with subnormals, overflow to infinity and
+// NaN handled, and reductions accumulate in fp32. tests/half checks the conversions exhaustively.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "half.hpp"
+#include "common/reduce.hpp"
 
 namespace {
 

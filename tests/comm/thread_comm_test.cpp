@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "half.hpp"
+#include "common/reduce.hpp"
 #include "thread_comm_dir.hpp"
 
 #if defined(LOOM_TEST_CUDA)
@@ -32,7 +32,7 @@
 
 namespace {
 
-namespace hf = loom::plugins::ucx;
+namespace hf = loom::plugins::reduce_ops;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {

@@ -10,18 +10,13 @@
 #include <loom/kinds/codec.h>
 #include <loom/sdk.hpp>
 
-#include <cmath>
-#include <cstddef>
 #include <cstdint>
 #include <numeric>
 #include <string>
 
 #include "codec_common.hpp"
 #include "codec_kernels.hpp"
-#include "common/parallel_for.hpp"
-#ifdef LOOM_CODECS_CUDA
-#include "onebit_cuda.h"
-#endif
+#include "onebit_backend.hpp"
 
 namespace {
 
@@ -29,12 +24,15 @@ using loom::sdk::Context;
 using loom::sdk::Error;
 namespace codecs = loom::codecs;
 
-constexpr std::size_t kGrainGroups = 2048;  // 8-element groups per parallel_for grain
-constexpr std::size_t kStreamingBytes = std::size_t{64} << 20;
-
 class Onebit : public loom::sdk::Codec {
  public:
-  explicit Onebit(Context& ctx) : ctx_(ctx) {
+  explicit Onebit(Context& ctx)
+      : ctx_(ctx)
+#ifdef LOOM_CODECS_CUDA
+        ,
+        cuda_(ctx_)
+#endif
+  {
     ctx_.debug(std::string("onebit CPU kernels: ") + codecs::simd_target_name());
   }
 
@@ -60,134 +58,35 @@ class Onebit : public loom::sdk::Codec {
 
   void encode(const loom_codec_encode_args& a) {
     const codecs::EncodeView v = codecs::check_encode(a, 8, "onebit");
-    if (loom::sdk::is_cuda(v.device)) {
-      encode_cuda(v, a.stream);
-      return;
-    }
-    if (!loom::sdk::is_cpu(v.device)) unsupported(v.device);
-    // Pass 1: the norm (nothing is written yet, so a bad input changes nothing).
-    const double sum = codecs::onebit_sum_squares(v.x, v.e, v.n);
-    if (!std::isfinite(sum)) {
-      throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                  "onebit encode: input + error has non-finite values (or overflows fp32 when "
-                  "squared)");
-    }
-    const float scale = codecs::onebit_scale(sum, v.n);
-    const std::size_t chunk_groups = v.chunk_elements / 8;
-    const std::size_t chunk_bytes = 4 + chunk_groups;
-    for (std::size_t j = 0; j < v.chunks; ++j) codecs::write_scale(v.out + j * chunk_bytes, scale);
-    // Pass 2: sign, pack and error update, split at chunk boundaries.
-    loom::plugins::parallel_for(v.n / 8, kGrainGroups, [&](std::size_t g0, std::size_t g1) {
-      while (g0 < g1) {
-        const std::size_t chunk = g0 / chunk_groups;
-        const std::size_t end = std::min(g1, (chunk + 1) * chunk_groups);
-        const std::size_t i = g0 * 8;
-        codecs::onebit_sign_pack(v.x + i, v.e != nullptr ? v.e + i : nullptr, (end - g0) * 8, scale,
-                                 v.out + chunk * chunk_bytes + 4 + (g0 - chunk * chunk_groups));
-        g0 = end;
-      }
-    });
+    backend(v.device).encode(v, a.stream);
   }
 
   void decode(const loom_codec_decode_args& a) {
     const codecs::DecodeView v = codecs::check_decode(a, 8, "onebit");
-    const std::size_t chunk_groups = v.chunk_elements / 8;
-    const std::size_t chunk_bytes = 4 + chunk_groups;
-    if (loom::sdk::is_cuda(v.device)) {
-      decode_cuda(v, a.stream, /*sum=*/false);
-      return;
-    }
-    if (!loom::sdk::is_cpu(v.device)) unsupported(v.device);
-    const std::vector<float> values = chunk_values(v, "decode");
-    // Outputs far larger than the last-level cache are written with streaming stores.
-    const bool nontemporal =
-        !v.accumulate && v.chunks * v.chunk_elements * sizeof(float) >= kStreamingBytes;
-    loom::plugins::parallel_for(
-        v.chunks * chunk_groups, kGrainGroups, [&](std::size_t g0, std::size_t g1) {
-          while (g0 < g1) {
-            const std::size_t chunk = g0 / chunk_groups;
-            const std::size_t end = std::min(g1, (chunk + 1) * chunk_groups);
-            codecs::onebit_unpack(v.in + chunk * chunk_bytes + 4 + (g0 - chunk * chunk_groups),
-                                  (end - g0) * 8, values[chunk], v.accumulate, v.out + g0 * 8,
-                                  nontemporal);
-            g0 = end;
-          }
-        });
+    backend(v.device).decode(v, /*sum=*/false, a.stream);
   }
 
-  // The server step of the compressed allreduce: the chunks' sum in one pass over the
-  // output (instead of one read-modify-write pass per chunk).
+  // The server step of the compressed allreduce: the chunks' sum into one chunk.
   void decode_sum(const loom_codec_decode_args& a) {
     const codecs::DecodeView v = codecs::check_decode(a, 8, "onebit", /*sum=*/true);
-    const std::size_t groups = v.chunk_elements / 8;
-    const std::size_t chunk_bytes = 4 + groups;
-    if (loom::sdk::is_cuda(v.device)) {
-      decode_cuda(v, a.stream, /*sum=*/true);
-      return;
-    }
-    if (!loom::sdk::is_cpu(v.device)) unsupported(v.device);
-    const std::vector<float> values = chunk_values(v, "decode_sum");
-    const bool nontemporal = !v.accumulate && v.chunk_elements * sizeof(float) >= kStreamingBytes;
-    loom::plugins::parallel_for(groups, kGrainGroups, [&](std::size_t g0, std::size_t g1) {
-      std::vector<const uint8_t*> bits(v.chunks);
-      for (std::size_t j = 0; j < v.chunks; ++j) bits[j] = v.in + j * chunk_bytes + 4 + g0;
-      codecs::onebit_unpack_sum(bits.data(), values.data(), v.chunks, (g1 - g0) * 8, v.accumulate,
-                                v.out + g0 * 8, nontemporal);
-    });
+    backend(v.device).decode(v, /*sum=*/true, a.stream);
   }
 
  private:
-  // alpha * scale of each chunk, after checking the scales.
-  static std::vector<float> chunk_values(const codecs::DecodeView& v, const char* op) {
-    const std::size_t chunk_bytes = 4 + v.chunk_elements / 8;
-    std::vector<float> values(v.chunks);
-    for (std::size_t j = 0; j < v.chunks; ++j) {
-      const float s = codecs::read_scale(v.in + j * chunk_bytes);
-      if (!codecs::finite(s) || s < 0.0f) {
-        throw Error(LOOM_ERR_DATA_LOSS, std::string("onebit ") + op + ": chunk " +
-                                            std::to_string(j) + " has an invalid scale (" +
-                                            std::to_string(s) +
-                                            "); the input is not onebit chunks of this size");
-      }
-      values[j] = v.alpha * s;
-    }
-    return values;
-  }
-
-  [[noreturn]] static void unsupported(DLDevice d) {
+  codecs::onebit::Backend& backend(DLDevice d) {
+    if (loom::sdk::is_cpu(d)) return cpu_;
+#ifdef LOOM_CODECS_CUDA
+    if (loom::sdk::is_cuda(d)) return cuda_;
+#endif
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 "onebit: tensors on " + loom::sdk::device_string(d) + " are not supported");
   }
 
-  void encode_cuda([[maybe_unused]] const codecs::EncodeView& v, [[maybe_unused]] void* stream) {
-#ifdef LOOM_CODECS_CUDA
-    const std::size_t ws_bytes = codecs::cuda::onebit_encode_workspace_bytes(v.n);
-    void* ws = ctx_.device_alloc(v.device, ws_bytes, stream);
-    const std::string err = codecs::cuda::onebit_encode(
-        v.x, v.e, v.n, static_cast<uint32_t>(v.chunks), v.out, ws, stream);
-    ctx_.device_free(v.device, ws, stream);
-    if (!err.empty()) throw Error(LOOM_ERR_INTERNAL, "onebit encode (CUDA): " + err);
-#else
-    unsupported(v.device);
-#endif
-  }
-
-  void decode_cuda([[maybe_unused]] const codecs::DecodeView& v, [[maybe_unused]] void* stream,
-                   [[maybe_unused]] bool sum) {
-#ifdef LOOM_CODECS_CUDA
-    const auto chunks = static_cast<uint32_t>(v.chunks);
-    const std::string err =
-        sum ? codecs::cuda::onebit_decode_sum(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate,
-                                              v.out, stream)
-            : codecs::cuda::onebit_decode(v.in, chunks, v.chunk_elements, v.alpha, v.accumulate,
-                                          v.out, stream);
-    if (!err.empty()) throw Error(LOOM_ERR_INTERNAL, "onebit decode (CUDA): " + err);
-#else
-    unsupported(v.device);
-#endif
-  }
-
   Context ctx_;
+  codecs::onebit::CpuBackend cpu_;
+#ifdef LOOM_CODECS_CUDA
+  codecs::onebit::CudaBackend cuda_;
+#endif
 };
 
 }  // namespace

@@ -1,8 +1,11 @@
 // CUDA kernels of the onebit codec; see codec_kernels.hpp for the definitions these follow
-// operation by operation (explicit _rn intrinsics: no contraction into FMA).
+// operation by operation (explicit _rn intrinsics: no contraction into FMA), and
+// onebit_cuda.h for how faults found on the device reach the host.
 #include <cuda_runtime.h>
+#include <loom/sdk/cuda.hpp>
 
 #include <cstdint>
+#include <string>
 
 #include "onebit_cuda.h"
 
@@ -13,8 +16,27 @@ constexpr std::size_t kBlock = 2048;  // kNormBlock
 constexpr int kLanes = 16;            // kNormLanes
 constexpr std::size_t kSuper = 256;   // kNormSuper
 
-std::string error_string(cudaError_t e) {
-  return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+// A kernel launch's error (bad configuration, no kernel image, ...), naming the kernel.
+#define LOOM_CHECK_LAUNCH(kernel) \
+  ::loom::sdk::cuda_check(cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__)
+
+// The fault word (onebit_cuda.h): the first fault recorded, and its details.
+struct FaultWord {
+  int32_t fault;
+  uint32_t chunk;
+  float value;
+  int32_t reserved;
+};
+
+__device__ bool faulted(const FaultWord* w) { return w->fault != 0; }
+
+// Only single-thread kernels record (finalize, check_scales), and kernels of one stream run
+// in order, so the first fault is kept without atomics.
+__device__ void record(FaultWord* w, Fault f, uint32_t chunk, float value) {
+  if (w->fault != 0) return;
+  w->fault = static_cast<int32_t>(f);
+  w->chunk = chunk;
+  w->value = value;
 }
 
 std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
@@ -71,9 +93,14 @@ __device__ float load_scale(const uint8_t* p) {
 
 __global__ void finalize(const double* __restrict__ supers, std::size_t count, std::size_t n,
                          uint32_t chunk_count, std::size_t chunk_bytes, float* scale_out,
-                         uint8_t* __restrict__ out) {
+                         uint8_t* __restrict__ out, FaultWord* fault) {
+  if (faulted(fault)) return;
   double total = 0.0;
   for (std::size_t s = 0; s < count; ++s) total = __dadd_rn(total, supers[s]);
+  if (!(total <= 1.7976931348623157e308)) {  // Inf or NaN: the CPU codec's isfinite(sum)
+    record(fault, Fault::kEncodeNonFinite, 0, 0.0f);
+    return;
+  }
   const float scale = n == 0 ? 0.0f : static_cast<float>(sqrt(total / static_cast<double>(n)));
   *scale_out = scale;
   for (uint32_t j = 0; j < chunk_count; ++j) store_scale(out + j * chunk_bytes, scale);
@@ -83,9 +110,10 @@ __global__ void finalize(const double* __restrict__ supers, std::size_t count, s
 template <bool kVec>
 __global__ void sign_pack(const float* __restrict__ x, float* __restrict__ e, std::size_t groups,
                           std::size_t chunk_groups, std::size_t chunk_bytes,
-                          const float* __restrict__ scale_in, uint8_t* __restrict__ out) {
+                          const float* __restrict__ scale_in, uint8_t* __restrict__ out,
+                          const FaultWord* fault) {
   const std::size_t g = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g >= groups) return;
+  if (g >= groups || faulted(fault)) return;
   const float scale = *scale_in;
   float b[8];
   if constexpr (kVec) {
@@ -138,12 +166,28 @@ __global__ void sign_pack(const float* __restrict__ x, float* __restrict__ e, st
   }
 }
 
+// The CPU codec's scale check: finite and >= 0 (so -0 passes, NaN and Inf do not).
+__device__ bool valid_scale(float s) { return s >= 0.0f && s <= 3.402823466e38f; }
+
+// One thread: the first chunk with an invalid scale is recorded.
+__global__ void check_scales(const uint8_t* __restrict__ in, uint32_t chunks,
+                             std::size_t chunk_bytes, Fault kind, FaultWord* fault) {
+  if (faulted(fault)) return;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const float s = load_scale(in + c * chunk_bytes);
+    if (!valid_scale(s)) {
+      record(fault, kind, c, s);
+      return;
+    }
+  }
+}
+
 template <bool kVec>
 __global__ void unpack(const uint8_t* __restrict__ in, std::size_t groups, std::size_t chunk_groups,
                        std::size_t chunk_bytes, float alpha, bool accumulate,
-                       float* __restrict__ out) {
+                       float* __restrict__ out, const FaultWord* fault) {
   const std::size_t g = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g >= groups) return;
+  if (g >= groups || faulted(fault)) return;
   const std::size_t chunk = g / chunk_groups;
   const uint8_t* c = in + chunk * chunk_bytes;
   const float v = __fmul_rn(alpha, load_scale(c));
@@ -177,9 +221,9 @@ __global__ void unpack(const uint8_t* __restrict__ in, std::size_t groups, std::
 template <bool kVec>
 __global__ void unpack_sum(const uint8_t* __restrict__ in, uint32_t chunks, std::size_t groups,
                            std::size_t chunk_bytes, float alpha, bool accumulate,
-                           float* __restrict__ out) {
+                           float* __restrict__ out, const FaultWord* fault) {
   const std::size_t g = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g >= groups) return;
+  if (g >= groups || faulted(fault)) return;
   float r[8];
   for (uint32_t c = 0; c < chunks; ++c) {
     const uint8_t* p = in + c * chunk_bytes;
@@ -220,15 +264,46 @@ bool device_available() {
   return count > 0;
 }
 
+void* fault_word_alloc(int device) {
+  const loom::sdk::CudaDeviceGuard on(device);
+  void* w = nullptr;
+  LOOM_CUDA_CHECK(cudaMalloc(&w, sizeof(FaultWord)));
+  const cudaError_t e = cudaMemset(w, 0, sizeof(FaultWord));
+  if (e != cudaSuccess) {
+    (void)cudaFree(w);
+    LOOM_CUDA_CHECK(e);
+  }
+  return w;
+}
+
+void fault_word_free(void* word) {
+  if (word != nullptr) (void)cudaFree(word);
+}
+
+FaultReport read_fault(void* word, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  FaultWord h{};
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&h, word, sizeof h, cudaMemcpyDeviceToHost, s));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
+  FaultReport r;
+  if (h.fault == 0) return r;
+  LOOM_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(FaultWord), s));
+  r.fault = static_cast<Fault>(h.fault);
+  r.chunk = h.chunk;
+  r.value = h.value;
+  return r;
+}
+
 std::size_t onebit_encode_workspace_bytes(std::size_t n) {
   const std::size_t blocks = (n + kBlock - 1) / kBlock;
   const std::size_t supers = (blocks + kSuper - 1) / kSuper;
   return round_up(blocks * sizeof(float), 16) + round_up(supers * sizeof(double), 16) + 16;
 }
 
-std::string onebit_encode(const float* x, float* e, std::size_t n, uint32_t chunk_count,
-                          uint8_t* out, void* workspace, void* stream) {
+void onebit_encode(const float* x, float* e, std::size_t n, uint32_t chunk_count, uint8_t* out,
+                   void* workspace, void* fault, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
+  auto* fw = static_cast<FaultWord*>(fault);
   const std::size_t blocks = (n + kBlock - 1) / kBlock;
   const std::size_t supers = (blocks + kSuper - 1) / kSuper;
   auto* ws = static_cast<char*>(workspace);
@@ -241,62 +316,71 @@ std::string onebit_encode(const float* x, float* e, std::size_t n, uint32_t chun
   const std::size_t chunk_bytes = 4 + chunk_groups;
   if (blocks > 0) {
     block_sums<<<grid(blocks * kLanes, 256), 256, 0, s>>>(x, e, n, blocks, partial);
+    LOOM_CHECK_LAUNCH(block_sums);
     super_sums<<<grid(supers, 128), 128, 0, s>>>(partial, blocks, super);
+    LOOM_CHECK_LAUNCH(super_sums);
   }
-  finalize<<<1, 1, 0, s>>>(super, supers, n, chunk_count, chunk_bytes, scale, out);
+  finalize<<<1, 1, 0, s>>>(super, supers, n, chunk_count, chunk_bytes, scale, out, fw);
+  LOOM_CHECK_LAUNCH(finalize);
   const std::size_t groups = n / 8;
   if (groups > 0) {
     if (aligned16(x) && (e == nullptr || aligned16(e))) {
-      sign_pack<true>
-          <<<grid(groups, 256), 256, 0, s>>>(x, e, groups, chunk_groups, chunk_bytes, scale, out);
+      sign_pack<true><<<grid(groups, 256), 256, 0, s>>>(x, e, groups, chunk_groups, chunk_bytes,
+                                                        scale, out, fw);
     } else {
-      sign_pack<false>
-          <<<grid(groups, 256), 256, 0, s>>>(x, e, groups, chunk_groups, chunk_bytes, scale, out);
+      sign_pack<false><<<grid(groups, 256), 256, 0, s>>>(x, e, groups, chunk_groups, chunk_bytes,
+                                                         scale, out, fw);
     }
+    LOOM_CHECK_LAUNCH(sign_pack);
   }
-  return error_string(cudaGetLastError());
 }
 
-std::string onebit_decode(const uint8_t* in, uint32_t chunk_count, std::size_t chunk_elements,
-                          float alpha, bool accumulate, float* out, void* stream) {
+void onebit_decode(const uint8_t* in, uint32_t chunk_count, std::size_t chunk_elements, float alpha,
+                   bool accumulate, float* out, void* fault, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
+  auto* fw = static_cast<FaultWord*>(fault);
   const std::size_t chunk_groups = chunk_elements / 8;
   const std::size_t groups = chunk_groups * chunk_count;
-  if (groups == 0) return {};
+  if (groups == 0) return;
+  check_scales<<<1, 1, 0, s>>>(in, chunk_count, 4 + chunk_groups, Fault::kDecodeBadScale, fw);
+  LOOM_CHECK_LAUNCH(check_scales);
   if (aligned16(out)) {
     unpack<true><<<grid(groups, 256), 256, 0, s>>>(in, groups, chunk_groups, 4 + chunk_groups,
-                                                   alpha, accumulate, out);
+                                                   alpha, accumulate, out, fw);
   } else {
     unpack<false><<<grid(groups, 256), 256, 0, s>>>(in, groups, chunk_groups, 4 + chunk_groups,
-                                                    alpha, accumulate, out);
+                                                    alpha, accumulate, out, fw);
   }
-  return error_string(cudaGetLastError());
+  LOOM_CHECK_LAUNCH(unpack);
 }
 
-std::string onebit_decode_sum(const uint8_t* in, uint32_t chunk_count, std::size_t chunk_elements,
-                              float alpha, bool accumulate, float* out, void* stream) {
+void onebit_decode_sum(const uint8_t* in, uint32_t chunk_count, std::size_t chunk_elements,
+                       float alpha, bool accumulate, float* out, void* fault, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
+  auto* fw = static_cast<FaultWord*>(fault);
   const std::size_t groups = chunk_elements / 8;
-  if (groups == 0) return {};
+  if (groups == 0) return;
   if (chunk_count == 0) {
-    if (accumulate) return {};
-    return error_string(cudaMemsetAsync(out, 0, chunk_elements * sizeof(float), s));
+    if (!accumulate) LOOM_CUDA_CHECK(cudaMemsetAsync(out, 0, chunk_elements * sizeof(float), s));
+    return;
   }
+  check_scales<<<1, 1, 0, s>>>(in, chunk_count, 4 + groups, Fault::kDecodeSumBadScale, fw);
+  LOOM_CHECK_LAUNCH(check_scales);
   if (aligned16(out)) {
     unpack_sum<true><<<grid(groups, 256), 256, 0, s>>>(in, chunk_count, groups, 4 + groups, alpha,
-                                                       accumulate, out);
+                                                       accumulate, out, fw);
   } else {
     unpack_sum<false><<<grid(groups, 256), 256, 0, s>>>(in, chunk_count, groups, 4 + groups, alpha,
-                                                        accumulate, out);
+                                                        accumulate, out, fw);
   }
-  return error_string(cudaGetLastError());
+  LOOM_CHECK_LAUNCH(unpack_sum);
 }
 
-std::string copy_to_device(void* dst, const void* src, std::size_t bytes) {
-  return error_string(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  LOOM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
-std::string copy_to_host(void* dst, const void* src, std::size_t bytes) {
-  return error_string(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  LOOM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
 }  // namespace loom::codecs::cuda

@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-#include "half.hpp"
+#include "../../common/reduce.hpp"
 
 namespace {
 

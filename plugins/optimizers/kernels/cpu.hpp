@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/half.hpp"
+
 namespace loom::optim {
 
 enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -99,10 +101,11 @@ void copy_out_cpu(const float* p, void* low, DType ltype, std::size_t n);
 // Reads n gradient elements into fp32, times inv_scale.
 void load_grad_cpu(const void* g, DType gtype, std::size_t n, float inv_scale, float* out);
 
-// Scalar conversions (round-to-nearest-even; NaN stays NaN).
-uint16_t f32_to_bf16(float f);
-uint16_t f32_to_f16(float f);
-float bf16_to_f32(uint16_t h);
-float f16_to_f32(uint16_t h);
+// Scalar conversions: the shared rule of common/half.hpp (round to nearest even, NaN stays a
+// quiet NaN with its sign, overflow to Inf, subnormals exact).
+using loom::plugins::half::bf16_to_f32;
+using loom::plugins::half::f16_to_f32;
+using loom::plugins::half::f32_to_bf16;
+using loom::plugins::half::f32_to_f16;
 
 }  // namespace loom::optim

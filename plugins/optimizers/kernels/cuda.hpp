@@ -1,6 +1,8 @@
 // Fused multi-tensor CUDA kernels of the optimizers. Plain C++ interface (compiled by the
 // host compiler on one side and nvcc on the other). Every function is stream-ordered on
-// `stream` (a cudaStream_t) and returns an empty string on success, else the error.
+// `stream` (a cudaStream_t). A CUDA failure throws loom::sdk::Error (UNAVAILABLE) naming the
+// call, file and line (LOOM_CUDA_CHECK); the returned string is empty (kept so callers that
+// check it stay valid).
 #pragma once
 
 #include <cstddef>
@@ -18,8 +20,18 @@ std::string adam(const TensorRef* tensors, std::size_t count, const AdamHyper& h
 
 // Both LAMB passes: moments and norms, then the trust-ratio update, all on the device.
 // lr * clamp(|p| / |u|, min_coeff, max_coeff) per tensor (1 when a norm is 0).
+// The norms are deterministic: per-thread fp64 sums over fixed strides of 4096-element
+// blocks, a fixed tree per block, the block partials summed by one fixed-order pass per
+// tensor (no atomics). The order depends only on the tensor's size, so runs, batchings and
+// neighbouring tensors never change a bit. They agree with lamb_moments_cpu (whose fp32
+// SIMD partials depend on the CPU) to a relative 1e-5 (tests/optimizers/lamb_norms_test.cpp).
 std::string lamb(const TensorRef* tensors, std::size_t count, const LambHyper& h, float lr,
                  float min_coeff, float max_coeff, void* stream);
+
+// LAMB pass 1 alone (m and v updated, p untouched): out[2 * i] = sum p^2 and out[2 * i + 1] =
+// sum u^2 of tensors[i] (0 for an empty one), as lamb() computes them. Synchronizes. For tests.
+std::string lamb_norms(const TensorRef* tensors, std::size_t count, const LambHyper& h, double* out,
+                       void* stream);
 
 // Memory helpers for state on a device.
 std::string alloc(void** out, std::size_t bytes, int device);

@@ -2,8 +2,10 @@
 // Every float operation goes through an explicit round-to-nearest intrinsic, so nvcc
 // cannot contract a multiply and an add into an FMA (or use approximate division or
 // sqrt, whatever the flags): the elements match onebit.cpp's scalar loops bit for bit.
-#include <cuda_fp16.h>
+// fp16/bf16 conversions are the shared ones of common/half.hpp. CUDA failures throw
+// (LOOM_CUDA_CHECK: the call, file and line).
 #include <cuda_runtime.h>
+#include <loom/sdk/cuda.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -42,39 +44,18 @@ __device__ __forceinline__ float denom_of(float v, float inv_bc2, float eps) {
   return add(mul(root(v), inv_bc2), eps);
 }
 
+namespace conv = loom::plugins::half;  // not "half": CUDA's fp16 type
+
 __device__ __forceinline__ float load_g(const void* g, DType type, int64_t i) {
   if (type == DType::kF32) return static_cast<const float*>(g)[i];
   const uint16_t h = static_cast<const uint16_t*>(g)[i];
-  if (type == DType::kBF16) return __uint_as_float(static_cast<uint32_t>(h) << 16);
-  return __half2float(__ushort_as_half(h));
-}
-
-// The bit-exact conversions of kernels/cpu.cpp (f32_to_bf16, f32_to_f16).
-__device__ __forceinline__ uint16_t to_bf16(float f) {
-  const uint32_t x = __float_as_uint(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
-
-__device__ __forceinline__ uint16_t to_f16(float f) {
-  const uint32_t x = __float_as_uint(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax >= 0x7F800000u)
-    return static_cast<uint16_t>(sign | (ax > 0x7F800000u ? 0x7E00u : 0x7C00u));
-  if (ax >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);
-  if (ax < 0x38800000u) {
-    const uint32_t r = __float_as_uint(__fadd_rn(__uint_as_float(ax), 0.5f));
-    return static_cast<uint16_t>(sign | (r - 0x3F000000u));
-  }
-  const uint32_t odd = (ax >> 13) & 1u;
-  ax += 0xC8000FFFu + odd;
-  return static_cast<uint16_t>(sign | (ax >> 13));
+  return type == DType::kBF16 ? conv::bf16_to_f32(h) : conv::f16_to_f32(h);
 }
 
 __device__ __forceinline__ void store_low(const Segment& s, int64_t i, float f) {
   if (s.low == nullptr) return;
-  static_cast<uint16_t*>(s.low)[i] = s.ltype == DType::kBF16 ? to_bf16(f) : to_f16(f);
+  static_cast<uint16_t*>(s.low)[i] =
+      s.ltype == DType::kBF16 ? conv::f32_to_bf16(f) : conv::f32_to_f16(f);
 }
 
 // ---------------------------------------------------------------- segment walk
@@ -296,13 +277,32 @@ __global__ void lamb_post_kernel(Batch b, float* m, const float* mp, const float
 }
 
 // ---------------------------------------------------------------- host side
-std::string err(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return {};
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
+// A kernel launch's error (bad configuration, no kernel image, ...), naming the operation.
+#define LOOM_CHECK_LAUNCH(what)                                                             \
+  ::loom::sdk::cuda_check(cudaGetLastError(), (std::string("launch of ") + (what)).c_str(), \
+                          __FILE__, __LINE__)
+
+// Device scratch ordered on a stream, freed (stream-ordered) when the scope ends, also when a
+// check throws.
+class Scratch {
+ public:
+  Scratch(std::size_t bytes, cudaStream_t s) : s_(s) {
+    LOOM_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
+  }
+  ~Scratch() {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  double* doubles() const { return static_cast<double*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t s_;
+};
 
 // Splits the segment list into launches; fn(batch, blocks) launches one. Empty segments
-// are left out (their reduction results stay 0).
+// are left out (their reduction results stay 0). Returns the argument error, if any.
 template <class Fn>
 std::string for_each_batch(const Segment* segs, std::size_t count, Fn&& fn) {
   std::size_t i = 0;
@@ -328,8 +328,7 @@ std::string for_each_batch(const Segment* segs, std::size_t count, Fn&& fn) {
     }
     b.first[b.count] = blocks;
     if (b.count == 0) continue;
-    std::string e = fn(b, static_cast<unsigned>(blocks));
-    if (!e.empty()) return e;
+    fn(b, static_cast<unsigned>(blocks));
   }
   return {};
 }
@@ -340,7 +339,7 @@ std::string launch_each(const Segment* segs, std::size_t count, void* stream, co
   auto s = static_cast<cudaStream_t>(stream);
   return for_each_batch(segs, count, [&](const Batch& b, unsigned blocks) {
     kernel(b, blocks, s);
-    return err(cudaGetLastError(), what);
+    LOOM_CHECK_LAUNCH(what);
   });
 }
 
@@ -355,35 +354,25 @@ std::string reduce_each(const Segment* segs, std::size_t count, void* stream, co
   int64_t max_blocks = 1;
   std::string e = for_each_batch(segs, count, [&](const Batch&, unsigned blocks) {
     max_blocks = std::max<int64_t>(max_blocks, blocks);
-    return std::string();
   });
   if (!e.empty()) return e;
-  double* part = nullptr;
-  double* result = nullptr;
-  e = err(cudaMallocAsync(reinterpret_cast<void**>(&part),
-                          sizeof(double) * K * static_cast<std::size_t>(max_blocks), s),
-          what);
-  if (!e.empty()) return e;
-  e = err(cudaMallocAsync(reinterpret_cast<void**>(&result), sizeof(double) * K * count, s), what);
-  if (e.empty()) e = err(cudaMemsetAsync(result, 0, sizeof(double) * K * count, s), what);
-  if (e.empty()) {
+  {
+    Scratch part(sizeof(double) * K * static_cast<std::size_t>(max_blocks), s);
+    Scratch result(sizeof(double) * K * count, s);
+    LOOM_CUDA_CHECK(cudaMemsetAsync(result.doubles(), 0, sizeof(double) * K * count, s));
     e = for_each_batch(segs, count, [&](const Batch& b, unsigned blocks) {
-      launch(b, blocks, s, part);
-      std::string r = err(cudaGetLastError(), what);
-      if (!r.empty()) return r;
-      finalize_kernel<K, kMax><<<static_cast<unsigned>(b.count), kThreads, 0, s>>>(b, part, result);
-      return err(cudaGetLastError(), what);
+      launch(b, blocks, s, part.doubles());
+      LOOM_CHECK_LAUNCH(what);
+      finalize_kernel<K, kMax>
+          <<<static_cast<unsigned>(b.count), kThreads, 0, s>>>(b, part.doubles(), result.doubles());
+      LOOM_CHECK_LAUNCH(std::string(what) + " (finalize)");
     });
+    if (!e.empty()) return e;
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(host_out, result.doubles(), sizeof(double) * K * count,
+                                    cudaMemcpyDeviceToHost, s));
   }
-  if (e.empty()) {
-    e = err(
-        cudaMemcpyAsync(host_out, result, sizeof(double) * K * count, cudaMemcpyDeviceToHost, s),
-        what);
-  }
-  if (result != nullptr) cudaFreeAsync(result, s);
-  cudaFreeAsync(part, s);
-  const std::string w = err(cudaStreamSynchronize(s), what);
-  return e.empty() ? w : e;
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
+  return {};
 }
 
 unsigned flat_blocks(int64_t n) {
@@ -405,7 +394,8 @@ std::string momentum(float* m, const float* g, std::size_t n, Decay b1, void* st
   const auto nn = static_cast<int64_t>(n);
   momentum_kernel<<<flat_blocks(nn), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(m, g, nn,
                                                                                        b1);
-  return err(cudaGetLastError(), "onebit momentum");
+  LOOM_CHECK_LAUNCH("onebit momentum");
+  return {};
 }
 
 std::string momentum_segments(const Segment* segs, std::size_t count, float* m, const float* g,
@@ -519,9 +509,9 @@ std::string lamb_apply(const Segment* segs, std::size_t count, const float* m, c
 
 std::string copy_device(void* dst, const void* src, std::size_t bytes, void* stream) {
   if (bytes == 0) return {};
-  return err(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
-      "onebit copy_device");
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                  static_cast<cudaStream_t>(stream)));
+  return {};
 }
 
 }  // namespace loom::optim::cuda::onebit

@@ -2,7 +2,9 @@
 // one kernel per update loop of plugins/optimizers/onebit.cpp, over the same flat fp32
 // buffers (m, v, aux, the gradient scratch) kept in device memory, plus the per-tensor
 // parameters. Plain C++ interface (no CUDA types): `stream` is a cudaStream_t, every
-// function is stream-ordered and returns an empty string on success, else the error.
+// function is stream-ordered and returns an empty string on success, else the argument
+// error; a CUDA failure throws loom::sdk::Error (UNAVAILABLE) naming the call, file and line
+// (LOOM_CUDA_CHECK).
 //
 // Arithmetic. Each kernel evaluates the expression of the matching scalar CPU loop in
 // onebit.cpp, operation by operation, with IEEE round-to-nearest intrinsics (no FMA

@@ -8,6 +8,9 @@
 // in what they call) run one OS thread per CUDA thread of a block, a std::barrier for
 // __syncthreads, blocks one after another. Launch checks: pointer arguments must be device
 // memory of the current device; 1-D launches without dynamic shared memory only.
+// EMU_CUDA_BLOCK_ORDER=reverse (read at every launch, so a test may set it between launches)
+// runs the blocks last to first: results that depend on block order (float atomics, a
+// reduction racing across blocks) then change, as they could on a GPU.
 #pragma once
 #include <math.h>
 #include <atomic>
@@ -163,6 +166,8 @@ void launch(bool coop, const char* name, void (*k)(P...), G grid_arg, B block_ar
   }
   std::tuple<std::decay_t<P>...> args(std::forward<A>(a)...);
   check_args(name, args, std::index_sequence_for<P...>{});
+  const char* order = std::getenv("EMU_CUDA_BLOCK_ORDER");
+  const bool reverse = order != nullptr && std::strcmp(order, "reverse") == 0;
   enqueue_kernel(s, name, [=]() {
     g_kernel = name;
     gridDim = grid;
@@ -170,7 +175,7 @@ void launch(bool coop, const char* name, void (*k)(P...), G grid_arg, B block_ar
     if (!coop) {
       g_bar = nullptr;
       for (unsigned b = 0; b < grid.x; ++b) {
-        blockIdx = dim3(b, 0, 0);
+        blockIdx = dim3(reverse ? grid.x - 1 - b : b, 0, 0);
         for (unsigned t = 0; t < block.x; ++t) {
           threadIdx = dim3(t, 0, 0);
           std::apply(k, args);
@@ -189,7 +194,7 @@ void launch(bool coop, const char* name, void (*k)(P...), G grid_arg, B block_ar
       ts.emplace_back([&, t] {
         threadIdx = dim3(t, 0, 0);
         for (unsigned b = 0; b < grid.x; ++b) {
-          blockIdx = dim3(b, 0, 0);
+          blockIdx = dim3(reverse ? grid.x - 1 - b : b, 0, 0);
           std::apply(k, args);
           bar.arrive_and_wait();  // the block is done before the next one starts (shared memory)
         }

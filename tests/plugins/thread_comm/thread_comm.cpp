@@ -72,7 +72,7 @@
 #include <utility>
 #include <vector>
 
-#include "half.hpp"
+#include "common/reduce.hpp"
 
 #if defined(LOOM_THREAD_COMM_CUDA)
 #include <cuda_runtime.h>
@@ -83,7 +83,7 @@ namespace {
 using loom::sdk::Context;
 using loom::sdk::Error;
 using Clock = std::chrono::steady_clock;
-namespace hf = loom::plugins::ucx;
+namespace hf = loom::plugins::reduce_ops;
 
 enum class Kind { kAllreduce = 1, kAllgather, kAllToAll, kBroadcast, kBarrier };
 

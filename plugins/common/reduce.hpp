@@ -1,55 +1,22 @@
-// fp16 and bf16 <-> fp32 conversions (round to nearest even), and the element-wise reductions
-// the ucx transport applies to received chunks. Half types are accumulated in fp32 and rounded
-// once per reduction.
-#ifndef LOOM_PLUGINS_COMM_UCX_HALF_HPP
-#define LOOM_PLUGINS_COMM_UCX_HALF_HPP
+// Element-wise reductions of fp32 / fp16 / bf16 buffers on the host, as the host transports
+// apply them to received chunks: half types are widened to fp32 (common/half.hpp), combined,
+// and rounded once per reduction with the shared conversion rule (ties to even, NaN stays a
+// quiet NaN).
+#ifndef LOOM_PLUGINS_COMMON_REDUCE_HPP
+#define LOOM_PLUGINS_COMMON_REDUCE_HPP
 
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-namespace loom::plugins::ucx {
+#include "half.hpp"
 
-inline float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000U) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fU;
-  const uint32_t mant = h & 0x3ffU;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000U | (mant << 13));
-  if (exp == 0) {
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;  // 2^-24, exact
-    return sign != 0 ? -v : v;
-  }
-  return std::bit_cast<float>(sign | ((exp + 112U) << 23) | (mant << 13));
-}
+namespace loom::plugins::reduce_ops {
 
-inline uint16_t f32_to_f16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000U);
-  const uint32_t abs = x & 0x7fffffffU;
-  if (abs >= 0x7f800000U) {  // inf, nan (kept quiet)
-    const uint32_t nan = abs > 0x7f800000U ? (0x200U | ((abs >> 13) & 0x3ffU)) : 0U;
-    return static_cast<uint16_t>(sign | 0x7c00U | nan);
-  }
-  if (abs >= 0x477ff000U) return static_cast<uint16_t>(sign | 0x7c00U);  // >= 65520: inf
-  if (abs < 0x38800000U) {  // below 2^-14: a half subnormal (or zero)
-    const float a = std::bit_cast<float>(abs) * 16777216.0f;  // * 2^24, exact
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(a)));
-  }
-  uint32_t r = abs + 0xfffU + ((abs >> 13) & 1U);  // round to nearest even
-  r -= (127U - 15U) << 23;
-  return static_cast<uint16_t>(sign | (r >> 13));
-}
-
-inline float bf16_to_f32(uint16_t h) {
-  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
-}
-
-inline uint16_t f32_to_bf16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffU) > 0x7f800000U) return static_cast<uint16_t>((x >> 16) | 0x40U);
-  return static_cast<uint16_t>((x + 0x7fffU + ((x >> 16) & 1U)) >> 16);
-}
+using half::bf16_to_f32;
+using half::f16_to_f32;
+using half::f32_to_bf16;
+using half::f32_to_f16;
 
 enum class Dtype { kF32, kF16, kBF16 };
 enum class Op { kSum, kMax, kMin };
@@ -132,6 +99,11 @@ inline void divide(Dtype dt, void* x, std::size_t n, float divisor) {
   }
 }
 
+}  // namespace loom::plugins::reduce_ops
+
+// The ucx transport's names for these.
+namespace loom::plugins::ucx {
+using namespace loom::plugins::reduce_ops;
 }  // namespace loom::plugins::ucx
 
-#endif  // LOOM_PLUGINS_COMM_UCX_HALF_HPP
+#endif  // LOOM_PLUGINS_COMMON_REDUCE_HPP
