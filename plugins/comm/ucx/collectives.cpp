@@ -14,29 +14,6 @@
 
 namespace loom::plugins::ucx {
 
-template <class Fn>
-void Ucx::collective(uint64_t sig, const std::string& what, Fn&& fn) {
-  const uint64_t seq = ++seq_;
-  try {
-    Round rd(*this, kKindData, seq, sig, what);
-    fn(rd);
-  } catch (const PeerAbort& e) {
-    broken_ = true;
-    broken_why_ = e.what();
-    throw;
-  } catch (const Error& e) {
-    broken_ = true;
-    broken_why_ = e.what();
-    send_abort(e.code(), e.what());
-    throw;
-  } catch (const std::exception& e) {
-    broken_ = true;
-    broken_why_ = e.what();
-    send_abort(LOOM_ERR_INTERNAL, e.what());
-    throw;
-  }
-}
-
 // ---------------------------------------------------------------- allreduce
 void Ucx::allreduce(const loom_allreduce_args& a) {
   const DLTensor& recv = host_tensor(a.recv, "allreduce recv");
@@ -95,14 +72,7 @@ void Ucx::allgather(const loom_allgather_args& a) {
   const uint64_t sig = signature(2, 0, dtype_key(send.dtype), n);
   const std::string what = "allgather(" + loom::sdk::dtype_string(send.dtype) + ", " +
                            std::to_string(n) + " elements per rank)";
-  std::vector<std::size_t> off(static_cast<std::size_t>(size_) + 1);
-  for (int j = 0; j <= size_; ++j)
-    off[static_cast<std::size_t>(j)] = static_cast<std::size_t>(j) * n;
-  collective(sig, what, [&](Round& rd) {
-    ring(
-        rd, out, off, es, size_ - 1, 0, Dtype::kF32, Op::kSum, false,
-        [&](int t) { return mod(rank_ - t); }, [&](int t) { return mod(rank_ - t - 1); });
-  });
+  collective(sig, what, [&](Round& rd) { ring_allgather(rd, out, n, es); });
 }
 
 // ---------------------------------------------------------------- all_to_all
@@ -397,6 +367,16 @@ void Ucx::ring(Round& rd, char* buf, const std::vector<std::size_t>& off, std::s
     }
     if (!moved && active > 0) rd.progress();
   }
+}
+
+void Ucx::ring_allgather(Round& rd, char* out, std::size_t n, std::size_t es) {
+  std::vector<std::size_t> off(static_cast<std::size_t>(size_) + 1);
+  for (int j = 0; j <= size_; ++j) {
+    off[static_cast<std::size_t>(j)] = static_cast<std::size_t>(j) * n;
+  }
+  ring(
+      rd, out, off, es, size_ - 1, 0, Dtype::kF32, Op::kSum, false,
+      [&](int t) { return mod(rank_ - t); }, [&](int t) { return mod(rank_ - t - 1); });
 }
 
 void Ucx::binomial_broadcast(Round& rd, char* buf, std::size_t bytes, int root) {

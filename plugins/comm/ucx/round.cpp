@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <chrono>
+#include <mutex>
 #include <string>
 
 #include "ucx.hpp"
@@ -23,9 +24,10 @@ Round::Round(Ucx& t, uint64_t kind, uint64_t seq, uint64_t sig, std::string what
 Round::~Round() {
   // Normal completion leaves nothing pending. On an error, receives are cancelled (their
   // buffers are the caller's); sends cannot be cancelled and complete or fail at close.
+  const std::lock_guard lock(t_.link_->mu);
   for (Slot& s : slots_) {
     if (s.done || s.request == nullptr) continue;
-    if (s.is_recv) ucp_request_cancel(t_.worker_, s.request);
+    if (s.is_recv) ucp_request_cancel(t_.link_->worker, s.request);
   }
   const auto until = Clock::now() + std::chrono::milliseconds(200);
   bool pending = true;
@@ -35,7 +37,7 @@ Round::~Round() {
       if (s.done || s.request == nullptr || !s.is_recv) continue;
       if (ucp_request_check_status(s.request) == UCS_INPROGRESS) pending = true;
     }
-    if (pending) ucp_worker_progress(t_.worker_);
+    if (pending) ucp_worker_progress(t_.link_->worker);
   }
   for (Slot& s : slots_) {
     if (!s.done && s.request != nullptr) ucp_request_free(s.request);
@@ -49,12 +51,15 @@ std::size_t Round::send(int peer, const void* data, std::size_t bytes, int step,
   slot.bytes = bytes;
   slot.step = step;
   slot.sig = ((sig == kUseCallSig ? sig_ : sig) ^ t_.epoch_sig_) & kSigMask;
+  const auto p = static_cast<std::size_t>(peer);
+  const std::lock_guard lock(t_.link_->mu);
   ucp_request_param_t rp{};
-  void* r = ucp_tag_send_nbx(
-      t_.eps_[static_cast<std::size_t>(peer)], data, bytes,
-      make_tag(kind_, t_.epoch_, seq_, static_cast<uint64_t>(step), chunk, slot.sig), &rp);
+  void* r = ucp_tag_send_nbx(t_.link_->eps[static_cast<std::size_t>(t_.world_[p])], data, bytes,
+                             make_tag(kind_, t_.link_->epoch, t_.ids_[p], seq_,
+                                      static_cast<uint64_t>(step), chunk, slot.sig),
+                             &rp);
   if (UCS_PTR_IS_ERR(r)) {
-    transport_error(what_ + ": sending to rank " + std::to_string(peer) +
+    transport_error(what_ + ": sending to " + t_.who(peer) +
                     " failed: " + ucs_status_string(UCS_PTR_STATUS(r)));
   }
   slot.request = r;
@@ -73,13 +78,15 @@ std::size_t Round::recv(int peer, void* data, std::size_t bytes, int step, uint6
   slot.is_recv = true;
   slot.sig = ((sig == kUseCallSig ? sig_ : sig) ^ t_.epoch_sig_) & kSigMask;
   // Always a request (no immediate completion), so test() reads the sender's tag.
+  const std::lock_guard lock(t_.link_->mu);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  void* r = ucp_tag_recv_nbx(
-      t_.worker_, data, bytes,
-      make_tag(kind_, t_.epoch_, seq_, static_cast<uint64_t>(step), chunk, 0), ~kSigMask, &rp);
+  void* r = ucp_tag_recv_nbx(t_.link_->worker, data, bytes,
+                             make_tag(kind_, t_.link_->epoch, static_cast<uint64_t>(t_.id_), seq_,
+                                      static_cast<uint64_t>(step), chunk, 0),
+                             ~kSigMask, &rp);
   if (UCS_PTR_IS_ERR(r)) {
-    transport_error(what_ + ": receiving from rank " + std::to_string(peer) +
+    transport_error(what_ + ": receiving from " + t_.who(peer) +
                     " failed: " + ucs_status_string(UCS_PTR_STATUS(r)));
   }
   slot.request = r;
@@ -90,7 +97,10 @@ std::size_t Round::recv(int peer, void* data, std::size_t bytes, int step, uint6
 void Round::transport_error(const std::string& message) {
   const auto until = Clock::now() + std::chrono::milliseconds(300);
   while (kind_ != kKindHello && Clock::now() < until) {
-    ucp_worker_progress(t_.worker_);
+    {
+      const std::lock_guard lock(t_.link_->mu);
+      ucp_worker_progress(t_.link_->worker);
+    }
     t_.check_abort();  // throws the peer's error when it has arrived
   }
   throw Error(LOOM_ERR_UNAVAILABLE, message);
@@ -98,8 +108,8 @@ void Round::transport_error(const std::string& message) {
 
 void Round::mismatch(const Slot& s, const std::string& detail) {
   throw Error(LOOM_ERR_INVALID_ARGUMENT,
-              what_ + ": rank " + std::to_string(s.peer) + " does not agree with rank " +
-                  std::to_string(t_.rank_) + " (" + detail +
+              what_ + ": " + t_.who(s.peer) + " does not agree with " + t_.who(t_.rank_) + " (" +
+                  detail +
                   "): every rank must make the same collective call with the same dtype, "
                   "op and element count; this rank called " +
                   what_);
@@ -108,6 +118,7 @@ void Round::mismatch(const Slot& s, const std::string& detail) {
 bool Round::test(std::size_t i) {
   Slot& s = slots_[i];
   if (s.done) return true;
+  const std::lock_guard lock(t_.link_->mu);
   if (!s.is_recv) {
     const ucs_status_t st = ucp_request_check_status(s.request);
     if (st == UCS_INPROGRESS) return false;
@@ -115,7 +126,7 @@ bool Round::test(std::size_t i) {
     s.request = nullptr;
     s.done = true;
     if (st != UCS_OK) {
-      transport_error(what_ + ": sending to rank " + std::to_string(s.peer) +
+      transport_error(what_ + ": sending to " + t_.who(s.peer) +
                       " failed: " + ucs_status_string(st));
     }
     t_.bytes_sent_.fetch_add(s.bytes, std::memory_order_relaxed);
@@ -130,7 +141,7 @@ bool Round::test(std::size_t i) {
   s.done = true;
   if (st == UCS_ERR_MESSAGE_TRUNCATED) mismatch(s, "its message is longer than expected");
   if (st != UCS_OK) {
-    transport_error(what_ + ": receiving from rank " + std::to_string(s.peer) +
+    transport_error(what_ + ": receiving from " + t_.who(s.peer) +
                     " failed: " + ucs_status_string(st));
   }
   if ((info.sender_tag & kSigMask) != s.sig) mismatch(s, "its call differs");
@@ -145,16 +156,22 @@ bool Round::test(std::size_t i) {
 
 void Round::progress() {
   unsigned events = 0;
-  while (ucp_worker_progress(t_.worker_) != 0) ++events;
+  {
+    const std::lock_guard lock(t_.link_->mu);
+    while (ucp_worker_progress(t_.link_->worker) != 0) ++events;
+  }
   // Nothing to do: let the other ranks run (they may share this core).
   if (events == 0) sched_yield();
   // A peer may already have failed the first collective while this rank still finishes
   // its connection setup: that abort is for the collective, so it waits until then.
   if (kind_ != kKindHello) t_.check_abort();
-  for (std::size_t j = 0; j < t_.ep_failed_.size(); ++j) {
-    const int f = t_.ep_failed_[j].load();
+  for (int j = 0; j < t_.size_; ++j) {
+    if (j == t_.rank_) continue;
+    const int f =
+        t_.link_->ep_failed[static_cast<std::size_t>(t_.world_[static_cast<std::size_t>(j)])]
+            .load();
     if (f != 0) {
-      transport_error(what_ + ": the connection to rank " + std::to_string(j) + " failed (" +
+      transport_error(what_ + ": the connection to " + t_.who(j) + " failed (" +
                       ucs_status_string(static_cast<ucs_status_t>(f)) + "); did it exit?");
     }
   }
@@ -166,10 +183,10 @@ void Round::progress() {
     if (s.done) continue;
     if (late == nullptr || (s.is_recv && !late->is_recv)) late = &s;
   }
-  const std::string peer = late != nullptr ? std::to_string(late->peer) : "?";
+  const std::string peer = late != nullptr ? t_.who(late->peer) : "rank ?";
   throw Error(LOOM_ERR_DEADLINE_EXCEEDED,
-              what_ + ": rank " + std::to_string(t_.rank_) + " waited " +
-                  seconds_string(t_.timeout_s_) + " s for rank " + peer + " (step " +
+              what_ + ": " + t_.who(t_.rank_) + " waited " +
+                  seconds_string(t_.timeout_s_) + " s for " + peer + " (step " +
                   std::to_string(late != nullptr ? late->step : 0) +
                   ") without progress: did it fail, exit or make a different call? "
                   "(timeout_s sets the limit)");
