@@ -4,6 +4,7 @@
 // order, so a wrong membership, a wrong order or messages crossing between communicators
 // all show up as wrong values.
 #include <loom/embed.h>
+#include <loom/sdk/comm.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -346,6 +347,35 @@ TEST(UcxSplit, TheTableAndItsArgumentChecks) {
   vt->destroy_split(args.result);
   vt->destroy_split(nullptr);
   check_world(c, 10, "parent after the raw split");
+}
+
+// The SDK's helpers for code holding a comm reference: comm_split returns a SubComm that
+// owns the child (destroy_split when it goes), named after the parent and the color.
+TEST(UcxSplit, TheSdkHelpers) {
+  Comm c("timeout_s = 30.0\n");
+  ASSERT_EQ(c.rc, LOOM_OK) << c.error;
+  const loom::sdk::InstanceRef<loom_comm_v1> world("world", c.obj, c.vt);
+  {
+    loom::sdk::SubComm sub = loom::sdk::comm_split(world, parity(c.rank), reversed(c.rank));
+    ASSERT_TRUE(sub);
+    EXPECT_EQ(sub.name(), "world/" + std::to_string(parity(c.rank)));
+    const std::vector<int> group = expected_group(c.size, parity(c.rank), parity, reversed);
+    EXPECT_EQ(sub.size(), static_cast<int32_t>(group.size()));
+    check_group(CommView(sub.instance(), sub.vtable()), group, c.rank, "SubComm");
+    EXPECT_NO_THROW(loom::sdk::comm_barrier(sub.ref(), nullptr));
+    EXPECT_TRUE(loom::sdk::comm_supports_device(sub.ref(), DLDevice{kDLCPU, 0}));
+    EXPECT_FALSE(loom::sdk::comm_supports_device(sub.ref(), DLDevice{kDLCUDA, 0}));
+    // A split of the SubComm, moved out and back: still one owner.
+    loom::sdk::SubComm inner = loom::sdk::comm_split(sub.ref(), 0, 0);
+    loom::sdk::SubComm moved = std::move(inner);
+    EXPECT_FALSE(inner);  // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(moved.size(), sub.size());
+    EXPECT_EQ(moved.name(), sub.name() + "/0");
+  }  // moved, then sub: children first
+  const loom::sdk::SubComm none = loom::sdk::comm_split(world, LOOM_COMM_SPLIT_NONE, 0);
+  EXPECT_FALSE(none);
+  EXPECT_EQ(none.size(), 0);
+  check_world(c, 100, "parent after the SDK's splits");
 }
 
 }  // namespace

@@ -195,11 +195,12 @@ struct OptimizerTable {
 
 // What T::split returns (std::optional<S>), and whether T can make a sub-instance from S.
 template <class T>
+using SplitPlanOf = typename decltype(std::declval<T&>().split(0, 0))::value_type;
+template <class T>
 concept CommSplits = requires(T& t, int32_t v) {
-  typename decltype(t.split(v, v))::value_type;
   { t.split(v, v).has_value() } -> std::convertible_to<bool>;
-} && std::is_constructible_v<T, Context&,
-                             typename decltype(std::declval<T&>().split(0, 0))::value_type&&>;
+  requires std::is_constructible_v<T, Context&, SplitPlanOf<T> &&>;
+};
 
 // An args struct from a caller must reach `end` (its last field this SDK reads or writes).
 template <class Args>
@@ -288,8 +289,7 @@ struct CommTable {
       args->supported = object<T>(instance).supports_device(args->device) ? 1 : 0;
     });
   }
-  static loom_status* native_handle2(void* instance,
-                                     loom_comm_native_handle_args* args) noexcept {
+  static loom_status* native_handle2(void* instance, loom_comm_native_handle_args* args) noexcept {
     return guard([&] {
       expect_args(args, LOOM_STRUCT_SIZE(loom_comm_native_handle_args, handle),
                   "native_handle args");
