@@ -493,7 +493,13 @@ LOOM_API int32_t loom_comm_split(loom_instance* comm, int32_t color, int32_t key
     args.result = nullptr;
     const int32_t rc = plugin_call(inst, "split", [&] { return vt->split(obj, &args); });
     if (rc != LOOM_OK || (color < 0) != (args.result == nullptr)) {
-      if (args.result != nullptr) vt->destroy_split(args.result);  // a misbehaving plugin's
+      if (args.result != nullptr) {  // a misbehaving plugin's: not handed out, so destroyed
+        (void)loom::host::take_status(
+            loom::host::guarded_call(inst->label + " destroy_split", [&]() -> loom_status* {
+              vt->destroy_split(args.result);
+              return nullptr;
+            }));
+      }
       if (rc != LOOM_OK) return rc;
       return fail(LOOM_ERR_INTERNAL,
                   inst->label + ": split (color " + std::to_string(color) + "): the plugin " +

@@ -12,14 +12,22 @@
 //   allgather  ring, pipelined in chunks.  all_to_all  pairwise exchange.
 //   broadcast  binomial tree, pipelined in chunks.  barrier  dissemination.
 //
-// Every message's 64-bit tag holds the collective's sequence number, the step and the chunk,
-// so messages of different calls or steps never match, plus a 12-bit signature of the call
+// Process groups: split (one allgather on the parent) makes a sub-communicator over a subset
+// of the parent's endpoints, on the same worker (Link, shared and locked: connection.cpp).
+//
+// Every message's 64-bit tag holds the communicator's number on the receiving rank, the
+// collective's sequence number, the step and the chunk, so messages of different
+// communicators, calls or steps never match, plus a 12-bit signature of the call
 // (collective, op, dtype, element count): a peer that called something else is reported as
 // such instead of corrupting data. A rank that fails a collective tells every peer (an abort
 // message), so all ranks fail with a clear error instead of waiting; waits without progress
 // end after timeout_s with LOOM_ERR_DEADLINE_EXCEEDED naming the silent peer. After such a
 // failure the instance refuses further collectives (the ranks no longer agree on where they
 // are); argument errors found before any message is sent leave it usable.
+//
+// Files: ucx.hpp (tags, Link, Round, the Ucx class), connection.cpp (setup, split, aborts,
+// teardown), round.cpp (one call's sends, receives, matching and progress), collectives.cpp
+// (argument checks and algorithms), this file (the schema and the entry point).
 #include <loom/sdk.hpp>
 
 #include "ucx.hpp"

@@ -155,8 +155,9 @@ typedef struct loom_comm_v1 {
    * the same order relative to its other collectives. Sets args->result to a new instance
    * (same plugin, same table) whose ranks are this instance's ranks that passed the same
    * color, ordered by (key, rank here); NULL for a negative color. A child's stats count
-   * its own calls only. On an error no child exists on any rank of the group. A child
-   * may be split in turn. Calls on an instance and on its children may run concurrently
+   * its own calls only. On an error this rank has no child (result NULL); an argument
+   * error found before any exchange leaves the instance as it was, a later one may leave
+   * other ranks with their child: destroy it. A child may be split in turn. Calls on an instance and on its children may run concurrently
    * (they are different instances); the plugin orders whatever they share. */
   loom_status* (*split)(void* instance, loom_comm_split_args* args) LOOM_APPENDED_FIELD;
   /* [instance] Set whenever split is. Destroys a sub-communicator split returned (NULL is
