@@ -185,9 +185,8 @@ void Round::progress() {
   }
   const std::string peer = late != nullptr ? t_.who(late->peer) : "rank ?";
   throw Error(LOOM_ERR_DEADLINE_EXCEEDED,
-              what_ + ": " + t_.who(t_.rank_) + " waited " +
-                  seconds_string(t_.timeout_s_) + " s for " + peer + " (step " +
-                  std::to_string(late != nullptr ? late->step : 0) +
+              what_ + ": " + t_.who(t_.rank_) + " waited " + seconds_string(t_.timeout_s_) +
+                  " s for " + peer + " (step " + std::to_string(late != nullptr ? late->step : 0) +
                   ") without progress: did it fail, exit or make a different call? "
                   "(timeout_s sets the limit)");
 }
