@@ -296,6 +296,31 @@ TEST(UcxSplit, CommNumbersAreReusedAndTheirLimitIsAClearError) {
               c.rank, "after freeing");
 }
 
+// A collective that fails inside a child (the ranks disagree on the size) fails on every
+// rank of the child and breaks that child only: it refuses further calls, while the parent
+// and a sibling keep working.
+TEST(UcxSplit, AFailureInsideAChildLeavesTheParentWorking) {
+  Comm c("timeout_s = 20.0\n");
+  ASSERT_EQ(c.rc, LOOM_OK) << c.error;
+  if (c.size == 1) GTEST_SKIP() << "needs two ranks";
+  loom_instance* bad = nullptr;
+  loom_instance* good = nullptr;
+  ASSERT_EQ(loom_comm_split(c.instance, 0, c.rank, &bad), LOOM_OK) << loom_last_error();
+  ASSERT_EQ(loom_comm_split(c.instance, 0, reversed(c.rank), &good), LOOM_OK) << loom_last_error();
+  const CommView b(bad);
+  Buf x(Dt::kF32, 1000 + (b.rank == 0 ? 1 : 0));
+  const Result r = b.allreduce(LOOM_REDUCE_SUM, nullptr, &x.t);
+  EXPECT_NE(r.code, LOOM_OK);
+  EXPECT_NE(r.text.find("world rank"), std::string::npos) << r.text;  // names ranks both ways
+  const Result again = b.barrier();
+  EXPECT_EQ(again.code, LOOM_ERR_FAILED_PRECONDITION) << again.text;
+  check_world(c, 1000, "parent after the child's failure");
+  check_group(CommView(good),
+              expected_group(
+                  c.size, 0, [](int) { return 0; }, reversed),
+              c.rank, "sibling after the child's failure");
+}
+
 // The table itself: split / destroy_split and the 1.2 args-struct calls, beside the old ones.
 TEST(UcxSplit, TheTableAndItsArgumentChecks) {
   Comm c("timeout_s = 30.0\n");
