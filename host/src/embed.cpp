@@ -453,4 +453,91 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
   });
 }
 
+// ---- loom.comm/1: process groups (since 1.2)
+
+LOOM_API int32_t loom_comm_split(loom_instance* comm, int32_t color, int32_t key,
+                                 loom_instance** out) {
+  return api_call([&] {
+    if (comm == nullptr || out == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_comm_split: NULL argument");
+    }
+    *out = nullptr;
+    void* obj = nullptr;
+    const void* table = nullptr;
+    if (const int32_t rc =
+            loom_instance_table(comm, LOOM_KIND_COMM, LOOM_COMM_V1_MIN_SIZE, &obj, &table)) {
+      return rc;
+    }
+    Instance* inst = impl(comm);
+    const auto* vt = static_cast<const loom_comm_v1*>(table);
+    const bool has_split =
+        vt->struct_size >= LOOM_STRUCT_SIZE(loom_comm_v1, split) && vt->split != nullptr;
+    const bool has_destroy = vt->struct_size >= LOOM_STRUCT_SIZE(loom_comm_v1, destroy_split) &&
+                             vt->destroy_split != nullptr;
+    if (!has_split) {
+      return fail(LOOM_ERR_UNIMPLEMENTED,
+                  inst->label +
+                      ": split: its plugin has no process groups (loom_comm_v1.split, "
+                      "ABI 1.2; its table has " +
+                      std::to_string(vt->struct_size) + " bytes)");
+    }
+    if (!has_destroy) {
+      return fail(LOOM_ERR_UNIMPLEMENTED,
+                  inst->label +
+                      ": split: its plugin sets split but not destroy_split, so a "
+                      "sub-communicator could not be destroyed; refusing to split");
+    }
+    loom_comm_split_args args{};
+    args.struct_size = LOOM_COMM_SPLIT_ARGS_SIZE;
+    args.color = color;
+    args.key = key;
+    args.result = nullptr;
+    const int32_t rc = plugin_call(inst, "split", [&] { return vt->split(obj, &args); });
+    if (rc != LOOM_OK || (color < 0) != (args.result == nullptr)) {
+      if (args.result != nullptr) {  // a misbehaving plugin's: not handed out, so destroyed
+        (void)loom::host::take_status(
+            loom::host::guarded_call(inst->label + " destroy_split", [&]() -> loom_status* {
+              vt->destroy_split(args.result);
+              return nullptr;
+            }));
+      }
+      if (rc != LOOM_OK) return rc;
+      return fail(LOOM_ERR_INTERNAL,
+                  inst->label + ": split (color " + std::to_string(color) + "): the plugin " +
+                      (color < 0 ? "returned a sub-communicator for a negative color, which "
+                                   "means no group"
+                                 : "returned success but no sub-communicator"));
+    }
+    if (color < 0) return succeed();
+    auto child = std::make_unique<Instance>();
+    child->session = inst->session;
+    child->validated = inst->validated;
+    child->name = inst->name + "/" + std::to_string(color);
+    child->kind = inst->kind;
+    // "comm.world (plugin ...)" -> "comm.world/1 (plugin ...)"
+    const std::size_t paren = inst->label.find(" (");
+    child->label = paren == std::string::npos
+                       ? inst->label + "/" + std::to_string(color)
+                       : inst->label.substr(0, paren) + "/" + std::to_string(color) +
+                             inst->label.substr(paren);
+    child->logger = inst->logger;
+    child->object = args.result;
+    *out = handle(inst->session->add_derived(std::move(child), inst, vt->destroy_split));
+    return succeed();
+  });
+}
+
+LOOM_API int32_t loom_comm_destroy_split(loom_instance* sub) {
+  return api_call([&] {
+    if (sub == nullptr) return succeed();
+    Instance* inst = impl(sub);
+    if (!inst->session->destroy_derived(inst)) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT,
+                  "loom_comm_destroy_split: " + inst->label +
+                      " is not a sub-communicator from loom_comm_split (its session owns it)");
+    }
+    return succeed();
+  });
+}
+
 }  // extern "C"

@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -204,7 +205,43 @@ void Session::create_instances() {
   }
 }
 
+Instance* Session::add_derived(std::unique_ptr<Instance> inst, const Instance* parent,
+                               void (*destroy)(void*)) {
+  derived_.push_back(Derived{std::move(inst), parent, destroy});
+  return derived_.back().inst.get();
+}
+
+void Session::destroy_one(Derived& d) {
+  if (d.destroy == nullptr || d.inst->object == nullptr) return;
+  auto taken = take_status(guarded_call(d.inst->label + " destroy", [&]() -> loom_status* {
+    d.destroy(d.inst->object);
+    return nullptr;
+  }));
+  d.inst->object = nullptr;
+  if (!taken.ok()) log_->error("{}", taken.message);
+}
+
+bool Session::destroy_derived(const Instance* inst) {
+  auto is = [&](const Derived& d) { return d.inst.get() == inst; };
+  if (std::find_if(derived_.begin(), derived_.end(), is) == derived_.end()) return false;
+  for (;;) {  // its children first, newest first
+    auto child = std::find_if(derived_.rbegin(), derived_.rend(),
+                              [&](const Derived& d) { return d.parent == inst; });
+    if (child == derived_.rend()) break;
+    destroy_derived(child->inst.get());
+  }
+  auto it = std::find_if(derived_.begin(), derived_.end(), is);
+  destroy_one(*it);
+  derived_.erase(it);
+  return true;
+}
+
 Session::~Session() {
+  // Derived instances first, newest first: a child was made after its parent.
+  while (!derived_.empty()) {
+    destroy_one(derived_.back());
+    derived_.pop_back();
+  }
   // Reverse creation order: nothing is destroyed while something that references it lives.
   for (auto it = instances_.rbegin(); it != instances_.rend(); ++it) {
     Instance& inst = **it;

@@ -59,14 +59,30 @@ class Session {
   [[nodiscard]] size_t declared_instances() const { return manifest_.instances.size(); }
   [[nodiscard]] const loom_bootstrap& bootstrap() const { return *bootstrap_; }
 
+  // Instances made at run time from a live one (a comm's split, loom_comm_split): owned
+  // here, not among instances(), each destroyed by its own `destroy`, newest first and
+  // before any declared instance, so a child always goes before its parent.
+  Instance* add_derived(std::unique_ptr<Instance> inst, const Instance* parent,
+                        void (*destroy)(void*));
+  // Destroys a derived instance, after everything derived from it; false when `inst` is not
+  // a derived instance of this session.
+  bool destroy_derived(const Instance* inst);
+
  private:
   Session() = default;
   void setup_logging(const OpenOptions& options);
   void create_instances();
+  struct Derived {
+    std::unique_ptr<Instance> inst;
+    const Instance* parent = nullptr;
+    void (*destroy)(void*) = nullptr;
+  };
+  void destroy_one(Derived& d);
 
   Manifest manifest_;
   ValidatedManifest validated_;
   std::vector<std::unique_ptr<Instance>> instances_;
+  std::vector<Derived> derived_;
   std::shared_ptr<spdlog::logger> log_;
   spdlog::sink_ptr sink_;
   int level_ = LOOM_LOG_INFO;

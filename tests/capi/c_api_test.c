@@ -83,6 +83,17 @@ int main(int argc, char** argv) {
   CHECK(info.rounds == 4);
   CHECK(info.bytes_sent == 2 * 6 * sizeof(float));
 
+  /* Process groups from C: probe's comm table is a 1.1 one, so split is UNIMPLEMENTED and the
+   * message names the instance; an optimizer is not a comm. */
+  loom_instance* probe_comm = NULL;
+  loom_instance* sub = NULL;
+  CHECK(loom_find_instance(session, "comm", "world", &probe_comm) == LOOM_OK);
+  CHECK(loom_comm_split(probe_comm, 0, 0, &sub) == LOOM_ERR_UNIMPLEMENTED);
+  CHECK(sub == NULL);
+  CHECK(strstr(loom_last_error(), "comm.world") != NULL);
+  CHECK(loom_comm_split(opt, LOOM_COMM_SPLIT_NONE, 0, &sub) == LOOM_ERR_INVALID_ARGUMENT);
+  CHECK(loom_comm_destroy_split(NULL) == LOOM_OK);
+
   /* An error path: a missing instance is NOT_FOUND and the message names it. */
   loom_instance* missing = NULL;
   CHECK(loom_find_instance(session, "optimizer", "nobody", &missing) == LOOM_ERR_NOT_FOUND);

@@ -28,7 +28,6 @@ struct Session {
       error = loom_last_error();
       return;
     }
-    loom_instance* inst = nullptr;
     rc = loom_find_instance(s, "comm", "gpu", &inst);
     if (rc != LOOM_OK) return;
     obj = loom_instance_object(inst);
@@ -38,6 +37,7 @@ struct Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
   loom_session* s = nullptr;
+  loom_instance* inst = nullptr;
   int32_t rc = LOOM_OK;
   std::string error;
   void* obj = nullptr;
@@ -111,6 +111,59 @@ TEST(Nccl, CollectivesOnOneGpu) {
   cudaStreamDestroy(stream);
   cudaFree(a);
   cudaFree(b);
+}
+
+// ncclCommSplit on a world of one: color 0 gives a one-rank child with its own ncclComm_t that
+// runs collectives; a negative color gives NULL; the parent still works. (Not run where
+// there is no GPU: NCCL needs a device, and the CUDA emulation does not build it.)
+TEST(Nccl, SplitOnOneGpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Session s;
+  ASSERT_EQ(s.rc, LOOM_OK) << s.error;
+  ASSERT_NE(s.vt->split, nullptr);
+  ASSERT_NE(s.vt->native_handle2, nullptr);
+  loom_instance* sub = nullptr;
+  ASSERT_EQ(loom_comm_split(s.inst, 0, 0, &sub), LOOM_OK) << loom_last_error();
+  ASSERT_NE(sub, nullptr);
+  void* child = loom_instance_object(sub);
+  EXPECT_EQ(s.vt->size(child), 1);
+  EXPECT_EQ(s.vt->rank(child), 0);
+  loom_comm_native_handle_args nh{LOOM_COMM_NATIVE_HANDLE_ARGS_SIZE, 0, nullptr, nullptr};
+  ASSERT_EQ(code_of(s.vt->native_handle2(child, &nh)), LOOM_OK);
+  EXPECT_STREQ(nh.kind, "nccl");
+  const char* kind = nullptr;
+  void* parent_handle = nullptr;
+  ASSERT_EQ(code_of(s.vt->native_handle(s.obj, &kind, &parent_handle)), LOOM_OK);
+  EXPECT_NE(nh.handle, nullptr);
+  EXPECT_NE(nh.handle, parent_handle);  // its own communicator
+
+  const int64_t n = 4099;
+  std::vector<float> host(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>(i % 7);
+  float* a = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(a, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  int64_t shape = n;
+  DLTensor ta{a, {kDLCUDA, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+  for (void* obj : {child, s.obj}) {
+    loom_allreduce_args ar{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_SUM, nullptr, &ta, nullptr};
+    ASSERT_EQ(code_of(s.vt->allreduce(obj, &ar)), LOOM_OK);
+    loom_comm_barrier_args b{LOOM_COMM_BARRIER_ARGS_SIZE, 0, nullptr};
+    ASSERT_EQ(code_of(s.vt->barrier2(obj, &b)), LOOM_OK);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> back(static_cast<std::size_t>(n));
+  ASSERT_EQ(cudaMemcpy(back.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::memcmp(back.data(), host.data(), n * sizeof(float)), 0);  // a sum of one
+  loom_comm_device_args d{LOOM_COMM_DEVICE_ARGS_SIZE, 0, DLDevice{kDLCUDA, 0}, 0};
+  ASSERT_EQ(code_of(s.vt->supports_device2(child, &d)), LOOM_OK);
+  EXPECT_EQ(d.supported, 1);
+
+  loom_instance* none = sub;
+  ASSERT_EQ(loom_comm_split(s.inst, LOOM_COMM_SPLIT_NONE, 0, &none), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(none, nullptr);
+  EXPECT_EQ(loom_comm_destroy_split(sub), LOOM_OK) << loom_last_error();
+  cudaFree(a);
 }
 
 }  // namespace

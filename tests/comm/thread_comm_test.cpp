@@ -9,6 +9,7 @@
 #include <loom/embed.h>
 #include <loom/kinds/comm.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/sdk/comm.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <latch>
 #include <random>
@@ -551,6 +553,51 @@ TEST_P(ThreadComm, RankThatClosesFailsTheOthersFast) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadComm, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "np" + std::to_string(info.param); });
+
+// Process groups need a plugin that has them: thread_comm (SDK, no split method) and probe
+// (a raw C plugin whose table is a 1.1 one) both give UNIMPLEMENTED naming the instance,
+// through the embedding API and through the SDK's helper; the SDK's args-struct helpers
+// fall back to the 1.0 entries of the 1.1 table.
+TEST(ThreadCommAlone, SplitIsUnimplementedForPluginsWithoutProcessGroups) {
+  const std::string dir = loom_test::thread_comm_dir();
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "loom_probe.so")) {
+    GTEST_SKIP() << "the probe test plugin is not beside loom_thread_comm.so";
+  }
+  Rank c(fresh_world(), 0, 1, 30, "\n[comm.p]\nplugin = \"probe\"\n");
+  ASSERT_TRUE(c.opened()) << c.open_error;
+  for (const char* name : {"c", "p"}) {
+    SCOPED_TRACE(name);
+    loom_instance* inst = nullptr;
+    ASSERT_EQ(loom_find_instance(c.s, "comm", name, &inst), LOOM_OK) << loom_last_error();
+    loom_instance* sub = inst;
+    EXPECT_EQ(loom_comm_split(inst, 0, 0, &sub), LOOM_ERR_UNIMPLEMENTED);
+    EXPECT_EQ(sub, nullptr);
+    const std::string error = loom_last_error();
+    EXPECT_NE(error.find(std::string("comm.") + name + " (plugin"), std::string::npos) << error;
+    EXPECT_NE(error.find("no process groups"), std::string::npos) << error;
+    const loom::sdk::InstanceRef<loom_comm_v1> ref(
+        name, loom_instance_object(inst),
+        static_cast<const loom_comm_v1*>(loom_instance_vtable(inst)));
+    try {
+      (void)loom::sdk::comm_split(ref, 0, 0);
+      ADD_FAILURE() << "comm_split did not throw";
+    } catch (const loom::sdk::Error& e) {
+      EXPECT_EQ(e.code(), LOOM_ERR_UNIMPLEMENTED);
+      EXPECT_NE(std::string(e.what()).find(std::string("instance '") + name + "'"),
+                std::string::npos)
+          << e.what();
+    }
+    // barrier / supports_device through whichever entry the table has.
+    EXPECT_NO_THROW(loom::sdk::comm_barrier(ref, nullptr));
+    EXPECT_TRUE(loom::sdk::comm_supports_device(ref, DLDevice{kDLCPU, 0}));
+  }
+  loom_instance* probe = nullptr;
+  ASSERT_EQ(loom_find_instance(c.s, "comm", "p", &probe), LOOM_OK);
+  const auto* pvt = static_cast<const loom_comm_v1*>(loom_instance_vtable(probe));
+  EXPECT_EQ(pvt->struct_size, LOOM_STRUCT_SIZE(loom_comm_v1, native_handle));
+  EXPECT_FALSE(loom::sdk::comm_provides(pvt, &loom_comm_v1::barrier2));
+  EXPECT_TRUE(loom::sdk::comm_provides(c.vt, &loom_comm_v1::barrier2));  // the SDK's table
+}
 
 TEST(ThreadCommAlone, AWorldOfOneCopiesAndMovesNoBytes) {
   Rank c(fresh_world(), 0, 1);

@@ -121,6 +121,24 @@ LOOM_API int32_t loom_optimizer_step_f32(loom_instance* instance, float* const* 
 LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
                                               loom_optimizer_comm_info* out);
 
+/* ---- loom.comm/1: process groups (since 1.2) */
+
+/* Splits a comm instance into groups: collective over `comm` (every rank of it calls this,
+ * in the same order as its other collectives). The ranks that pass the same color >= 0 form
+ * one sub-communicator, ordered by (key, rank in `comm`); *out is this rank's, a new
+ * instance of the same plugin and table, named "NAME/COLOR" ("world/1"; not listed by
+ * loom_instance_count or found by loom_find_instance). Use it as any comm instance
+ * (loom_instance_table, ...) and split it further. A negative color (LOOM_COMM_SPLIT_NONE)
+ * sets *out to NULL. UNIMPLEMENTED, naming the instance, when its plugin has no split (one
+ * built for ABI 1.1 or older). The session owns the sub-communicator: loom_close destroys
+ * it before its parent. */
+LOOM_API int32_t loom_comm_split(loom_instance* comm, int32_t color, int32_t key,
+                                 loom_instance** out);
+/* Destroys a sub-communicator from loom_comm_split now, and first every one split from
+ * it; not collective. NULL is a no-op; INVALID_ARGUMENT for an instance declared in the
+ * manifest. The handle is invalid afterwards. */
+LOOM_API int32_t loom_comm_destroy_split(loom_instance* sub);
+
 /* ---- plugin discovery */
 
 /* Describes plugins as one JSON document: {"search_path": [...], "plugins": [{"name",

@@ -7,6 +7,10 @@
 // timeout_s instead of hanging; the communicator is then aborted. Every later NCCL call is
 // polled the same way.
 //
+// Process groups: split is ncclCommSplit on this communicator (non-blocking, polled with the
+// same deadline); the sub-communicator owns its own ncclComm_t on the same device, so it
+// does not depend on the parent once made (the ABI still asks callers to destroy it first).
+//
 // Byte counters hold the volumes of NCCL's ring algorithms (NCCL does not report what it
 // actually moved): allreduce 2 (p - 1) / p of the tensor each way, allgather (p - 1) blocks,
 // all_to_all everything but the own block, broadcast the tensor once per non-root rank.
@@ -21,8 +25,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -34,6 +40,29 @@ using Clock = std::chrono::steady_clock;
 std::string cuda_error(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
+
+// A sub-communicator ncclCommSplit made, on its way to the Nccl that will own it; aborted
+// when nobody takes it.
+struct NcclSplit {
+  NcclSplit() = default;
+  NcclSplit(NcclSplit&& o) noexcept
+      : comm(std::exchange(o.comm, nullptr)),
+        rank(o.rank),
+        size(o.size),
+        device(o.device),
+        timeout_s(o.timeout_s) {}
+  NcclSplit& operator=(NcclSplit&&) = delete;
+  NcclSplit(const NcclSplit&) = delete;
+  NcclSplit& operator=(const NcclSplit&) = delete;
+  ~NcclSplit() {
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+  }
+  ncclComm_t comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  double timeout_s = 300.0;
+};
 
 class Nccl : public loom::sdk::Comm {
  public:
@@ -86,6 +115,23 @@ class Nccl : public loom::sdk::Comm {
     }
     try {
       wait_comm("communicator creation");
+      check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    } catch (...) {
+      release(true);
+      throw;
+    }
+  }
+
+  // A sub-communicator from split: takes over the ncclComm_t.
+  Nccl(Context& ctx, NcclSplit&& sub)
+      : ctx_(ctx),
+        rank_(sub.rank),
+        size_(sub.size),
+        timeout_s_(sub.timeout_s),
+        device_(sub.device),
+        comm_(std::exchange(sub.comm, nullptr)) {
+    const loom::sdk::CudaDeviceGuard on_device(device_);
+    try {
       check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
     } catch (...) {
       release(true);
@@ -235,6 +281,36 @@ class Nccl : public loom::sdk::Comm {
     count(rank_ == (a.root + size_ - 1) % size_ ? 0 : bytes, rank_ == a.root ? 0 : bytes);
   }
 
+  // Collective over this communicator: ncclCommSplit, then both it and the new one polled
+  // until done. NCCL_SPLIT_NOCOLOR for a negative color (no sub-communicator).
+  std::optional<NcclSplit> split(int32_t color, int32_t key) {
+    usable();
+    const loom::sdk::CudaDeviceGuard on_device(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    NcclSplit sub;
+    sub.device = device_;
+    sub.timeout_s = timeout_s_;
+    const ncclResult_t r =
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub.comm, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      if (sub.comm != nullptr) (void)ncclCommAbort(std::exchange(sub.comm, nullptr));
+      broken_ = true;  // the other ranks are inside the split
+      check_nccl(r, "ncclCommSplit");
+    }
+    wait_comm("split");
+    rounds_.fetch_add(1, std::memory_order_relaxed);
+    if (color < 0) return std::nullopt;
+    if (sub.comm == nullptr) {
+      throw Error(LOOM_ERR_INTERNAL,
+                  "nccl: ncclCommSplit gave no communicator for color " + std::to_string(color));
+    }
+    wait_other(sub.comm, "the split's new communicator");
+    check_nccl(ncclCommUserRank(sub.comm, &sub.rank), "ncclCommUserRank");
+    check_nccl(ncclCommCount(sub.comm, &sub.size), "ncclCommCount");
+    return std::optional<NcclSplit>(std::move(sub));
+  }
+
   void barrier(void* s) {
     usable();
     call("barrier", [&] {
@@ -278,6 +354,25 @@ class Nccl : public loom::sdk::Comm {
                     std::string("nccl: ") + what + " did not finish within timeout_s = " +
                         std::to_string(timeout_s_) + " s on rank " + std::to_string(rank_) +
                         " (did a rank fail or never join?)");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  // Polls a communicator this instance does not own yet (a split's result) until it leaves
+  // ncclInProgress.
+  void wait_other(ncclComm_t comm, const char* what) const {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+      if (r != ncclSuccess) check_nccl(r, "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) check_nccl(state, what);
+      if (Clock::now() > deadline) {
+        throw Error(LOOM_ERR_DEADLINE_EXCEEDED,
+                    std::string("nccl: ") + what + " was not ready within timeout_s = " +
+                        std::to_string(timeout_s_) + " s on rank " + std::to_string(rank_));
       }
       std::this_thread::yield();
     }

@@ -638,18 +638,20 @@ static loom_status* comm_native_handle(void* instance, const char** kind, void**
   return NULL;
 }
 
-static const loom_comm_v1 k_comm_vtable = {LOOM_COMM_V1_SIZE,
-                                           0,
-                                           comm_rank,
-                                           comm_size,
-                                           comm_supports_device,
-                                           comm_allreduce,
-                                           comm_allgather,
-                                           comm_all_to_all,
-                                           comm_broadcast,
-                                           comm_barrier,
-                                           comm_stats,
-                                           comm_native_handle};
+/* The table of a 1.1 plugin: it ends at native_handle (no split, no args-struct calls). */
+static const loom_comm_v1 k_comm_vtable = {
+    .struct_size = LOOM_STRUCT_SIZE(loom_comm_v1, native_handle),
+    .rank = comm_rank,
+    .size = comm_size,
+    .supports_device = comm_supports_device,
+    .allreduce = comm_allreduce,
+    .allgather = comm_allgather,
+    .all_to_all = comm_all_to_all,
+    .broadcast = comm_broadcast,
+    .barrier = comm_barrier,
+    .stats = comm_stats,
+    .native_handle = comm_native_handle,
+};
 
 static const loom_factory k_comm_factory = {
     .struct_size = LOOM_FACTORY_SIZE,

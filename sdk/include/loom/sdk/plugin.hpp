@@ -64,6 +64,11 @@ struct Optimizer {
 //             void broadcast(const loom_broadcast_args&), void barrier(void* stream),
 //             void stats(loom_comm_stats&)
 //   optional: NativeHandle native_handle()
+//             std::optional<S> split(int32_t color, int32_t key), with a constructor
+//             T(Context&, S&&): split runs the collective over this instance and returns
+//             what the sub-communicator needs (std::nullopt for a negative color); the SDK
+//             then constructs it with this instance's Context, so it must not outlive it
+//             (the ABI's rule: children are destroyed before their parent).
 struct Comm {
   static constexpr const char* kKind = LOOM_KIND_COMM;
 };
@@ -96,6 +101,10 @@ namespace detail {
 template <class T>
 struct Holder {
   explicit Holder(const loom_host_services* host) : ctx(host), object(ctx) {}
+  // A sub-instance (a comm's split): T(Context&, args...), sharing its parent's services.
+  template <class... A>
+  Holder(const loom_host_services* host, std::in_place_t /*tag*/, A&&... a)
+      : ctx(host), object(ctx, std::forward<A>(a)...) {}
 
   void forget_export() noexcept {
     if (has_exported) {
@@ -187,6 +196,27 @@ struct OptimizerTable {
 
 // ---- the comm table
 
+// What T::split returns (std::optional<S>), and whether T can make a sub-instance from S.
+template <class T>
+using SplitPlanOf = typename decltype(std::declval<T&>().split(0, 0))::value_type;
+template <class T>
+concept CommSplits = requires(T& t, int32_t v) {
+  { t.split(v, v).has_value() } -> std::convertible_to<bool>;
+  requires std::is_constructible_v<T, Context&, SplitPlanOf<T> &&>;
+};
+
+// An args struct from a caller must reach `end` (its last field this SDK reads or writes).
+template <class Args>
+const Args& expect_args(const Args* args, uint32_t end, const char* what) {
+  if (args == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+  if (args->struct_size < end) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                std::string(what) + " has struct_size " + std::to_string(args->struct_size) +
+                    ", smaller than the " + std::to_string(end) + " bytes of its 1.2 fields");
+  }
+  return *args;
+}
+
 template <class T>
 struct CommTable {
   static int32_t rank(void* instance) noexcept {
@@ -229,6 +259,48 @@ struct CommTable {
       *handle = h.handle;
     });
   }
+  // ---- since 1.2
+  static loom_status* split(void* instance, loom_comm_split_args* args) noexcept {
+    return guard([&] {
+      expect_args(args, LOOM_STRUCT_SIZE(loom_comm_split_args, result), "split args");
+      args->result = nullptr;
+      Holder<T>& h = holder<T>(instance);
+      h.forget_export();
+      auto plan = h.object.split(args->color, args->key);
+      if (!plan.has_value()) return;
+      // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
+      args->result = new Holder<T>(h.ctx.raw(), std::in_place,  // NOLINT
+                                   std::move(*plan));
+    });
+  }
+  static void destroy_split(void* instance) noexcept {
+    try {
+      delete static_cast<Holder<T>*>(instance);
+    } catch (...) {
+    }
+  }
+  static loom_status* barrier2(void* instance, const loom_comm_barrier_args* args) noexcept {
+    return guard([&] {
+      const loom_comm_barrier_args& a =
+          expect_args(args, LOOM_STRUCT_SIZE(loom_comm_barrier_args, stream), "barrier args");
+      object<T>(instance).barrier(a.stream);
+    });
+  }
+  static loom_status* supports_device2(void* instance, loom_comm_device_args* args) noexcept {
+    return guard([&] {
+      expect_args(args, LOOM_STRUCT_SIZE(loom_comm_device_args, supported), "device args");
+      args->supported = object<T>(instance).supports_device(args->device) ? 1 : 0;
+    });
+  }
+  static loom_status* native_handle2(void* instance, loom_comm_native_handle_args* args) noexcept {
+    return guard([&] {
+      expect_args(args, LOOM_STRUCT_SIZE(loom_comm_native_handle_args, handle),
+                  "native_handle args");
+      NativeHandle h = object<T>(instance).native_handle();
+      args->kind = h.kind;
+      args->handle = h.handle;
+    });
+  }
 
   static const loom_comm_v1* get() {
     static_assert(
@@ -269,10 +341,17 @@ struct CommTable {
       v.broadcast = &broadcast;
       v.barrier = &barrier;
       v.stats = &stats;
+      v.barrier2 = &barrier2;  // beside barrier and supports_device, for 1.0 and 1.1 hosts
+      v.supports_device2 = &supports_device2;
       if constexpr (requires(T & t) {
                       { t.native_handle() } -> std::convertible_to<NativeHandle>;
                     }) {
         v.native_handle = &native_handle;
+        v.native_handle2 = &native_handle2;
+      }
+      if constexpr (CommSplits<T>) {
+        v.split = &split;
+        v.destroy_split = &destroy_split;
       }
       return v;
     }();
