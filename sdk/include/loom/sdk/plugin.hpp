@@ -19,6 +19,7 @@
 #include <loom/kinds/comm.h>
 #include <loom/kinds/optimizer.h>
 #include <loom/sdk/context.hpp>
+#include <loom/sdk/parallel.hpp>
 #include <loom/sdk/schema.hpp>
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
@@ -90,9 +91,13 @@ namespace detail {
 // served from it instead of serialising the whole state again. The state can only change
 // inside a call on the instance (calls are one at a time per instance), and every call but
 // export_state goes through object<T>(), which drops the blob.
+//
+// `pool` registers the host's thread pool (1.2 hosts) for parallel_for() in this library
+// before the object is built and drops it after the object is gone, so kernels the object
+// runs in its constructor or destructor use it too.
 template <class T>
 struct Holder {
-  explicit Holder(const loom_host_services* host) : ctx(host), object(ctx) {}
+  explicit Holder(const loom_host_services* host) : pool(host), ctx(host), object(ctx) {}
 
   void forget_export() noexcept {
     if (has_exported) {
@@ -101,6 +106,7 @@ struct Holder {
     }
   }
 
+  PoolRegistration pool;
   Context ctx;
   T object;
   std::vector<std::byte> exported;
