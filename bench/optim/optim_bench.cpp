@@ -67,7 +67,7 @@ void emit(const char* optimizer, const char* device, size_t n, double sec, doubl
   j["ratio_to_copy"] = copy_gbps > 0 ? bytes / sec / 1e9 / copy_gbps : 0.0;
   j["roof_gbps"] = g_roof_gbps;
   j["ratio_to_roof"] = g_roof_gbps > 0 ? bytes / sec / 1e9 / g_roof_gbps : 0.0;
-  j["threads"] = loom::plugins::ThreadPool::instance().size();
+  j["threads"] = loom_thread_count();  // the pool the plugins and the loops above share
   if (note != nullptr) j["note"] = note;
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
