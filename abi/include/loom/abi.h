@@ -242,7 +242,7 @@ typedef struct loom_host_services {
    * with n > 0. */
   loom_status* (*parallel_for)(void* host_ctx, size_t n, size_t grain,
                                void (*body)(void* body_ctx, size_t begin, size_t end),
-                               void* body_ctx) LOOM_APPENDED_FIELD;
+                               void* body_ctx)LOOM_APPENDED_FIELD;
   /* [any] The number of threads a parallel_for may use, the caller's included (>= 1):
    * LOOM_NUM_THREADS when set, else the cores divided among this machine's ranks. */
   size_t (*thread_count)(void* host_ctx) LOOM_APPENDED_FIELD;
