@@ -71,14 +71,26 @@ size_t ThreadPool::default_threads(std::string* warning) {
 }
 
 ThreadPool& ThreadPool::process() {
-  // Leaked on purpose: a plugin's static destructor may still run a kernel at exit.
+  // Never destroyed: a plugin's static destructor may still run a kernel at exit. Its workers
+  // are joined at exit (close), after which calls run inline.
   static ThreadPool* pool = [] {
     std::string warning;
     const size_t n = default_threads(&warning);
     if (!warning.empty()) std::fprintf(stderr, "loom: %s: %zu\n", warning.c_str(), n);
-    return new ThreadPool(n);  // NOLINT(cppcoreguidelines-owning-memory)
+    auto* p = new ThreadPool(n);  // NOLINT(cppcoreguidelines-owning-memory)
+    std::atexit([] { ThreadPool::process().close(); });
+    return p;
   }();
   return *pool;
+}
+
+void ThreadPool::close() {
+  // From inside a body (exit called by a kernel) the call in flight is this thread's own.
+  if (t_inside_body) return;
+  const std::unique_lock<std::mutex> call(call_mu_, std::try_to_lock);
+  if (!call.owns_lock()) return;  // another thread's call is in flight: leave its threads be
+  stop_locked();
+  closed_ = true;
 }
 
 ThreadPool::ThreadPool(size_t threads) : size_(std::clamp<size_t>(threads, 1, kMaxThreads)) {}
@@ -153,7 +165,7 @@ void ThreadPool::parallel_for(size_t n, size_t grain, ParallelBody body, void* c
     return;
   }
   std::unique_lock<std::mutex> call(call_mu_, std::try_to_lock);
-  if (!call.owns_lock() || size_ <= 1) {
+  if (!call.owns_lock() || size_ <= 1 || closed_) {
     // Another thread's call holds the workers (or there are none): run it here, marked as
     // inside a body so that what it nests runs inline too.
     const InsideBody mark;

@@ -18,8 +18,13 @@ using ParallelBody = void (*)(void* ctx, size_t begin, size_t end);
 class ThreadPool {
  public:
   // The process's pool. Created on first use and never destroyed (kernels may still run
-  // from static destructors at exit); its threads start on the first parallel_for.
+  // from static destructors at exit); its threads start on the first parallel_for and are
+  // joined at exit (an atexit handler calls close()).
   static ThreadPool& process();
+
+  // Joins the workers for good: later calls run inline. Does nothing from inside a body or
+  // while another thread's call is in flight (those threads are left to the process's end).
+  void close();
 
   explicit ThreadPool(size_t threads);
   ~ThreadPool();
@@ -70,6 +75,7 @@ class ThreadPool {
   size_t pending_ = 0;
   uint64_t generation_ = 0;
   bool stop_ = false;
+  bool closed_ = false;  // under call_mu_
 };
 
 }  // namespace loom::host

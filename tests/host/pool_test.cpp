@@ -381,9 +381,8 @@ class DirectPlugin : public ::testing::Test {
     ASSERT_EQ(plugin->factory_count, 1U);
     factory_ = plugin->factories[0];
   }
-  void TearDown() override {
-    if (lib_ != nullptr) dlclose(lib_);
-  }
+  // No dlclose: plugin libraries are never unloaded (docs/abi.md), and the SDK's registry
+  // lives as long as the library.
 
   loom_host_services services(uint32_t size, uint16_t minor) {
     loom_host_services s{};
