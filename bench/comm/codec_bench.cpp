@@ -36,14 +36,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using loom::sdk::InstanceRef;
 
-// The codec plugins' thread count (their pool honours LOOM_NUM_THREADS the same way).
-size_t thread_count() {
-  if (const char* env = std::getenv("LOOM_NUM_THREADS"); env != nullptr && *env != '\0') {
-    const long v = std::strtol(env, nullptr, 10);
-    if (v > 0) return static_cast<size_t>(v);
-  }
-  return std::max<unsigned>(1, std::thread::hardware_concurrency());
-}
+// The codec plugins' thread count: the size of libloom's pool, which they run on.
+size_t thread_count() { return loom_thread_count(); }
 
 // fn(begin, end) on `threads` threads over [0, n), in contiguous blocks.
 void parallel(size_t n, size_t threads, const std::function<void(size_t, size_t)>& fn) {

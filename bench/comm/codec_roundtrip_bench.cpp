@@ -27,6 +27,7 @@
 // device, or a build without CUDA (one "skipped" line on stdout says which).
 #include <loom/embed.h>
 #include <loom/kinds/codec.h>
+#include <loom/sdk/parallel.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -41,8 +42,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "common/parallel_for.hpp"
 
 #if LOOM_BENCH_CUDA
 #include <cuda_runtime.h>
@@ -109,18 +108,19 @@ Backend cpu_backend() {
     void* p = std::aligned_alloc(64, (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64);
     if (p == nullptr) throw std::runtime_error("out of host memory");
     // First touch by the pool's threads, so the pages sit where the codecs' threads run.
-    loom::plugins::parallel_for(bytes, std::size_t{1} << 20, [p](std::size_t s, std::size_t e) {
-      std::memset(static_cast<char*>(p) + s, 0, e - s);
-    });
+    loom::sdk::parallel_for_on(
+        loom_parallel_for, bytes, std::size_t{1} << 20,
+        [p](std::size_t s, std::size_t e) { std::memset(static_cast<char*>(p) + s, 0, e - s); });
     return p;
   };
   b.free = [](void* p) { std::free(p); };
   b.to_device = [](void* d, const void* s, std::size_t n) { std::memcpy(d, s, n); };
   b.to_host = b.to_device;
   b.copy = [](void* d, const void* s, std::size_t n) {
-    loom::plugins::parallel_for(n, std::size_t{1} << 20, [&](std::size_t lo, std::size_t hi) {
-      std::memcpy(static_cast<char*>(d) + lo, static_cast<const char*>(s) + lo, hi - lo);
-    });
+    loom::sdk::parallel_for_on(
+        loom_parallel_for, n, std::size_t{1} << 20, [&](std::size_t lo, std::size_t hi) {
+          std::memcpy(static_cast<char*>(d) + lo, static_cast<const char*>(s) + lo, hi - lo);
+        });
   };
   b.time = [](int iters, const std::function<void()>& fn) {
     fn();

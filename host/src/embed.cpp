@@ -10,6 +10,7 @@
 #include "last_error.hpp"
 #include "session.hpp"
 #include "status.hpp"
+#include "thread_pool.hpp"
 
 using loom::host::Error;
 using loom::host::Instance;
@@ -535,6 +536,29 @@ LOOM_API int32_t loom_comm_destroy_split(loom_instance* sub) {
       return fail(LOOM_ERR_INVALID_ARGUMENT,
                   "loom_comm_destroy_split: " + inst->label +
                       " is not a sub-communicator from loom_comm_split (its session owns it)");
+    }
+    return succeed();
+  });
+}
+
+// ---- the process's thread pool
+
+LOOM_API int32_t loom_parallel_for(size_t n, size_t grain,
+                                   void (*body)(void* ctx, size_t begin, size_t end), void* ctx) {
+  if (body == nullptr && n > 0) {
+    return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_parallel_for: body is NULL");
+  }
+  loom::host::ThreadPool::process().parallel_for(n, grain, body, ctx);
+  return succeed();
+}
+
+LOOM_API size_t loom_thread_count(void) { return loom::host::ThreadPool::process().size(); }
+
+LOOM_API int32_t loom_set_thread_count(size_t threads) {
+  return api_call([&] {
+    if (!loom::host::ThreadPool::process().resize(threads)) {
+      return fail(LOOM_ERR_FAILED_PRECONDITION,
+                  "loom_set_thread_count: called from inside a parallel_for body");
     }
     return succeed();
   });

@@ -13,6 +13,7 @@
 #include "kinds.hpp"
 #include "plugin_library.hpp"
 #include "status.hpp"
+#include "thread_pool.hpp"
 
 namespace loom::host {
 namespace {
@@ -67,6 +68,18 @@ loom_status* svc_device_alloc(void* /*ctx*/, DLDevice device, size_t bytes, void
 loom_status* svc_device_free(void* /*ctx*/, DLDevice device, void* ptr, void* stream) noexcept {
   return device_free(device, ptr, stream);
 }
+
+// The process's pool, whichever instance asks: host_ctx is not used.
+loom_status* svc_parallel_for(void* /*ctx*/, size_t n, size_t grain, ParallelBody body,
+                              void* body_ctx) noexcept {
+  if (body == nullptr && n > 0) {
+    return make_status(LOOM_ERR_INVALID_ARGUMENT, "parallel_for: body is NULL");
+  }
+  ThreadPool::process().parallel_for(n, grain, body, body_ctx);
+  return nullptr;
+}
+
+size_t svc_thread_count(void* /*ctx*/) noexcept { return ThreadPool::process().size(); }
 
 std::string read_file(const std::filesystem::path& path) {
   std::error_code ec;
@@ -186,6 +199,8 @@ void Session::create_instances() {
     svc.bootstrap = bootstrap_;
     svc.params = v.params.params.data();
     svc.param_count = v.params.params.size();
+    svc.parallel_for = svc_parallel_for;
+    svc.thread_count = svc_thread_count;
 
     void* object = nullptr;
     auto taken = take_status(guarded_call(

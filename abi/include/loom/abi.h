@@ -248,8 +248,27 @@ typedef struct loom_host_services {
    * in schema order: params[i] corresponds to the factory's param_specs[i]. */
   const loom_param* params;
   size_t param_count;
+
+  /* Since 1.2: the process's thread pool, one for the host and every plugin (a plugin
+   * starts no pool of its own). Absent (beyond struct_size) from a 1.0/1.1 host.
+   *
+   * [any] Calls body(body_ctx, begin, end) on disjoint blocks that together cover [0, n)
+   * exactly once; every block begins at a multiple of `grain` (0 is taken as 1), and the
+   * calling thread runs one of them. Returns once every block has returned. n = 0 calls
+   * nothing. The host may run the whole range as one block (0, n) on the calling thread:
+   * a call made from inside a body (nested or reentrant) always does, and so does a call
+   * made while another thread's call is using the pool, so concurrent calls from any
+   * number of threads are safe and never deadlock. `body` must return normally (no
+   * exception, longjmp or thread exit). NULL on success; INVALID_ARGUMENT for a NULL body
+   * with n > 0. */
+  loom_status* (*parallel_for)(void* host_ctx, size_t n, size_t grain,
+                               void (*body)(void* body_ctx, size_t begin, size_t end),
+                               void* body_ctx)LOOM_APPENDED_FIELD;
+  /* [any] The number of threads a parallel_for may use, the caller's included (>= 1):
+   * LOOM_NUM_THREADS when set, else the cores divided among this machine's ranks. */
+  size_t (*thread_count)(void* host_ctx) LOOM_APPENDED_FIELD;
 } loom_host_services;
-#define LOOM_HOST_SERVICES_SIZE LOOM_STRUCT_SIZE(loom_host_services, param_count)
+#define LOOM_HOST_SERVICES_SIZE LOOM_STRUCT_SIZE(loom_host_services, thread_count)
 LOOM_CHECK_STRUCT_SIZE(loom_host_services, LOOM_HOST_SERVICES_SIZE);
 
 /* --------------------------------------------------------------- state */

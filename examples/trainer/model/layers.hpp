@@ -7,7 +7,7 @@
 // them), except crossentropy_backward, which writes dlogits.
 //
 // Threading: matmuls call OpenBLAS single-threaded on disjoint blocks of the output, one per
-// thread of the model's pool (so OpenBLAS and our pool never compete for cores); the
+// thread of libloom's pool (so OpenBLAS and the pool never compete for cores); the
 // elementwise kernels split rows over the same pool.
 #pragma once
 
@@ -24,7 +24,8 @@
 
 namespace loom::trainer::layers {
 
-// The model's pool (defined in model.cpp): parallel_for over [0, n) in blocks of `grain`.
+// libloom's process-wide pool (defined in model.cpp over loom_parallel_for): fn over
+// disjoint blocks covering [0, n), each beginning at a multiple of `grain`. fn must not throw.
 void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
 int pool_threads();
 

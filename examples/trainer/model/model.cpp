@@ -1,53 +1,31 @@
-// Model: the float instantiation of Gpt (gpt.hpp), plus the kernels' thread pool.
+// Model: the float instantiation of Gpt (gpt.hpp); its kernels run on libloom's thread pool.
 #include "model.hpp"
 
 #include <cblas.h>
 
-#include <algorithm>
-#include <cstdlib>
+#include <loom/embed.h>
+
 #include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <thread>
+#include <string>
 
-#include "common/parallel_for.hpp"
 #include "gpt.hpp"
 
 namespace loom::trainer {
 namespace {
 
-int default_threads() {
-  if (const char* env = std::getenv("LOOM_NUM_THREADS"); env != nullptr && *env != '\0') {
-    const long v = std::strtol(env, nullptr, 10);
-    if (v > 0 && v < 1024) return static_cast<int>(v);
-  }
-  // Under a launcher, share the cores among the ranks on this node (Open MPI, MPICH, torchrun).
-  long local_ranks = 1;
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}) {
-    if (const char* env = std::getenv(name); env != nullptr && *env != '\0') {
-      const long v = std::strtol(env, nullptr, 10);
-      if (v > 0) {
-        local_ranks = v;
-        break;
-      }
-    }
-  }
-  const long cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<int>(std::max(1L, cores / local_ranks));
+// Every sgemm runs single-threaded inside one of the pool's threads (layers::par_gemm splits
+// the output), so OpenBLAS's own threads would only oversubscribe the cores.
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
-std::mutex g_pool_mu;
-std::unique_ptr<loom::plugins::ThreadPool> g_pool;
+using BlockFn = std::function<void(size_t, size_t)>;
 
-loom::plugins::ThreadPool& pool() {
-  const std::lock_guard<std::mutex> lock(g_pool_mu);
-  if (!g_pool) {
-    // Every sgemm runs single-threaded inside one of our pool's threads (layers::par_gemm
-    // splits the output), so OpenBLAS's own threads would only oversubscribe the cores.
-    openblas_set_num_threads(1);
-    g_pool = std::make_unique<loom::plugins::ThreadPool>(static_cast<size_t>(default_threads()));
-  }
-  return *g_pool;
+void run_block(void* ctx, size_t begin, size_t end) {
+  (*static_cast<const BlockFn*>(ctx))(begin, end);
 }
 
 // Wraps a float Mlp (the public plugin-facing interface) as the model's MlpT<float>.
@@ -72,17 +50,21 @@ class MlpAdapter final : public MlpT<float> {
 }  // namespace
 
 namespace layers {
+// libloom's process-wide pool: the one the plugins' kernels run on too.
 void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
-  pool().parallel_for(n, grain, fn);
+  single_threaded_blas();
+  if (loom_parallel_for(n, grain, &run_block, const_cast<BlockFn*>(&fn)) != LOOM_OK) {
+    throw std::runtime_error(std::string("loom::trainer: ") + loom_last_error());
+  }
 }
-int pool_threads() { return static_cast<int>(pool().size()); }
+int pool_threads() { return static_cast<int>(loom_thread_count()); }
 }  // namespace layers
 
 void set_num_threads(int threads) {
-  if (threads < 1) threads = default_threads();
-  const std::lock_guard<std::mutex> lock(g_pool_mu);
-  openblas_set_num_threads(1);
-  g_pool = std::make_unique<loom::plugins::ThreadPool>(static_cast<size_t>(threads));
+  single_threaded_blas();
+  if (loom_set_thread_count(threads < 1 ? 0 : static_cast<size_t>(threads)) != LOOM_OK) {
+    throw std::runtime_error(std::string("loom::trainer: ") + loom_last_error());
+  }
 }
 
 int num_threads() { return layers::pool_threads(); }

@@ -37,11 +37,12 @@ struct ParamTensor {
   size_t numel;
 };
 
-// Threads used by the model's kernels (its pool runs the split sgemms and the elementwise
-// loops; OpenBLAS itself stays single-threaded). Defaults to LOOM_NUM_THREADS, else the
-// cores divided by the number of ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE,
-// MPI_LOCALNRANKS, or torchrun's LOCAL_WORLD_SIZE), else all cores. n < 1 restores the
-// default. Call it before using a model.
+// Threads used by the model's kernels: libloom's process-wide pool (loom_set_thread_count),
+// which runs the split sgemms and the elementwise loops and the plugins' kernels too;
+// OpenBLAS itself stays single-threaded. Defaults to LOOM_NUM_THREADS, else the cores divided
+// by the number of ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, or
+// torchrun's LOCAL_WORLD_SIZE), else all cores. n < 1 restores the default. Call it before
+// using a model, not from inside one of its calls.
 void set_num_threads(int threads);
 int num_threads();
 

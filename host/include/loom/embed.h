@@ -151,6 +151,27 @@ LOOM_API int32_t loom_comm_destroy_split(loom_instance* sub);
 LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path, char** json_out);
 LOOM_API void loom_free_string(char* s);
 
+/* ---- the process's thread pool: the one every plugin instance reaches through
+ * loom_host_services.parallel_for (docs/abi.md), for the embedding program's own loops, so
+ * the trainer's kernels and the plugins' never start a second set of threads. Unlike the
+ * rest of this API, these are [any]: any thread, concurrently. */
+
+/* Calls body(ctx, begin, end) on disjoint blocks covering [0, n), each beginning at a
+ * multiple of `grain` (0 = 1), the calling thread running one of them; returns when all
+ * have. A call from inside a body, or while another thread's call is using the pool, runs
+ * the whole range inline (one block (0, n)), so nothing deadlocks. `body` must not throw.
+ * LOOM_ERR_INVALID_ARGUMENT for a NULL body with n > 0. */
+LOOM_API int32_t loom_parallel_for(size_t n, size_t grain,
+                                   void (*body)(void* ctx, size_t begin, size_t end), void* ctx);
+/* Threads a parallel_for may use, the caller's included: LOOM_NUM_THREADS (1..1024) when
+ * set, else the cores this process may use divided by the ranks on this machine
+ * (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS or LOCAL_WORLD_SIZE). */
+LOOM_API size_t loom_thread_count(void);
+/* Resizes the pool to `threads` (0: the default above, re-read from the environment; more
+ * than 1024 is 1024), for every session and plugin in the process; waits for a call in
+ * progress. LOOM_ERR_FAILED_PRECONDITION from inside a parallel_for body. */
+LOOM_API int32_t loom_set_thread_count(size_t threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #include <loom/sdk/abi_array.hpp>
 #include <loom/sdk/comm.hpp>
 #include <loom/sdk/context.hpp>
+#include <loom/sdk/parallel.hpp>
 #include <loom/sdk/plugin.hpp>
 #include <loom/sdk/quant_format.hpp>
 #include <loom/sdk/schema.hpp>

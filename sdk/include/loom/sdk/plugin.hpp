@@ -20,6 +20,7 @@
 #include <loom/kinds/comm.h>
 #include <loom/kinds/optimizer.h>
 #include <loom/sdk/context.hpp>
+#include <loom/sdk/parallel.hpp>
 #include <loom/sdk/schema.hpp>
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
@@ -98,13 +99,17 @@ namespace detail {
 // served from it instead of serialising the whole state again. The state can only change
 // inside a call on the instance (calls are one at a time per instance), and every call but
 // export_state goes through object<T>(), which drops the blob.
+//
+// `pool` registers the host's thread pool (1.2 hosts) for parallel_for() in this library
+// before the object is built and drops it after the object is gone, so kernels the object
+// runs in its constructor or destructor use it too.
 template <class T>
 struct Holder {
-  explicit Holder(const loom_host_services* host) : ctx(host), object(ctx) {}
+  explicit Holder(const loom_host_services* host) : pool(host), ctx(host), object(ctx) {}
   // A sub-instance (a comm's split): T(Context&, args...), sharing its parent's services.
   template <class... A>
   Holder(const loom_host_services* host, std::in_place_t /*tag*/, A&&... a)
-      : ctx(host), object(ctx, std::forward<A>(a)...) {}
+      : pool(host), ctx(host), object(ctx, std::forward<A>(a)...) {}
 
   void forget_export() noexcept {
     if (has_exported) {
@@ -113,6 +118,7 @@ struct Holder {
     }
   }
 
+  PoolRegistration pool;
   Context ctx;
   T object;
   std::vector<std::byte> exported;
