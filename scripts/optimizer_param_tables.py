@@ -20,7 +20,11 @@ def fmt_range(p):
     hi = "" if hi is None or hi in ("inf", float("inf")) else hi
     if lo == "" and hi == "":
         return ""
-    return f"[{lo}, {hi}]" if hi != "" else f">= {lo}"
+    opening = "(" if p.get("min_exclusive") else "["
+    closing = ")" if p.get("max_exclusive") else "]"
+    if hi == "":
+        return f"> {lo}" if p.get("min_exclusive") else f">= {lo}"
+    return f"{opening}{lo}, {hi}{closing}"
 
 
 for name in names:

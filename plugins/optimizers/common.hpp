@@ -402,7 +402,8 @@ inline MomentState read_moment_state(std::span<const std::byte> blob, const char
 inline loom::sdk::FloatList betas_param() {
   return loom::sdk::FloatList("betas", {0.9, 0.999}, "Decay rates of the first and second moments.")
       .length(2)
-      .range(0, 0.9999999);
+      .min(0)
+      .less_than(1);  // as torch.optim: 0 <= beta < 1
 }
 
 // Bias correction 1 - beta^t; 1 when it is off, and for t = 0 (nothing accumulated yet, e.g. a

@@ -49,11 +49,15 @@ class Lamb : public loom::sdk::Optimizer {
         bias_correction_(ctx.get_bool("bias_correction")),
         max_coeff_(ctx.get_float("max_coeff")),
         min_coeff_(ctx.get_float("min_coeff")),
-        skip_nonfinite_(ctx.get_bool("skip_nonfinite")) {
-    if (min_coeff_ > max_coeff_) {
-      throw Error(LOOM_ERR_INVALID_ARGUMENT, "min_coeff " + std::to_string(min_coeff_) +
-                                                 " is above max_coeff " +
-                                                 std::to_string(max_coeff_));
+        skip_nonfinite_(ctx.get_bool("skip_nonfinite")) {}
+
+  // Checked by `loom check`, at the min_coeff key.
+  static void validate_params(Context& params) {
+    if (params.get_float("min_coeff") > params.get_float("max_coeff")) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "min_coeff " + std::to_string(params.get_float("min_coeff")) +
+                      " is above max_coeff " + std::to_string(params.get_float("max_coeff")),
+                  "min_coeff");
     }
   }
 

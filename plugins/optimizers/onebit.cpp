@@ -17,13 +17,7 @@ using loom::sdk::Error;
 namespace {
 
 DLTensor flat_tensor(float* data, int64_t* shape, DLDevice device) {
-  DLTensor t{};
-  t.data = data;
-  t.device = device;
-  t.ndim = 1;
-  t.dtype = {kDLFloat, 32, 1};
-  t.shape = shape;
-  return t;
+  return loom::sdk::flat_view(data, device, DLDataType{kDLFloat, 32, 1}, shape);
 }
 
 #if LOOM_OPTIM_HAVE_CUDA

@@ -314,6 +314,8 @@ class ZeroOneAdam final : public Onebit {
 class OnebitLamb final : public Onebit {
  public:
   static loom::sdk::Schema schema();
+  // min_coeff <= max_coeff and factor_min <= factor_max, checked by `loom check`.
+  static void validate_params(loom::sdk::Context& params);
   explicit OnebitLamb(loom::sdk::Context& ctx);
 
  private:

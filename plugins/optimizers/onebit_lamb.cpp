@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::optim::onebit {
@@ -18,7 +20,8 @@ loom::sdk::Schema OnebitLamb::schema() {
   s.add(Float("max_coeff", 10.0, "Upper clamp of the warmup trust ratio.").min(0));
   s.add(Float("min_coeff", 0.01, "Lower clamp of the warmup trust ratio.").min(0));
   s.add(Float("coeff_beta", 0.9, "EMA factor of the trust ratio frozen at the freeze.")
-            .range(0, 0.9999999));
+            .min(0)
+            .less_than(1));
   s.add(Float("factor_max", 4.0, "Upper clamp of the compression-stage factor.").min(0));
   s.add(Float("factor_min", 0.5, "Lower clamp of the compression-stage factor.").min(0));
   s.add(Float("factor_threshold", 0.1,
@@ -35,8 +38,17 @@ OnebitLamb::OnebitLamb(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kOnebitLa
   factor_max_ = ctx.get_float("factor_max");
   factor_min_ = ctx.get_float("factor_min");
   factor_threshold_ = ctx.get_float("factor_threshold");
-  if (min_coeff_ > max_coeff_ || factor_min_ > factor_max_) {
-    throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, "min_coeff/factor_min above their max");
+}
+
+void OnebitLamb::validate_params(loom::sdk::Context& params) {
+  for (const auto& [lo, hi] :
+       {std::pair{"min_coeff", "max_coeff"}, std::pair{"factor_min", "factor_max"}}) {
+    if (params.get_float(lo) > params.get_float(hi)) {
+      throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT,
+                             std::string(lo) + " " + std::to_string(params.get_float(lo)) +
+                                 " is above " + hi + " " + std::to_string(params.get_float(hi)),
+                             lo);
+    }
   }
 }
 

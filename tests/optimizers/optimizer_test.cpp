@@ -906,3 +906,46 @@ TEST_P(Extras, Abi10SizedStructArraysStillWork) {
 INSTANTIATE_TEST_SUITE_P(Plugins, Extras, ::testing::Values("adam", "lamb"));
 
 }  // namespace
+
+// ---------------------------------------------------------------- checks at `loom check` time
+
+// Opens `toml` and returns loom_last_error(), expecting INVALID_ARGUMENT before any instance
+// is created.
+std::string refused(const std::string& toml) {
+  loom_open_options o{};
+  o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+  o.log_level = -1;
+  loom_session* s = nullptr;
+  const int32_t rc = loom_open_string(toml.c_str(), "check.toml", &o, &s);
+  loom_close(s);
+  EXPECT_EQ(rc, LOOM_ERR_INVALID_ARGUMENT);
+  return loom_last_error();
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Lamb, MinCoeffAboveMaxCoeffIsRefusedAtItsKey) {
+  const std::string e =
+      refused("[optimizer.opt]\nplugin = \"lamb\"\nmax_coeff = 1.0\nmin_coeff = 2.0\n");
+  EXPECT_TRUE(has(e,
+                  "check.toml:4:1: parameter 'min_coeff' of optimizer.opt: "
+                  "min_coeff 2.000000 is above max_coeff 1.000000"))
+      << e;
+}
+
+TEST(OnebitLamb, CrossParameterAndExclusiveBoundsAreRefusedAtTheirKeys) {
+  const std::string head =
+      "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
+      "[optimizer.opt]\nplugin = \"onebit_lamb\"\ncomm = \"world\"\ncodec = \"onebit\"\n";
+  const std::string e = refused(head + "factor_max = 0.25\nfactor_min = 0.5\n");
+  EXPECT_TRUE(has(e,
+                  "check.toml:10:1: parameter 'factor_min' of optimizer.opt: "
+                  "factor_min 0.500000 is above factor_max 0.250000"))
+      << e;
+  const std::string b = refused(head + "coeff_beta = 1.0\n");
+  EXPECT_TRUE(
+      has(b, "check.toml:9:14: parameter 'coeff_beta' of optimizer.opt = 1 is out of range [0, 1)"))
+      << b;
+}

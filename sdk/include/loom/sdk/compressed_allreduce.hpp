@@ -525,9 +525,8 @@ class CompressedAllreduce {
     int64_t mine = numel_;
     int64_t shape1 = 1;
     int64_t shape_n = size_;
-    DLTensor send{&mine, DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &shape1, nullptr, 0};
-    DLTensor recv{all.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLInt, 64, 1}, &shape_n, nullptr,
-                  0};
+    DLTensor send = flat_view(&mine, DLDevice{kDLCPU, 0}, DLDataType{kDLInt, 64, 1}, &shape1);
+    DLTensor recv = flat_view(all.data(), DLDevice{kDLCPU, 0}, DLDataType{kDLInt, 64, 1}, &shape_n);
     loom_allgather_args ag{};
     ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
     ag.send = &send;
@@ -563,10 +562,10 @@ class CompressedAllreduce {
   }
 
   DLTensor tensor(void* data, int64_t* shape) const {
-    return DLTensor{data, options_.device, 1, DLDataType{kDLFloat, 32, 1}, shape, nullptr, 0};
+    return flat_view(data, options_.device, DLDataType{kDLFloat, 32, 1}, shape);
   }
   DLTensor bytes_tensor(void* data, int64_t* shape) const {
-    return DLTensor{data, options_.device, 1, DLDataType{kDLUInt, 8, 1}, shape, nullptr, 0};
+    return flat_view(data, options_.device, DLDataType{kDLUInt, 8, 1}, shape);
   }
 
   std::size_t worker_bytes() const { return static_cast<std::size_t>(padded_) * sizeof(float); }

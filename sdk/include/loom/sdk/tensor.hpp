@@ -42,6 +42,14 @@ inline bool is_contiguous(const DLTensor& t) {
   return true;
 }
 
+// A compact 1-D view of `data`: shape[0] elements of `dtype` on `device`, with its stride
+// set (every DLTensor the SDK builds sets strides, so a receiver never depends on the NULL
+// convention). `shape` must outlive the view; the unit stride is static and read-only.
+inline DLTensor flat_view(void* data, DLDevice device, DLDataType dtype, int64_t* shape) {
+  static const int64_t kUnitStride = 1;
+  return DLTensor{data, device, 1, dtype, shape, const_cast<int64_t*>(&kUnitStride), 0};  // NOLINT
+}
+
 inline bool is_dtype(const DLTensor& t, uint8_t code, uint8_t bits) {
   return t.dtype.code == code && t.dtype.bits == bits && t.dtype.lanes == 1;
 }
