@@ -9,6 +9,7 @@
 #include <loom/sdk.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,20 @@ inline bool gradients_finite(FiniteFlag& flag, const std::vector<StepGroup>& gro
   flag.reset(device, stream);
   flag.check(gradient_inputs(groups), inv_scale, stream);
   return !flag.raised(stream);
+}
+
+// adam's and lamb's first move in a step: when checking is on and a gradient is not finite,
+// counts the skip, logs it, reports found_inf and returns true (the step then changes
+// nothing).
+inline bool skip_nonfinite_step(bool enabled, FiniteFlag& flag,
+                                const std::vector<StepGroup>& groups,
+                                const loom_optimizer_step_args& args, float inv_scale,
+                                uint64_t& skipped, const loom::sdk::Context& ctx) {
+  if (!enabled || gradients_finite(flag, groups, inv_scale, args.stream)) return false;
+  ++skipped;
+  ctx.debug("step " + std::to_string(args.step) + " skipped: a gradient is not finite");
+  report_found_inf(args, true);
+  return true;
 }
 
 }  // namespace loom::optim

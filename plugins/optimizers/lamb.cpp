@@ -65,11 +65,8 @@ class Lamb : public loom::sdk::Optimizer {
     auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
     loom::optim::expect_layout(slots_, groups);
     const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
-    if (skip_nonfinite_ &&
-        !loom::optim::gradients_finite(finite_, groups, inv_scale, args.stream)) {
-      ++skipped_;
-      ctx_.debug("step " + std::to_string(args.step) + " skipped: a gradient is not finite");
-      loom::optim::report_found_inf(args, true);
+    if (loom::optim::skip_nonfinite_step(skip_nonfinite_, finite_, groups, args, inv_scale,
+                                         skipped_, ctx_)) {
       return;
     }
     loom::optim::Backend& be = backends_.begin(groups, args.stream);

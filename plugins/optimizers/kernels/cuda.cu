@@ -179,24 +179,8 @@ __global__ void lamb_apply_kernel(Launch L, LambHyper h, const double* norms, fl
 #define LOOM_CHECK_LAUNCH(kernel) \
   ::loom::sdk::cuda_check(cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__)
 
-// Device scratch ordered on a stream, freed (stream-ordered) when the scope ends, also when a
-// check throws.
-class Scratch {
- public:
-  Scratch(std::size_t bytes, cudaStream_t s) : s_(s) {
-    LOOM_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
-  }
-  ~Scratch() {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  double* doubles() const { return static_cast<double*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t s_;
-};
+// Device scratch ordered on a stream (loom/sdk/cuda.hpp).
+using Scratch = ::loom::sdk::CudaScratch;
 
 // Splits the tensor list into launches of at most kMaxTensors tensors (empty ones left out;
 // L.index[k] is the caller's position of tensor k).
@@ -245,9 +229,9 @@ struct LambNorms {
     return most;
   }
   void run(const Launch& L, int blocks, const LambHyper& h, cudaStream_t s) {
-    lamb_moments_kernel<<<blocks, kThreads, 0, s>>>(L, h, part.doubles());
+    lamb_moments_kernel<<<blocks, kThreads, 0, s>>>(L, h, part.as<double>());
     LOOM_CHECK_LAUNCH(lamb_moments_kernel);
-    lamb_norms_kernel<<<L.count, kThreads, 0, s>>>(L, part.doubles(), norms.doubles());
+    lamb_norms_kernel<<<L.count, kThreads, 0, s>>>(L, part.as<double>(), norms.as<double>());
     LOOM_CHECK_LAUNCH(lamb_norms_kernel);
   }
   Scratch part;
@@ -280,7 +264,7 @@ std::string lamb(const TensorRef* tensors, std::size_t count, const LambHyper& h
   LambNorms w(tensors, count, s);
   for_each_launch(tensors, count, [&](const Launch& L, int blocks) {
     w.run(L, blocks, h, s);
-    lamb_apply_kernel<<<blocks, kThreads, 0, s>>>(L, h, w.norms.doubles(), lr, min_coeff,
+    lamb_apply_kernel<<<blocks, kThreads, 0, s>>>(L, h, w.norms.as<double>(), lr, min_coeff,
                                                   max_coeff);
     LOOM_CHECK_LAUNCH(lamb_apply_kernel);
   });
@@ -295,7 +279,7 @@ std::string lamb_norms(const TensorRef* tensors, std::size_t count, const LambHy
   std::vector<double> host(2 * kMaxTensors);
   for_each_launch(tensors, count, [&](const Launch& L, int blocks) {
     w.run(L, blocks, h, s);
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(host.data(), w.norms.doubles(), sizeof(double) * 2 * L.count,
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(host.data(), w.norms.as<double>(), sizeof(double) * 2 * L.count,
                                     cudaMemcpyDeviceToHost, s));
     LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
     for (int k = 0; k < L.count; ++k) {

@@ -282,24 +282,8 @@ __global__ void lamb_post_kernel(Batch b, float* m, const float* mp, const float
   ::loom::sdk::cuda_check(cudaGetLastError(), (std::string("launch of ") + (what)).c_str(), \
                           __FILE__, __LINE__)
 
-// Device scratch ordered on a stream, freed (stream-ordered) when the scope ends, also when a
-// check throws.
-class Scratch {
- public:
-  Scratch(std::size_t bytes, cudaStream_t s) : s_(s) {
-    LOOM_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
-  }
-  ~Scratch() {
-    if (p_ != nullptr) (void)cudaFreeAsync(p_, s_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  double* doubles() const { return static_cast<double*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t s_;
-};
+// Device scratch ordered on a stream (loom/sdk/cuda.hpp).
+using Scratch = ::loom::sdk::CudaScratch;
 
 // Splits the segment list into launches; fn(batch, blocks) launches one. Empty segments
 // are left out (their reduction results stay 0). Returns the argument error, if any.
@@ -359,16 +343,16 @@ std::string reduce_each(const Segment* segs, std::size_t count, void* stream, co
   {
     Scratch part(sizeof(double) * K * static_cast<std::size_t>(max_blocks), s);
     Scratch result(sizeof(double) * K * count, s);
-    LOOM_CUDA_CHECK(cudaMemsetAsync(result.doubles(), 0, sizeof(double) * K * count, s));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(result.as<double>(), 0, sizeof(double) * K * count, s));
     e = for_each_batch(segs, count, [&](const Batch& b, unsigned blocks) {
-      launch(b, blocks, s, part.doubles());
+      launch(b, blocks, s, part.as<double>());
       LOOM_CHECK_LAUNCH(what);
-      finalize_kernel<K, kMax>
-          <<<static_cast<unsigned>(b.count), kThreads, 0, s>>>(b, part.doubles(), result.doubles());
+      finalize_kernel<K, kMax><<<static_cast<unsigned>(b.count), kThreads, 0, s>>>(
+          b, part.as<double>(), result.as<double>());
       LOOM_CHECK_LAUNCH(std::string(what) + " (finalize)");
     });
     if (!e.empty()) return e;
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(host_out, result.doubles(), sizeof(double) * K * count,
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(host_out, result.as<double>(), sizeof(double) * K * count,
                                     cudaMemcpyDeviceToHost, s));
   }
   LOOM_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <loom/sdk/status.hpp>
 
+#include <cstddef>
 #include <string>
 
 namespace loom::sdk {
@@ -44,6 +45,28 @@ class CudaDeviceGuard {
  private:
   int previous_ = 0;
   bool changed_ = false;
+};
+
+// Device scratch (a per-call workspace) allocated on a stream and freed, stream-ordered, when
+// the scope ends, also when a check throws.
+class CudaScratch {
+ public:
+  CudaScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    cuda_check(cudaMallocAsync(&p_, bytes, stream), "cudaMallocAsync", __FILE__, __LINE__);
+  }
+  ~CudaScratch() {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream_);
+  }
+  CudaScratch(const CudaScratch&) = delete;
+  CudaScratch& operator=(const CudaScratch&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
 };
 
 }  // namespace loom::sdk
