@@ -314,10 +314,12 @@ LOOM_API int32_t loom_instance_table(const loom_instance* instance, const char* 
     }
     const Instance* inst = impl(instance);
     const std::string_view id = loom::host::normalize_kind(kind);
-    const std::string wanted = id.empty() ? std::string(kind) : std::string(id);
+    // A view: this runs on every optimizer step, and a kind ID is longer than the short-string
+    // buffer.
+    const std::string_view wanted = id.empty() ? std::string_view(kind) : id;
     if (inst->kind != wanted) {
       return fail(LOOM_ERR_INVALID_ARGUMENT,
-                  inst->label + " is a " + inst->kind + " instance, not " + wanted);
+                  inst->label + " is a " + inst->kind + " instance, not " + std::string(wanted));
     }
     const void* vt = inst->factory().vtable;
     uint32_t have = 0;

@@ -89,17 +89,4 @@ class Session {
   const loom_bootstrap* bootstrap_ = nullptr;
 };
 
-// Calls `fn` (a call into a plugin), turning an escaped C++ exception into an error:
-// the host stays alive whatever a plugin throws.
-template <typename Fn>
-loom_status* guarded_call(const std::string& what, Fn&& fn) noexcept {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return make_status(LOOM_ERR_INTERNAL, (what + " threw an exception: " + e.what()).c_str());
-  } catch (...) {
-    return make_status(LOOM_ERR_INTERNAL, (what + " threw an exception").c_str());
-  }
-}
-
 }  // namespace loom::host

@@ -33,4 +33,17 @@ TakenStatus take_status(loom_status* status);
 // The name of a loom_code, e.g. "INVALID_ARGUMENT".
 const char* code_name(int32_t code);
 
+// Calls `fn` (a call into a plugin), turning an escaped C++ exception into an error:
+// the host stays alive whatever a plugin throws.
+template <typename Fn>
+loom_status* guarded_call(const std::string& what, Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return make_status(LOOM_ERR_INTERNAL, (what + " threw an exception: " + e.what()).c_str());
+  } catch (...) {
+    return make_status(LOOM_ERR_INTERNAL, (what + " threw an exception").c_str());
+  }
+}
+
 }  // namespace loom::host

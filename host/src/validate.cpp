@@ -242,17 +242,13 @@ bool run_validate_hook(const ValidatedInstance& inst,
   args.make_status = hook_make_status;
   args.bad_param = -1;
   const std::string who = decl.label() + " (" + inst.plugin->label() + ")";
-  loom_status* raw = nullptr;
-  try {
-    raw = hook(&args);
-  } catch (const std::exception& e) {
-    raw = make_status(LOOM_ERR_INTERNAL,
-                      (who + ": validate threw an exception: " + e.what()).c_str());
-    args.bad_param = -1;
-  } catch (...) {
-    raw = make_status(LOOM_ERR_INTERNAL, (who + ": validate threw an exception").c_str());
-    args.bad_param = -1;
-  }
+  bool returned = false;
+  loom_status* raw = guarded_call(who + ": validate", [&] {
+    loom_status* st = hook(&args);
+    returned = true;
+    return st;
+  });
+  if (!returned) args.bad_param = -1;  // it threw: blame the instance, not a key
   if (raw == nullptr) return true;
   const std::string message = take_status(raw).message;  // a status is an error, whatever its code
   if (args.bad_param >= 0 && static_cast<size_t>(args.bad_param) < params.size()) {

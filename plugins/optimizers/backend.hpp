@@ -122,10 +122,9 @@ class StepBackend {
  public:
   Backend& begin(const std::vector<StepGroup>& groups, void* stream) {
 #if LOOM_OPTIM_HAVE_CUDA
-    for (const auto& g : groups) {
-      if (g.tensors.empty()) continue;
-      if (g.tensors.front().device.device_type != kDLCUDA) break;
-      cuda_.begin(stream, g.tensors.front().device.device_id);
+    const DLDevice d = step_device_of(groups);
+    if (d.device_type == kDLCUDA) {
+      cuda_.begin(stream, d.device_id);
       active_ = &cuda_;
       return cuda_;
     }

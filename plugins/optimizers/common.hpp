@@ -241,9 +241,7 @@ class Buffer {
 
   // Moves the buffer to `device` (after an import, state starts on the host).
   void move_to(DLDevice device, void* stream) {
-    if (device.device_type == device_.device_type && device.device_id == device_.device_id) {
-      return;
-    }
+    if (loom::sdk::same_device(device, device_)) return;
     std::vector<float> values = to_host(stream);
     Buffer b = zeros(values.size(), device, stream);
     if (b.on_cuda()) {
@@ -412,11 +410,16 @@ inline double bias_correction(bool on, double beta, uint64_t t) {
   return on && t > 0 ? 1.0 - std::pow(beta, static_cast<double>(t)) : 1.0;
 }
 
-inline bool step_on_cuda(const std::vector<StepGroup>& groups) {
+// The device of the step's tensors (collect() has refused mixed devices); the CPU when
+// there are none.
+inline DLDevice step_device_of(const std::vector<StepGroup>& groups) {
   for (const auto& g : groups) {
-    if (!g.tensors.empty()) return g.tensors.front().device.device_type == kDLCUDA;
+    if (!g.tensors.empty()) {
+      const DLDevice d = g.tensors.front().device;
+      return d.device_type == kDLCUDA ? d : DLDevice{kDLCPU, 0};
+    }
   }
-  return false;
+  return DLDevice{kDLCPU, 0};
 }
 
 }  // namespace loom::optim

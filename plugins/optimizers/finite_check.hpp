@@ -39,8 +39,7 @@ class FiniteFlag {
  public:
   // Zeroes the flag on `device` (allocating it there on first use or after a move).
   void reset(DLDevice device, void* stream) {
-    const bool same = flag_.size() == 1 && flag_.device().device_type == device.device_type &&
-                      flag_.device().device_id == device.device_id;
+    const bool same = flag_.size() == 1 && loom::sdk::same_device(flag_.device(), device);
     if (!same) {
       flag_ = Buffer::zeros(1, device, stream);
       return;
@@ -96,18 +95,6 @@ inline std::vector<FiniteInput> gradient_inputs(const std::vector<StepGroup>& gr
     for (const auto& t : g.tensors) out.push_back({t.ref.g, t.ref.gtype, t.ref.n});
   }
   return out;
-}
-
-// The device of the step's tensors (collect() has refused mixed devices); the CPU when
-// there are none.
-inline DLDevice step_device_of(const std::vector<StepGroup>& groups) {
-  for (const auto& g : groups) {
-    if (!g.tensors.empty()) {
-      const DLDevice d = g.tensors.front().device;
-      return d.device_type == kDLCUDA ? d : DLDevice{kDLCPU, 0};
-    }
-  }
-  return DLDevice{kDLCPU, 0};
 }
 
 // adam and lamb: true when every gradient of the step, times inv_scale, is finite. Their

@@ -2,71 +2,53 @@
 #include "stream_order.hpp"
 
 #include <cuda_runtime_api.h>
+#include <loom/sdk/cuda.hpp>
 
 #include <string>
 
 namespace loom::optim::cuda {
 namespace {
 
-std::string failure(cudaError_t e, const char* what) {
-  return std::string(what) + " failed: " + cudaGetErrorString(e);
+// Runs `fn` with `device` current (restored after); a CUDA failure comes back as its
+// message (call, file, line), success as an empty string, as stream_order.hpp promises.
+template <class Fn>
+std::string on_device(int device, Fn&& fn) {
+  try {
+    const loom::sdk::CudaDeviceGuard on(device);
+    fn();
+    return {};
+  } catch (const loom::sdk::Error& e) {
+    return e.what();
+  }
 }
-
-// Makes `device` current for a scope and restores the caller's device.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return;
-    }
-    if (previous_ != device) {
-      error_ = cudaSetDevice(device);
-      changed_ = error_ == cudaSuccess;
-    }
-  }
-  ~DeviceScope() {
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  cudaError_t error() const { return error_; }
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-  cudaError_t error_ = cudaSuccess;
-};
 
 }  // namespace
 
 std::string event_record(void** event, void* stream, int device) {
-  DeviceScope scope(device);
-  if (scope.error() != cudaSuccess) return failure(scope.error(), "cudaSetDevice");
-  if (*event == nullptr) {
-    cudaEvent_t e = nullptr;
-    const cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    if (r != cudaSuccess) return failure(r, "cudaEventCreateWithFlags");
-    *event = e;
-  }
-  const cudaError_t r =
-      cudaEventRecord(static_cast<cudaEvent_t>(*event), static_cast<cudaStream_t>(stream));
-  return r == cudaSuccess ? std::string() : failure(r, "cudaEventRecord");
+  return on_device(device, [&] {
+    if (*event == nullptr) {
+      cudaEvent_t e = nullptr;
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      *event = e;
+    }
+    LOOM_CUDA_CHECK(
+        cudaEventRecord(static_cast<cudaEvent_t>(*event), static_cast<cudaStream_t>(stream)));
+  });
 }
 
 std::string event_wait(void* event, void* stream, int device) {
   if (event == nullptr) return {};
-  DeviceScope scope(device);
-  if (scope.error() != cudaSuccess) return failure(scope.error(), "cudaSetDevice");
-  const cudaError_t r =
-      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
-  return r == cudaSuccess ? std::string() : failure(r, "cudaStreamWaitEvent");
+  return on_device(device, [&] {
+    LOOM_CUDA_CHECK(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+  });
 }
 
 std::string event_synchronize(void* event) {
   if (event == nullptr) return {};
   const cudaError_t r = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
-  return r == cudaSuccess ? std::string() : failure(r, "cudaEventSynchronize");
+  return r == cudaSuccess ? std::string()
+                          : loom::sdk::cuda_failure(r, "cudaEventSynchronize", __FILE__, __LINE__);
 }
 
 void event_destroy(void* event) {

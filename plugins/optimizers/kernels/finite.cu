@@ -1,12 +1,13 @@
 // The CUDA finite check of the gradients (kernels/finite.hpp): one multi-tensor launch per
 // kMaxTensors tensors, each block taking one chunk of one tensor and storing 1.0f to the
 // flag when it finds a non-finite element.
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <loom/sdk/cuda.hpp>
 
 #include <cstdint>
 #include <string>
 
+#include "common/half.hpp"
 #include "kernels/finite.hpp"
 
 namespace loom::optim::cuda {
@@ -24,11 +25,12 @@ struct FiniteLaunch {
   int count;
 };
 
+namespace conv = loom::plugins::half;  // not "half": CUDA's fp16 type
+
 __device__ __forceinline__ float load_grad(const void* g, uint8_t type, int64_t i) {
   if (type == 0) return static_cast<const float*>(g)[i];
   const uint16_t h = static_cast<const uint16_t*>(g)[i];
-  if (type == 1) return __uint_as_float(static_cast<uint32_t>(h) << 16);
-  return __half2float(__ushort_as_half(h));
+  return type == 1 ? conv::bf16_to_f32(h) : conv::f16_to_f32(h);
 }
 
 __global__ void flag_nonfinite_kernel(FiniteLaunch L, float inv_scale, float* flag) {
@@ -48,7 +50,7 @@ __global__ void flag_nonfinite_kernel(FiniteLaunch L, float inv_scale, float* fl
 
 std::string err(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return {};
-  return std::string(what) + ": " + cudaGetErrorString(e);
+  return loom::sdk::cuda_failure(e, what, __FILE__, __LINE__);
 }
 
 }  // namespace

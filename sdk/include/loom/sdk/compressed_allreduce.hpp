@@ -178,12 +178,7 @@ class CompressedAllreduce {
 
   CompressedAllreduce(const CompressedAllreduce&) = delete;
   CompressedAllreduce& operator=(const CompressedAllreduce&) = delete;
-  ~CompressedAllreduce() {
-    release();
-    if (event_ != nullptr && options_.device_ops.destroy_event) {
-      options_.device_ops.destroy_event(event_);
-    }
-  }
+  ~CompressedAllreduce() { release(); }
 
   // output = compressed average over ranks of input. Both fp32, contiguous, numel() elements,
   // on options.device; output may be input (in place). `stream`: NULL uses the last call's
@@ -512,9 +507,6 @@ class CompressedAllreduce {
       reset();
     } catch (...) {
       release();
-      if (event_ != nullptr && options_.device_ops.destroy_event) {
-        options_.device_ops.destroy_event(event_);
-      }
       throw;
     }
   }
@@ -586,12 +578,17 @@ class CompressedAllreduce {
       ::operator delete (p, std::align_val_t{64});
     }
   }
+  // Frees the buffers (stream-ordered) and the ordering event.
   void release() noexcept {
     for (void** p :
          {&worker_error_, &server_error_, &work_, &slice_, &send_, &recv_, &server_chunk_}) {
       deallocate(*p);
       *p = nullptr;
     }
+    if (event_ != nullptr && options_.device_ops.destroy_event) {
+      options_.device_ops.destroy_event(event_);
+    }
+    event_ = nullptr;
   }
 
   void copy(void* dst, const void* src, std::size_t bytes, void* stream) const {

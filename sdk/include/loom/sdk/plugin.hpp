@@ -553,12 +553,10 @@ struct FactoryThunks {
     *out_instance = nullptr;
     check_host_version<T>(host);
     if (!host_validated) {
+      Context params(host);
       const auto& storage = factory_storage<T>();
-      check_12_bounds(Context(host), storage.schema.data(), storage.schema.size());
-    }
-    if constexpr (kHasValidate<T>) {
-      if (!host_validated) {
-        Context params(host);
+      check_12_bounds(params, storage.schema.data(), storage.schema.size());
+      if constexpr (kHasValidate<T>) {
         try {
           T::validate_params(params);
         } catch (const Error& e) {
