@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -121,11 +122,13 @@ class RoundRobin : public loom::sdk::Sampler {
 template <class T>
 class Instance {
  public:
-  Instance() {
+  // A host of ABI 1.`minor` whose services table has `services_size` bytes.
+  explicit Instance(uint16_t minor = LOOM_ABI_MINOR,
+                    uint32_t services_size = LOOM_HOST_SERVICES_SIZE) {
     factory_ = loom::sdk::factory<T>()();
-    svc_.struct_size = LOOM_HOST_SERVICES_SIZE;
+    svc_.struct_size = services_size;
     svc_.abi_major = LOOM_ABI_MAJOR;
-    svc_.abi_minor = LOOM_ABI_MINOR;
+    svc_.abi_minor = minor;
     svc_.instance_name = "test";
     loom_status* st = factory_->create(&svc_, &obj_);
     if (st != nullptr) {
@@ -456,6 +459,26 @@ TEST(SdkKinds, SamplerPlanAndNext) {
   EXPECT_TRUE(std::isnan(n.difficulty));
   EXPECT_EQ(n.consumed, 15u);
   EXPECT_EQ(n.epoch, 1u);
+}
+
+// A plugin built with this SDK needs no 1.3 host for these kinds: the services table did not
+// change in 1.3, so a 1.2 host's (and a 1.1 host's shorter one) serves it. A host before 1.3
+// has no manifest section for them, but an embedder may create instances through the factory.
+TEST(SdkKinds, CreatedByOlderHosts) {
+  const uint32_t v11 = LOOM_STRUCT_SIZE(loom_host_services, param_count);
+  for (const auto& [minor, size] :
+       {std::pair<uint16_t, uint32_t>{2, LOOM_HOST_SERVICES_SIZE}, {1, v11}}) {
+    SCOPED_TRACE("ABI 1." + std::to_string(minor));
+    Instance<Both> b(minor, size);
+    ASSERT_NE(b.object(), nullptr);
+    loom_curriculum_at_args a{};
+    a.struct_size = LOOM_CURRICULUM_AT_ARGS_SIZE;
+    a.step = 2;
+    ASSERT_EQ(take(b.table<loom_curriculum_v1>()->at(b.object(), &a)), "");
+    EXPECT_EQ(a.seq_len, 16);
+    Instance<RoundRobin> r(minor, size);
+    ASSERT_NE(r.object(), nullptr);
+  }
 }
 
 TEST(SdkKinds, SamplerArgumentsAreChecked) {

@@ -119,6 +119,31 @@ TEST_F(Cli, CheckAcceptsAValidManifest) {
   EXPECT_EQ(r.err, "");
 }
 
+// The kinds of ABI 1.3: [curriculum.NAME] and [sampler.NAME] sections, a sampler's REF to a
+// curriculum checked by kind, and describe's view of both (plugin kinds13).
+TEST_F(Cli, CheckAndDescribeTheCurriculumAndSamplerKinds) {
+  const auto good = dir_.write("data.toml",
+                               "[curriculum.lin]\nplugin = \"kinds13\"\ntotal_steps = 5\n\n"
+                               "[sampler.s]\nplugin = \"kinds13\"\nschedule = \"lin\"\n");
+  const auto r = loom("check " + quote(good.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, good.string() + ": ok\n");
+  const auto bad = dir_.write("bad.toml",
+                              "[comm.lin]\nplugin = \"probe\"\n\n"
+                              "[sampler.s]\nplugin = \"kinds13\"\nschedule = \"lin\"\n");
+  const auto b = loom("check " + quote(bad.string()) + " " + plugin_path());
+  EXPECT_EQ(b.exit_code, 2) << b.out;
+  EXPECT_THAT(b.err, HasSubstr(bad.string() +
+                               ":6:12: parameter 'schedule' of sampler.s must name a "
+                               "loom.curriculum/1 instance, but 'lin' is comm.lin (loom.comm/1)"));
+  const auto d = loom("describe kinds13 " + plugin_path());
+  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_THAT(d.out, HasSubstr("loom.curriculum/1\n"));
+  EXPECT_THAT(d.out, HasSubstr("  total_steps (an integer), default 10, range [1, 1000000000]\n"));
+  EXPECT_THAT(d.out,
+              HasSubstr("loom.sampler/1\n  schedule (the name of a loom.curriculum/1 instance)"));
+}
+
 // A launcher's variables in the environment (a job script that exports them) must not make
 // `loom check` start a bootstrap: no error about missing RANK, no wait for other ranks.
 TEST_F(Cli, CheckIgnoresLauncherVariables) {
