@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string_view>
+#include <utility>
 
 namespace loom::data::sampler {
 
@@ -64,23 +65,28 @@ struct Appender {
 
 Permutation::Permutation(uint64_t n, uint64_t seed, uint64_t lo, uint64_t hi, uint64_t pass)
     : n_(n) {
-  const unsigned bits = n > 1 ? static_cast<unsigned>(std::bit_width(n - 1)) : 1u;
-  half_bits_ = (bits + 1) / 2;
-  half_mask_ = (uint64_t{1} << half_bits_) - 1;
+  const unsigned bits = n > 4 ? static_cast<unsigned>(std::bit_width(n - 1)) : 2u;
+  left_bits_ = bits / 2;
+  right_bits_ = bits - left_bits_;
   CounterRng rng(seed ^ mix64(lo ^ mix64(hi ^ mix64(pass))), 0, 0, 0, kPermPurpose);
   for (uint64_t& k : keys_) k = rng.next_u64();
 }
 
 uint64_t Permutation::encrypt(uint64_t x) const {
-  uint64_t l = x >> half_bits_;
-  uint64_t r = x & half_mask_;
+  // x = (l << right) | r. Each round maps (l, r) to (r, l ^ F(r)), which swaps the halves'
+  // widths when they differ; an even number of rounds brings them back.
+  unsigned lw = left_bits_;
+  unsigned rw = right_bits_;
+  uint64_t l = x >> rw;
+  uint64_t r = x & ((uint64_t{1} << rw) - 1);
   for (uint64_t key : keys_) {
-    const uint64_t f = mix64(r ^ key) & half_mask_;
+    const uint64_t f = mix64(r ^ key) & ((uint64_t{1} << lw) - 1);
     const uint64_t next_r = l ^ f;
     l = r;
     r = next_r;
+    std::swap(lw, rw);
   }
-  return (l << half_bits_) | r;
+  return (l << rw) | r;
 }
 
 uint64_t Permutation::operator()(uint64_t i) const {
@@ -207,6 +213,10 @@ void SamplerCore::rebuild() {
   for (const Cluster& c : pos_.clusters) {
     perms_.emplace_back(c.size(), seed_, c.lo, c.hi, c.pass);
   }
+  rebuild_tree();
+}
+
+void SamplerCore::rebuild_tree() {
   // Fenwick tree: tree_[i] (1-based) sums the remaining counts of clusters (i - lowbit(i), i].
   const std::size_t count = pos_.clusters.size();
   tree_.assign(count + 1, 0);
@@ -266,11 +276,14 @@ void SamplerCore::draw(int64_t step, uint64_t seed, const DifficultyFn& difficul
   }
   const std::size_t before = pos_.clusters.size();
   admit(d);
-  for (std::size_t c = before; c < pos_.clusters.size(); ++c) {
-    const Cluster& cl = pos_.clusters[c];
-    perms_.emplace_back(cl.size(), seed_, cl.lo, cl.hi, cl.pass);
+  if (pos_.clusters.size() != before) {
+    // A new cluster: its permutation, and the tree again (cheap: integers only).
+    for (std::size_t c = before; c < pos_.clusters.size(); ++c) {
+      const Cluster& cl = pos_.clusters[c];
+      perms_.emplace_back(cl.size(), seed_, cl.lo, cl.hi, cl.pass);
+    }
+    rebuild_tree();
   }
-  if (pos_.clusters.size() != before) rebuild();
 
   batch_ids_.resize(batch_);
   const std::size_t count = pos_.clusters.size();
@@ -301,8 +314,13 @@ void SamplerCore::draw(int64_t step, uint64_t seed, const DifficultyFn& difficul
     ++cl.cursor;
     for (std::size_t i = idx + 1; i <= count; i += i & (~i + 1)) --tree_[i];
     --remaining_;
-    const uint64_t at = cl.lo + offset;
-    batch_ids_[j] = static_cast<int64_t>(sorted_.empty() ? at : sorted_[at].sample);
+    batch_ids_[j] = static_cast<int64_t>(cl.lo + offset);
+  }
+  // Positions in the sorted list to sample ids, in a loop of its own so that the loads
+  // (random over a list that can be far larger than the caches) overlap.
+  if (!sorted_.empty()) {
+    for (int64_t& id : batch_ids_)
+      id = static_cast<int64_t>(sorted_[static_cast<uint64_t>(id)].sample);
   }
   pos_.step = step;
   pos_.consumed += batch_;

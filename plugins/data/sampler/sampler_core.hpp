@@ -29,10 +29,11 @@
 
 namespace loom::data::sampler {
 
-// A keyed bijection of [0, n): a balanced Feistel network over the smallest even number of
-// bits that holds n - 1 (at most 4n values), walked until it lands inside [0, n) (cycle
-// walking). The round keys come from loom::sdk::CounterRng under (seed, lo, hi, pass), so a
-// cluster's order in a pass needs O(1) memory and nothing is stored to reproduce it.
+// A keyed bijection of [0, n): a Feistel network over the smallest number of bits that
+// holds n - 1 (at least 2; so fewer than 2n values for n > 4), its halves a bit apart when
+// that number is odd, walked until it lands inside [0, n) (cycle walking). The round keys come from
+// loom::sdk::CounterRng under (seed, lo, hi, pass), so a cluster's order in a pass needs O(1)
+// memory and nothing is stored to reproduce it.
 class Permutation {
  public:
   Permutation() = default;
@@ -47,8 +48,8 @@ class Permutation {
   uint64_t encrypt(uint64_t x) const;
 
   uint64_t n_ = 0;
-  unsigned half_bits_ = 1;
-  uint64_t half_mask_ = 1;
+  unsigned left_bits_ = 1;
+  unsigned right_bits_ = 1;
   uint64_t keys_[kRounds] = {};
 };
 
@@ -128,7 +129,8 @@ class SamplerCore {
   void require_planned(const char* what) const;
   void admit(double d);
   void draw(int64_t step, uint64_t seed, const DifficultyFn& difficulty);
-  void rebuild();  // the permutations and the tree from pos_.clusters
+  void rebuild();       // the permutations and the tree from pos_.clusters
+  void rebuild_tree();  // the tree alone
   void check_position(const Position& p, int64_t drawn) const;
   uint64_t seed_check(uint64_t seed) const;
 
