@@ -135,6 +135,17 @@ void SamplerCore::plan(uint64_t dataset_size, int64_t global_batch, int32_t worl
     throw Error(LOOM_ERR_INVALID_ARGUMENT,
                 "plan: world_size is " + std::to_string(world_size) + ", must be >= 1");
   }
+  // The draw keys slot j by a 32-bit counter word, and ids are int64.
+  constexpr int64_t kMaxBatch = std::numeric_limits<int32_t>::max();
+  if (global_batch > kMaxBatch) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, "plan: global_batch " + std::to_string(global_batch) +
+                                               " is above the sampler's limit of " +
+                                               std::to_string(kMaxBatch));
+  }
+  if (dataset_size > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, "plan: dataset_size " + std::to_string(dataset_size) +
+                                               " does not fit the int64 sample ids");
+  }
   if (global_batch < world_size) {
     throw Error(LOOM_ERR_INVALID_ARGUMENT, "plan: global_batch " + std::to_string(global_batch) +
                                                " is smaller than " + "world_size " +

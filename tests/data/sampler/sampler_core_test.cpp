@@ -666,7 +666,14 @@ TEST(BadInput, PlanChecksItsSizes) {
   EXPECT_EQ(code_of([&] { core.plan(100, 10, 0); }), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(error_of([&] { core.plan(100, 3, 4); }).find("some ranks would get no sample"),
             std::string::npos);
+  EXPECT_NE(
+      error_of([&] { core.plan(100, int64_t{1} << 31, 1); }).find("above the sampler's limit"),
+      std::string::npos);
+  SamplerCore single({}, DifficultyType::kValue, Clustering::kSingleCluster, "t");
+  EXPECT_NE(error_of([&] { single.plan(uint64_t{1} << 63, 10, 1); }).find("int64 sample ids"),
+            std::string::npos);
   EXPECT_FALSE(core.planned());
+  EXPECT_FALSE(single.planned());
   EXPECT_THROW(SamplerCore({}, DifficultyType::kValue, Clustering::kScheduleBased, "x"), Error);
 }
 
