@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.hpp"
@@ -154,50 +155,63 @@ Problem count_cpu(const SampleData& s, int64_t* stats) {
   if (Problem p = check_offsets(s); p.kind != Problem::kNone) return p;
   const std::size_t vocab = s.vocab_size;
   const int64_t lo = s.offsets[0];
-  const int64_t hi = s.offsets[s.samples];
-  const int64_t n = hi - lo;
-  // A fixed number of parts, each counted into its own histogram, then summed: integer sums,
-  // so the result does not depend on the split.
+  const int64_t n = s.offsets[s.samples] - lo;
+  // A fixed number of parts, each counted into its own histogram (at most 64 MiB of them),
+  // then summed: integer sums, so the result does not depend on the split. One part counts
+  // straight into stats.
   constexpr int64_t kMinPart = 1 << 16;
-  const auto parts = static_cast<std::size_t>(std::clamp<int64_t>(
-      n / kMinPart, 1, static_cast<int64_t>(std::max<std::size_t>(1, loom::sdk::thread_count()))));
-  std::vector<int64_t> hist(parts * vocab, 0);
+  constexpr std::size_t kHistogramBytes = std::size_t{64} << 20;
+  const std::size_t max_parts = std::max<std::size_t>(
+      1, std::min(loom::sdk::thread_count(), kHistogramBytes / (sizeof(int64_t) * vocab)));
+  const auto parts = static_cast<std::size_t>(
+      std::clamp<int64_t>(n / kMinPart, 1, static_cast<int64_t>(max_parts)));
   FirstBad bad;
-  auto count_part = [&](auto type_tag) {
+  std::vector<int64_t> hist;
+  auto run = [&](auto type_tag) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(type_tag)>>;
     const T* tok = tokens_as<T>(s);
+    const auto v = static_cast<int64_t>(vocab);
+    // Every token checked first, so a count that fails adds nothing.
+    loom::sdk::parallel_for(static_cast<std::size_t>(n), kMinPart,
+                            [&](std::size_t begin, std::size_t end) {
+                              for (std::size_t k = begin; k < end; ++k) {
+                                if (!in_range(tok[lo + static_cast<int64_t>(k)], v)) {
+                                  bad.offer(lo + static_cast<int64_t>(k));
+                                  return;
+                                }
+                              }
+                            });
+    if (bad.index.load() != std::numeric_limits<int64_t>::max()) return;
+    if (parts == 1) {
+      for (int64_t k = lo; k < lo + n; ++k) ++stats[static_cast<std::size_t>(tok[k])];
+      return;
+    }
+    hist.assign(parts * vocab, 0);
     loom::sdk::parallel_for(parts, 1, [&](std::size_t begin, std::size_t end) {
       for (std::size_t p = begin; p < end; ++p) {
         const int64_t b = lo + n * static_cast<int64_t>(p) / static_cast<int64_t>(parts);
         const int64_t e = lo + n * static_cast<int64_t>(p + 1) / static_cast<int64_t>(parts);
         int64_t* h = hist.data() + p * vocab;
-        for (int64_t k = b; k < e; ++k) {
-          if (!in_range(tok[k], static_cast<int64_t>(vocab))) {
-            bad.offer(k);
-            break;
-          }
-          ++h[static_cast<std::size_t>(tok[k])];
-        }
+        for (int64_t k = b; k < e; ++k) ++h[static_cast<std::size_t>(tok[k])];
       }
     });
+    for (std::size_t p = 0; p < parts; ++p) {
+      const int64_t* h = hist.data() + p * vocab;
+      for (std::size_t t = 0; t < vocab; ++t) stats[t] += h[t];
+    }
   };
   switch (s.type) {
     case TokenType::kU16:
-      count_part(static_cast<const uint16_t*>(nullptr));
+      run(static_cast<const uint16_t*>(nullptr));
       break;
     case TokenType::kI32:
-      count_part(static_cast<const int32_t*>(nullptr));
+      run(static_cast<const int32_t*>(nullptr));
       break;
     case TokenType::kI64:
-      count_part(static_cast<const int64_t*>(nullptr));
+      run(static_cast<const int64_t*>(nullptr));
       break;
   }
-  if (Problem p = token_problem(s, bad); p.kind != Problem::kNone) return p;
-  for (std::size_t p = 0; p < parts; ++p) {
-    const int64_t* h = hist.data() + p * vocab;
-    for (std::size_t t = 0; t < vocab; ++t) stats[t] += h[t];
-  }
-  return {};
+  return token_problem(s, bad);
 }
 
 Problem rarity_cpu(const SampleData& s, const double* table, double* scores) {
