@@ -14,7 +14,10 @@ bool have_cuda() { return LOOM_CURRICULUM_HAVE_CUDA != 0; }
 
 namespace {
 
-using loom::sdk::fail_argument;
+// loom::sdk::fail_argument, declared [[noreturn]] for the switches below.
+[[noreturn]] void fail_argument(const std::string& message) {
+  throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, message);
+}
 
 #if LOOM_CURRICULUM_HAVE_CUDA
 Problem cuda_seqlen(const SampleData& s, int64_t pad, double* scores, int device, void* stream) {
