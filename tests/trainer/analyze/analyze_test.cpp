@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dataset.hpp"
+#include "free_port.hpp"
 #include "metric_index.hpp"
 
 namespace fs = std::filesystem;
@@ -223,6 +224,60 @@ TEST_F(Analyze, TwoRanksMatchOne) {
   expect_same_files("r0", "r2", {"tsum", "tfreq"});
   // Several ranks and no comm instance: refused, not written N times over.
   expect_error(analyze("toy.toml", "r3", "", 2), {"launched as 2 ranks", "[comm.world]"});
+}
+
+// Two ranks started as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), not by mpirun: the same files.
+TEST_F(Analyze, TorchrunVariablesMatchOne) {
+  if (!LOOM_HAVE_UCX) GTEST_SKIP() << "the ucx plugin is not built";
+  ASSERT_EQ(analyze("toy_mpi.toml", "e1").code, 0);
+  fs::create_directories(dir_ / "e2");
+  const int port = loom_test_common::free_port();
+  ASSERT_GT(port, 0);
+  const std::string cmd =
+      std::string(LOOM_DATA_EXE) + " analyze " + (dir_ / "toy_mpi.toml").string() + " --dataset " +
+      (dir_ / "data.bin").string() + " --seq-len 16 --output " + (dir_ / "e2").string() +
+      " --plugin-path " + LOOM_TEST_PLUGIN_DIR + " --threads 1";
+  const Result r =
+      sh("(pids=; for r in 0 1; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 "
+         "LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+         std::to_string(port) + " " + cmd +
+         " & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=$?; "
+         "done; exit $rc)");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_files("e1", "e2", {"tsum", "tfreq"});
+}
+
+// loom bench data runs the same passes and reports them against the read bandwidth.
+TEST_F(Analyze, BenchmarkReportsRatios) {
+  if (std::string(LOOM_BENCH_DATA_EXE).empty()) GTEST_SKIP() << "loom-bench-data is not built";
+  const Result r =
+      sh(std::string(LOOM_BENCH_DATA_EXE) + " --dataset " + (dir_ / "data.bin").string() +
+         " --seq-len 16 --reps 2 --threads 2 --metrics toy_metric --plugin-path " +
+         LOOM_TEST_PLUGIN_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  int reads = 0, maps = 0;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["threads"], 2);
+    if (j["kind"] == "read") {
+      ++reads;
+      EXPECT_GT(j["gb_per_s"].get<double>(), 0.0);
+    } else {
+      ++maps;
+      EXPECT_EQ(j["metric"], "toy_metric");
+      EXPECT_EQ(j["samples"], (kTrain - 1) / kL);
+      EXPECT_GT(j["ratio_to_read"].get<double>(), 0.0);
+    }
+  }
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(maps, 2);  // score and map (the sum mode counts nothing)
+  const Result bad = sh(std::string(LOOM_BENCH_DATA_EXE) + " --dataset " +
+                        (dir_ / "data.bin").string() + " --metrics nosuch --reps 1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("nosuch"), std::string::npos) << bad.out;
 }
 
 TEST_F(Analyze, BadInputs) {
