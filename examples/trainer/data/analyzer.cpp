@@ -696,8 +696,7 @@ int run(const Options& o) {
           "max %s\n",
           data::index_file_path(o.output, m.name, data::IndexFile::sorted).c_str(), m.name.c_str(),
           m.plugin.c_str(), static_cast<unsigned long long>(N), static_cast<unsigned long long>(L),
-          num(pct[0]).c_str(), num(pct[50]).c_str(),
-          num(pct[100]).c_str());
+          num(pct[0]).c_str(), num(pct[50]).c_str(), num(pct[100]).c_str());
     });
   }
   if (root && o.progress) {
