@@ -332,6 +332,18 @@ double lr_at(const TrainConfig& c, int64_t step) {
   return c.min_lr + (c.lr - c.min_lr) * f;
 }
 
+std::string curriculum_manifest(const TrainConfig& c) {
+  toml::parse_result r = toml::parse_file(c.manifest);
+  if (!r) return {};
+  toml::table kept;
+  for (const char* section : {"loom", "curriculum", "sampler"}) {
+    if (const toml::node* n = r.table().get(section)) kept.insert(section, *n);
+  }
+  std::ostringstream s;
+  s << toml::toml_formatter(kept);
+  return s.str();
+}
+
 uint64_t decay_tokens(const TrainConfig& c) {
   if (c.train_tokens > 0) return static_cast<uint64_t>(c.train_tokens);
   return static_cast<uint64_t>(c.steps) * static_cast<uint64_t>(c.batch_size) *

@@ -79,6 +79,11 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
 // libloom reports that).
 std::vector<std::string> manifest_name_problems(const TrainConfig& c);
 
+// The manifest's [loom], [curriculum.*] and [sampler.*] tables alone, as TOML text: what
+// `loom check` opens to create and plan the curriculum's instances without the manifest's
+// comm and optimizer. Empty when the manifest does not parse.
+std::string curriculum_manifest(const TrainConfig& c);
+
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.
 double lr_at(const TrainConfig& c, int64_t step);
