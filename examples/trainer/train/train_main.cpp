@@ -209,9 +209,10 @@ struct Curriculum {
       return;
     }
     if ((plan.roles & LOOM_CURRICULUM_SCHEDULE) == 0 || vt->at == nullptr) {
-      problems.push_back(seqlen_who + ": plugin '" + plugin +
-                         "' is a difficulty metric, not a schedule (it has no at); name a "
-                         "sequence-length schedule such as seqlen_warmup");
+      problems.push_back(
+          seqlen_who + ": plugin '" + plugin +
+          "' is a difficulty metric, not a schedule (its plan gives no schedule role); name a "
+          "sequence-length schedule such as seqlen_warmup");
       return;
     }
     if (plan.seq_len_mode != LOOM_SEQ_LEN_TRUNCATE && plan.seq_len_mode != LOOM_SEQ_LEN_RESHAPE) {
@@ -1218,14 +1219,22 @@ int check(const Args& args) {
   opts.log_level = LOOM_LOG_WARN;
   opts.plugin_path = args.plugin_path.empty() ? nullptr : args.plugin_path.c_str();
   loom_session* session = nullptr;
+  bool manifest_ok = true;
+  TrainConfig cc = c;  // the curriculum instances the manifest has, for the checks below
   if (loom_open_file(c.manifest.c_str(), &opts, &session) != LOOM_OK) {
     std::cerr << loom_last_error() << "\n";
-    ok = false;
+    ok = manifest_ok = false;
   } else {
     loom_close(session);
     for (const auto& problem : manifest_name_problems(c)) {
       std::cerr << problem << "\n";
       ok = false;
+      if (!c.sampler.empty() && problem.rfind(c.sampler_at + ": [curriculum] sampler", 0) == 0) {
+        cc.sampler.clear();
+      }
+      if (!c.seqlen.empty() && problem.rfind(c.seqlen_at + ": [curriculum] seqlen", 0) == 0) {
+        cc.seqlen.clear();
+      }
     }
   }
   std::optional<Dataset> ds;
@@ -1241,7 +1250,7 @@ int check(const Args& args) {
   }
   // The curriculum's instances: created (alone: the manifest's [loom], [curriculum.*] and
   // [sampler.*]), checked for kind and role, and planned, the sampler over this dataset.
-  if (ok && ds && (!c.sampler.empty() || !c.seqlen.empty())) {
+  if (manifest_ok && ds && (!cc.sampler.empty() || !cc.seqlen.empty())) {
     loom_open_options co = opts;
     co.validate_only = 0;
     const std::string text = curriculum_manifest(c);
@@ -1252,7 +1261,8 @@ int check(const Args& args) {
     } else {
       std::vector<std::string> cp;
       Curriculum cur;
-      cur.open(cs, c, sample_count(ds->train().size(), c.seq_len), 1, cp);
+      cc.model = c.model;  // the vocabulary size the dataset gave
+      cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len), 1, cp);
       for (const auto& line : cp) std::cerr << line << "\n";
       ok = ok && cp.empty();
       loom_close(cs);
