@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <loom_cli_support.hpp>
 #include <numbers>
 #include <sstream>
@@ -333,15 +334,42 @@ double lr_at(const TrainConfig& c, int64_t step) {
 }
 
 std::string curriculum_manifest(const TrainConfig& c) {
+  const std::vector<std::string> keep{"loom", "curriculum", "sampler"};
+  auto only_kept = [&](const toml::table& t) {
+    for (const auto& [k, v] : t) {
+      if (std::find(keep.begin(), keep.end(), std::string(k.str())) == keep.end()) return false;
+    }
+    return true;
+  };
   toml::parse_result r = toml::parse_file(c.manifest);
   if (!r) return {};
-  toml::table kept;
-  for (const char* section : {"loom", "curriculum", "sampler"}) {
-    if (const toml::node* n = r.table().get(section)) kept.insert(section, *n);
+  // The manifest's own text with the lines of every other table blanked, so that what the
+  // host reports about the kept tables names their real lines.
+  std::ifstream in(c.manifest, std::ios::binary);
+  std::string text, line;
+  bool kept = true;  // keys before the first table header belong to the root
+  while (std::getline(in, line)) {
+    const size_t b = line.find_first_not_of(" \t");
+    if (b != std::string::npos && line[b] == '[') {
+      const size_t from = line.find_first_not_of("[ \t", b);
+      const size_t to = from == std::string::npos ? from : line.find_first_of(".] \t", from);
+      const std::string section =
+          from == std::string::npos ? std::string() : line.substr(from, to - from);
+      kept = std::find(keep.begin(), keep.end(), section) != keep.end();
+    }
+    text += (kept ? line : std::string()) + "\n";
   }
-  std::ostringstream s;
-  s << toml::toml_formatter(kept);
-  return s.str();
+  toml::parse_result blanked = toml::parse(text, c.manifest);
+  if (blanked && only_kept(blanked.table())) return text;
+  // A layout the line filter does not follow (dotted keys at the root, say): the kept tables
+  // re-serialised (their line numbers then differ from the file's).
+  toml::table tables;
+  for (const auto& section : keep) {
+    if (const toml::node* n = r.table().get(section)) tables.insert(section, *n);
+  }
+  std::ostringstream out;
+  out << toml::toml_formatter(tables);
+  return out.str();
 }
 
 uint64_t decay_tokens(const TrainConfig& c) {

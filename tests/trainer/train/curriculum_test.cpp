@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numbers>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -273,6 +274,39 @@ TEST(CurriculumConfig, InstancesMissingFromTheManifestAreReportedAtTheirKey) {
         "[manifest]\npath = \"m.toml\"\ncomm = \"\"\n[data]\ndataset = \"x\"\n"
         "[curriculum]\nsampler = \"cs\"\nseqlen = \"slw\"\n");
   EXPECT_TRUE(manifest_name_problems(load_config(cfg.string())).empty());
+}
+
+// What `loom check` opens to create the curriculum's instances: only [loom], [curriculum.*]
+// and [sampler.*], on the lines they have in the manifest.
+TEST(CurriculumConfig, CurriculumManifestKeepsOnlyTheCurriculumTablesOnTheirLines) {
+  const auto dir = temp_dir();
+  write(dir / "m.toml",
+        "[loom]\nlog_level = \"warn\"\n[comm.world]\nplugin = \"ucx\"\n"
+        "[curriculum.slw]\nplugin = \"seqlen_warmup\"\nmode = \"truncate\"\n"
+        "[optimizer.main]\nplugin = \"adam\"\nbetas = [\n  0.9,\n  0.99,\n]\n"
+        "  [sampler.s]\nplugin = \"curriculum_sampler\"\n[codec.c]\nplugin = \"onebit\"\n");
+  write(dir / "c.toml", "[manifest]\npath = \"m.toml\"\n[data]\ndataset = \"x\"\n");
+  const std::string text = curriculum_manifest(load_config((dir / "c.toml").string()));
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 17u) << text;
+  EXPECT_EQ(lines[0], "[loom]");
+  EXPECT_EQ(lines[2], "");  // [comm.world]
+  EXPECT_EQ(lines[3], "");
+  EXPECT_EQ(lines[4], "[curriculum.slw]");
+  EXPECT_EQ(lines[6], "mode = \"truncate\"");
+  for (size_t i = 7; i <= 12; ++i) EXPECT_EQ(lines[i], "") << "line " << i + 1;
+  EXPECT_EQ(lines[13], "  [sampler.s]");
+  EXPECT_EQ(lines[14], "plugin = \"curriculum_sampler\"");
+  EXPECT_EQ(lines[15], "");  // [codec.c]
+  EXPECT_EQ(lines[16], "");
+  // A manifest the line filter cannot follow (dotted keys at the root) is re-serialised.
+  write(dir / "m.toml",
+        "optimizer.main.plugin = \"adam\"\n[curriculum.slw]\nplugin = \"seqlen_warmup\"\n");
+  const std::string again = curriculum_manifest(load_config((dir / "c.toml").string()));
+  EXPECT_EQ(again.find("optimizer"), std::string::npos) << again;
+  EXPECT_NE(again.find("seqlen_warmup"), std::string::npos) << again;
 }
 
 }  // namespace
