@@ -545,6 +545,7 @@ class Trainer {
     elapsed_before_ = st_.elapsed_s;
     log_from_step_ = st_.step;
     log_tokens_ = st_.tokens_seen;
+    start_tokens_ = st_.tokens_seen;
     last_step_ = st_.step;
   }
 
@@ -954,8 +955,15 @@ class Trainer {
         j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
       }
       metrics_ << j.dump() << "\n" << std::flush;
-      const double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
-                         static_cast<double>(c_.steps - step);
+      double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
+                   static_cast<double>(c_.steps - step);
+      if (c_.train_tokens > 0 && st_.tokens_seen > start_tokens_) {  // the budget may end first
+        const double left = static_cast<double>(c_.train_tokens) -
+                            static_cast<double>(std::min<uint64_t>(
+                                st_.tokens_seen, static_cast<uint64_t>(c_.train_tokens)));
+        eta = std::min(eta, (elapsed - elapsed_before_) * left /
+                                static_cast<double>(st_.tokens_seen - start_tokens_));
+      }
       char line[256];
       std::snprintf(line, sizeof(line),
                     "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  sent %s  ETA %s",
@@ -1185,7 +1193,8 @@ class Trainer {
   clk::time_point t_start_, t_log_;
   double elapsed_before_ = 0;
   int64_t log_from_step_ = 0;
-  uint64_t log_tokens_ = 0;  // tokens_seen at the last log line
+  uint64_t log_tokens_ = 0;    // tokens_seen at the last log line
+  uint64_t start_tokens_ = 0;  // tokens_seen when this process started training
   int64_t last_step_ = 0;
   double last_eval_ = NAN;
 
