@@ -6,7 +6,9 @@
 #include <loom/abi.h>
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
+#include <loom/kinds/curriculum.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/sampler.h>
 
 #include <cstdint>
 #include <string>
@@ -25,6 +27,8 @@ inline constexpr KindInfo kKnownKinds[] = {
     {"optimizer", LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE},
     {"comm", LOOM_KIND_COMM, LOOM_COMM_V1_MIN_SIZE},
     {"codec", LOOM_KIND_CODEC, LOOM_CODEC_V1_MIN_SIZE},
+    {"curriculum", LOOM_KIND_CURRICULUM, LOOM_CURRICULUM_V1_MIN_SIZE},  // since 1.3
+    {"sampler", LOOM_KIND_SAMPLER, LOOM_SAMPLER_V1_MIN_SIZE},           // since 1.3
 };
 
 // The row of a section name or kind ID, or nullptr.

@@ -16,7 +16,9 @@
 #include <loom/abi.h>
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
+#include <loom/kinds/curriculum.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/sampler.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -187,7 +187,7 @@ static const loom_param_spec k_specs[] = {
      1.0,
      127.0,
      NULL,
-     NULL},
+     NULL COMPAT_SPEC_TAIL},
 };
 
 static const loom_codec_v1 k_table = {LOOM_CODEC_V1_SIZE,
@@ -217,7 +217,7 @@ LOOM_EXPORT const loom_plugin_v1* loom_plugin_entry_v1(void) {
                                 codec_destroy,
                                 table,
                                 NULL,
-                                NULL};
+                                NULL COMPAT_FACTORY_TAIL};
   const loom_factory* f = guarded_copy(&factory, LOOM_FACTORY_SIZE);
   if (f == NULL) return NULL;
   const loom_factory* const* factories = guarded_copy(&f, sizeof f);

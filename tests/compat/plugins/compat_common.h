@@ -20,6 +20,17 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* The fields 1.2 appended to a parameter spec (flags, reserved2, int_min, int_max) and to a
+ * factory (validate, create_with_args, import_state_with_args), set to "none" by the 1.2
+ * build: a 1.2 plugin that uses none of them still hands the host 1.2-sized structs. */
+#if COMPAT_MINOR >= 2
+#define COMPAT_SPEC_TAIL , 0, 0, INT64_MIN, INT64_MAX
+#define COMPAT_FACTORY_TAIL , NULL, NULL, NULL
+#else
+#define COMPAT_SPEC_TAIL
+#define COMPAT_FACTORY_TAIL
+#endif
+
 /* A copy of `bytes` bytes of `src` whose last byte is followed by a PROT_NONE page (the
  * copy starts 8-byte aligned: every struct here ends with an 8-byte field). Never freed:
  * the descriptor lives as long as the library. NULL when the pages cannot be had. */

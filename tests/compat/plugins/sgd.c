@@ -32,6 +32,11 @@ LOOM_STATIC_ASSERT(LOOM_OPTIMIZER_TENSOR_SIZE == 32 && LOOM_OPTIMIZER_GROUP_SIZE
 LOOM_STATIC_ASSERT(LOOM_OPTIMIZER_TENSOR_SIZE == 40 && LOOM_OPTIMIZER_GROUP_SIZE == 48,
                    "ABI 1.1 optimizer structs");
 #endif
+#if COMPAT_MINOR >= 2
+LOOM_STATIC_ASSERT(LOOM_FACTORY_SIZE == LOOM_STRUCT_SIZE(loom_factory, import_state_with_args) &&
+                       LOOM_PARAM_SPEC_SIZE == LOOM_STRUCT_SIZE(loom_param_spec, int_max),
+                   "ABI 1.2 factory and parameter spec");
+#endif
 
 #define STATE_MAGIC "LCSG"
 #define STATE_VERSION 1u
@@ -393,7 +398,8 @@ static loom_status* sgd_import(void* instance, const void* data, size_t bytes) {
                        "import_state: state version %u, this plugin reads version %u",
                        (unsigned)version, STATE_VERSION);
   }
-  if (minor > 1 || steps < 0 || count > (bytes - header) / 8) {
+  /* The builds that write this format are those of minors 0, 1 and 2. */
+  if (minor > 2 || steps < 0 || count > (bytes - header) / 8) {
     return compat_fail(COMPAT_NAME, LOOM_ERR_DATA_LOSS, "import_state: corrupt header");
   }
   /* Walk the sizes first, then copy: a bad blob leaves the instance as it was. */
@@ -454,7 +460,7 @@ static const loom_param_spec k_specs[] = {
      0.0,
      0.999,
      NULL,
-     NULL},
+     NULL COMPAT_SPEC_TAIL},
     {LOOM_PARAM_SPEC_SIZE,
      LOOM_PARAM_FLOAT,
      "weight_decay",
@@ -465,7 +471,7 @@ static const loom_param_spec k_specs[] = {
      0.0,
      1.0,
      NULL,
-     NULL},
+     NULL COMPAT_SPEC_TAIL},
     {LOOM_PARAM_SPEC_SIZE,
      LOOM_PARAM_STRING,
      "update",
@@ -476,7 +482,7 @@ static const loom_param_spec k_specs[] = {
      -INFINITY,
      INFINITY,
      k_update_choices,
-     NULL},
+     NULL COMPAT_SPEC_TAIL},
     {LOOM_PARAM_SPEC_SIZE,
      LOOM_PARAM_REF,
      "codec",
@@ -487,7 +493,7 @@ static const loom_param_spec k_specs[] = {
      -INFINITY,
      INFINITY,
      NULL,
-     LOOM_KIND_CODEC},
+     LOOM_KIND_CODEC COMPAT_SPEC_TAIL},
 };
 #define SPEC_COUNT (sizeof k_specs / sizeof k_specs[0])
 
@@ -502,7 +508,7 @@ LOOM_EXPORT const loom_plugin_v1* loom_plugin_entry_v1(void) {
   if (specs == NULL || table == NULL) return NULL;
   const loom_factory factory = {LOOM_FACTORY_SIZE, 0,          LOOM_KIND_OPTIMIZER, specs,
                                 SPEC_COUNT,        sgd_create, sgd_destroy,         table,
-                                sgd_export,        sgd_import};
+                                sgd_export,        sgd_import COMPAT_FACTORY_TAIL};
   const loom_factory* f = guarded_copy(&factory, LOOM_FACTORY_SIZE);
   if (f == NULL) return NULL;
   const loom_factory* const* factories = guarded_copy(&f, sizeof f);

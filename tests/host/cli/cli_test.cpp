@@ -90,7 +90,7 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, VersionNamesTheAbi) {
   const auto r = loom("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.2)\n");
+  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.3)\n");
 }
 
 TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
@@ -99,7 +99,7 @@ TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
   const auto doc = nlohmann::json::parse(r.out);
   EXPECT_EQ(doc["version"], LOOM_EXPECTED_VERSION);
   EXPECT_EQ(doc["abi"]["major"], 1);
-  EXPECT_EQ(doc["abi"]["minor"], 2);
+  EXPECT_EQ(doc["abi"]["minor"], 3);
   const std::string dlpack = doc["dlpack"]["version"];
   EXPECT_TRUE(std::regex_match(dlpack, std::regex("[0-9]+\\.[0-9]+"))) << dlpack;
   EXPECT_EQ(dlpack, std::to_string(DLPACK_VERSION / 100) + "." +
@@ -117,6 +117,31 @@ TEST_F(Cli, CheckAcceptsAValidManifest) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, file.string() + ": ok\n");
   EXPECT_EQ(r.err, "");
+}
+
+// The kinds of ABI 1.3: [curriculum.NAME] and [sampler.NAME] sections, a sampler's REF to a
+// curriculum checked by kind, and describe's view of both (plugin kinds13).
+TEST_F(Cli, CheckAndDescribeTheCurriculumAndSamplerKinds) {
+  const auto good = dir_.write("data.toml",
+                               "[curriculum.lin]\nplugin = \"kinds13\"\ntotal_steps = 5\n\n"
+                               "[sampler.s]\nplugin = \"kinds13\"\nschedule = \"lin\"\n");
+  const auto r = loom("check " + quote(good.string()) + " " + plugin_path());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, good.string() + ": ok\n");
+  const auto bad = dir_.write("bad.toml",
+                              "[comm.lin]\nplugin = \"probe\"\n\n"
+                              "[sampler.s]\nplugin = \"kinds13\"\nschedule = \"lin\"\n");
+  const auto b = loom("check " + quote(bad.string()) + " " + plugin_path());
+  EXPECT_EQ(b.exit_code, 2) << b.out;
+  EXPECT_THAT(b.err, HasSubstr(bad.string() +
+                               ":6:12: parameter 'schedule' of sampler.s must name a "
+                               "loom.curriculum/1 instance, but 'lin' is comm.lin (loom.comm/1)"));
+  const auto d = loom("describe kinds13 " + plugin_path());
+  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_THAT(d.out, HasSubstr("loom.curriculum/1\n"));
+  EXPECT_THAT(d.out, HasSubstr("  total_steps (an integer), default 10, range [1, 1000000000]\n"));
+  EXPECT_THAT(d.out,
+              HasSubstr("loom.sampler/1\n  schedule (the name of a loom.curriculum/1 instance)"));
 }
 
 // A launcher's variables in the environment (a job script that exports them) must not make
@@ -175,7 +200,7 @@ TEST_F(Cli, PluginsJsonListsTheTestPlugins) {
   }
   ASSERT_NE(probe, nullptr) << r.out;
   EXPECT_EQ((*probe)["version"], "1.2.3");
-  EXPECT_EQ((*probe)["abi"], "1.2");
+  EXPECT_EQ((*probe)["abi"], "1.3");
   EXPECT_EQ((*probe)["path"], loom_test::plugin_file("probe").string());
   ASSERT_EQ((*probe)["kinds"].size(), 2U);
   EXPECT_EQ((*probe)["kinds"][0]["kind"], "loom.optimizer/1");
@@ -191,7 +216,7 @@ TEST_F(Cli, PluginsTableListsProbe) {
   const auto r = loom("plugins " + plugin_path());
   EXPECT_THAT(r.out, StartsWith("NAME"));
   EXPECT_TRUE(std::regex_search(
-      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.2 +loom\.optimizer/1,loom\.comm/1 )")))
+      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.3 +loom\.optimizer/1,loom\.comm/1 )")))
       << r.out;
   EXPECT_THAT(r.err, HasSubstr("built for Loom ABI 2"));
 }

@@ -18,12 +18,15 @@
 #include <loom/abi.h>
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
+#include <loom/kinds/curriculum.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/sampler.h>
 #include <loom/sdk/context.hpp>
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/schema.hpp>
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
+#include <loom/sdk/tensor.hpp>
 
 #include <charconv>
 #include <concepts>
@@ -88,6 +91,93 @@ struct NativeHandle {
 struct Codec {
   static constexpr const char* kKind = LOOM_KIND_CODEC;
 };
+
+// "loom.curriculum/1" (since 1.3): a difficulty metric, a schedule, or both.
+//   every method optional, but a class needs score or at (or both):
+//             void score(const loom_curriculum_score_args&)   [any]: the metric half
+//             void count(const loom_curriculum_count_args&)   [any]: a metric's first pass
+//             void at(loom_curriculum_at_args&)               [instance]: the schedule half
+//             void plan(loom_curriculum_plan_args&)           [any]
+//   The table sets `roles` itself, from which of score and at the class has (METRIC,
+//   SCHEDULE), and defaults seq_len_mode to LOOM_SEQ_LEN_NONE and stats_count to 0; a plan
+//   the class has then fills seq_len_mode and stats_count (what it writes to roles is
+//   overwritten). What the class lacks stays NULL in the table. Before count and score the
+//   SDK checks what it can (curriculum_samples below: tokens 1-D uint16/int32/int64,
+//   offsets int64 with samples + 1 elements, non-decreasing and within tokens when in host
+//   memory, stats int64 with stats_count elements, scores fp64 with one per sample, all
+//   contiguous and on one device), so the class gets clean arguments; that every token is
+//   below vocab_size is the class's to check where it matters. score, count and plan are
+//   [any]: the class must allow concurrent calls; at step is >= 1.
+struct Curriculum {
+  static constexpr const char* kKind = LOOM_KIND_CURRICULUM;
+};
+
+// "loom.sampler/1" (since 1.3)
+//   required: void plan(loom_sampler_plan_args&), void next(loom_sampler_next_args&)
+//   Before plan the SDK checks dataset_size >= 1, global_batch >= 1 and world_size >= 1;
+//   before next, step >= 1, world_size >= 1, 0 <= rank < world_size, and that indices is an
+//   int64 1-D contiguous tensor in host memory. That indices holds plan's capacity and that
+//   world_size matches plan's are the class's to check (it knows its plan).
+struct Sampler {
+  static constexpr const char* kKind = LOOM_KIND_SAMPLER;
+};
+
+// The checked batch of samples a curriculum's count and score receive (the SDK builds it
+// from loom_curriculum_samples before calling the class; a class may call it too).
+struct CurriculumSamples {
+  const DLTensor* tokens = nullptr;   // 1-D, uint16, int32 or int64, contiguous
+  const DLTensor* offsets = nullptr;  // 1-D int64, count + 1 elements, same device
+  int64_t count = 0;                  // samples: numel(offsets) - 1
+  DLDevice device{kDLCPU, 0};         // of tokens and offsets
+
+  // Sample i is tokens [begin(i), end(i)); host memory only (the offsets are read here).
+  int64_t begin(int64_t i) const { return data_as<const int64_t>(*offsets)[i]; }
+  int64_t end(int64_t i) const { return data_as<const int64_t>(*offsets)[i + 1]; }
+};
+
+// Checks a loom_curriculum_samples (`what` names it in messages) and returns its view.
+// Throws Error(INVALID_ARGUMENT) naming the tensor and what is wrong.
+inline CurriculumSamples curriculum_samples(const loom_curriculum_samples& s,
+                                            const std::string& what = "samples") {
+  if (s.struct_size < LOOM_CURRICULUM_SAMPLES_SIZE) {
+    fail_argument(what + " has struct_size " + std::to_string(s.struct_size) + ", expected " +
+                  std::to_string(LOOM_CURRICULUM_SAMPLES_SIZE));
+  }
+  const DLTensor& tokens = expect_tensor(s.tokens, what + ".tokens");
+  const DLTensor& offsets = expect_tensor(s.offsets, what + ".offsets");
+  if (tokens.ndim != 1) fail_argument(what + ".tokens is not 1-D: shape " + shape_string(tokens));
+  if (!(is_dtype(tokens, kDLUInt, 16) || is_dtype(tokens, kDLInt, 32) ||
+        is_dtype(tokens, kDLInt, 64))) {
+    fail_argument(what + ".tokens has dtype " + dtype_string(tokens.dtype) +
+                  ", expected uint16, int32 or int64");
+  }
+  expect_contiguous(tokens, what + ".tokens");
+  if (offsets.ndim != 1 || offsets.shape[0] < 1) {
+    fail_argument(what + ".offsets has shape " + shape_string(offsets) +
+                  ", expected 1-D with samples + 1 (>= 1) elements");
+  }
+  expect_dtype(offsets, DLDataType{kDLInt, 64, 1}, what + ".offsets");
+  expect_contiguous(offsets, what + ".offsets");
+  expect_same_device(offsets, what + ".offsets", tokens, what + ".tokens");
+  CurriculumSamples out;
+  out.tokens = &tokens;
+  out.offsets = &offsets;
+  out.count = offsets.shape[0] - 1;
+  out.device = tokens.device;
+  if (is_cpu(offsets)) {
+    const int64_t n = tokens.shape[0];
+    const auto* o = data_as<const int64_t>(offsets);
+    for (int64_t i = 0; i <= out.count; ++i) {
+      if (o[i] < 0 || o[i] > n || (i > 0 && o[i] < o[i - 1])) {
+        fail_argument(what + ".offsets[" + std::to_string(i) + "] = " + std::to_string(o[i]) +
+                      (o[i] < 0 || o[i] > n ? " is outside the " + std::to_string(n) + " tokens"
+                                            : " is below offsets[" + std::to_string(i - 1) +
+                                                  "] = " + std::to_string(o[i - 1])));
+      }
+    }
+  }
+  return out;
+}
 
 namespace detail {
 
@@ -216,9 +306,10 @@ template <class Args>
 const Args& expect_args(const Args* args, uint32_t end, const char* what) {
   if (args == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
   if (args->struct_size < end) {
-    throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                std::string(what) + " has struct_size " + std::to_string(args->struct_size) +
-                    ", smaller than the " + std::to_string(end) + " bytes of its 1.2 fields");
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + " has struct_size " +
+                                               std::to_string(args->struct_size) +
+                                               ", smaller than the " + std::to_string(end) +
+                                               " bytes of the fields this plugin reads");
   }
   return *args;
 }
@@ -410,6 +501,218 @@ struct CodecTable {
       if constexpr (requires(T & t, const loom_codec_decode_args& x) { t.decode_sum(x); }) {
         v.decode_sum = &decode_sum;
       }
+      return v;
+    }();
+    return &table;
+  }
+};
+
+// ---- the curriculum table (since 1.3)
+
+template <class T>
+constexpr bool kCurriculumScores = requires(T& t, const loom_curriculum_score_args& a) {
+  t.score(a);
+};
+template <class T>
+constexpr bool kCurriculumCounts = requires(T& t, const loom_curriculum_count_args& a) {
+  t.count(a);
+};
+template <class T>
+constexpr bool kCurriculumSchedules = requires(T& t, loom_curriculum_at_args& a) {
+  t.at(a);
+};
+template <class T>
+constexpr bool kCurriculumPlans = requires(T& t, loom_curriculum_plan_args& a) {
+  t.plan(a);
+};
+
+// The plugin object for an [any] call: it does not touch the export cache (concurrent calls
+// may run on one instance, and these calls do not change the state).
+template <class T>
+T& shared_object(void* instance) {
+  return holder<T>(instance).object;
+}
+
+template <class T>
+struct CurriculumTable {
+  // The roles from the class's methods, then the class's plan for the rest.
+  static void plan_into(T& obj, loom_curriculum_plan_args& full) {
+    full.seq_len_mode = LOOM_SEQ_LEN_NONE;
+    full.stats_count = 0;
+    if constexpr (kCurriculumPlans<T>) obj.plan(full);
+    full.roles = (kCurriculumScores<T> ? LOOM_CURRICULUM_METRIC : 0u) |
+                 (kCurriculumSchedules<T> ? LOOM_CURRICULUM_SCHEDULE : 0u);
+    if (full.seq_len_mode > LOOM_SEQ_LEN_RESHAPE) {
+      throw Error(LOOM_ERR_INTERNAL, "the plugin's plan set seq_len_mode " +
+                                         std::to_string(full.seq_len_mode) +
+                                         ", which is not a LOOM_SEQ_LEN_* value");
+    }
+    if (!kCurriculumScores<T> && full.stats_count != 0) {
+      throw Error(LOOM_ERR_INTERNAL, "the plugin's plan set stats_count " +
+                                         std::to_string(full.stats_count) +
+                                         " but it has no score (a schedule has no stats)");
+    }
+  }
+  static uint64_t stats_count(T& obj, uint32_t vocab_size) {
+    loom_curriculum_plan_args p{};
+    p.struct_size = LOOM_CURRICULUM_PLAN_ARGS_SIZE;
+    p.vocab_size = vocab_size;
+    plan_into(obj, p);
+    return p.stats_count;
+  }
+  static void check_stats(const DLTensor* stats, uint64_t want, const CurriculumSamples& s,
+                          const char* what) {
+    const DLTensor& t = expect_tensor(stats, what);
+    expect_dtype(t, DLDataType{kDLInt, 64, 1}, what);
+    expect_contiguous(t, what);
+    if (static_cast<uint64_t>(numel(t)) != want) {
+      fail_argument(std::string(what) + " has " + std::to_string(numel(t)) +
+                    " elements, expected the plan's stats_count " + std::to_string(want));
+    }
+    expect_device(t, s.device, what);
+  }
+
+  static loom_status* plan(void* instance, loom_curriculum_plan_args* args) noexcept {
+    return guard([&] {
+      expect_args(args, LOOM_CURRICULUM_PLAN_ARGS_SIZE, "plan args");
+      fill(args, "plan args",
+           [&](loom_curriculum_plan_args& full) { plan_into(shared_object<T>(instance), full); });
+    });
+  }
+  static loom_status* count(void* instance, const loom_curriculum_count_args* args) noexcept {
+    return guard([&] {
+      const loom_curriculum_count_args& a =
+          expect_args(args, LOOM_CURRICULUM_COUNT_ARGS_SIZE, "count args");
+      T& obj = shared_object<T>(instance);
+      const CurriculumSamples s = curriculum_samples(a.samples);
+      const uint64_t want = stats_count(obj, a.vocab_size);
+      if (want == 0 && a.stats == nullptr) {
+        // Nothing to count into: a metric whose plan asks for no stats.
+      } else {
+        check_stats(a.stats, want, s, "stats");
+      }
+      obj.count(a);
+    });
+  }
+  static loom_status* score(void* instance, const loom_curriculum_score_args* args) noexcept {
+    return guard([&] {
+      const loom_curriculum_score_args& a =
+          expect_args(args, LOOM_CURRICULUM_SCORE_ARGS_SIZE, "score args");
+      T& obj = shared_object<T>(instance);
+      const CurriculumSamples s = curriculum_samples(a.samples);
+      const uint64_t want = stats_count(obj, a.vocab_size);
+      if (want == 0) {
+        if (a.stats != nullptr) fail_argument("stats is set but the metric's stats_count is 0");
+      } else {
+        check_stats(a.stats, want, s, "stats");
+      }
+      const DLTensor& scores = expect_tensor(a.scores, "scores");
+      expect_dtype(scores, DLDataType{kDLFloat, 64, 1}, "scores");
+      expect_contiguous(scores, "scores");
+      expect_numel(scores, s.count, "scores");
+      expect_device(scores, s.device, "scores");
+      obj.score(a);
+    });
+  }
+  static loom_status* at(void* instance, loom_curriculum_at_args* args) noexcept {
+    return guard([&] {
+      expect_args(args, LOOM_CURRICULUM_AT_ARGS_SIZE, "at args");
+      if (args->step < 1) {
+        fail_argument("at: step is " + std::to_string(args->step) + "; steps start at 1");
+      }
+      fill(args, "at args", [&](loom_curriculum_at_args& full) {
+        full.difficulty = 0;
+        full.seq_len = 0;
+        object<T>(instance).at(full);
+      });
+    });
+  }
+
+  static const loom_curriculum_v1* get() {
+    static_assert(kCurriculumScores<T> || kCurriculumSchedules<T>,
+                  "a Curriculum needs void score(const loom_curriculum_score_args&) (a metric), "
+                  "void at(loom_curriculum_at_args&) (a schedule), or both");
+    static_assert(!kCurriculumCounts<T> || kCurriculumScores<T>,
+                  "a Curriculum with count needs score: count is a metric's first pass");
+    static const loom_curriculum_v1 table = [] {
+      loom_curriculum_v1 v{};
+      v.struct_size = LOOM_CURRICULUM_V1_SIZE;
+      v.plan = &plan;
+      if constexpr (kCurriculumCounts<T>) v.count = &count;
+      if constexpr (kCurriculumScores<T>) v.score = &score;
+      if constexpr (kCurriculumSchedules<T>) v.at = &at;
+      return v;
+    }();
+    return &table;
+  }
+};
+
+// ---- the sampler table (since 1.3)
+
+template <class T>
+struct SamplerTable {
+  static loom_status* plan(void* instance, loom_sampler_plan_args* args) noexcept {
+    return guard([&] {
+      const loom_sampler_plan_args& a =
+          expect_args(args, LOOM_SAMPLER_PLAN_ARGS_SIZE, "sampler plan args");
+      if (a.dataset_size < 1) fail_argument("sampler plan: dataset_size is 0");
+      if (a.global_batch < 1) {
+        fail_argument("sampler plan: global_batch is " + std::to_string(a.global_batch) +
+                      "; must be >= 1");
+      }
+      if (a.world_size < 1) {
+        fail_argument("sampler plan: world_size is " + std::to_string(a.world_size) +
+                      "; must be >= 1");
+      }
+      fill(args, "sampler plan args", [&](loom_sampler_plan_args& full) {
+        full.capacity = 0;
+        object<T>(instance).plan(full);
+      });
+    });
+  }
+  static loom_status* next(void* instance, loom_sampler_next_args* args) noexcept {
+    return guard([&] {
+      const loom_sampler_next_args& a =
+          expect_args(args, LOOM_SAMPLER_NEXT_ARGS_SIZE, "sampler next args");
+      if (a.step < 1) {
+        fail_argument("sampler next: step is " + std::to_string(a.step) + "; steps start at 1");
+      }
+      if (a.world_size < 1) {
+        fail_argument("sampler next: world_size is " + std::to_string(a.world_size) +
+                      "; must be >= 1");
+      }
+      if (a.rank < 0 || a.rank >= a.world_size) {
+        fail_argument("sampler next: rank " + std::to_string(a.rank) + " is outside 0 .. " +
+                      std::to_string(a.world_size - 1));
+      }
+      const DLTensor& idx = expect_tensor(a.indices, "indices");
+      if (idx.ndim != 1) fail_argument("indices is not 1-D: shape " + shape_string(idx));
+      expect_dtype(idx, DLDataType{kDLInt, 64, 1}, "indices");
+      expect_contiguous(idx, "indices");
+      expect_cpu(idx, "indices");
+      fill(args, "sampler next args", [&](loom_sampler_next_args& full) {
+        full.count = 0;
+        full.difficulty = 0;
+        full.epoch = 0;
+        full.consumed = 0;
+        object<T>(instance).next(full);
+      });
+    });
+  }
+
+  static const loom_sampler_v1* get() {
+    static_assert(
+        requires(T & t, loom_sampler_plan_args & p, loom_sampler_next_args & n) {
+          t.plan(p);
+          t.next(n);
+        },
+        "a Sampler needs void plan(loom_sampler_plan_args&) and void "
+        "next(loom_sampler_next_args&)");
+    static const loom_sampler_v1 table = [] {
+      loom_sampler_v1 v{};
+      v.struct_size = LOOM_SAMPLER_V1_SIZE;
+      v.plan = &plan;
+      v.next = &next;
       return v;
     }();
     return &table;
@@ -692,7 +995,8 @@ struct Kind {
 template <class... Entries>
 struct KindList {};
 using Kinds =
-    KindList<Kind<Optimizer, OptimizerTable>, Kind<Comm, CommTable>, Kind<Codec, CodecTable>>;
+    KindList<Kind<Optimizer, OptimizerTable>, Kind<Comm, CommTable>, Kind<Codec, CodecTable>,
+             Kind<Curriculum, CurriculumTable>, Kind<Sampler, SamplerTable>>;
 
 // How many of the kinds' base classes T derives from (a plugin class must derive from one).
 template <class T, class... Entries>
@@ -825,12 +1129,13 @@ class PluginStorage {
 
 }  // namespace detail
 
-// The factory for class T (deriving from one kind base class: Optimizer, Comm, Codec, ...).
+// The factory for class T (deriving from one kind base class: Optimizer, Comm, Codec,
+// Curriculum, Sampler).
 template <class T>
 FactoryFn factory() {
   static_assert(detail::kind_count<T>(detail::Kinds{}) == 1,
                 "derive the plugin class from exactly one kind base class (loom::sdk::Optimizer, "
-                "Comm, Codec: the kinds in loom::sdk::detail::Kinds)");
+                "Comm, Codec, Curriculum, Sampler: the kinds in loom::sdk::detail::Kinds)");
   static_assert(std::is_constructible_v<T, Context&>,
                 "the plugin class needs a constructor taking loom::sdk::Context&");
   return [] { return static_cast<const loom_factory*>(&detail::factory_storage<T>().factory); };
