@@ -164,6 +164,11 @@ struct Curriculum {
   int64_t ids_shape[1] = {0};
   DLTensor ids_t{};
 
+  // ids_t points into ids and ids_shape: not copied or moved.
+  Curriculum() = default;
+  Curriculum(const Curriculum&) = delete;
+  Curriculum& operator=(const Curriculum&) = delete;
+
   // The status a call through a table returned: "" for success, else its message.
   static std::string failure(loom_instance* inst, loom_status* st) {
     char msg[1024] = {0};
