@@ -183,6 +183,44 @@ TEST_F(CurriculumRun, SeqLenWarmupReshapeKeepsTheTokensPerStep) {
   EXPECT_TRUE(saw_24) << "the schedule passes a length that does not divide 32";
 }
 
+// The bundled seqlen_warmup plugin (fixed_linear, 8 -> 32 over 10 steps, difficulty_step 8):
+// the recorded lengths are DeepSpeed's formula floor(s / T * (max - min) + min), rounded down
+// to a multiple of 8 and clamped to [min, max], and stay at 32 from step 10; tokens follow.
+TEST_F(CurriculumRun, BundledSeqlenWarmupRecordsItsSchedule) {
+  std::ofstream(dir_ / "m_slw.toml")
+      << "[optimizer.main]\nplugin = \"adam\"\n[curriculum.slw]\nplugin = \"seqlen_warmup\"\n"
+         "mode = \"truncate\"\nschedule_type = \"fixed_linear\"\nmin_difficulty = 8\n"
+         "max_difficulty = 32\ntotal_curriculum_step = 10\ndifficulty_step = 8\n";
+  const auto r = train(1, config("slw", "m_slw.toml", "seqlen = \"slw\"\n"), "--fresh");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sequence length from 'slw' (seqlen_warmup, truncate)"), std::string::npos)
+      << r.out;
+  const auto t = metrics("slw", "train");
+  ASSERT_EQ(t.size(), 16u);
+  const std::vector<int> want{8, 8, 8, 16, 16, 16, 24, 24, 24, 32, 32, 32, 32, 32, 32, 32};
+  uint64_t tokens = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(t[i]["seq_len"], want[i]) << "step " << i + 1;
+    tokens += 4u * want[i];
+    EXPECT_EQ(t[i]["tokens"], tokens) << "step " << i + 1;
+  }
+  // --check creates and plans it: a sound config checks out.
+  const auto c = sh(std::string(LOOM_TRAIN_EXE) + " --check " + (dir_ / "slw.toml").string());
+  EXPECT_EQ(c.code, 0) << c.out;
+  // A plain difficulty schedule is refused as `seqlen`, at its key.
+  std::ofstream(dir_ / "m_fl.toml")
+      << "[optimizer.main]\nplugin = \"adam\"\n[curriculum.slw]\nplugin = \"fixed_linear\"\n"
+         "min_difficulty = 8\nmax_difficulty = 32\ntotal_curriculum_step = 10\n";
+  const auto bad = sh(std::string(LOOM_TRAIN_EXE) + " --check " +
+                      config("fl", "m_fl.toml", "seqlen = \"slw\"\n"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find((dir_ / "fl.toml").string() +
+                         ":12:10: [curriculum] seqlen 'slw': plugin 'fixed_linear' schedules a "
+                         "difficulty, not a sequence length (its seq_len_mode is NONE)"),
+            std::string::npos)
+      << bad.out;
+}
+
 // lr_unit = "tokens" with train_tokens: past the warmup (3 steps) the linear decay follows
 // r = (tokens - warmup_tokens) / (train_tokens - warmup_tokens); the run ends at the step
 // that reaches train_tokens, before `steps`.
