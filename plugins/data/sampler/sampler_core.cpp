@@ -113,7 +113,7 @@ uint64_t share_begin(uint64_t b, uint64_t w, uint64_t r) {
 
 SamplerCore::SamplerCore(std::span<const SortedEntry> sorted, DifficultyType type,
                          Clustering clustering, std::string source)
-    : sorted_(sorted), type_(type), clustering_(clustering), source_(std::move(source)) {
+    : sorted_(sorted), source_(std::move(source)), type_(type), clustering_(clustering) {
   if (clustering_ == Clustering::kScheduleBased && sorted_.empty()) {
     throw Error(LOOM_ERR_INVALID_ARGUMENT, source_ + " has no samples");
   }

@@ -135,35 +135,36 @@ class SamplerCore {
   uint64_t seed_check(uint64_t seed) const;
 
   std::span<const SortedEntry> sorted_;
-  DifficultyType type_;
-  Clustering clustering_;
   std::string source_;
 
-  bool planned_ = false;
   uint64_t n_ = 0;
   uint64_t batch_ = 0;
-  uint32_t world_ = 0;
 
   Position pos_;  // after the last step drawn
   Position pre_;  // before it (what export writes, so the last step can be drawn again)
   std::vector<int64_t> batch_ids_;  // the global batch of pos_.step
-  bool has_seed_ = false;
   uint64_t seed_ = 0;
-  // After import: pre_ is the position and step pre_.step + 1 is still to be redrawn.
-  bool pending_redraw_ = false;
   uint64_t imported_seed_check_ = 0;
-  bool imported_has_seed_ = false;
   // An imported state waiting for plan to confirm its sizes.
-  bool imported_unplanned_ = false;
   uint64_t imported_n_ = 0;
   uint64_t imported_batch_ = 0;
-  uint32_t imported_world_ = 0;
 
   // Derived from pos_.clusters: one permutation per cluster (its current pass) and a
   // Fenwick tree of the clusters' remaining counts.
   std::vector<Permutation> perms_;
   std::vector<uint64_t> tree_;
   uint64_t remaining_ = 0;
+
+  DifficultyType type_;
+  Clustering clustering_;
+  uint32_t world_ = 0;
+  uint32_t imported_world_ = 0;
+  bool planned_ = false;
+  bool has_seed_ = false;
+  // After import: pre_ is the position and step pre_.step + 1 is still to be redrawn.
+  bool pending_redraw_ = false;
+  bool imported_has_seed_ = false;
+  bool imported_unplanned_ = false;
 };
 
 }  // namespace loom::data::sampler

@@ -208,6 +208,43 @@ TEST(Plugin, BatchesAreTheCoresUnderTheSchedule) {
   }
 }
 
+// With the bundled fixed_linear schedule (the docs' example): every id drawn at a step is
+// among the easiest floor(N d / 100) samples for the difficulty reported, which rises to 100.
+TEST(Plugin, FixedLinearPercentileCurriculum) {
+  IndexDir idx;
+  const std::string toml =
+      "[curriculum.ramp]\nplugin = \"fixed_linear\"\nmin_difficulty = 1.0\n"
+      "max_difficulty = 100.0\ntotal_curriculum_step = 20\ndifficulty_step = 1\n"
+      "[sampler.s]\nplugin = \"curriculum_sampler\"\nschedule = \"ramp\"\nindex = \"" +
+      idx.path() + "\"\nmetric = \"voc\"\ndifficulty_type = \"percentile\"\n";
+  Session s(toml);
+  ASSERT_EQ(s.rc, LOOM_OK) << s.error;
+  ASSERT_EQ(s.plan(kN, 8, 2), LOOM_OK) << s.error;
+  double last = 0;
+  for (int64_t step = 1; step <= 25; ++step) {
+    for (int32_t r = 0; r < 2; ++r) {
+      std::vector<int64_t> ids(4);
+      loom_sampler_next_args out{};
+      ASSERT_EQ(s.next(step, r, 2, ids, &out), LOOM_OK) << s.error;
+      ASSERT_EQ(ids.size(), 4u);
+      EXPECT_GE(out.difficulty, last);
+      EXPECT_GE(out.difficulty, 1.0);
+      last = out.difficulty;
+      const auto admitted = std::max<uint64_t>(
+          1, static_cast<uint64_t>(std::floor(static_cast<double>(kN) * out.difficulty / 100)));
+      for (const int64_t id : ids) {
+        const auto it = std::find_if(
+            idx.sorted().begin(), idx.sorted().end(),
+            [&](const loom::data::SortedEntry& e) { return static_cast<int64_t>(e.sample) == id; });
+        ASSERT_NE(it, idx.sorted().end());
+        EXPECT_LT(static_cast<uint64_t>(it - idx.sorted().begin()), admitted)
+            << "step " << step << " difficulty " << out.difficulty;
+      }
+    }
+  }
+  EXPECT_EQ(last, 100.0);
+}
+
 TEST(Plugin, SingleClusterNeedsNoIndexOrSchedule) {
   Session s("[sampler.s]\nplugin = \"curriculum_sampler\"\nclustering_type = \"single_cluster\"\n");
   ASSERT_EQ(s.rc, LOOM_OK) << s.error;
