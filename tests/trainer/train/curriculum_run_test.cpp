@@ -275,7 +275,9 @@ TEST_F(CurriculumRun, BundledCurriculumSamplerOverAnalyzedIndex) {
     for (size_t i = 0; i < a.size(); ++i) {
       for (const char* k :
            {"step", "loss", "eval_loss", "grad_norm", "lr", "tokens", "difficulty"}) {
-        if (a[i].contains(k)) EXPECT_EQ(a[i][k], b[i][k]) << type << " " << k << " #" << i;
+        if (a[i].contains(k)) {
+          EXPECT_EQ(a[i][k], b[i][k]) << type << " " << k << " #" << i;
+        }
       }
     }
   }
