@@ -2,6 +2,9 @@
 // [--vocab-size N] [--heldout-fraction F]`): tokenizes text files into the dataset file of
 // dataset.hpp and writes the tokenizer beside it (DATA.tokenizer.json). Long steps (BPE
 // training, encoding) report progress on stderr.
+// `loom data analyze MANIFEST --dataset DATA.bin --seq-len L --output DIR [--metric NAME]...`
+// runs the manifest's curriculum metrics over the dataset and writes their index files
+// (analyzer.hpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,7 +14,9 @@
 #include <loom_cli_support.hpp>
 #include <sstream>
 
+#include "analyzer.hpp"
 #include "dataset.hpp"
+#include "metric_index.hpp"
 
 namespace fs = std::filesystem;
 using namespace loom::trainer;
@@ -87,7 +92,56 @@ int main(int argc, char** argv) {
   auto* info = app.add_subcommand("info", "Validate a dataset file and print its header");
   std::string info_path;
   info->add_option("DATA", info_path, "Dataset file")->required()->type_name("FILE");
+  auto* ana = app.add_subcommand(
+      "analyze", "Score every sample of a dataset with curriculum metrics; write index files");
+  loom::trainer::analyze::Options aopt;
+  int64_t chunk = 0;
+  int threads = 0;
+  ana->add_option("MANIFEST", aopt.manifest,
+                  "The Loom manifest: its [curriculum.NAME] metric instances (and [comm.world] "
+                  "for several ranks)")
+      ->required()
+      ->type_name("FILE");
+  ana->add_option("--dataset", aopt.dataset, "The dataset file (loom data prepare)")
+      ->required()
+      ->type_name("FILE");
+  ana->add_option("--seq-len", aopt.seq_len, "Tokens per sample (the trainer's seq_len)")
+      ->required()
+      ->check(loom_cli::integer_in(1, int64_t{1} << 30))
+      ->type_name("L")
+      ->default_str("");
+  ana->add_option("--output", aopt.output, "The folder for the index files (must exist)")
+      ->required()
+      ->type_name("DIR");
+  ana->add_option("--metric", aopt.metrics,
+                  "A metric instance to run (repeatable; default: every metric of the manifest)")
+      ->type_name("NAME");
+  ana->add_option("--comm", aopt.comm,
+                  "The comm instance that joins the ranks (default: world, when declared)")
+      ->type_name("NAME");
+  ana->add_option("--threads", threads, "Threads per rank (default: the cores of this rank)")
+      ->check(loom_cli::integer_in(1, 1024))
+      ->type_name("N")
+      ->default_str("");
+  ana->add_option("--chunk-samples", chunk,
+                  "Samples per chunk a thread scores at once (default: about 64 Ki tokens)")
+      ->check(loom_cli::integer_in(1, int64_t{1} << 40))
+      ->type_name("K")
+      ->default_str("");
+  ana->add_option("--plugin-path", aopt.plugin_path, "Extra plugin folders, ':'-separated")
+      ->type_name("DIRS");
+  ana->footer(loom::trainer::analyze::kHelpFooter);
   if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
+  if (ana->parsed()) {
+    aopt.threads = static_cast<unsigned>(threads);
+    aopt.chunk_samples = static_cast<uint64_t>(chunk);
+    try {
+      return loom::trainer::analyze::run(aopt);
+    } catch (const std::exception& e) {
+      std::cerr << "loom data analyze: error: " << e.what() << "\n";
+      return 2;
+    }
+  }
   if (prep->parsed() && kind == "byte" && vocab_opt->count() > 0) {
     return loom_cli::usage_error("loom data prepare",
                                  "--vocab-size applies to --tokenizer bpe; the byte tokenizer's "

@@ -122,7 +122,7 @@ TEST_F(Programs, UsageErrorsAreOneLineAndExitTwo) {
   expect_usage_error(run(LOOM_DATA_EXE, "prepare --output x.bin"), "loom data prepare",
                      "--input is required");
   expect_usage_error(run(LOOM_DATA_EXE, "frob"), "loom data",
-                     "unknown command 'frob' (one of: prepare, info)");
+                     "unknown command 'frob' (one of: prepare, info, analyze)");
   expect_usage_error(run(LOOM_DATA_EXE, "prepare --input a --output b --tokenizer wordpiece"),
                      "loom data prepare", "wordpiece");
   expect_usage_error(run(LOOM_DATA_EXE, "prepare --input a --output b --heldout-fraction 1"),

@@ -1,0 +1,203 @@
+// loom-bench-data [--dataset FILE | --tokens N] [--seq-len L] [--metrics seqlen,...]
+//                 [--threads T] [--reps R] [--chunk-samples K] [--plugin-path DIRS]
+//
+// The map stage of `loom data analyze` (analyzer.hpp: count_pass and score_pass over every
+// sample, on T threads) for each metric plugin, against the page-cache read bandwidth of the
+// same mapped tokens measured in the same run (a plain summing loop over the train tokens on
+// the same T threads). Every figure is the best of R repetitions. Without --dataset it writes
+// a synthetic dataset of N tokens (Zipf-like over a 50257-token vocabulary) to a temporary
+// file. One JSON object per line:
+//  {"kind":"read", "threads", "bytes", "seconds", "gb_per_s"}
+//  {"kind":"map", "metric", "pass" ("count", "score" or "map" = both), "threads", "samples",
+//   "seconds", "samples_per_s", "gb_per_s", "ratio_to_read"}
+// ratio_to_read is the pass's token bytes per second over the read bandwidth: 1 means the
+// pass runs as fast as the tokens can be read.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <loom_cli_support.hpp>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "analyzer.hpp"
+#include "dataset.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace az = loom::trainer::analyze;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::atomic<uint64_t> g_sink{0};
+
+// Sums the tokens on `threads` threads, each over its contiguous share: the bandwidth
+// ceiling of anything that reads every token once.
+double read_seconds(std::span<const uint16_t> tokens, unsigned threads) {
+  const auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  const size_t n = tokens.size();
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      const size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      size_t i = lo;
+      for (; i + 4 <= hi; i += 4) {
+        s0 += tokens[i];
+        s1 += tokens[i + 1];
+        s2 += tokens[i + 2];
+        s3 += tokens[i + 3];
+      }
+      for (; i < hi; ++i) s0 += tokens[i];
+      g_sink.fetch_add(s0 + s1 + s2 + s3, std::memory_order_relaxed);
+    });
+  }
+  for (auto& p : pool) p.join();
+  return since(t0);
+}
+
+std::string synthesize(uint64_t tokens) {
+  const std::string path =
+      (fs::temp_directory_path() / ("loom-bench-data-" + std::to_string(::getpid()) + ".bin"))
+          .string();
+  std::vector<uint16_t> train(tokens);
+  std::mt19937_64 rng(1);
+  // Zipf-like: token = floor(V^u) - 1 for uniform u, so small ids are far more frequent.
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (auto& t : train) {
+    t = static_cast<uint16_t>(std::min(50256.0, std::floor(std::pow(50257.0, u(rng))) - 1.0));
+  }
+  std::vector<uint16_t> heldout(1024, 0);
+  loom::trainer::write_dataset(path, 50257, train, heldout);
+  return path;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "The map stage of loom data analyze (count and score passes) against the page-cache "
+      "read bandwidth of the same tokens"};
+  loom_cli::configure(app, "loom bench data");
+  std::string dataset, plugin_path, tokens_text = "32M";
+  int64_t seq_len = 1024, reps = 5, chunk = 0;
+  int threads = 0;
+  std::vector<std::string> metrics = {"seqlen", "vocabulary_rarity"};
+  app.add_option("--dataset", dataset, "A dataset file (default: a synthetic one, --tokens)")
+      ->type_name("FILE");
+  app.add_option("--tokens", tokens_text, "Train tokens of the synthetic dataset (K, M, G)")
+      ->check(loom_cli::size_validator())
+      ->type_name("N");
+  app.add_option("--seq-len", seq_len, "Tokens per sample")
+      ->check(loom_cli::integer_in(1, int64_t{1} << 30))
+      ->type_name("L");
+  app.add_option("--metrics", metrics, "Metric plugins to time")->delimiter(',')->type_name("LIST");
+  app.add_option("--threads", threads, "Threads (default: the cores of this process)")
+      ->check(loom_cli::integer_in(1, 1024))
+      ->type_name("T")
+      ->default_str("");
+  app.add_option("--reps", reps, "Repetitions; the best is reported")
+      ->check(loom_cli::integer_in(1, 1000))
+      ->type_name("R");
+  app.add_option("--chunk-samples", chunk, "Samples per chunk (default: as loom data analyze)")
+      ->check(loom_cli::integer_in(1, int64_t{1} << 40))
+      ->type_name("K")
+      ->default_str("");
+  app.add_option("--plugin-path", plugin_path, "Extra plugin folders, ':'-separated")
+      ->type_name("DIRS");
+  if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
+  std::string temp;
+  try {
+    if (dataset.empty()) {
+      temp = synthesize(*loom_cli::parse_size(tokens_text));
+      dataset = temp;
+    }
+    loom::trainer::Dataset ds(dataset);  // validating it reads every page into the cache
+    const auto train = ds.train();
+    const uint64_t L = static_cast<uint64_t>(seq_len);
+    const uint64_t n = az::sample_count(train.size(), L);
+    if (n == 0) throw az::AnalyzeError(dataset + ": --seq-len is too large for the dataset");
+    const unsigned t = threads > 0
+                           ? static_cast<unsigned>(threads)
+                           : static_cast<unsigned>(std::max<size_t>(1, loom_thread_count()));
+    const std::span<const uint16_t> mapped = train.first(n * L);
+    const double bytes = 2.0 * static_cast<double>(n * L);
+    double best_read = 1e30;
+    for (int64_t r = 0; r < reps; ++r) best_read = std::min(best_read, read_seconds(mapped, t));
+    const double read_gbs = bytes / best_read / 1e9;
+    nlohmann::ordered_json jr;
+    jr["kind"] = "read";
+    jr["threads"] = t;
+    jr["bytes"] = bytes;
+    jr["seconds"] = best_read;
+    jr["gb_per_s"] = read_gbs;
+    std::printf("%s\n", jr.dump().c_str());
+    std::fflush(stdout);
+
+    for (const auto& plugin : metrics) {
+      const std::string toml = "[curriculum.m]\nplugin = \"" + plugin + "\"\n";
+      loom_open_options opts{};
+      opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+      opts.log_level = -1;
+      opts.plugin_path = plugin_path.empty() ? nullptr : plugin_path.c_str();
+      loom_session* s = nullptr;
+      if (loom_open_string(toml.c_str(), "<bench>", &opts, &s) != LOOM_OK) {
+        throw az::AnalyzeError("metric plugin " + plugin + ": " + loom_last_error());
+      }
+      std::unique_ptr<loom_session, void (*)(loom_session*)> session(s, loom_close);
+      auto ms = az::find_metrics(s, "<bench>", {"m"}, ds.vocab_size());
+      az::PassOptions po;
+      po.threads = t;
+      po.chunk_samples =
+          chunk > 0 ? static_cast<uint64_t>(chunk) : std::max<uint64_t>(1, 65536 / L);
+      double best_count = 1e30, best_score = 1e30, best_map = 1e30;
+      for (int64_t r = 0; r < reps; ++r) {
+        ms[0].stats.clear();
+        const auto t0 = Clock::now();
+        az::count_pass(ms, train, L, 0, n, po);
+        const double c = since(t0);
+        const auto t1 = Clock::now();
+        const auto scores = az::score_pass(ms, train, L, 0, n, po);
+        const double sc = since(t1);
+        g_sink.fetch_add(static_cast<uint64_t>(scores[0][n / 2]), std::memory_order_relaxed);
+        best_count = std::min(best_count, c);
+        best_score = std::min(best_score, sc);
+        best_map = std::min(best_map, c + sc);
+      }
+      auto line = [&](const char* pass, double sec) {
+        nlohmann::ordered_json j;
+        j["kind"] = "map";
+        j["metric"] = plugin;
+        j["pass"] = pass;
+        j["threads"] = t;
+        j["samples"] = n;
+        j["seconds"] = sec;
+        j["samples_per_s"] = static_cast<double>(n) / sec;
+        j["gb_per_s"] = bytes / sec / 1e9;
+        j["ratio_to_read"] = (bytes / sec / 1e9) / read_gbs;
+        std::printf("%s\n", j.dump().c_str());
+      };
+      if (ms[0].stats_count > 0) line("count", best_count);
+      line("score", best_score);
+      line("map", best_map);
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    if (!temp.empty()) fs::remove(temp);
+    std::fprintf(stderr, "loom bench data: error: %s\n", e.what());
+    return 2;
+  }
+  if (!temp.empty()) fs::remove(temp);
+  return 0;
+}

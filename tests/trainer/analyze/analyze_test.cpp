@@ -1,0 +1,314 @@
+// `loom data analyze` end to end, with a raw-C test metric (toy_metric.c):
+//  - the index files match a plain reference computed here (scores, sorted order with ties
+//    by sample id, percentiles) and the summary's percentiles agree;
+//  - threads and chunk sizes do not change a byte of the files;
+//  - 2 ranks under mpirun (ucx) write files byte-identical to 1 rank;
+//  - every bad input gets a clear error naming the file or option.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dataset.hpp"
+#include "free_port.hpp"
+#include "metric_index.hpp"
+
+namespace fs = std::filesystem;
+using loom::data::IndexFile;
+using loom::data::MetricIndex;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+constexpr uint32_t kVocab = 300;
+constexpr uint64_t kTrain = 20001;
+constexpr uint64_t kL = 16;
+
+class Analyze : public ::testing::Test {
+ protected:
+  static fs::path dir_;
+  static std::vector<uint16_t> train_;
+
+  static void SetUpTestSuite() {
+    ::setenv("LOOM_LOG_LEVEL", "", 1);
+    ::setenv("UCX_LOG_LEVEL", "error", 1);
+    ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    ::setenv("LOOM_BOOTSTRAP_TIMEOUT", "30", 1);
+    dir_ = fs::temp_directory_path() / ("loom-analyze-test-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // Skewed tokens, so token counts differ and many samples tie.
+    std::mt19937 rng(11);
+    train_.resize(kTrain);
+    for (auto& t : train_) {
+      const uint32_t a = rng() % kVocab, b = rng() % kVocab;
+      t = static_cast<uint16_t>(std::min(a, b) % 40);
+    }
+    std::vector<uint16_t> heldout(100, 1);
+    loom::trainer::write_dataset((dir_ / "data.bin").string(), kVocab, train_, heldout);
+    const std::string toy = "plugin = \"toy_metric\"\n";
+    std::ofstream(dir_ / "toy.toml") << "[curriculum.tsum]\n"
+                                     << toy << "mode = \"sum\"\n"
+                                     << "[curriculum.tfreq]\n"
+                                     << toy << "mode = \"freq\"\n"
+                                     << "[curriculum.sched]\n"
+                                     << toy << "mode = \"schedule\"\n";
+    std::ofstream(dir_ / "toy_mpi.toml") << "[comm.world]\nplugin = \"ucx\"\n"
+                                         << "[curriculum.tsum]\n"
+                                         << toy << "mode = \"sum\"\n"
+                                         << "[curriculum.tfreq]\n"
+                                         << toy << "mode = \"freq\"\n";
+    std::ofstream(dir_ / "none.toml") << "[curriculum.sched]\n" << toy << "mode = \"schedule\"\n";
+    std::ofstream(dir_ / "bad.toml") << "[curriculum.n]\n"
+                                     << toy << "mode = \"nan\"\n"
+                                     << "[curriculum.f]\n"
+                                     << toy << "mode = \"fail\"\n";
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  static Result sh(const std::string& cmd) {
+    const fs::path log = dir_ / ("log-" + std::to_string(::getpid()) + ".txt");
+    const int st = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
+    Result r;
+    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.out = slurp(log);
+    return r;
+  }
+  // Runs the analyzer into folder `out` (created) with `args` after the required options.
+  static Result analyze(const std::string& manifest, const std::string& out,
+                        const std::string& args = "", int ranks = 1, uint64_t seq_len = kL) {
+    fs::create_directories(dir_ / out);
+    std::string cmd = std::string(LOOM_DATA_EXE) + " analyze " + (dir_ / manifest).string() +
+                      " --dataset " + (dir_ / "data.bin").string() + " --seq-len " +
+                      std::to_string(seq_len) + " --output " + (dir_ / out).string() +
+                      " --plugin-path " + LOOM_TEST_PLUGIN_DIR + " " + args;
+    if (ranks > 1) {
+      cmd = std::string(LOOM_MPIRUN) + " --oversubscribe --allow-run-as-root -np " +
+            std::to_string(ranks) + " " + cmd;
+    }
+    return sh(cmd);
+  }
+  static std::string file(const std::string& out, const std::string& metric, IndexFile f) {
+    return slurp(loom::data::index_file_path((dir_ / out).string(), metric, f));
+  }
+  static void expect_same_files(const std::string& a, const std::string& b,
+                                const std::vector<std::string>& metrics) {
+    for (const auto& m : metrics) {
+      for (IndexFile f : {IndexFile::sample_to_metric, IndexFile::sorted, IndexFile::percentiles}) {
+        const std::string x = file(a, m, f), y = file(b, m, f);
+        EXPECT_FALSE(x.empty()) << a << " " << m;
+        EXPECT_TRUE(x == y) << a << " vs " << b << ": metric " << m << " file "
+                            << static_cast<int>(f) << " differs";
+      }
+    }
+  }
+  static void expect_error(const Result& r, const std::vector<std::string>& parts) {
+    EXPECT_EQ(r.code, 2) << r.out;
+    for (const auto& p : parts) EXPECT_NE(r.out.find(p), std::string::npos) << p << "\n" << r.out;
+    EXPECT_EQ(r.out.find("Segmentation"), std::string::npos) << r.out;
+  }
+};
+fs::path Analyze::dir_;
+std::vector<uint16_t> Analyze::train_;
+
+TEST_F(Analyze, MatchesReference) {
+  const Result r = analyze("toy.toml", "ref", "--threads 3 --chunk-samples 7");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const uint64_t n = (kTrain - 1) / kL;
+  // Reference scores: toy "sum" and "freq" over the samples' input tokens [i*L, (i+1)*L).
+  std::vector<int64_t> counts(kVocab, 0);
+  for (uint64_t i = 0; i < n * kL; ++i) counts[train_[i]] += 1;
+  std::vector<double> sum(n), freq(n);
+  for (uint64_t s = 0; s < n; ++s) {
+    int64_t a = 0, b = 0;
+    for (uint64_t i = s * kL; i < (s + 1) * kL; ++i) {
+      a += train_[i];
+      b += counts[train_[i]];
+    }
+    sum[s] = static_cast<double>(a);
+    freq[s] = static_cast<double>(b) / static_cast<double>(kL);
+  }
+  const std::vector<std::pair<std::string, std::vector<double>>> cases = {{"tsum", sum},
+                                                                          {"tfreq", freq}};
+  for (const auto& c : cases) {
+    const std::string& name = c.first;
+    const std::vector<double>& ref = c.second;
+    SCOPED_TRACE(name);
+    const MetricIndex idx = MetricIndex::open((dir_ / "ref").string(), name);
+    EXPECT_EQ(idx.info().samples, n);
+    EXPECT_EQ(idx.info().sample_tokens, kL);
+    EXPECT_EQ(idx.info().vocab_size, kVocab);
+    EXPECT_EQ(idx.info().plugin, "toy_metric");
+    ASSERT_EQ(idx.sample_to_metric().size(), n);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(idx.sample_to_metric()[i], ref[i]) << i;
+    std::vector<uint64_t> order(n);
+    for (uint64_t i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint64_t a, uint64_t b) { return ref[a] < ref[b]; });
+    size_t ties = 0;
+    for (uint64_t k = 0; k < n; ++k) {
+      ASSERT_EQ(idx.sorted()[k].sample, order[k]) << k;
+      ASSERT_EQ(idx.sorted()[k].value, ref[order[k]]) << k;
+      if (k > 0 && ref[order[k]] == ref[order[k - 1]]) ++ties;
+    }
+    EXPECT_GT(ties, 10u);  // the tie rule was exercised
+    for (uint64_t p = 0; p <= 100; ++p) {
+      EXPECT_EQ(idx.percentiles()[p], ref[order[p * (n - 1) / 100]]) << p;
+    }
+    const auto js = nlohmann::json::parse(slurp(dir_ / "ref" / (name + ".summary.json")));
+    EXPECT_EQ(js["samples"], n);
+    EXPECT_EQ(js["metric"], name);
+    EXPECT_EQ(js["run"]["threads_per_rank"], 3);
+    EXPECT_EQ(js["percentiles"].size(), 21u);
+    for (int p = 0; p <= 100; p += 5) {
+      EXPECT_EQ(js["percentiles"][std::to_string(p)].get<double>(),
+                idx.percentiles()[static_cast<size_t>(p)]);
+    }
+    EXPECT_EQ(js["min"].get<double>(), ref[order.front()]);
+    EXPECT_EQ(js["max"].get<double>(), ref[order.back()]);
+  }
+  // The schedule instance was not analyzed.
+  EXPECT_FALSE(fs::exists(dir_ / "ref" / "sched.sorted.idx"));
+  // Not a terminal: only the final lines, no carriage returns.
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("samples/s"), std::string::npos) << r.out;
+}
+
+TEST_F(Analyze, ThreadsAndChunksChangeNothing) {
+  ASSERT_EQ(analyze("toy.toml", "t1", "--threads 1 --chunk-samples 1000000").code, 0);
+  ASSERT_EQ(analyze("toy.toml", "t4", "--threads 4 --chunk-samples 3").code, 0);
+  expect_same_files("t1", "t4", {"tsum", "tfreq"});
+  // --metric picks one; the other is not written.
+  const Result r = analyze("toy.toml", "one", "--metric tfreq");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_files("t1", "one", {"tfreq"});
+  EXPECT_FALSE(fs::exists(dir_ / "one" / "tsum.sorted.idx"));
+}
+
+TEST_F(Analyze, TwoRanksMatchOne) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  if (!LOOM_HAVE_UCX) GTEST_SKIP() << "the ucx plugin is not built";
+  const Result one = analyze("toy_mpi.toml", "r1", "--threads 2 --chunk-samples 5");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const Result two = analyze("toy_mpi.toml", "r2", "--threads 1 --chunk-samples 5", 2);
+  ASSERT_EQ(two.code, 0) << two.out;
+  expect_same_files("r1", "r2", {"tsum", "tfreq"});
+  const auto js = nlohmann::json::parse(slurp(dir_ / "r2" / "tfreq.summary.json"));
+  EXPECT_EQ(js["run"]["ranks"], 2);
+  // The same files as the single-process run without a comm instance.
+  ASSERT_EQ(analyze("toy.toml", "r0").code, 0);
+  expect_same_files("r0", "r2", {"tsum", "tfreq"});
+  // Several ranks and no comm instance: refused, not written N times over.
+  expect_error(analyze("toy.toml", "r3", "", 2), {"launched as 2 ranks", "[comm.world]"});
+}
+
+// Two ranks started as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), not by mpirun: the same files.
+TEST_F(Analyze, TorchrunVariablesMatchOne) {
+  if (!LOOM_HAVE_UCX) GTEST_SKIP() << "the ucx plugin is not built";
+  ASSERT_EQ(analyze("toy_mpi.toml", "e1").code, 0);
+  fs::create_directories(dir_ / "e2");
+  const int port = loom_test_common::free_port();
+  ASSERT_GT(port, 0);
+  const std::string cmd =
+      std::string(LOOM_DATA_EXE) + " analyze " + (dir_ / "toy_mpi.toml").string() + " --dataset " +
+      (dir_ / "data.bin").string() + " --seq-len 16 --output " + (dir_ / "e2").string() +
+      " --plugin-path " + LOOM_TEST_PLUGIN_DIR + " --threads 1";
+  const Result r =
+      sh("(pids=; for r in 0 1; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 "
+         "LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+         std::to_string(port) + " " + cmd +
+         " & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=$?; "
+         "done; exit $rc)");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_files("e1", "e2", {"tsum", "tfreq"});
+}
+
+// loom bench data runs the same passes and reports them against the read bandwidth.
+TEST_F(Analyze, BenchmarkReportsRatios) {
+  if (std::string(LOOM_BENCH_DATA_EXE).empty()) GTEST_SKIP() << "loom-bench-data is not built";
+  const Result r =
+      sh(std::string(LOOM_BENCH_DATA_EXE) + " --dataset " + (dir_ / "data.bin").string() +
+         " --seq-len 16 --reps 2 --threads 2 --metrics toy_metric --plugin-path " +
+         LOOM_TEST_PLUGIN_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  int reads = 0, maps = 0;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["threads"], 2);
+    if (j["kind"] == "read") {
+      ++reads;
+      EXPECT_GT(j["gb_per_s"].get<double>(), 0.0);
+    } else {
+      ++maps;
+      EXPECT_EQ(j["metric"], "toy_metric");
+      EXPECT_EQ(j["samples"], (kTrain - 1) / kL);
+      EXPECT_GT(j["ratio_to_read"].get<double>(), 0.0);
+    }
+  }
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(maps, 2);  // score and map (the sum mode counts nothing)
+  const Result bad = sh(std::string(LOOM_BENCH_DATA_EXE) + " --dataset " +
+                        (dir_ / "data.bin").string() + " --metrics nosuch --reps 1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("nosuch"), std::string::npos) << bad.out;
+}
+
+TEST_F(Analyze, BadInputs) {
+  const std::string data = (dir_ / "data.bin").string();
+  const std::string base = std::string(LOOM_DATA_EXE) + " analyze " + (dir_ / "toy.toml").string() +
+                           " --plugin-path " + LOOM_TEST_PLUGIN_DIR + " --seq-len 16 ";
+  fs::create_directories(dir_ / "bad");
+  const std::string out = " --output " + (dir_ / "bad").string();
+  expect_error(sh(base + "--dataset " + (dir_ / "missing.bin").string() + out),
+               {"missing.bin", "cannot open the dataset"});
+  expect_error(sh(base + "--dataset " + data + " --output " + (dir_ / "nope").string()),
+               {"--output", "nope", "does not exist"});
+  expect_error(analyze("toy.toml", "bad", "", 1, kTrain),
+               {"data.bin", "--seq-len 20001 is too large", "the largest --seq-len is 20000"});
+  expect_error(analyze("none.toml", "bad"), {"none.toml", "declares no metric"});
+  expect_error(analyze("toy.toml", "bad", "--metric sched"),
+               {"toy.toml", "--metric sched", "is not a metric", "tsum, tfreq"});
+  expect_error(analyze("toy.toml", "bad", "--metric nosuch"),
+               {"toy.toml", "--metric nosuch", "no [curriculum.nosuch]"});
+  expect_error(analyze("toy.toml", "bad", "--comm nosuch"), {"--comm nosuch", "no [comm.nosuch]"});
+  expect_error(analyze("missing.toml", "bad"), {"missing.toml"});
+  expect_error(analyze("bad.toml", "bad", "--metric n"),
+               {"metric \"n\" (plugin toy_metric)", "as nan", "must be finite"});
+  expect_error(analyze("bad.toml", "bad", "--metric f"),
+               {"metric \"f\" (plugin toy_metric)", "score failed", "refused to score"});
+  // Nothing was written by any failed run.
+  EXPECT_TRUE(fs::is_empty(dir_ / "bad"));
+  // A usage error for a bad --seq-len.
+  const Result r = analyze("toy.toml", "bad", "", 1, 0);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--seq-len"), std::string::npos) << r.out;
+}
+
+}  // namespace
