@@ -68,7 +68,7 @@ __global__ void check_kernel(const void* tokens, int type, int64_t token_count,
     }
   }
   rec[i] = p;
-  if (p.kind != Problem::kNone) atomicAdd(bad, 1u);  // lint: integer atomic (a flag)
+  if (p.kind != Problem::kNone) atomicAdd(bad, 1u);  // lint: integer atomic
 }
 
 __global__ void seqlen_kernel(const void* tokens, int type, const int64_t* offsets, int64_t samples,
