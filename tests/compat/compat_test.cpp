@@ -1,7 +1,8 @@
 // Plugins built from older ABI minors' headers, through today's host. The fixtures
 // (tests/compat/plugins, plain C11) are compiled against verbatim snapshots of the ABI 1.0,
-// 1.1 and 1.2 headers, so the host meets their struct sizes: 1.0 optimizer tensors of 32 bytes and
-// groups of 40, a 1.0 codec table without decode_sum, and so on. Every struct a fixture hands
+// 1.1 and 1.2 headers, so the host meets their struct sizes: 1.0 optimizer tensors of 32
+// bytes and groups of 40, a 1.0 codec table without decode_sum, 1.2 factories and parameter
+// specs, and so on. Every struct a fixture hands
 // the host ends where an inaccessible page begins, so a read past its era's size faults.
 // These tests depend only on how the host treats old plugins, not on today's minor.
 #include <gmock/gmock.h>

@@ -1,9 +1,11 @@
 #!/bin/sh
-# Both SDK templates (sdk/template: an optimizer; sdk/template_codec: a codec) build out of
-# tree against an installed Loom as a third party builds them: with g++ and with clang++,
-# at -O3 -Wall -Wextra -Werror. Each built plugin is then described with the installed
-# `loom`, the template's own manifest is checked as its README says, and the codec runs a
-# compressed-allreduce round trip (loom-bench-codec, when it was built).
+# The SDK templates (sdk/template: an optimizer; sdk/template_codec: a codec;
+# sdk/template_metric: a curriculum metric and schedule, two plugins) build out of tree
+# against an installed Loom as a third party builds them: with g++ and with clang++, at -O3
+# -Wall -Wextra -Werror. Each built plugin is then described with the installed `loom`, the
+# template's own manifest is checked as its README says, the codec runs a
+# compressed-allreduce round trip (loom-bench-codec, when it was built), and the metric and
+# schedule run through their table (tests/docs/curriculum_check).
 #
 # Usage: sdk_templates.sh CMAKE BUILD_DIR SOURCE_DIR
 set -eu
@@ -32,12 +34,13 @@ loom=$tmp/prefix/bin/loom
 flags="-O3 -Wall -Wextra -Werror"
 for cxx in g++ clang++; do
   command -v "$cxx" >/dev/null || fail "$cxx is not installed (scripts/install-deps.sh)"
-  # template folder, plugin name, kind the plugin must provide, the template's manifest
+  # template folder, plugin names (comma-separated), kind they provide, the template's manifest
   for spec in "template sgd loom.optimizer/1 sgd.toml" \
-              "template_codec scaled_sign loom.codec/1 scaled_sign.toml"; do
+              "template_codec scaled_sign loom.codec/1 scaled_sign.toml" \
+              "template_metric distinct_tokens,cosine_schedule loom.curriculum/1 curriculum.toml"; do
     # shellcheck disable=SC2086  # word splitting is the point
     set -- $spec
-    template=$1 name=$2 kind=$3 manifest=$4
+    template=$1 names=$2 kind=$3 manifest=$4
     # A copy of the template, built into its own build/, as its README does it.
     work=$tmp/$cxx/$template
     mkdir -p "$tmp/$cxx"
@@ -58,16 +61,29 @@ for cxx in g++ clang++; do
       cat "$work.build.log"
       fail "$template with $cxx printed warnings"
     fi
-    [ -f "$work/build/loom_$name.so" ] || fail "no loom_$name.so from $template with $cxx"
-
-    "$loom" describe "$name" --plugin-path "$work/build" >"$work.describe" 2>&1 ||
-      { cat "$work.describe"; fail "loom describe $name ($cxx)"; }
-    grep -q "^$name 1.0.0" "$work.describe" || fail "describe does not name $name ($cxx)"
-    grep -q "^$kind" "$work.describe" || fail "$name does not provide $kind ($cxx)"
+    for name in $(echo "$names" | tr ',' ' '); do
+      [ -f "$work/build/loom_$name.so" ] || fail "no loom_$name.so from $template with $cxx"
+      "$loom" describe "$name" --plugin-path "$work/build" >"$work.describe" 2>&1 ||
+        { cat "$work.describe"; fail "loom describe $name ($cxx)"; }
+      grep -q "^$name 1.0.0" "$work.describe" || fail "describe does not name $name ($cxx)"
+      grep -q "^$kind" "$work.describe" || fail "$name does not provide $kind ($cxx)"
+    done
     out=$("$loom" check "$work/$manifest" 2>&1) ||
       fail "loom check $template/$manifest ($cxx): $out"
     [ "$out" = "$work/$manifest: ok" ] || fail "unexpected loom check output: $out"
-    if [ "$name" = sgd ]; then
+    if [ "$template" = template_metric ]; then
+      # cosine_schedule's validate_params: max_difficulty below min_difficulty fails
+      # `loom check` at the max_difficulty key (sdk/template_metric/README.md).
+      sed 's/^max_difficulty = 100$/max_difficulty = 5/' "$work/$manifest" >"$work/bad.toml"
+      line=$(grep -n '^max_difficulty = 5$' "$work/bad.toml" | cut -d: -f1)
+      [ -n "$line" ] || fail "no 'max_difficulty = 100' line in $template/$manifest"
+      if out=$("$loom" check "$work/bad.toml" 2>&1); then
+        fail "loom check accepted max_difficulty below min_difficulty ($cxx)"
+      fi
+      [ "$out" = "$work/bad.toml:$line:1: parameter 'max_difficulty' of curriculum.cosine: max_difficulty must be >= min_difficulty" ] ||
+        fail "unexpected error for max_difficulty below min_difficulty ($cxx): $out"
+    fi
+    if [ "$names" = sgd ]; then
       # The template's validate_params: nesterov without momentum fails `loom check` at the
       # nesterov key (sdk/template/README.md).
       sed 's/^momentum = 0.9$/momentum = 0.0/' "$work/$manifest" >"$work/nesterov.toml"
@@ -115,6 +131,20 @@ for cxx in g++ clang++; do
     { cat "$check.build.log"; fail "building tests/docs/codec_check ($cc)"; }
   "$check/codec_check" "$tmp/$cxx/template_codec/build" ||
     fail "the template codec built with $cxx breaks the codec contract"
+
+  # The metric's and the schedule's behaviour (sdk/template_metric/README.md), through the
+  # loom.curriculum/1 table as a trainer or the data analyzer reaches it.
+  echo "== distinct_tokens and cosine_schedule ($cxx) through their table (tests/docs/curriculum_check)"
+  ccheck=$tmp/$cxx/curriculum_check
+  "$cmake" -S "$source_dir/tests/docs/curriculum_check" -B "$ccheck" -G Ninja \
+    -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" \
+    -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
+    >"$ccheck.configure.log" 2>&1 ||
+    { cat "$ccheck.configure.log"; fail "configuring tests/docs/curriculum_check ($cc)"; }
+  "$cmake" --build "$ccheck" >"$ccheck.build.log" 2>&1 ||
+    { cat "$ccheck.build.log"; fail "building tests/docs/curriculum_check ($cc)"; }
+  "$ccheck/curriculum_check" "$tmp/$cxx/template_metric/build" ||
+    fail "the template metric or schedule built with $cxx does not do what its README says"
 
   bench=$tmp/prefix/bin/loom-bench-codec
   if [ -x "$bench" ]; then
