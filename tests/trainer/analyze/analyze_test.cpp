@@ -62,7 +62,8 @@ class Analyze : public ::testing::Test {
     std::mt19937 rng(11);
     train_.resize(kTrain);
     for (auto& t : train_) {
-      const uint32_t a = rng() % kVocab, b = rng() % kVocab;
+      const auto a = static_cast<uint32_t>(rng() % kVocab),
+                 b = static_cast<uint32_t>(rng() % kVocab);
       t = static_cast<uint16_t>(std::min(a, b) % 40);
     }
     std::vector<uint16_t> heldout(100, 1);
