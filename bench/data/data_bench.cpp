@@ -1,5 +1,6 @@
 // loom-bench-data [--dataset FILE | --tokens N] [--seq-len L] [--metrics seqlen,...]
-//                 [--threads T] [--reps R] [--chunk-samples K] [--plugin-path DIRS]
+//                 [--save-dataset FILE] [--threads T] [--reps R] [--chunk-samples K] [--plugin-path
+//                 DIRS]
 //
 // The map stage of `loom data analyze` (analyzer.hpp: count_pass and score_pass over every
 // sample, on T threads) for each metric plugin, against the page-cache read bandwidth of the
@@ -7,7 +8,7 @@
 // the same T threads). Repetitions interleave the read loop and the metrics; every figure is
 // the best of R. Without --dataset it writes
 // a synthetic dataset of N tokens (Zipf-like over a 50257-token vocabulary) to a temporary
-// file. One JSON object per line:
+// file (kept with --save-dataset). One JSON object per line:
 //  {"kind":"read", "threads", "bytes", "seconds", "gb_per_s"}
 //  {"kind":"map", "metric", "pass" ("count", "score" or "map" = both), "threads", "samples",
 //   "seconds", "samples_per_s", "gb_per_s", "ratio_to_read"}
@@ -69,10 +70,10 @@ double read_seconds(std::span<const uint16_t> tokens, unsigned threads) {
   return since(t0);
 }
 
-std::string synthesize(uint64_t tokens) {
-  const std::string path =
-      (fs::temp_directory_path() / ("loom-bench-data-" + std::to_string(::getpid()) + ".bin"))
-          .string();
+std::string synthesize(uint64_t tokens, std::string path) {
+  if (path.empty())
+    path = (fs::temp_directory_path() / ("loom-bench-data-" + std::to_string(::getpid()) + ".bin"))
+               .string();
   std::vector<uint16_t> train(tokens);
   std::mt19937_64 rng(1);
   // Zipf-like: token = floor(V^u) - 1 for uniform u, so small ids are far more frequent.
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
       "The map stage of loom data analyze (count and score passes) against the page-cache "
       "read bandwidth of the same tokens"};
   loom_cli::configure(app, "loom bench data");
-  std::string dataset, plugin_path, tokens_text = "32M";
+  std::string dataset, plugin_path, save, tokens_text = "32M";
   int64_t seq_len = 1024, reps = 5, chunk = 0;
   int threads = 0;
   std::vector<std::string> metrics = {"seqlen", "vocabulary_rarity"};
@@ -101,6 +102,8 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens_text, "Train tokens of the synthetic dataset (K, M, G)")
       ->check(loom_cli::size_validator())
       ->type_name("N");
+  app.add_option("--save-dataset", save, "Keep the synthetic dataset in this file")
+      ->type_name("FILE");
   app.add_option("--seq-len", seq_len, "Tokens per sample")
       ->check(loom_cli::integer_in(1, int64_t{1} << 30))
       ->type_name("L");
@@ -122,8 +125,8 @@ int main(int argc, char** argv) {
   std::string temp;
   try {
     if (dataset.empty()) {
-      temp = synthesize(*loom_cli::parse_size(tokens_text));
-      dataset = temp;
+      dataset = synthesize(*loom_cli::parse_size(tokens_text), save);
+      if (save.empty()) temp = dataset;
     }
     loom::trainer::Dataset ds(dataset);  // validating it reads every page into the cache
     const auto train = ds.train();
