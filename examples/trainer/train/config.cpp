@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <loom_cli_support.hpp>
 #include <numbers>
 #include <sstream>
@@ -138,13 +139,13 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   TrainConfig c;
   c.config_path = path;
   Errors errors;
-  const std::vector<std::string> sections{"manifest", "model", "data", "train"};
+  const std::vector<std::string> sections{"manifest", "model", "data", "curriculum", "train"};
   for (const auto& [k, v] : root) {
     const std::string name(k.str());
     if (std::find(sections.begin(), sections.end(), name) == sections.end() || !v.is_table()) {
       errors.add(where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
                  loom_text::did_you_mean(name, sections) +
-                 " (expected tables [manifest], [model], [data], [train])");
+                 " (expected tables [manifest], [model], [data], [curriculum], [train])");
     }
   }
   auto sect = [&](const char* name) { return Reader{path, root[name].as_table(), name, &errors}; };
@@ -188,6 +189,21 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   }
   c.dataset = resolve(dir, c.dataset);
 
+  Reader cur = sect("curriculum");
+  cur.str("sampler", c.sampler);
+  cur.str("seqlen", c.seqlen);
+  cur.finish();
+  c.sampler_at = cur.at("sampler");
+  c.seqlen_at = cur.at("seqlen");
+  if (cur.table != nullptr) {
+    for (const char* key : {"sampler", "seqlen"}) {
+      const toml::node* n = cur.table->get(key);
+      if (n != nullptr && n->is_string() && n->as_string()->get().empty()) {
+        errors.add(cur.at(key) + ": [curriculum] " + key + ": empty (leave the key out for none)");
+      }
+    }
+  }
+
   Reader t = sect("train");
   constexpr int64_t kBig = int64_t{1} << 40;
   t.integer("steps", c.steps, 1, kBig);
@@ -197,6 +213,8 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   t.number("lr", c.lr, 0.0, 10.0);
   t.number("min_lr", c.min_lr, 0.0, 10.0);
   t.integer("warmup_steps", c.warmup_steps, 0, kBig);
+  t.integer("train_tokens", c.train_tokens, 0, int64_t{1} << 62);
+  t.str("lr_unit", c.lr_unit);
   t.str("decay", c.decay);
   t.number("clip_grad_norm", c.clip_grad_norm, 0.0, 1e30);
   t.integer("eval_interval", c.eval_interval, 0, kBig);
@@ -214,6 +232,15 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
     errors.add(t.at("decay") + ": [train] decay: '" + c.decay +
                "' is not one of cosine, linear, constant" +
                loom_text::did_you_mean(c.decay, decays));
+  }
+  const std::vector<std::string> units{"steps", "tokens"};
+  if (std::find(units.begin(), units.end(), c.lr_unit) == units.end()) {
+    errors.add(t.at("lr_unit") + ": [train] lr_unit: '" + c.lr_unit +
+               "' is not one of steps, tokens" + loom_text::did_you_mean(c.lr_unit, units));
+  }
+  if (!c.seqlen.empty() && c.seq_len < 8) {
+    errors.add(t.at("seq_len") + ": [train] seq_len " + std::to_string(c.seq_len) +
+               " is below 8, the shortest length [curriculum] seqlen cuts to");
   }
   if (c.seq_len > c.model.context) {
     errors.add(t.at("seq_len") + ": [train] seq_len " + std::to_string(c.seq_len) +
@@ -268,7 +295,8 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   std::vector<std::string> out;
   toml::parse_result r = toml::parse_file(c.manifest);
   if (!r) return out;
-  auto need = [&](const char* section, const std::string& name) {
+  // `who`: where the config names the instance, e.g. "FILE: [manifest] optimizer".
+  auto need = [&](const char* section, const std::string& name, const std::string& who) {
     const toml::table* t = r.table()[section].as_table();
     if (t != nullptr && t->get_as<toml::table>(name) != nullptr) return;
     std::vector<std::string> have;
@@ -280,13 +308,16 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
     std::string list;
     for (const auto& h : have)
       list += (list.empty() ? "" : ", ") + std::string("[") + section + "." + h + "]";
-    out.push_back(c.config_path + ": [manifest] " + section + " '" + name + "': " + c.manifest +
-                  " has no [" + section + "." + name + "]" +
+    out.push_back(who + " '" + name + "': " + c.manifest + " has no [" + section + "." + name +
+                  "]" +
                   (have.empty() ? std::string(" (it has no ") + section + " at all)"
                                 : " (it has " + list + ")" + loom_text::did_you_mean(name, have)));
   };
-  need("optimizer", c.optimizer);
-  if (!c.comm.empty()) need("comm", c.comm);
+  need("optimizer", c.optimizer, c.config_path + ": [manifest] optimizer");
+  if (!c.comm.empty()) need("comm", c.comm, c.config_path + ": [manifest] comm");
+  // The curriculum's instances are reported at their key in the config.
+  if (!c.sampler.empty()) need("sampler", c.sampler, c.sampler_at + ": [curriculum] sampler");
+  if (!c.seqlen.empty()) need("curriculum", c.seqlen, c.seqlen_at + ": [curriculum] seqlen");
   return out;
 }
 
@@ -300,6 +331,69 @@ double lr_at(const TrainConfig& c, int64_t step) {
       0.0, 1.0);
   const double f = c.decay == "cosine" ? 0.5 * (1.0 + std::cos(std::numbers::pi * p)) : 1.0 - p;
   return c.min_lr + (c.lr - c.min_lr) * f;
+}
+
+std::string curriculum_manifest(const TrainConfig& c) {
+  const std::vector<std::string> keep{"loom", "curriculum", "sampler"};
+  auto only_kept = [&](const toml::table& t) {
+    for (const auto& [k, v] : t) {
+      if (std::find(keep.begin(), keep.end(), std::string(k.str())) == keep.end()) return false;
+    }
+    return true;
+  };
+  toml::parse_result r = toml::parse_file(c.manifest);
+  if (!r) return {};
+  // The manifest's own text with the lines of every other table blanked, so that what the
+  // host reports about the kept tables names their real lines.
+  std::ifstream in(c.manifest, std::ios::binary);
+  std::string text, line;
+  bool kept = true;  // keys before the first table header belong to the root
+  while (std::getline(in, line)) {
+    const size_t b = line.find_first_not_of(" \t");
+    if (b != std::string::npos && line[b] == '[') {
+      const size_t from = line.find_first_not_of("[ \t", b);
+      const size_t to = from == std::string::npos ? from : line.find_first_of(".] \t", from);
+      const std::string section =
+          from == std::string::npos ? std::string() : line.substr(from, to - from);
+      kept = std::find(keep.begin(), keep.end(), section) != keep.end();
+    }
+    text += (kept ? line : std::string()) + "\n";
+  }
+  toml::parse_result blanked = toml::parse(text, c.manifest);
+  if (blanked && only_kept(blanked.table())) return text;
+  // A layout the line filter does not follow (dotted keys at the root, say): the kept tables
+  // re-serialised (their line numbers then differ from the file's).
+  toml::table tables;
+  for (const auto& section : keep) {
+    if (const toml::node* n = r.table().get(section)) tables.insert(section, *n);
+  }
+  std::ostringstream out;
+  out << toml::toml_formatter(tables);
+  return out.str();
+}
+
+uint64_t decay_tokens(const TrainConfig& c) {
+  if (c.train_tokens > 0) return static_cast<uint64_t>(c.train_tokens);
+  return static_cast<uint64_t>(c.steps) * static_cast<uint64_t>(c.batch_size) *
+         static_cast<uint64_t>(c.seq_len);
+}
+
+double lr_at_tokens(const TrainConfig& c, int64_t step, uint64_t tokens, uint64_t warmup_tokens) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps) {
+    return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
+  }
+  const uint64_t end = decay_tokens(c);
+  if (c.decay == "constant" || end <= warmup_tokens) return c.lr;
+  const double done = tokens > warmup_tokens ? static_cast<double>(tokens - warmup_tokens) : 0.0;
+  const double p = std::clamp(done / static_cast<double>(end - warmup_tokens), 0.0, 1.0);
+  const double f = c.decay == "cosine" ? 0.5 * (1.0 + std::cos(std::numbers::pi * p)) : 1.0 - p;
+  return c.min_lr + (c.lr - c.min_lr) * f;
+}
+
+int step_seq_len(int64_t scheduled, int seq_len) {
+  if (scheduled >= seq_len) return seq_len;
+  const int64_t l = std::max<int64_t>(8, scheduled - scheduled % 8);
+  return static_cast<int>(std::min<int64_t>(l, seq_len));
 }
 
 }  // namespace loom::trainer

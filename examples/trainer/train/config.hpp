@@ -33,6 +33,11 @@ struct TrainConfig {
   ModelConfig model{0, 128, 4, 4, 128};
   // [data]
   std::string dataset;
+  // [curriculum] (optional; docs/trainer.md "Curriculum and sequence-length warmup")
+  std::string sampler;     // [sampler.NAME] in the manifest: batches are its sample ids
+  std::string seqlen;      // [curriculum.NAME] in the manifest: a sequence-length schedule
+  std::string sampler_at;  // FILE:LINE:COL of those keys, for the errors found later
+  std::string seqlen_at;
   // [train]
   int64_t steps = 1000;
   int batch_size = 16;  // sequences per global batch, split evenly over the ranks
@@ -41,6 +46,11 @@ struct TrainConfig {
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup_steps = 100;
+  // >0: stop once this many tokens (all ranks) are consumed; `steps` is then an upper bound.
+  int64_t train_tokens = 0;
+  // "steps": the decay follows the step; "tokens": it follows the tokens consumed (warmup
+  // stays in steps). See lr_at_tokens.
+  std::string lr_unit = "steps";
   std::string decay = "cosine";       // "cosine" | "linear" | "constant"
   double clip_grad_norm = 1.0;        // 0: off
   int64_t eval_interval = 100;        // 0: only at the end
@@ -69,8 +79,29 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
 // libloom reports that).
 std::vector<std::string> manifest_name_problems(const TrainConfig& c);
 
+// The manifest's [loom], [curriculum.*] and [sampler.*] tables alone, as TOML text: what
+// `loom check` opens to create and plan the curriculum's instances without the manifest's
+// comm and optimizer. Empty when the manifest does not parse.
+std::string curriculum_manifest(const TrainConfig& c);
+
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.
 double lr_at(const TrainConfig& c, int64_t step);
+
+// The tokens the decay ends at under lr_unit = "tokens": train_tokens, or, when that is 0,
+// steps * batch_size * seq_len.
+uint64_t decay_tokens(const TrainConfig& c);
+
+// lr_unit = "tokens": warmup as lr_at (by step); past it the decay's progress is
+// r = (tokens - warmup_tokens) / (decay_tokens - warmup_tokens), clamped to [0, 1], where
+// `tokens` are the tokens consumed up to and including this step and `warmup_tokens` those
+// consumed when the warmup ended (after step warmup_steps). With a constant sequence length
+// this is exactly lr_at.
+double lr_at_tokens(const TrainConfig& c, int64_t step, uint64_t tokens, uint64_t warmup_tokens);
+
+// The sequence length a step trains at, from the seq_len a sequence-length schedule gives for
+// it: `seq_len` when scheduled >= seq_len, else `scheduled` rounded down to a multiple of 8,
+// and at least 8 (and never above seq_len).
+int step_seq_len(int64_t scheduled, int seq_len);
 
 }  // namespace loom::trainer

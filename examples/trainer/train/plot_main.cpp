@@ -1,6 +1,7 @@
 // loom-plot (run as `loom plot RUN_DIR... -o FILE.png|FILE.svg`): train and eval loss curves of one
 // or several runs and their communication volume, drawn by gnuplot (Debian's gnuplot-nox) from each
-// RUN_DIR/metrics.jsonl.
+// RUN_DIR/metrics.jsonl; beside them the sampler's difficulty and the sequence length per step
+// when a run has a curriculum (a `difficulty` field, a `seq_len` that changes).
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,9 +48,9 @@ int main(int argc, char** argv) {
   const std::string ext = fs::path(out).extension().string();
   std::string terminal;
   if (ext == ".png") {
-    terminal = "pngcairo noenhanced size 1400,520 font \",10\"";
+    terminal = "pngcairo noenhanced size WIDTH,520 font \",10\"";
   } else if (ext == ".svg") {
-    terminal = "svg noenhanced size 1400,520 font \",10\" dynamic background \"white\"";
+    terminal = "svg noenhanced size WIDTH,520 font \",10\" dynamic background \"white\"";
   } else {
     return loom_cli::usage_error("loom plot",
                                  "-o " + out + ": the file name must end in .png or .svg");
@@ -67,6 +68,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> labels;
     std::vector<double> losses;
     double ymin = 1e30, ymax = 0, ymax_all = 0;
+    // The curriculum panels: drawn when some run has a difficulty, or a seq_len that changes.
+    bool has_difficulty = false, seq_len_varies = false;
     for (size_t r = 0; r < runs.size(); ++r) {
       const fs::path m = fs::path(runs[r]) / "metrics.jsonl";
       std::ifstream in(m);
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
       std::ofstream ev(tmp / ("eval" + std::to_string(r) + ".dat"));
       std::string line;
       size_t n = 0, lineno = 0;
+      int64_t first_seq_len = -1;
       while (std::getline(in, line)) {
         ++lineno;
         if (line.empty()) continue;
@@ -87,7 +91,24 @@ int main(int argc, char** argv) {
           losses.push_back(j.value("loss", 0.0));
           tr << j.value("step", 0) << " " << j.value("loss", 0.0) << " "
              << j.value("comm_bytes_sent", 0.0) / 1e6 << " "
-             << j.value("uncompressed_bytes", 0.0) / 1e6 << "\n";
+             << j.value("uncompressed_bytes", 0.0) / 1e6 << " ";
+          // Columns 5 and 6: seq_len and difficulty, "?" (missing) where the line has none.
+          const auto sl = j.find("seq_len");
+          if (sl != j.end() && sl->is_number()) {
+            const int64_t v = sl->get<int64_t>();
+            if (first_seq_len < 0) first_seq_len = v;
+            seq_len_varies = seq_len_varies || v != first_seq_len;
+            tr << v << " ";
+          } else {
+            tr << "? ";
+          }
+          const auto d = j.find("difficulty");
+          if (d != j.end() && d->is_number()) {
+            has_difficulty = true;
+            tr << d->get<double>() << "\n";
+          } else {
+            tr << "?\n";
+          }
           ++n;
         } else if (type == "eval") {
           ev << j.value("step", 0) << " " << j.value("eval_loss", 0.0) << "\n";
@@ -106,10 +127,13 @@ int main(int argc, char** argv) {
     }
     ymax = std::min(ymax, ymax_all * 1.02);
     ymin *= 0.97;
+    const int panels = 2 + (has_difficulty ? 1 : 0) + (seq_len_varies ? 1 : 0);
+    terminal.replace(terminal.find("WIDTH"), 5, std::to_string(700 * panels));
     std::ostringstream g;
     g << "set terminal " << terminal << "\n"
       << "set output " << quote(out) << "\n"
-      << "set multiplot layout 1,2 title " << quote(title) << "\n"
+      << "set datafile missing \"?\"\n"
+      << "set multiplot layout 1," << panels << " title " << quote(title) << "\n"
       << "set grid\nset key top right\nset xlabel \"step\"\nset ylabel \"loss (nats/token)\"\n"
       << "set yrange [" << ymin << ":" << ymax << "]\n"
       << "set title \"train (lines) and eval (points) loss\"\nplot ";
@@ -128,6 +152,22 @@ int main(int argc, char** argv) {
       g << (r ? ", " : "") << quote(tf) << " using 1:3 with lines lw 2 lc " << r + 1 << " title "
         << quote(labels[r]) << ", " << quote(tf) << " using 1:4 with lines dt 2 lc " << r + 1
         << " notitle";
+    }
+    // The curriculum: the sampler's difficulty and the step's sequence length.
+    auto curriculum_panel = [&](int column, const char* ylabel, const char* what) {
+      g << "\nset autoscale y\nset ylabel " << quote(ylabel) << "\nset key bottom right\n"
+        << "set title " << quote(what) << "\nplot ";
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const auto tf = (tmp / ("train" + std::to_string(r) + ".dat")).string();
+        g << (r ? ", " : "") << quote(tf) << " using 1:" << column << " with steps lw 2 lc "
+          << r + 1 << " title " << quote(labels[r]);
+      }
+    };
+    if (has_difficulty) {
+      curriculum_panel(6, "difficulty", "curriculum: the sampler's difficulty per step");
+    }
+    if (seq_len_varies) {
+      curriculum_panel(5, "sequence length (tokens)", "sequence-length warmup: seq_len per step");
     }
     g << "\nunset multiplot\n";
     const fs::path script = tmp / "plot.gp";

@@ -4,6 +4,8 @@
 // global-norm clipping; eval at intervals; exact checkpoints; metrics JSONL; a plot at the end.
 // docs/trainer.md describes the files and the numbers it prints.
 #include <loom/embed.h>
+#include <loom/kinds/curriculum.h>
+#include <loom/kinds/sampler.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "batch.hpp"
 #include "checkpoint.hpp"
 #include "config.hpp"
 #include "crash_report.hpp"
@@ -143,6 +146,186 @@ void fill_batch(const Dataset& ds, const TrainConfig& c, int64_t step, int first
   }
 }
 
+// ---------------------------------------------------------------- curriculum
+
+// The config's [curriculum] instances, called through libloom's checked tables: a sampler
+// that names each step's samples, and a sequence-length schedule that gives each step's
+// length. Problems name the config key (FILE:LINE:COL) and the instance.
+struct Curriculum {
+  loom_instance* sampler = nullptr;
+  void* sampler_obj = nullptr;
+  const loom_sampler_v1* sampler_vt = nullptr;
+  loom_instance* seqlen = nullptr;
+  void* seqlen_obj = nullptr;
+  const loom_curriculum_v1* seqlen_vt = nullptr;
+  SeqLenCut cut = SeqLenCut::kTruncate;
+  std::string sampler_who, seqlen_who;  // "FILE:LINE:COL: [curriculum] sampler 'NAME'"
+  std::vector<int64_t> ids;             // this rank's sample ids of the step
+  int64_t ids_shape[1] = {0};
+  DLTensor ids_t{};
+
+  // ids_t points into ids and ids_shape: not copied or moved.
+  Curriculum() = default;
+  Curriculum(const Curriculum&) = delete;
+  Curriculum& operator=(const Curriculum&) = delete;
+
+  // The status a call through a table returned: "" for success, else its message.
+  static std::string failure(loom_instance* inst, loom_status* st) {
+    char msg[1024] = {0};
+    if (loom_instance_take_status(inst, st, msg, sizeof(msg)) == LOOM_OK) return {};
+    return msg[0] != '\0' ? std::string(msg) : std::string(loom_last_error());
+  }
+
+  // Finds the instances, checks their kind and role, and plans them: the sampler for
+  // `samples` sample ids (the dataset's fixed windows of seq_len + 1), batch_size per step
+  // over `world` ranks. Appends each problem to `problems`.
+  void open(loom_session* session, const TrainConfig& c, uint64_t samples, int world,
+            std::vector<std::string>& problems) {
+    if (!c.seqlen.empty()) open_seqlen(session, c, problems);
+    if (!c.sampler.empty()) open_sampler(session, c, samples, world, problems);
+  }
+
+  void open_seqlen(loom_session* session, const TrainConfig& c,
+                   std::vector<std::string>& problems) {
+    seqlen_who = c.seqlen_at + ": [curriculum] seqlen '" + c.seqlen + "'";
+    loom_instance* inst = nullptr;
+    if (loom_find_instance(session, "curriculum", c.seqlen.c_str(), &inst) != LOOM_OK) {
+      problems.push_back(seqlen_who + ": " + loom_last_error());
+      return;
+    }
+    void* obj = nullptr;
+    const void* table = nullptr;
+    if (loom_instance_table(inst, LOOM_KIND_CURRICULUM, LOOM_CURRICULUM_V1_MIN_SIZE, &obj,
+                            &table) != LOOM_OK) {
+      problems.push_back(seqlen_who + ": " + loom_last_error());
+      return;
+    }
+    const auto* vt = static_cast<const loom_curriculum_v1*>(table);
+    loom_curriculum_plan_args plan{};
+    plan.struct_size = LOOM_CURRICULUM_PLAN_ARGS_SIZE;
+    plan.vocab_size = static_cast<uint32_t>(std::max(0, c.model.vocab_size));
+    const std::string plugin = loom_instance_plugin(inst);
+    if (vt->plan == nullptr) {
+      problems.push_back(seqlen_who + ": plugin '" + plugin + "' has no plan");
+      return;
+    }
+    if (const std::string e = failure(inst, vt->plan(obj, &plan)); !e.empty()) {
+      problems.push_back(seqlen_who + ": plan: " + e);
+      return;
+    }
+    if ((plan.roles & LOOM_CURRICULUM_SCHEDULE) == 0 || vt->at == nullptr) {
+      problems.push_back(
+          seqlen_who + ": plugin '" + plugin +
+          "' is a difficulty metric, not a schedule (its plan gives no schedule role); name a "
+          "sequence-length schedule such as seqlen_warmup");
+      return;
+    }
+    if (plan.seq_len_mode != LOOM_SEQ_LEN_TRUNCATE && plan.seq_len_mode != LOOM_SEQ_LEN_RESHAPE) {
+      problems.push_back(seqlen_who + ": plugin '" + plugin +
+                         "' schedules a difficulty, not a sequence length (its seq_len_mode is " +
+                         (plan.seq_len_mode == LOOM_SEQ_LEN_NONE
+                              ? std::string("NONE")
+                              : std::to_string(plan.seq_len_mode)) +
+                         "); name a sequence-length schedule such as seqlen_warmup");
+      return;
+    }
+    seqlen = inst;
+    seqlen_obj = obj;
+    seqlen_vt = vt;
+    cut = plan.seq_len_mode == LOOM_SEQ_LEN_RESHAPE ? SeqLenCut::kReshape : SeqLenCut::kTruncate;
+  }
+
+  void open_sampler(loom_session* session, const TrainConfig& c, uint64_t samples, int world,
+                    std::vector<std::string>& problems) {
+    sampler_who = c.sampler_at + ": [curriculum] sampler '" + c.sampler + "'";
+    loom_instance* inst = nullptr;
+    if (loom_find_instance(session, "sampler", c.sampler.c_str(), &inst) != LOOM_OK) {
+      problems.push_back(sampler_who + ": " + loom_last_error());
+      return;
+    }
+    void* obj = nullptr;
+    const void* table = nullptr;
+    if (loom_instance_table(inst, LOOM_KIND_SAMPLER, LOOM_SAMPLER_V1_MIN_SIZE, &obj, &table) !=
+        LOOM_OK) {
+      problems.push_back(sampler_who + ": " + loom_last_error());
+      return;
+    }
+    const auto* vt = static_cast<const loom_sampler_v1*>(table);
+    if (vt->plan == nullptr || vt->next == nullptr) {
+      problems.push_back(sampler_who + ": plugin '" + loom_instance_plugin(inst) +
+                         "' lacks plan or next");
+      return;
+    }
+    loom_sampler_plan_args plan{};
+    plan.struct_size = LOOM_SAMPLER_PLAN_ARGS_SIZE;
+    plan.dataset_size = samples;
+    plan.global_batch = c.batch_size;
+    plan.world_size = world;
+    if (const std::string e = failure(inst, vt->plan(obj, &plan)); !e.empty()) {
+      problems.push_back(sampler_who + ": plan for the " + std::to_string(samples) +
+                         " samples of " + c.dataset + " at seq_len " + std::to_string(c.seq_len) +
+                         ", " + std::to_string(c.batch_size) + " per step over " +
+                         std::to_string(world) + " rank(s): " + e +
+                         " (the index must come from loom data analyze on this dataset with "
+                         "this seq_len)");
+      return;
+    }
+    const int64_t local = world > 0 ? c.batch_size / world : c.batch_size;
+    if (plan.capacity < local) {
+      problems.push_back(sampler_who + ": plan gives a capacity of " +
+                         std::to_string(plan.capacity) + " ids, fewer than the " +
+                         std::to_string(local) + " of a rank's batch");
+      return;
+    }
+    sampler = inst;
+    sampler_obj = obj;
+    sampler_vt = vt;
+    ids.assign(static_cast<size_t>(plan.capacity), 0);
+    ids_shape[0] = plan.capacity;
+    ids_t = DLTensor{};
+    ids_t.data = ids.data();
+    ids_t.device = {kDLCPU, 0};
+    ids_t.ndim = 1;
+    ids_t.dtype = {kDLInt, 64, 1};
+    ids_t.shape = ids_shape;
+  }
+
+  // This rank's sample ids of `step` (ids[0, count)) and the sampler's difficulty.
+  double next(int64_t step, uint64_t seed, int rank, int world, int64_t expect) {
+    loom_sampler_next_args a{};
+    a.struct_size = LOOM_SAMPLER_NEXT_ARGS_SIZE;
+    a.seed = seed;
+    a.step = step;
+    a.rank = rank;
+    a.world_size = world;
+    a.indices = &ids_t;
+    if (const std::string e = failure(sampler, sampler_vt->next(sampler_obj, &a)); !e.empty()) {
+      throw TrainError(sampler_who + ": next (step " + std::to_string(step) + "): " + e);
+    }
+    if (a.count != expect) {
+      throw TrainError(sampler_who + ": next (step " + std::to_string(step) + ") gave " +
+                       std::to_string(a.count) + " sample ids for rank " + std::to_string(rank) +
+                       ", not its share of " + std::to_string(expect));
+    }
+    return a.difficulty;
+  }
+
+  // The schedule's seq_len of `step` (before the trainer's rounding).
+  int64_t at(int64_t step) {
+    loom_curriculum_at_args a{};
+    a.struct_size = LOOM_CURRICULUM_AT_ARGS_SIZE;
+    a.step = step;
+    if (const std::string e = failure(seqlen, seqlen_vt->at(seqlen_obj, &a)); !e.empty()) {
+      throw TrainError(seqlen_who + ": at (step " + std::to_string(step) + "): " + e);
+    }
+    if (a.seq_len < 1) {
+      throw TrainError(seqlen_who + ": at (step " + std::to_string(step) + ") gave seq_len " +
+                       std::to_string(a.seq_len) + " (a sequence-length schedule gives >= 1)");
+    }
+    return a.seq_len;
+  }
+};
+
 // ---------------------------------------------------------------- helpers
 
 std::string human_bytes(double b) {
@@ -207,9 +390,13 @@ struct TrainerState {
   int64_t acc_steps = 0;
   // Steps the optimizer skipped for a non-finite gradient (found_inf), over the whole run.
   uint64_t skipped_steps = 0;
+  // Tokens consumed when the lr warmup ended (lr_unit = "tokens" decays from there).
+  uint64_t warmup_tokens = 0;
 };
-// "LTS3"; "LTS2" (still read, as 0 skipped steps) lacked skipped_steps, "LTS1" the loss sums.
-constexpr uint32_t kTrainerStateMagic = 0x4c545333;
+// "LTS4"; "LTS3" (still read, as warmup_tokens 0) lacked warmup_tokens, "LTS2" (still read,
+// as 0 skipped steps) skipped_steps, "LTS1" the loss sums.
+constexpr uint32_t kTrainerStateMagic = 0x4c545334;
+constexpr uint32_t kTrainerStateMagicV3 = 0x4c545333;
 constexpr uint32_t kTrainerStateMagicV2 = 0x4c545332;
 
 std::vector<uint8_t> encode(const TrainerState& s) {
@@ -227,12 +414,14 @@ std::vector<uint8_t> encode(const TrainerState& s) {
   put(b, s.loss_acc);
   put(b, s.acc_steps);
   put(b, s.skipped_steps);
+  put(b, s.warmup_tokens);
   return b;
 }
 TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   size_t o = 0;
   const auto magic = take<uint32_t>(b, o, file);
-  if (magic != kTrainerStateMagic && magic != kTrainerStateMagicV2) {
+  if (magic != kTrainerStateMagic && magic != kTrainerStateMagicV3 &&
+      magic != kTrainerStateMagicV2) {
     throw CheckpointError(file + ": not a trainer state of this version of loom-train");
   }
   TrainerState s;
@@ -247,7 +436,8 @@ TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   s.elapsed_s = take<double>(b, o, file);
   s.loss_acc = take<double>(b, o, file);
   s.acc_steps = take<int64_t>(b, o, file);
-  if (magic == kTrainerStateMagic) s.skipped_steps = take<uint64_t>(b, o, file);
+  if (magic != kTrainerStateMagicV2) s.skipped_steps = take<uint64_t>(b, o, file);
+  if (magic == kTrainerStateMagic) s.warmup_tokens = take<uint64_t>(b, o, file);
   if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the trainer state");
   return s;
 }
@@ -296,9 +486,11 @@ class Trainer {
 
   int run() {
     setup();
-    for (int64_t step = st_.step + 1; step <= c_.steps; ++step) {
+    for (int64_t step = st_.step + 1; step <= c_.steps && !tokens_done(); ++step) {
       const StepResult r = train_step(step);
-      const bool last = step == c_.steps;
+      last_step_ = step;
+      // The last step: `steps`, or the one that reaches train_tokens.
+      const bool last = step == c_.steps || tokens_done();
       if (step % c_.log_interval == 0 || last || step == 1) log_step(step, r);
       if ((c_.eval_interval > 0 && step % c_.eval_interval == 0) || last) eval_step(step);
       st_.elapsed_s =
@@ -320,13 +512,19 @@ class Trainer {
  private:
   using clk = std::chrono::steady_clock;
 
+  bool tokens_done() const {
+    return c_.train_tokens > 0 && st_.tokens_seen >= static_cast<uint64_t>(c_.train_tokens);
+  }
+
   // What one step measured, for its log line.
   struct StepResult {
     float loss = 0;
     double gnorm = 0;
     double lr = 0;
-    bool owns = false;     // the optimizer did the gradient communication itself
-    bool skipped = false;  // the optimizer skipped the step: a gradient was NaN or Inf
+    bool owns = false;        // the optimizer did the gradient communication itself
+    bool skipped = false;     // the optimizer skipped the step: a gradient was NaN or Inf
+    int seq_len = 0;          // the step's sequence length (seq_len, or the schedule's, cut)
+    double difficulty = NAN;  // the sampler's difficulty of the step's batch
   };
 
   // ---- setup
@@ -337,6 +535,7 @@ class Trainer {
     ds_.emplace(c_.dataset);
     fit_to_dataset(c_, *ds_);
     open_loom();
+    open_curriculum();
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     set_num_threads(c_.threads > 0 ? c_.threads : static_cast<int>(std::max(1u, hw / world_)));
     model_.emplace(c_.model, c_.seed);
@@ -350,6 +549,9 @@ class Trainer {
     t_log_ = t_start_;
     elapsed_before_ = st_.elapsed_s;
     log_from_step_ = st_.step;
+    log_tokens_ = st_.tokens_seen;
+    start_tokens_ = st_.tokens_seen;
+    last_step_ = st_.step;
   }
 
   // The config, with the command line's overrides.
@@ -403,6 +605,15 @@ class Trainer {
                         " is not divisible by the " + std::to_string(world_) + " ranks");
     }
     local_batch_ = c_.batch_size / world_;
+  }
+
+  // The [curriculum] instances: found, checked and planned (the sampler over the dataset's
+  // fixed samples, before a resume imports its position).
+  void open_curriculum() {
+    samples_ = sample_count(ds_->train().size(), c_.seq_len);
+    std::vector<std::string> problems;
+    cur_.open(session_.get(), c_, samples_, world_, problems);
+    if (!problems.empty()) throw ConfigError(problems);
   }
 
   // Optimizer groups: matrices decay (the manifest's weight_decay), vectors do not.
@@ -506,6 +717,28 @@ class Trainer {
     if (loom_instance_import_state(opt_, blob.data(), blob.size()) != LOOM_OK) {
       throw CheckpointError(ofile + ": the optimizer refused its state: " + loom_last_error());
     }
+    for (const auto& [inst, file] : curriculum_files()) {
+      const std::string f = (dir / (file + "." + rs + ".bin")).string();
+      if (!fs::exists(f)) {
+        throw CheckpointError(dir.string() + ": has no " + file + "." + rs +
+                              ".bin: it was written by a run without [curriculum] " + file +
+                              "; resume with the config it was written with");
+      }
+      const auto state = load_blob(f, BlobKind::kCurriculum);
+      if (loom_instance_import_state(inst, state.data(), state.size()) != LOOM_OK) {
+        throw CheckpointError(f + ": the " + file + " '" + loom_instance_name(inst) +
+                              "' refused its state: " + loom_last_error());
+      }
+    }
+    for (const char* file : {"sampler", "seqlen"}) {
+      const bool used =
+          std::string(file) == "sampler" ? cur_.sampler != nullptr : cur_.seqlen != nullptr;
+      if (!used && fs::exists(dir / (std::string(file) + "." + rs + ".bin"))) {
+        throw CheckpointError(dir.string() + ": was written with a [curriculum] " + file +
+                              ", which this config lacks; resume with the config it was "
+                              "written with");
+      }
+    }
     comm_.grad_bytes_sent = st_.grad_bytes_sent;
     comm_.grad_bytes_received = st_.grad_bytes_received;
     comm_.grad_rounds = st_.grad_rounds;
@@ -577,6 +810,21 @@ class Trainer {
               << loom_instance_plugin(opt_) << "', " << c_.steps << " steps of " << c_.batch_size
               << " x " << c_.seq_len << " tokens; run dir " << run_dir_.string() << std::endl;
     std::cout << "loom train: CPU " << loom::trainer::cpu_description() << std::endl;
+    if (cur_.sampler != nullptr) {
+      std::cout << "loom train: batches from sampler '" << c_.sampler << "' ("
+                << loom_instance_plugin(cur_.sampler) << ") over the " << samples_ << " samples of "
+                << c_.seq_len + 1 << " tokens" << std::endl;
+    }
+    if (cur_.seqlen != nullptr) {
+      std::cout << "loom train: sequence length from '" << c_.seqlen << "' ("
+                << loom_instance_plugin(cur_.seqlen) << ", "
+                << (cur_.cut == SeqLenCut::kReshape ? "reshape" : "truncate")
+                << "), a multiple of 8 up to " << c_.seq_len << std::endl;
+    }
+    if (c_.train_tokens > 0) {
+      std::cout << "loom train: stops at " << c_.train_tokens << " tokens (or step " << c_.steps
+                << ")" << std::endl;
+    }
     if (!wpe_mask_.empty()) {
       std::cout << "loom train: position rows " << c_.seq_len << ".." << c_.model.context - 1
                 << " are never used (seq_len < context); their momentum is masked" << std::endl;
@@ -595,9 +843,29 @@ class Trainer {
   StepResult train_step(int64_t step) {
     auto& params = model_->parameters();
     StepResult r;
-    fill_batch(*ds_, c_, step, rank_ * local_batch_, local_batch_, x_, y_);
+    if (cur_.sampler != nullptr) {
+      r.difficulty = cur_.next(step, c_.seed, rank_, world_, local_batch_);
+      fill_samples(ds_->train(), c_.seq_len,
+                   std::span<const int64_t>(cur_.ids.data(), static_cast<size_t>(local_batch_)), x_,
+                   y_);
+    } else {
+      fill_batch(*ds_, c_, step, rank_ * local_batch_, local_batch_, x_, y_);
+    }
+    // Sequence-length warmup: the step's length L, and the batch cut to it.
+    r.seq_len = cur_.seqlen != nullptr ? step_seq_len(cur_.at(step), c_.seq_len) : c_.seq_len;
+    int rows = local_batch_;
+    const int32_t* bx = x_.data();
+    const int32_t* by = y_.data();
+    if (r.seq_len < c_.seq_len) {
+      rows =
+          cut_batch(cur_.cut, x_.data(), y_.data(), local_batch_, c_.seq_len, r.seq_len, cx_, cy_);
+      bx = cx_.data();
+      by = cy_.data();
+    }
+    // Every rank has the same rows; the step's tokens over all ranks.
+    const uint64_t step_tokens = static_cast<uint64_t>(rows) * world_ * r.seq_len;
     model_->zero_grad();
-    r.loss = model_->forward_backward(x_.data(), y_.data(), local_batch_, c_.seq_len);
+    r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
     if (step == inject_step_ && rank_ == inject_rank_ && !params.empty() && params[0].numel > 0) {
       params[0].grad[0] = std::numeric_limits<float>::quiet_NaN();
     }
@@ -628,7 +896,9 @@ class Trainer {
       for (auto& p : params)
         for (size_t i = 0; i < p.numel; ++i) p.grad[i] *= s;
     }
-    r.lr = lr_at(c_, step);
+    r.lr = c_.lr_unit == "tokens"
+               ? lr_at_tokens(c_, step, st_.tokens_seen + step_tokens, st_.warmup_tokens)
+               : lr_at(c_, step);
     // found_inf: the optimizer checks the gradients and skips a step with a NaN or an Inf
     // (every rank skips the same one); parameters and its state stay as they were.
     int32_t found_inf = 0;
@@ -648,7 +918,8 @@ class Trainer {
         std::fflush(stdout);
       }
     }
-    st_.tokens_seen += static_cast<uint64_t>(c_.batch_size) * c_.seq_len;
+    st_.tokens_seen += step_tokens;
+    if (step == c_.warmup_steps) st_.warmup_tokens = st_.tokens_seen;
     st_.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed_);
     loss_acc_ += r.loss;
     ++acc_steps_;
@@ -663,8 +934,7 @@ class Trainer {
     const double mean_loss = tot[0] / tot[1];
     const auto now = clk::now();
     const double dt = std::chrono::duration<double>(now - t_log_).count();
-    const double tps = static_cast<double>(step - log_from_step_) * c_.batch_size * c_.seq_len /
-                       std::max(dt, 1e-9);
+    const double tps = static_cast<double>(st_.tokens_seen - log_tokens_) / std::max(dt, 1e-9);
     const auto ci = comm_info();
     const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
     const uint64_t rounds = comm_.grad_rounds + ci.rounds;
@@ -683,10 +953,22 @@ class Trainer {
                           {"uncompressed_bytes", st_.uncompressed_bytes},
                           {"owns_communication", r.owns},
                           {"skipped_steps", st_.skipped_steps},
-                          {"elapsed_s", elapsed}};
+                          {"elapsed_s", elapsed},
+                          {"seq_len", r.seq_len}};
+      // The sampler's difficulty (null when it is not a curriculum: NaN).
+      if (cur_.sampler != nullptr) {
+        j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
+      }
       metrics_ << j.dump() << "\n" << std::flush;
-      const double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
-                         static_cast<double>(c_.steps - step);
+      double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
+                   static_cast<double>(c_.steps - step);
+      if (c_.train_tokens > 0 && st_.tokens_seen > start_tokens_) {  // the budget may end first
+        const double left = static_cast<double>(c_.train_tokens) -
+                            static_cast<double>(std::min<uint64_t>(
+                                st_.tokens_seen, static_cast<uint64_t>(c_.train_tokens)));
+        eta = std::min(eta, (elapsed - elapsed_before_) * left /
+                                static_cast<double>(st_.tokens_seen - start_tokens_));
+      }
       char line[256];
       std::snprintf(line, sizeof(line),
                     "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  sent %s  ETA %s",
@@ -700,6 +982,7 @@ class Trainer {
     loss_acc_ = 0;
     acc_steps_ = 0;
     log_from_step_ = step;
+    log_tokens_ = st_.tokens_seen;
     t_log_ = clk::now();
   }
 
@@ -769,6 +1052,17 @@ class Trainer {
                "optimizer export_state");
     blob.resize(n);
     save_blob((tmp / ("optimizer." + rs + ".bin")).string(), BlobKind::kOptimizer, blob);
+    // The sampler's position and the seqlen schedule's state, so a resume continues
+    // mid-epoch and mid-schedule.
+    for (const auto& [inst, file] : curriculum_files()) {
+      size_t m = 0;
+      check_loom(loom_instance_export_state(inst, nullptr, 0, &m), file + " export_state");
+      std::vector<uint8_t> state(m);
+      check_loom(loom_instance_export_state(inst, state.data(), state.size(), &m),
+                 file + " export_state");
+      state.resize(m);
+      save_blob((tmp / (file + "." + rs + ".bin")).string(), BlobKind::kCurriculum, state);
+    }
     TrainerState s = st_;
     s.step = step;
     s.grad_bytes_sent = comm_.grad_bytes_sent;
@@ -798,6 +1092,14 @@ class Trainer {
     comm_.barrier();
   }
 
+  // The curriculum instances whose state a checkpoint holds, with their file stems.
+  std::vector<std::pair<loom_instance*, std::string>> curriculum_files() const {
+    std::vector<std::pair<loom_instance*, std::string>> out;
+    if (cur_.sampler != nullptr) out.emplace_back(cur_.sampler, "sampler");
+    if (cur_.seqlen != nullptr) out.emplace_back(cur_.seqlen, "seqlen");
+    return out;
+  }
+
   // ---- the end: final eval, summary.json, the totals and the plot
 
   void finish() {
@@ -808,7 +1110,8 @@ class Trainer {
     if (root_) {
       nlohmann::json summary = {{"final_eval_loss", last_eval_},
                                 {"final_eval_ppl", std::exp(last_eval_)},
-                                {"steps", c_.steps},
+                                {"steps", last_step_},
+                                {"tokens", st_.tokens_seen},
                                 {"ranks", world_},
                                 {"optimizer", loom_instance_plugin(opt_)},
                                 {"parameters", numel_},
@@ -861,6 +1164,8 @@ class Trainer {
   std::optional<Dataset> ds_;
   std::unique_ptr<loom_session, void (*)(loom_session*)> session_{nullptr, loom_close};
   loom_instance* opt_ = nullptr;
+  Curriculum cur_;
+  uint64_t samples_ = 0;  // the dataset's fixed samples at seq_len (what the sampler draws)
   Comm comm_;
   int rank_ = 0, world_ = 1;
   bool root_ = true;
@@ -883,7 +1188,8 @@ class Trainer {
   std::ofstream metrics_;
   double loss_acc_ = 0;  // see TrainerState
   int64_t acc_steps_ = 0;
-  std::vector<int32_t> x_, y_;  // the batch (and eval windows)
+  std::vector<int32_t> x_, y_;    // the batch (and eval windows)
+  std::vector<int32_t> cx_, cy_;  // the batch cut to a shorter step's length
   bool tty_ = false;
   int64_t inject_step_ = 0;  // LOOM_TRAIN_NONFINITE_GRAD (0: none)
   int inject_rank_ = 0;
@@ -892,6 +1198,9 @@ class Trainer {
   clk::time_point t_start_, t_log_;
   double elapsed_before_ = 0;
   int64_t log_from_step_ = 0;
+  uint64_t log_tokens_ = 0;    // tokens_seen at the last log line
+  uint64_t start_tokens_ = 0;  // tokens_seen when this process started training
+  int64_t last_step_ = 0;
   double last_eval_ = NAN;
 
  public:
@@ -924,23 +1233,53 @@ int check(const Args& args) {
   opts.log_level = LOOM_LOG_WARN;
   opts.plugin_path = args.plugin_path.empty() ? nullptr : args.plugin_path.c_str();
   loom_session* session = nullptr;
+  bool manifest_ok = true;
+  TrainConfig cc = c;  // the curriculum instances the manifest has, for the checks below
   if (loom_open_file(c.manifest.c_str(), &opts, &session) != LOOM_OK) {
     std::cerr << loom_last_error() << "\n";
-    ok = false;
+    ok = manifest_ok = false;
   } else {
     loom_close(session);
     for (const auto& problem : manifest_name_problems(c)) {
       std::cerr << problem << "\n";
       ok = false;
+      if (!c.sampler.empty() && problem.rfind(c.sampler_at + ": [curriculum] sampler", 0) == 0) {
+        cc.sampler.clear();
+      }
+      if (!c.seqlen.empty() && problem.rfind(c.seqlen_at + ": [curriculum] seqlen", 0) == 0) {
+        cc.seqlen.clear();
+      }
     }
   }
+  std::optional<Dataset> ds;
   if (problems.empty()) {  // the dataset checks need a sound config
     try {
-      Dataset ds(c.dataset);
-      fit_to_dataset(c, ds);
+      ds.emplace(c.dataset);
+      fit_to_dataset(c, *ds);
     } catch (const std::exception& e) {
       std::cerr << e.what() << "\n";
       ok = false;
+      ds.reset();
+    }
+  }
+  // The curriculum's instances: created (alone: the manifest's [loom], [curriculum.*] and
+  // [sampler.*]), checked for kind and role, and planned, the sampler over this dataset.
+  if (manifest_ok && ds && (!cc.sampler.empty() || !cc.seqlen.empty())) {
+    loom_open_options co = opts;
+    co.validate_only = 0;
+    const std::string text = curriculum_manifest(c);
+    loom_session* cs = nullptr;
+    if (loom_open_string(text.c_str(), c.manifest.c_str(), &co, &cs) != LOOM_OK) {
+      std::cerr << loom_last_error() << "\n";
+      ok = false;
+    } else {
+      std::vector<std::string> cp;
+      Curriculum cur;
+      cc.model = c.model;  // the vocabulary size the dataset gave
+      cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len), 1, cp);
+      for (const auto& line : cp) std::cerr << line << "\n";
+      ok = ok && cp.empty();
+      loom_close(cs);
     }
   }
   if (!ok) return 2;

@@ -68,7 +68,7 @@ __global__ void check_kernel(const void* tokens, int type, int64_t token_count,
     }
   }
   rec[i] = p;
-  if (p.kind != Problem::kNone) atomicAdd(bad, 1u);
+  if (p.kind != Problem::kNone) atomicAdd(bad, 1u);  // lint: integer atomic (a flag)
 }
 
 __global__ void seqlen_kernel(const void* tokens, int type, const int64_t* offsets, int64_t samples,
@@ -99,7 +99,7 @@ __global__ void count_kernel(const void* tokens, int type, int64_t lo, int64_t n
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
        k += stride) {
-    atomicAdd(&stats[load_token(tokens, type, lo + k)], 1ull);
+    atomicAdd(&stats[load_token(tokens, type, lo + k)], 1ull);  // lint: integer atomic
   }
 }
 

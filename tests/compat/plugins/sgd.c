@@ -506,9 +506,11 @@ LOOM_EXPORT const loom_plugin_v1* loom_plugin_entry_v1(void) {
   const loom_param_spec* specs = guarded_copy(k_specs, sizeof k_specs);
   const loom_optimizer_v1* table = guarded_copy(&k_table, LOOM_OPTIMIZER_V1_SIZE);
   if (specs == NULL || table == NULL) return NULL;
-  const loom_factory factory = {LOOM_FACTORY_SIZE, 0,          LOOM_KIND_OPTIMIZER, specs,
-                                SPEC_COUNT,        sgd_create, sgd_destroy,         table,
-                                sgd_export,        sgd_import COMPAT_FACTORY_TAIL};
+  const loom_factory factory = {LOOM_FACTORY_SIZE,   0,
+                                LOOM_KIND_OPTIMIZER, specs,
+                                SPEC_COUNT,          sgd_create,
+                                sgd_destroy,         table,
+                                sgd_export,          sgd_import COMPAT_FACTORY_TAIL};
   const loom_factory* f = guarded_copy(&factory, LOOM_FACTORY_SIZE);
   if (f == NULL) return NULL;
   const loom_factory* const* factories = guarded_copy(&f, sizeof f);

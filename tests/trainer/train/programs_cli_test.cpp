@@ -201,6 +201,9 @@ TEST_F(Programs, PlotWritesTheFormatItsNameSaysOrRefuses) {
   const std::string svg = slurp(dir_ / "x.svg");
   EXPECT_EQ(svg.rfind("<?xml", 0), 0U) << svg.substr(0, 100);
   EXPECT_NE(svg.find("<svg"), std::string::npos);
+  // No curriculum in the run: no curriculum panels.
+  EXPECT_EQ(svg.find("seq_len per step"), std::string::npos);
+  EXPECT_EQ(svg.find("difficulty per step"), std::string::npos);
   r = run(LOOM_PLOT_EXE, "run -o x.png");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(slurp(dir_ / "x.png").substr(1, 3), "PNG");
@@ -211,6 +214,37 @@ TEST_F(Programs, PlotWritesTheFormatItsNameSaysOrRefuses) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("the folder nodir does not exist"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "nodir"));
+}
+
+// A run with a curriculum (difficulty, a seq_len that rises) gets two more panels beside the
+// loss; beside a run without one (constant seq_len, no difficulty) too.
+TEST_F(Programs, PlotDrawsDifficultyAndSeqLenPanelsWhenARunHasThem) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) GTEST_SKIP() << "no gnuplot";
+  fs::create_directories(dir_ / "slw");
+  fs::create_directories(dir_ / "base");
+  std::string m, b;
+  for (int i = 1; i <= 20; ++i) {
+    const std::string common = "\"step\":" + std::to_string(i) +
+                               ",\"loss\":" + std::to_string(6.0 - 0.1 * i) +
+                               ",\"comm_bytes_sent\":0,\"uncompressed_bytes\":0";
+    m += "{\"type\":\"train\"," + common + ",\"seq_len\":" + std::to_string(8 * ((i + 3) / 4)) +
+         ",\"difficulty\":" + (i == 3 ? std::string("null") : std::to_string(10 + i)) + "}\n";
+    b += "{\"type\":\"train\"," + common + ",\"seq_len\":64}\n";
+  }
+  write("slw/metrics.jsonl", m);
+  write("base/metrics.jsonl", b);
+  auto r = run(LOOM_PLOT_EXE, "base slw -o c.svg");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string svg = slurp(dir_ / "c.svg");
+  EXPECT_NE(svg.find("sequence-length warmup: seq_len per step"), std::string::npos);
+  EXPECT_NE(svg.find("curriculum: the sampler's difficulty per step"), std::string::npos);
+  EXPECT_NE(svg.find("width=\"2800"), std::string::npos) << svg.substr(0, 400);
+  // A constant seq_len alone draws no seq_len panel.
+  r = run(LOOM_PLOT_EXE, "base -o b.svg");
+  ASSERT_EQ(r.code, 0) << r.err;
+  svg = slurp(dir_ / "b.svg");
+  EXPECT_EQ(svg.find("seq_len per step"), std::string::npos);
+  EXPECT_NE(svg.find("width=\"1400"), std::string::npos) << svg.substr(0, 400);
 }
 
 TEST_F(Programs, TrainCheckReportsEveryConfigProblem) {
@@ -232,7 +266,7 @@ TEST_F(Programs, TrainCheckReportsEveryConfigProblem) {
             "(did you mean 'cosine'?)");
   EXPECT_EQ(l[3],
             "t.toml:13:1: unknown top-level key or section 'modle' (did you mean "
-            "'model'?) (expected tables [manifest], [model], [data], [train])");
+            "'model'?) (expected tables [manifest], [model], [data], [curriculum], [train])");
   // Then the manifest it names, as far as the config could be read.
   EXPECT_EQ(l[4], "t.toml: [manifest] optimizer 'mian': " + (dir_ / "m.toml").string() +
                       " has no [optimizer.mian] (it has [optimizer.main]) (did you mean 'main'?)");
