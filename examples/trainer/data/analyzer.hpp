@@ -45,7 +45,7 @@ struct Options {
   std::string comm;                  // empty: "world" when the manifest has one
   std::string plugin_path;           // extra plugin folders, ':'-separated
   unsigned threads = 0;              // 0: loom_thread_count()
-  uint64_t chunk_samples = 0;        // 0: about 64 Ki tokens per chunk
+  uint64_t chunk_samples = 0;        // 0: default_chunk_samples(seq_len)
   bool progress = true;              // rank 0's progress lines on stderr
 };
 
@@ -60,6 +60,11 @@ struct Metric {
   uint64_t stats_count = 0;
   std::vector<int64_t> stats;  // pass 1's counts (stats_count of them)
 };
+
+// Samples per chunk by default: about 1 Mi tokens (2 MiB), so a call's fixed cost is
+// amortised (vocabulary_rarity builds its table of -log p on every score call) while the
+// chunk still stays in a core's cache for every metric that reads it.
+uint64_t default_chunk_samples(uint64_t seq_len);
 
 // The samples of the train split for sample length L: N = floor((T - 1) / L).
 uint64_t sample_count(uint64_t train_tokens, uint64_t seq_len);

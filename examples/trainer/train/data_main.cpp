@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
       ->type_name("N")
       ->default_str("");
   ana->add_option("--chunk-samples", chunk,
-                  "Samples per chunk a thread scores at once (default: about 64 Ki tokens)")
+                  "Samples per chunk a thread scores at once (default: about 1 Mi tokens)")
       ->check(loom_cli::integer_in(1, int64_t{1} << 40))
       ->type_name("K")
       ->default_str("");

@@ -62,7 +62,8 @@ class Analyze : public ::testing::Test {
     std::mt19937 rng(11);
     train_.resize(kTrain);
     for (auto& t : train_) {
-      const uint32_t a = rng() % kVocab, b = rng() % kVocab;
+      const auto a = static_cast<uint32_t>(rng() % kVocab),
+                 b = static_cast<uint32_t>(rng() % kVocab);
       t = static_cast<uint16_t>(std::min(a, b) % 40);
     }
     std::vector<uint16_t> heldout(100, 1);
@@ -79,6 +80,8 @@ class Analyze : public ::testing::Test {
                                          << toy << "mode = \"sum\"\n"
                                          << "[curriculum.tfreq]\n"
                                          << toy << "mode = \"freq\"\n";
+    std::ofstream(dir_ / "bundled.toml") << "[curriculum.len]\nplugin = \"seqlen\"\npad_token = 3\n"
+                                         << "[curriculum.voc]\nplugin = \"vocabulary_rarity\"\n";
     std::ofstream(dir_ / "none.toml") << "[curriculum.sched]\n" << toy << "mode = \"schedule\"\n";
     std::ofstream(dir_ / "bad.toml") << "[curriculum.n]\n"
                                      << toy << "mode = \"nan\"\n"
@@ -196,6 +199,48 @@ TEST_F(Analyze, MatchesReference) {
   // Not a terminal: only the final lines, no carriage returns.
   EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("samples/s"), std::string::npos) << r.out;
+}
+
+// The bundled metrics: seqlen (tokens that are not pad_token) and vocabulary_rarity (sum of
+// -log p(t), p from the counts of every scored token, a count of 0 taken as 1), each
+// sample's sum left to right, as docs/data.md defines them.
+TEST_F(Analyze, BundledMetricsMatchReference) {
+  if (!LOOM_HAVE_BUNDLED_METRICS) GTEST_SKIP() << "seqlen / vocabulary_rarity are not built";
+  const Result r = analyze("bundled.toml", "bundled", "--threads 2 --chunk-samples 9");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const uint64_t n = (kTrain - 1) / kL;
+  std::vector<int64_t> counts(kVocab, 0);
+  for (uint64_t i = 0; i < n * kL; ++i) counts[train_[i]] += 1;
+  int64_t total = 0;
+  for (int64_t c : counts) total += std::max<int64_t>(c, 1);
+  std::vector<double> table(kVocab);
+  for (uint32_t t = 0; t < kVocab; ++t) {
+    table[t] = -std::log(static_cast<double>(std::max<int64_t>(counts[t], 1)) /
+                         static_cast<double>(total));
+  }
+  const MetricIndex len = MetricIndex::open((dir_ / "bundled").string(), "len");
+  const MetricIndex voc = MetricIndex::open((dir_ / "bundled").string(), "voc");
+  EXPECT_EQ(len.info().plugin, "seqlen");
+  EXPECT_EQ(voc.info().plugin, "vocabulary_rarity");
+  size_t padded = 0;
+  for (uint64_t s = 0; s < n; ++s) {
+    double rarity = 0;
+    int64_t kept = 0;
+    for (uint64_t i = s * kL; i < (s + 1) * kL; ++i) {
+      rarity += table[train_[i]];
+      kept += train_[i] != 3 ? 1 : 0;
+    }
+    padded += kept < static_cast<int64_t>(kL) ? 1 : 0;
+    ASSERT_EQ(len.sample_to_metric()[s], static_cast<double>(kept)) << s;
+    ASSERT_EQ(voc.sample_to_metric()[s], rarity) << s;
+  }
+  EXPECT_GT(padded, 10u);  // pad_token mattered
+  // Sorted: ascending, ties by id (seqlen has few distinct values: many ties).
+  for (uint64_t k = 1; k < n; ++k) {
+    const auto& a = len.sorted()[k - 1];
+    const auto& b = len.sorted()[k];
+    ASSERT_TRUE(a.value < b.value || (a.value == b.value && a.sample < b.sample)) << k;
+  }
 }
 
 TEST_F(Analyze, ThreadsAndChunksChangeNothing) {
