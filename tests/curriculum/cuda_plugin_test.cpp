@@ -124,6 +124,28 @@ TEST(CurriculumCudaPlugins, DeviceTensorsScoreAsHostTensors) {
   EXPECT_EQ(len.take(len.t->score(len.obj, &b)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(len.error.find("samples.tokens[77] is 705"), std::string::npos) << len.error;
 
+  // Bad offsets: the same text for device offsets (checked by the kernels) as for host offsets
+  // (checked by the SDK before the plugin runs).
+  for (const std::vector<int64_t>& bad_off :
+       {std::vector<int64_t>{0, 5, 3, 9}, std::vector<int64_t>{0, 5, nt + 1, nt + 2},
+        std::vector<int64_t>{0, 5, -4, 9}}) {
+    std::vector<int64_t> off4 = bad_off;
+    int64_t* doff4 = device_copy(off4);
+    Tensor ho(off4.data(), 4, kI64), dofb(doff4, 4, kI64, kCuda);
+    std::vector<double> hs3(3);
+    double* ds3 = device_copy(hs3);
+    Tensor hs(hs3.data(), 3, kF64), dsb(ds3, 3, kF64, kCuda);
+    auto hb = score_args(htok, ho, kVocab, nullptr, hs);
+    auto db = score_args(dt, dofb, kVocab, nullptr, dsb, stream);
+    EXPECT_EQ(len.take(len.t->score(len.obj, &hb)), LOOM_ERR_INVALID_ARGUMENT);
+    const std::string host_error = len.error;
+    EXPECT_EQ(len.take(len.t->score(len.obj, &db)), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(len.error, host_error);
+    EXPECT_NE(host_error.find("samples.offsets[2] = "), std::string::npos) << host_error;
+    cudaFree(doff4);
+    cudaFree(ds3);
+  }
+
   for (void* p : {static_cast<void*>(dtok), static_cast<void*>(doff), static_cast<void*>(dscores),
                   static_cast<void*>(dstats)}) {
     cudaFree(p);
