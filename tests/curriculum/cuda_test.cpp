@@ -163,6 +163,10 @@ TEST_F(CurriculumCuda, SameErrorsAsCpu) {
   cases.back().batch.offsets = {0, 2, 4, 6, 9};
   cases.push_back({"offset negative", h});
   cases.back().batch.offsets = {-2, 2, 4, 6, 8};
+  cases.push_back({"a later offset negative", h});
+  cases.back().batch.offsets = {0, 2, -1, 6, 8};
+  cases.push_back({"decreasing then beyond", h});
+  cases.back().batch.offsets = {0, 2, 1, 9, 8};
   cases.push_back({"first offset beyond", h});
   cases.back().batch.offsets = {9, 9, 9, 9, 9};
   for (auto& c : cases) {

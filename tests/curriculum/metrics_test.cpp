@@ -227,19 +227,19 @@ TEST(CurriculumMetrics, BadData) {
     HostBatch bad = h;
     bad.offsets = {0, 4, 2, 6};
     Batch b(bad, kI64);
-    all(b, "samples.offsets[2] is 2, below samples.offsets[1]; offsets must be non-decreasing");
+    all(b, "samples.offsets[2] = 2 is below offsets[1] = 4");
   }
   {
     HostBatch bad = h;
     bad.offsets = {0, 2, 4, 7};
     Batch b(bad, kI64);
-    all(b, "samples.offsets[3] is 7, beyond the 6 elements of samples.tokens");
+    all(b, "samples.offsets[3] = 7 is outside the 6 tokens");
   }
   {
     HostBatch bad = h;
     bad.offsets = {-1, 2, 4, 6};
     Batch b(bad, kI64);
-    all(b, "samples.offsets[0] is -1; offsets must be >= 0");
+    all(b, "samples.offsets[0] = -1 is outside the 6 tokens");
   }
 }
 

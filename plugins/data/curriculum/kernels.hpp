@@ -5,7 +5,8 @@
 // Samples: sample i is tokens[offsets[i], offsets[i + 1]). The kernels check the data as they
 // read it (offsets within the tokens and non-decreasing, every token in [0, vocab_size)) and
 // return the first problem, the same one on every device: the lowest offset index that is
-// wrong, else the lowest token index that is. Scores written before a problem is found are
+// wrong (outside the tokens, then below its predecessor: the SDK's order for host offsets),
+// else the lowest token index that is. Scores written before a problem is found are
 // unspecified.
 //
 // Bit-identical scores on every thread count and device: a sample's score is a sequential sum
@@ -36,7 +37,7 @@ struct Problem {
     kNone = 0,
     kOffsetNegative = 1,    // offsets[index] (value) < 0
     kOffsetBeyond = 2,      // offsets[index] (value) > token_count
-    kOffsetDecreasing = 3,  // offsets[index] (value) < offsets[index - 1]
+    kOffsetDecreasing = 3,  // offsets[index] (value) < offsets[index - 1] (previous)
     kTokenNegative = 4,     // tokens[index] (value) < 0
     kTokenTooLarge = 5,     // tokens[index] (value) >= vocab_size
   };
@@ -44,6 +45,7 @@ struct Problem {
   int32_t reserved = 0;
   int64_t index = 0;
   int64_t value = 0;
+  int64_t previous = 0;
 };
 
 // The per-token values of vocabulary_rarity: -log(c(t) / C), c(t) = max(counts[t], 1) (a token

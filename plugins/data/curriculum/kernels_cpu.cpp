@@ -25,9 +25,11 @@ Problem check_offsets(const SampleData& s) {
   Problem p;
   const int64_t* off = s.offsets;
   for (int64_t i = 0; i <= s.samples; ++i) {
-    if (i == 0 && off[0] < 0) return {Problem::kOffsetNegative, 0, 0, off[0]};
-    if (i > 0 && off[i] < off[i - 1]) return {Problem::kOffsetDecreasing, 0, i, off[i]};
-    if (off[i] > s.token_count) return {Problem::kOffsetBeyond, 0, i, off[i]};
+    if (off[i] < 0) return {Problem::kOffsetNegative, 0, i, off[i], 0};
+    if (off[i] > s.token_count) return {Problem::kOffsetBeyond, 0, i, off[i], 0};
+    if (i > 0 && off[i] < off[i - 1]) {
+      return {Problem::kOffsetDecreasing, 0, i, off[i], off[i - 1]};
+    }
   }
   return p;
 }
@@ -63,7 +65,7 @@ Problem token_problem(const SampleData& s, const FirstBad& bad) {
   const int64_t i = bad.index.load();
   if (i == std::numeric_limits<int64_t>::max()) return {};
   const int64_t v = token_at(s, i);
-  return {v < 0 ? Problem::kTokenNegative : Problem::kTokenTooLarge, 0, i, v};
+  return {v < 0 ? Problem::kTokenNegative : Problem::kTokenTooLarge, 0, i, v, 0};
 }
 
 // fn(sample, token) over each sample's tokens in order; a bad token stops its sample.

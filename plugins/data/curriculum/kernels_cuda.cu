@@ -36,25 +36,23 @@ __global__ void check_kernel(const void* tokens, int type, int64_t token_count,
   p.reserved = 0;
   p.index = 0;
   p.value = 0;
+  p.previous = 0;
   const int64_t lo = offsets[i];
-  if (i == 0 && lo < 0) {
-    p.kind = Problem::kOffsetNegative;
-    p.index = 0;
-    p.value = lo;
-  } else if (i == 0 && lo > token_count) {
-    p.kind = Problem::kOffsetBeyond;
+  if (i == 0 && (lo < 0 || lo > token_count)) {
+    p.kind = lo < 0 ? Problem::kOffsetNegative : Problem::kOffsetBeyond;
     p.index = 0;
     p.value = lo;
   } else if (samples > 0) {
     const int64_t hi = offsets[i + 1];
-    if (hi < lo) {
+    if (hi < 0 || hi > token_count) {
+      p.kind = hi < 0 ? Problem::kOffsetNegative : Problem::kOffsetBeyond;
+      p.index = i + 1;
+      p.value = hi;
+    } else if (hi < lo) {
       p.kind = Problem::kOffsetDecreasing;
       p.index = i + 1;
       p.value = hi;
-    } else if (hi > token_count) {
-      p.kind = Problem::kOffsetBeyond;
-      p.index = i + 1;
-      p.value = hi;
+      p.previous = lo;
     } else if (lo >= 0 && lo <= token_count) {
       for (int64_t k = lo; k < hi; ++k) {
         const int64_t t = load_token(tokens, type, k);

@@ -143,13 +143,13 @@ void raise(const Problem& p, const Checked& c, void* stream) {
     case Problem::kNone:
       return;
     case Problem::kOffsetNegative:
-      fail_argument("samples.offsets[" + idx + "] is " + val + "; offsets must be >= 0");
     case Problem::kOffsetBeyond:
-      fail_argument("samples.offsets[" + idx + "] is " + val + ", beyond the " +
-                    std::to_string(c.data.token_count) + " elements of samples.tokens");
+      // The SDK's wording for host offsets, so both devices read the same.
+      fail_argument("samples.offsets[" + idx + "] = " + val + " is outside the " +
+                    std::to_string(c.data.token_count) + " tokens");
     case Problem::kOffsetDecreasing:
-      fail_argument("samples.offsets[" + idx + "] is " + val + ", below samples.offsets[" +
-                    std::to_string(p.index - 1) + "]; offsets must be non-decreasing");
+      fail_argument("samples.offsets[" + idx + "] = " + val + " is below offsets[" +
+                    std::to_string(p.index - 1) + "] = " + std::to_string(p.previous));
     case Problem::kTokenNegative:
     case Problem::kTokenTooLarge: {
       const int64_t sample = sample_of(c.data, p.index, c, stream);
