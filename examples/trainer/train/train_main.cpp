@@ -487,7 +487,9 @@ class Trainer {
   int run() {
     setup();
     for (int64_t step = st_.step + 1; step <= c_.steps && !tokens_done(); ++step) {
+      const auto step_start = clk::now();
       const StepResult r = train_step(step);
+      train_step_s_ += std::chrono::duration<double>(clk::now() - step_start).count();
       last_step_ = step;
       // The last step: `steps`, or the one that reaches train_tokens.
       const bool last = step == c_.steps || tokens_done();
@@ -844,7 +846,9 @@ class Trainer {
     auto& params = model_->parameters();
     StepResult r;
     if (cur_.sampler != nullptr) {
+      const auto sampler_start = clk::now();
       r.difficulty = cur_.next(step, c_.seed, rank_, world_, local_batch_);
+      sampler_s_ += std::chrono::duration<double>(clk::now() - sampler_start).count();
       fill_samples(ds_->train(), c_.seq_len,
                    std::span<const int64_t>(cur_.ids.data(), static_cast<size_t>(local_batch_)), x_,
                    y_);
@@ -1120,6 +1124,13 @@ class Trainer {
                                 {"uncompressed_bytes", st_.uncompressed_bytes},
                                 {"skipped_steps", st_.skipped_steps},
                                 {"elapsed_s", st_.elapsed_s}};
+      // The sampler's cost beside the steps it fed, timed in this process (rank 0; since
+      // the start or the resume): what the sampler adds to a step.
+      if (cur_.sampler != nullptr && train_step_s_ > 0) {
+        summary["sampler_s"] = sampler_s_;
+        summary["train_step_s"] = train_step_s_;
+        summary["sampler_share_of_step"] = sampler_s_ / train_step_s_;
+      }
       const std::string s = summary.dump(2) + "\n";
       write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());
       if (tty_) std::cout << "\n";
@@ -1197,6 +1208,8 @@ class Trainer {
 
   clk::time_point t_start_, t_log_;
   double elapsed_before_ = 0;
+  double sampler_s_ = 0;     // time in the sampler's next, this process
+  double train_step_s_ = 0;  // time in train_step (sampler included), this process
   int64_t log_from_step_ = 0;
   uint64_t log_tokens_ = 0;    // tokens_seen at the last log line
   uint64_t start_tokens_ = 0;  // tokens_seen when this process started training
