@@ -43,6 +43,12 @@ int main(int argc, char** argv) {
       ->required()
       ->type_name("FILE");
   app.add_option("--title", title, "Title above the plots");
+  double loss_max = 0;
+  app.add_option("--loss-max", loss_max,
+                 "Top of the loss axis (default: a little above the loss a tenth into the "
+                 "runs, so early losses do not flatten the rest; set it to show spikes)")
+      ->check(loom_cli::number_in(0.0, 1e9, false))
+      ->type_name("Y");
   if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
   // The format follows the file name; anything else is refused rather than written as PNG.
   const std::string ext = fs::path(out).extension().string();
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
     }
     ymax = std::min(ymax, ymax_all * 1.02);
     ymin *= 0.97;
+    if (loss_max > 0) ymax = std::max(loss_max, ymin * 1.01);
     const int panels = 2 + (has_difficulty ? 1 : 0) + (seq_len_varies ? 1 : 0);
     terminal.replace(terminal.find("WIDTH"), 5, std::to_string(700 * panels));
     std::ostringstream g;

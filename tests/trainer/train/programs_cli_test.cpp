@@ -207,6 +207,13 @@ TEST_F(Programs, PlotWritesTheFormatItsNameSaysOrRefuses) {
   r = run(LOOM_PLOT_EXE, "run -o x.png");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(slurp(dir_ / "x.png").substr(1, 3), "PNG");
+  // --loss-max sets the top of the loss axis (to show a spike the default range cuts off).
+  EXPECT_EQ(svg.find("> 100<"), std::string::npos);
+  r = run(LOOM_PLOT_EXE, "run --loss-max 100 -o top.svg");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(slurp(dir_ / "top.svg").find("> 100<"), std::string::npos);
+  expect_usage_error(run(LOOM_PLOT_EXE, "run --loss-max -1 -o y.svg"), "loom plot",
+                     "--loss-max: '-1' is not a number in [0, 1000000000)");
   expect_usage_error(run(LOOM_PLOT_EXE, "run -o x.pdf"), "loom plot",
                      "-o x.pdf: the file name must end in .png or .svg");
   EXPECT_FALSE(fs::exists(dir_ / "x.pdf"));
