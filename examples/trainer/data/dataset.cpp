@@ -1,4 +1,5 @@
 #include "dataset.hpp"
+#include <common/fnv1a.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,13 +19,7 @@
 namespace loom::trainer {
 
 uint64_t fnv1a64(const void* data, size_t bytes, uint64_t seed) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = seed;
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
+  return loom::common::fnv1a64(data, bytes, seed);
 }
 
 // ------------------------------------------------------------------ tokenizer

@@ -1,4 +1,5 @@
 #include "metric_index.hpp"
+#include <common/fnv1a.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -304,13 +305,7 @@ void write_temp(const std::string& tmp, const unsigned char* header, const void*
 }  // namespace
 
 uint64_t index_fnv1a64(const void* data, size_t bytes, uint64_t seed) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = seed;
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
+  return loom::common::fnv1a64(data, bytes, seed);
 }
 
 std::string index_file_path(const std::string& dir, const std::string& metric, IndexFile file) {
