@@ -1,9 +1,11 @@
 #include "analyzer.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -256,16 +258,43 @@ std::string hex64(uint64_t v) {
 
 void write_text_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw AnalyzeError(tmp + ": cannot create the summary file");
-    f << text;
-    f.flush();
-    if (!f) throw AnalyzeError(tmp + ": write failed (disk full?)");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw AnalyzeError(tmp + ": cannot create the summary file: " + std::strerror(errno));
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw AnalyzeError(path + ": cannot rename the summary into place: " + ec.message());
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw AnalyzeError(tmp + ": write failed: " + why);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw AnalyzeError(tmp + ": cannot flush the summary to disk: " + why);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw AnalyzeError(path + ": cannot rename the summary into place: " + why);
+  }
+  // The rename itself is durable once the folder is flushed.
+  const std::string dir = fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    const int rc = ::fsync(dfd);
+    const int err = errno;
+    ::close(dfd);
+    if (rc != 0) {
+      throw AnalyzeError(dir + ": cannot flush the folder to disk: " + std::strerror(err));
+    }
+  }
 }
 
 }  // namespace
@@ -389,7 +418,8 @@ void count_pass(std::vector<Metric>& metrics, std::span<const uint16_t> train, u
     }
   }
   if (counting.empty() || last <= first) return;
-  const uint64_t k = std::max<uint64_t>(1, o.chunk_samples);
+  // A chunk never holds more than the shard: the offsets buffer is sized by it.
+  const uint64_t k = std::min<uint64_t>(std::max<uint64_t>(1, o.chunk_samples), last - first);
   const uint64_t chunks = (last - first + k - 1) / k;
   const unsigned threads =
       static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(o.threads, chunks)));
@@ -443,7 +473,8 @@ std::vector<std::vector<double>> score_pass(const std::vector<Metric>& metrics,
   std::vector<std::vector<double>> out(metrics.size());
   for (auto& v : out) v.assign(last > first ? last - first : 0, 0.0);
   if (last <= first || metrics.empty()) return out;
-  const uint64_t k = std::max<uint64_t>(1, o.chunk_samples);
+  // A chunk never holds more than the shard: the offsets buffer is sized by it.
+  const uint64_t k = std::min<uint64_t>(std::max<uint64_t>(1, o.chunk_samples), last - first);
   const uint64_t chunks = (last - first + k - 1) / k;
   const unsigned threads =
       static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(o.threads, chunks)));

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "analyzer.hpp"
 #include "dataset.hpp"
 #include "free_port.hpp"
 #include "metric_index.hpp"
@@ -252,6 +253,64 @@ TEST_F(Analyze, ThreadsAndChunksChangeNothing) {
   ASSERT_EQ(r.code, 0) << r.out;
   expect_same_files("t1", "one", {"tfreq"});
   EXPECT_FALSE(fs::exists(dir_ / "one" / "tsum.sorted.idx"));
+}
+
+// A chunk size far above the shard is clamped to it: the passes hold one chunk's offsets
+// per thread, so 2^40 samples per chunk must not allocate 2^40 offsets (it threw bad_alloc).
+namespace {
+loom_status* sum_score(void*, const loom_curriculum_score_args* a) {
+  const auto* tok = static_cast<const uint16_t*>(a->samples.tokens->data);
+  const auto* off = static_cast<const int64_t*>(a->samples.offsets->data);
+  auto* out = static_cast<double*>(a->scores->data);
+  for (int64_t s = 0; s + 1 < a->samples.offsets->shape[0]; ++s) {
+    double v = 0;
+    for (int64_t i = off[s]; i < off[s + 1]; ++i) v += tok[i];
+    out[s] = v;
+  }
+  return nullptr;
+}
+loom_status* one_count(void*, const loom_curriculum_count_args* a) {
+  auto* stats = static_cast<int64_t*>(a->stats->data);
+  stats[0] += a->samples.offsets->shape[0] - 1;  // samples seen
+  return nullptr;
+}
+}  // namespace
+
+TEST_F(Analyze, HugeChunkIsClampedToTheShard) {
+  namespace an = loom::trainer::analyze;
+  loom_curriculum_v1 table{};
+  table.struct_size = LOOM_CURRICULUM_V1_SIZE;
+  table.score = sum_score;
+  table.count = one_count;
+  an::Metric m;
+  m.name = "fake";
+  m.plugin = "fake";
+  m.table = &table;
+  m.stats_count = 1;
+  std::vector<an::Metric> metrics{m};
+  an::PassOptions o;
+  o.threads = 4;
+  o.chunk_samples = uint64_t{1} << 40;
+  const uint64_t n = (kTrain - 1) / kL;
+  an::count_pass(metrics, train_, kL, 10, n, o);
+  EXPECT_EQ(metrics[0].stats[0], static_cast<int64_t>(n - 10));
+  const auto scores = an::score_pass(metrics, train_, kL, 10, n, o);
+  ASSERT_EQ(scores.size(), 1u);
+  ASSERT_EQ(scores[0].size(), n - 10);
+  for (uint64_t s = 10; s < n; ++s) {
+    double v = 0;
+    for (uint64_t i = s * kL; i < (s + 1) * kL; ++i) v += train_[i];
+    ASSERT_EQ(scores[0][s - 10], v) << s;
+  }
+  // The command line's bound: 2^24 samples per chunk works, above it is a usage error.
+  ASSERT_EQ(analyze("toy.toml", "c0").code, 0);
+  const Result big = analyze("toy.toml", "cbig", "--chunk-samples 16777216");
+  ASSERT_EQ(big.code, 0) << big.out;
+  expect_same_files("c0", "cbig", {"tsum", "tfreq"});
+  const Result over = analyze("toy.toml", "cover", "--chunk-samples 16777217");
+  EXPECT_EQ(over.code, 2) << over.out;
+  EXPECT_NE(over.out.find("--chunk-samples"), std::string::npos) << over.out;
+  EXPECT_TRUE(fs::is_empty(dir_ / "cover"));
 }
 
 TEST_F(Analyze, TwoRanksMatchOne) {
