@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "dataset.hpp"
@@ -521,32 +522,9 @@ int run(const Options& o) {
     throw AnalyzeError("--seq-len " + std::to_string(o.seq_len) + ": must be 1 to 2^30");
   }
   const uint64_t L = static_cast<uint64_t>(o.seq_len);
-  {
-    std::error_code ec;
-    if (!fs::exists(o.output, ec)) {
-      throw AnalyzeError("--output " + o.output +
-                         ": the folder does not exist (create it first: "
-                         "mkdir -p " +
-                         o.output + ")");
-    }
-    if (!fs::is_directory(o.output, ec)) {
-      throw AnalyzeError("--output " + o.output + ": is not a folder");
-    }
-  }
   if (!fs::exists(o.manifest)) {
     throw AnalyzeError(o.manifest + ": the manifest does not exist");
   }
-  Dataset ds(o.dataset);
-  const uint64_t T = ds.header().train_tokens;
-  const uint64_t N = sample_count(T, L);
-  if (N == 0) {
-    throw AnalyzeError(o.dataset + ": --seq-len " + std::to_string(L) +
-                       " is too large for the dataset: its " + std::to_string(T) +
-                       " train tokens hold no sample of " + std::to_string(L + 1) +
-                       " tokens (L inputs and a label)" +
-                       (T >= 2 ? "; the largest --seq-len is " + std::to_string(T - 1) : ""));
-  }
-  const uint64_t checksum = read_dataset_checksum(o.dataset);
 
   // ---- the manifest: metrics and the comm that joins the ranks
   loom_open_options opts{};
@@ -586,6 +564,36 @@ int run(const Options& o) {
                        "add [comm.world] with plugin = \"ucx\", or name one with --comm");
   }
   const bool root = comm.rank == 0;
+  // ---- the inputs each rank reads, checked once the comm is up, so that a rank that fails
+  // stops the others at once (instead of leaving them in the comm's bootstrap): every rank
+  // reads the dataset; only rank 0 writes, so only its --output must exist.
+  std::optional<Dataset> dataset;
+  uint64_t N = 0, checksum = 0;
+  agreed(comm, [&] {
+    if (root) {
+      std::error_code ec;
+      if (!fs::exists(o.output, ec)) {
+        throw AnalyzeError("--output " + o.output +
+                           ": the folder does not exist (create it first: mkdir -p " + o.output +
+                           ")");
+      }
+      if (!fs::is_directory(o.output, ec)) {
+        throw AnalyzeError("--output " + o.output + ": is not a folder");
+      }
+    }
+    dataset.emplace(o.dataset);
+    const uint64_t T = dataset->header().train_tokens;
+    N = sample_count(T, L);
+    if (N == 0) {
+      throw AnalyzeError(o.dataset + ": --seq-len " + std::to_string(L) +
+                         " is too large for the dataset: its " + std::to_string(T) +
+                         " train tokens hold no sample of " + std::to_string(L + 1) +
+                         " tokens (L inputs and a label)" +
+                         (T >= 2 ? "; the largest --seq-len is " + std::to_string(T - 1) : ""));
+    }
+    checksum = read_dataset_checksum(o.dataset);
+  });
+  const Dataset& ds = *dataset;
   std::vector<Metric> metrics;
   agreed(comm, [&] { metrics = find_metrics(raw, o.manifest, o.metrics, ds.vocab_size()); });
 

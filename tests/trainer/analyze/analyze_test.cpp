@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -350,6 +351,62 @@ TEST_F(Analyze, TorchrunVariablesMatchOne) {
          "done; exit $rc)");
   ASSERT_EQ(r.code, 0) << r.out;
   expect_same_files("e1", "e2", {"tsum", "tfreq"});
+}
+
+// Only rank 0 writes, so only its --output must exist; a rank that fails a check (here rank
+// 1, whose dataset is missing) stops both at once with exit status 2, not after the comm's
+// bootstrap timeout (30 s here).
+TEST_F(Analyze, OneRankFailingStopsBothPromptly) {
+  if (!LOOM_HAVE_UCX) GTEST_SKIP() << "the ucx plugin is not built";
+  // Two ranks started with torchrun's variables, each with its own command-line tail (as
+  // when the ranks run on machines of their own); out: both logs, then "codes RC0 RC1".
+  auto two_ranks = [&](const std::string& manifest, const std::string& rank0,
+                       const std::string& rank1, double* seconds) {
+    const int port = loom_test_common::free_port();
+    const std::string cmd = std::string(LOOM_DATA_EXE) + " analyze " + manifest +
+                            " --seq-len 16 --threads 1 --plugin-path " + LOOM_TEST_PLUGIN_DIR;
+    std::string script = "pids=; ";
+    for (int r = 0; r < 2; ++r) {
+      script += "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
+                " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                std::to_string(port) + " " + cmd + " " + (r == 0 ? rank0 : rank1) + " > " +
+                (dir_ / ("rank" + std::to_string(r) + ".log")).string() +
+                " 2>&1 & pids=\"$pids $!\"; ";
+    }
+    script += "set -- $pids; wait $1; a=$?; wait $2; b=$?; cat " + (dir_ / "rank0.log").string() +
+              " " + (dir_ / "rank1.log").string() + "; echo \"codes $a $b\"";
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = sh("(" + script + ")");
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  };
+  const std::string man = (dir_ / "toy_mpi.toml").string();
+  const std::string data = " --dataset " + (dir_ / "data.bin").string();
+  ASSERT_EQ(analyze("toy_mpi.toml", "p1").code, 0);
+  fs::create_directories(dir_ / "p2");
+  double s = 0;
+  Result r = two_ranks(man, data + " --output " + (dir_ / "p2").string(),
+                       data + " --output " + (dir_ / "not-on-rank-1").string(), &s);
+  EXPECT_NE(r.out.find("codes 0 0"), std::string::npos) << r.out;
+  expect_same_files("p1", "p2", {"tsum", "tfreq"});
+  EXPECT_FALSE(fs::exists(dir_ / "not-on-rank-1"));
+  // Rank 1 lacks the dataset.
+  fs::create_directories(dir_ / "p3");
+  r = two_ranks(
+      man, data + " --output " + (dir_ / "p3").string(),
+      " --dataset " + (dir_ / "missing.bin").string() + " --output " + (dir_ / "p3").string(), &s);
+  EXPECT_NE(r.out.find("codes 2 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("missing.bin"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 failed"), std::string::npos) << r.out;
+  EXPECT_LT(s, 20.0) << r.out;
+  EXPECT_TRUE(fs::is_empty(dir_ / "p3"));
+  // Rank 0's --output is missing: rank 0 says so, both stop.
+  r = two_ranks(man, data + " --output " + (dir_ / "nope0").string(),
+                data + " --output " + (dir_ / "p3").string(), &s);
+  EXPECT_NE(r.out.find("codes 2 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nope0: the folder does not exist"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0 failed"), std::string::npos) << r.out;
+  EXPECT_LT(s, 20.0) << r.out;
 }
 
 // loom bench data runs the same passes and reports them against the read bandwidth.
