@@ -263,6 +263,49 @@ TEST_F(CurriculumRun, WarnsOfAShortScheduleAndOfTrainTokensWithLrBySteps) {
   EXPECT_EQ(good.out.find("warning"), std::string::npos) << good.out;
 }
 
+// The shipped example configs check out against the code as it is: examples/train_slw.toml
+// and examples/data_efficiency/*.toml, copied verbatim into a layout where their relative
+// paths resolve (build/data/fortunes.bin is this suite's dataset), the curriculum ones from
+// that folder after analyze.toml's index is written into build/data/fortunes-index (the
+// samplers' index path is relative to the working folder). No warnings either.
+TEST_F(CurriculumRun, ShippedExampleConfigsCheckOut) {
+  const fs::path src = LOOM_SOURCE_DIR;
+  const fs::path root = dir_ / "examples-layout";
+  fs::create_directories(root / "examples/data_efficiency");
+  fs::create_directories(root / "build/data/fortunes-index");
+  fs::copy_file(dir_ / "data.bin", root / "build/data/fortunes.bin",
+                fs::copy_options::overwrite_existing);
+  for (const char* f : {"train_slw.toml", "slw.toml"}) {
+    fs::copy_file(src / "examples" / f, root / "examples" / f,
+                  fs::copy_options::overwrite_existing);
+  }
+  std::vector<std::string> configs{"examples/train_slw.toml"};
+  for (const auto& e : fs::directory_iterator(src / "examples/data_efficiency")) {
+    if (e.path().extension() != ".toml") continue;
+    fs::copy_file(e.path(), root / "examples/data_efficiency" / e.path().filename(),
+                  fs::copy_options::overwrite_existing);
+    const std::string name = e.path().filename().string();
+    if (name.rfind("stability_", 0) == 0 || name.rfind("curriculum_", 0) == 0) {
+      configs.push_back("examples/data_efficiency/" + name);
+    }
+  }
+  ASSERT_EQ(configs.size(), 7u) << "train_slw, stability_{baseline,slw}, curriculum_{baseline,"
+                                   "slw,voc,voc_slw}";
+  const std::string in_root = "cd " + root.string() + " && ";
+  const auto a = sh(in_root + LOOM_DATA_EXE +
+                    " analyze examples/data_efficiency/analyze.toml --dataset "
+                    "build/data/fortunes.bin --seq-len 128 --output build/data/fortunes-index "
+                    "--threads 1");
+  ASSERT_EQ(a.code, 0) << a.out;
+  for (const auto& cfg : configs) {
+    SCOPED_TRACE(cfg);
+    const auto r = sh(in_root + LOOM_TRAIN_EXE + " --check " + cfg);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(cfg + ": ok (trainer config"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
+  }
+}
+
 // The bundled pieces end to end: `loom data analyze` scores the dataset's samples of 32
 // tokens with vocabulary_rarity, and curriculum_sampler (percentile, fixed_linear 20 -> 100
 // over 10 steps) draws the batches. The recorded difficulty is the schedule's; a run
