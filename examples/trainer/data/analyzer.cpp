@@ -37,7 +37,8 @@ const char* const kHelpFooter =
     "The dataset is read in place (mapped), a chunk at a time.\n"
     "Writes DIR/METRIC.{sample_to_metric,sorted,percentiles}.idx and DIR/METRIC.summary.json.\n"
     "Under mpirun (or torchrun's variables) each rank scores a shard; the manifest's comm\n"
-    "instance (--comm, default \"world\") gathers the scores on rank 0, which writes.";
+    "instance (--comm, default \"world\") gathers the scores on rank 0, which writes (only\n"
+    "rank 0 needs DIR; every rank needs the manifest and the dataset).";
 
 namespace {
 
