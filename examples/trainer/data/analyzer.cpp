@@ -1,9 +1,11 @@
 #include "analyzer.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -16,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "dataset.hpp"
@@ -34,7 +37,8 @@ const char* const kHelpFooter =
     "The dataset is read in place (mapped), a chunk at a time.\n"
     "Writes DIR/METRIC.{sample_to_metric,sorted,percentiles}.idx and DIR/METRIC.summary.json.\n"
     "Under mpirun (or torchrun's variables) each rank scores a shard; the manifest's comm\n"
-    "instance (--comm, default \"world\") gathers the scores on rank 0, which writes.";
+    "instance (--comm, default \"world\") gathers the scores on rank 0, which writes (only\n"
+    "rank 0 needs DIR; every rank needs the manifest and the dataset).";
 
 namespace {
 
@@ -256,16 +260,43 @@ std::string hex64(uint64_t v) {
 
 void write_text_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw AnalyzeError(tmp + ": cannot create the summary file");
-    f << text;
-    f.flush();
-    if (!f) throw AnalyzeError(tmp + ": write failed (disk full?)");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw AnalyzeError(tmp + ": cannot create the summary file: " + std::strerror(errno));
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw AnalyzeError(path + ": cannot rename the summary into place: " + ec.message());
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw AnalyzeError(tmp + ": write failed: " + why);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw AnalyzeError(tmp + ": cannot flush the summary to disk: " + why);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw AnalyzeError(path + ": cannot rename the summary into place: " + why);
+  }
+  // The rename itself is durable once the folder is flushed.
+  const std::string dir = fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    const int rc = ::fsync(dfd);
+    const int err = errno;
+    ::close(dfd);
+    if (rc != 0) {
+      throw AnalyzeError(dir + ": cannot flush the folder to disk: " + std::strerror(err));
+    }
+  }
 }
 
 }  // namespace
@@ -389,7 +420,8 @@ void count_pass(std::vector<Metric>& metrics, std::span<const uint16_t> train, u
     }
   }
   if (counting.empty() || last <= first) return;
-  const uint64_t k = std::max<uint64_t>(1, o.chunk_samples);
+  // A chunk never holds more than the shard: the offsets buffer is sized by it.
+  const uint64_t k = std::min<uint64_t>(std::max<uint64_t>(1, o.chunk_samples), last - first);
   const uint64_t chunks = (last - first + k - 1) / k;
   const unsigned threads =
       static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(o.threads, chunks)));
@@ -443,7 +475,8 @@ std::vector<std::vector<double>> score_pass(const std::vector<Metric>& metrics,
   std::vector<std::vector<double>> out(metrics.size());
   for (auto& v : out) v.assign(last > first ? last - first : 0, 0.0);
   if (last <= first || metrics.empty()) return out;
-  const uint64_t k = std::max<uint64_t>(1, o.chunk_samples);
+  // A chunk never holds more than the shard: the offsets buffer is sized by it.
+  const uint64_t k = std::min<uint64_t>(std::max<uint64_t>(1, o.chunk_samples), last - first);
   const uint64_t chunks = (last - first + k - 1) / k;
   const unsigned threads =
       static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(o.threads, chunks)));
@@ -490,32 +523,9 @@ int run(const Options& o) {
     throw AnalyzeError("--seq-len " + std::to_string(o.seq_len) + ": must be 1 to 2^30");
   }
   const uint64_t L = static_cast<uint64_t>(o.seq_len);
-  {
-    std::error_code ec;
-    if (!fs::exists(o.output, ec)) {
-      throw AnalyzeError("--output " + o.output +
-                         ": the folder does not exist (create it first: "
-                         "mkdir -p " +
-                         o.output + ")");
-    }
-    if (!fs::is_directory(o.output, ec)) {
-      throw AnalyzeError("--output " + o.output + ": is not a folder");
-    }
-  }
   if (!fs::exists(o.manifest)) {
     throw AnalyzeError(o.manifest + ": the manifest does not exist");
   }
-  Dataset ds(o.dataset);
-  const uint64_t T = ds.header().train_tokens;
-  const uint64_t N = sample_count(T, L);
-  if (N == 0) {
-    throw AnalyzeError(o.dataset + ": --seq-len " + std::to_string(L) +
-                       " is too large for the dataset: its " + std::to_string(T) +
-                       " train tokens hold no sample of " + std::to_string(L + 1) +
-                       " tokens (L inputs and a label)" +
-                       (T >= 2 ? "; the largest --seq-len is " + std::to_string(T - 1) : ""));
-  }
-  const uint64_t checksum = read_dataset_checksum(o.dataset);
 
   // ---- the manifest: metrics and the comm that joins the ranks
   loom_open_options opts{};
@@ -555,6 +565,36 @@ int run(const Options& o) {
                        "add [comm.world] with plugin = \"ucx\", or name one with --comm");
   }
   const bool root = comm.rank == 0;
+  // ---- the inputs each rank reads, checked once the comm is up, so that a rank that fails
+  // stops the others at once (instead of leaving them in the comm's bootstrap): every rank
+  // reads the dataset; only rank 0 writes, so only its --output must exist.
+  std::optional<Dataset> dataset;
+  uint64_t N = 0, checksum = 0;
+  agreed(comm, [&] {
+    if (root) {
+      std::error_code ec;
+      if (!fs::exists(o.output, ec)) {
+        throw AnalyzeError("--output " + o.output +
+                           ": the folder does not exist (create it first: mkdir -p " + o.output +
+                           ")");
+      }
+      if (!fs::is_directory(o.output, ec)) {
+        throw AnalyzeError("--output " + o.output + ": is not a folder");
+      }
+    }
+    dataset.emplace(o.dataset);
+    const uint64_t T = dataset->header().train_tokens;
+    N = sample_count(T, L);
+    if (N == 0) {
+      throw AnalyzeError(o.dataset + ": --seq-len " + std::to_string(L) +
+                         " is too large for the dataset: its " + std::to_string(T) +
+                         " train tokens hold no sample of " + std::to_string(L + 1) +
+                         " tokens (L inputs and a label)" +
+                         (T >= 2 ? "; the largest --seq-len is " + std::to_string(T - 1) : ""));
+    }
+    checksum = read_dataset_checksum(o.dataset);
+  });
+  const Dataset& ds = *dataset;
   std::vector<Metric> metrics;
   agreed(comm, [&] { metrics = find_metrics(raw, o.manifest, o.metrics, ds.vocab_size()); });
 

@@ -362,7 +362,8 @@ Dataset::Dataset(const std::string& path) : path_(path) {
                       " trailing bytes after the payload the header describes");
     }
     tokens_ = reinterpret_cast<const uint16_t*>(h + kDatasetHeaderBytes);
-    if (fnv1a64(tokens_, 2 * n) != get<uint64_t>(h, 40)) {
+    header_.payload_checksum = get<uint64_t>(h, 40);
+    if (fnv1a64(tokens_, 2 * n) != header_.payload_checksum) {
       throw DataError(path + ": corrupted dataset: payload checksum mismatch");
     }
     for (uint64_t i = 0; i < n; ++i) {

@@ -78,6 +78,7 @@ struct DatasetHeader {
   uint32_t vocab_size = 256;
   uint64_t train_tokens = 0;
   uint64_t heldout_tokens = 0;
+  uint64_t payload_checksum = 0;  // offset 40: what index files record as the dataset's
 };
 
 inline constexpr size_t kDatasetHeaderBytes = 64;

@@ -9,7 +9,9 @@
 #include <loom_cli_support.hpp>
 #include <numbers>
 #include <sstream>
+
 #include <vector>
+#include "metric_index.hpp"
 
 namespace loom::trainer {
 
@@ -227,6 +229,7 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   t.integer("threads", c.threads, 0, 1024);
   t.boolean("mask_unused_positions", c.mask_unused_positions);
   t.finish();
+  c.train_tokens_at = t.at("train_tokens");
   const std::vector<std::string> decays{"cosine", "linear", "constant"};
   if (std::find(decays.begin(), decays.end(), c.decay) == decays.end()) {
     errors.add(t.at("decay") + ": [train] decay: '" + c.decay +
@@ -237,6 +240,20 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   if (std::find(units.begin(), units.end(), c.lr_unit) == units.end()) {
     errors.add(t.at("lr_unit") + ": [train] lr_unit: '" + c.lr_unit +
                "' is not one of steps, tokens" + loom_text::did_you_mean(c.lr_unit, units));
+  }
+  // The decay's end in tokens when train_tokens does not give it: steps x batch_size x
+  // seq_len must fit the range train_tokens has.
+  if (c.lr_unit == "tokens" && c.train_tokens == 0) {
+    uint64_t p = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(c.steps), static_cast<uint64_t>(c.batch_size),
+                               &p) ||
+        __builtin_mul_overflow(p, static_cast<uint64_t>(c.seq_len), &p) ||
+        p > (uint64_t{1} << 62)) {
+      errors.add(t.at("steps") + ": [train] steps " + std::to_string(c.steps) + " x batch_size " +
+                 std::to_string(c.batch_size) + " x seq_len " + std::to_string(c.seq_len) +
+                 " tokens exceed 2^62, too many for lr_unit = \"tokens\" to decay over (set "
+                 "train_tokens, or fewer steps)");
+    }
   }
   if (!c.seqlen.empty() && c.seq_len < 8) {
     errors.add(t.at("seq_len") + ": [train] seq_len " + std::to_string(c.seq_len) +
@@ -291,6 +308,19 @@ TrainConfig load_config(const std::string& path) {
   return c;
 }
 
+std::vector<std::string> config_warnings(const TrainConfig& c) {
+  std::vector<std::string> out;
+  if (c.train_tokens > 0 && c.lr_unit == "steps") {
+    out.push_back(c.train_tokens_at +
+                  ": [train] train_tokens: warning: " + std::to_string(c.train_tokens) +
+                  " tokens end the run, but with lr_unit = \"steps\" the decay runs over steps " +
+                  std::to_string(c.steps) +
+                  ", an upper bound: a run that ends by tokens stops before the learning rate "
+                  "reaches min_lr (set lr_unit = \"tokens\" to decay by the tokens)");
+  }
+  return out;
+}
+
 std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   std::vector<std::string> out;
   toml::parse_result r = toml::parse_file(c.manifest);
@@ -319,6 +349,57 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   if (!c.sampler.empty()) need("sampler", c.sampler, c.sampler_at + ": [curriculum] sampler");
   if (!c.seqlen.empty()) need("curriculum", c.seqlen, c.seqlen_at + ": [curriculum] seqlen");
   return out;
+}
+
+std::optional<SamplerIndexRef> sampler_index_ref(const TrainConfig& c) {
+  if (c.sampler.empty()) return std::nullopt;
+  toml::parse_result r = toml::parse_file(c.manifest);
+  if (!r) return std::nullopt;
+  const toml::table* t = r.table()["sampler"][c.sampler].as_table();
+  if (t == nullptr) return std::nullopt;
+  if (t->get_as<std::string>("plugin") == nullptr ||
+      t->get_as<std::string>("plugin")->get() != "curriculum_sampler") {
+    return std::nullopt;
+  }
+  const auto* clustering = t->get_as<std::string>("clustering_type");
+  if (clustering != nullptr && clustering->get() == "single_cluster") return std::nullopt;
+  const auto* index = t->get_as<std::string>("index");
+  const auto* metric = t->get_as<std::string>("metric");
+  if (index == nullptr || metric == nullptr) return std::nullopt;  // the plugin reports it
+  return SamplerIndexRef{index->get(), metric->get()};
+}
+
+std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksum) {
+  const auto ref = sampler_index_ref(c);
+  if (!ref) return {};
+  std::string problem;
+  try {
+    const loom::data::MetricIndex idx = loom::data::MetricIndex::open(ref->index, ref->metric);
+    const loom::data::IndexInfo& info = idx.info();
+    char want[24], have[24];
+    std::snprintf(want, sizeof(want), "%016llx",
+                  static_cast<unsigned long long>(info.dataset_checksum));
+    std::snprintf(have, sizeof(have), "%016llx", static_cast<unsigned long long>(dataset_checksum));
+    if (info.dataset_checksum != dataset_checksum) {
+      problem = "the index " + ref->index + " (metric " + ref->metric +
+                ") was written for another dataset: its dataset checksum is " + want + ", " +
+                c.dataset + "'s is " + have;
+    }
+    if (info.sample_tokens != static_cast<uint32_t>(c.seq_len)) {
+      problem += std::string(problem.empty() ? "the index " + ref->index + " (metric " +
+                                                   ref->metric + ") was written for"
+                                             : ", and for") +
+                 " samples of " + std::to_string(info.sample_tokens) +
+                 " tokens, not [train] seq_len " + std::to_string(c.seq_len);
+    }
+    if (!problem.empty()) {
+      problem += " (run loom data analyze on " + c.dataset + " with --seq-len " +
+                 std::to_string(c.seq_len) + ")";
+    }
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  return problem;
 }
 
 double lr_at(const TrainConfig& c, int64_t step) {
@@ -374,8 +455,14 @@ std::string curriculum_manifest(const TrainConfig& c) {
 
 uint64_t decay_tokens(const TrainConfig& c) {
   if (c.train_tokens > 0) return static_cast<uint64_t>(c.train_tokens);
-  return static_cast<uint64_t>(c.steps) * static_cast<uint64_t>(c.batch_size) *
-         static_cast<uint64_t>(c.seq_len);
+  // Saturating (read_config refuses a product above 2^62 when it is used).
+  uint64_t p = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(std::max<int64_t>(0, c.steps)),
+                             static_cast<uint64_t>(std::max(0, c.batch_size)), &p) ||
+      __builtin_mul_overflow(p, static_cast<uint64_t>(std::max(0, c.seq_len)), &p)) {
+    return UINT64_MAX;
+  }
+  return p;
 }
 
 double lr_at_tokens(const TrainConfig& c, int64_t step, uint64_t tokens, uint64_t warmup_tokens) {

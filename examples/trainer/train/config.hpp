@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@ struct TrainConfig {
   // "steps": the decay follows the step; "tokens": it follows the tokens consumed (warmup
   // stays in steps). See lr_at_tokens.
   std::string lr_unit = "steps";
+  std::string train_tokens_at;        // FILE:LINE:COL of train_tokens, for the warning below
   std::string decay = "cosine";       // "cosine" | "linear" | "constant"
   double clip_grad_norm = 1.0;        // 0: off
   int64_t eval_interval = 100;        // 0: only at the end
@@ -74,10 +76,29 @@ TrainConfig load_config(const std::string& path);
 // read; only a file it cannot open or parse throws.
 TrainConfig read_config(const std::string& path, std::vector<std::string>& problems);
 
+// Settings that are valid but likely not what was meant, one line each (FILE:LINE:COL:
+// [section] key: warning: ...): train_tokens with lr_unit = "steps" (the decay runs over
+// `steps`, an upper bound, so a run ended by tokens stops before the rate reaches min_lr).
+std::vector<std::string> config_warnings(const TrainConfig& c);
+
 // The problems of the names the config gives its manifest's instances ([optimizer.NAME],
 // [comm.NAME]), one message each; empty when both are there (or the manifest is unreadable:
 // libloom reports that).
 std::vector<std::string> manifest_name_problems(const TrainConfig& c);
+
+// The index a [sampler.NAME] of plugin curriculum_sampler reads (any clustering_type but
+// "single_cluster"): its `index` folder and `metric`, from the manifest. nullopt for another
+// plugin, for single_cluster, or when the manifest does not parse.
+struct SamplerIndexRef {
+  std::string index;  // as written (relative: to the working folder, as the sampler opens it)
+  std::string metric;
+};
+std::optional<SamplerIndexRef> sampler_index_ref(const TrainConfig& c);
+
+// "" when the index the config's sampler reads was written for this dataset (its payload
+// checksum, `dataset_checksum`) and for sample length seq_len; else the problem, naming the
+// index folder and both values (the caller prefixes the config key). No index: "".
+std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksum);
 
 // The manifest's [loom], [curriculum.*] and [sampler.*] tables alone, as TOML text: what
 // `loom check` opens to create and plan the curriculum's instances without the manifest's

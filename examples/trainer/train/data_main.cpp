@@ -124,8 +124,9 @@ int main(int argc, char** argv) {
       ->type_name("N")
       ->default_str("");
   ana->add_option("--chunk-samples", chunk,
-                  "Samples per chunk a thread scores at once (default: about 1 Mi tokens)")
-      ->check(loom_cli::integer_in(1, int64_t{1} << 40))
+                  "Samples per chunk a thread scores at once, at most 2^24 (default: about 1 "
+                  "Mi tokens)")
+      ->check(loom_cli::integer_in(1, int64_t{1} << 24))
       ->type_name("K")
       ->default_str("");
   ana->add_option("--plugin-path", aopt.plugin_path, "Extra plugin folders, ':'-separated")

@@ -179,10 +179,41 @@ struct Curriculum {
   // Finds the instances, checks their kind and role, and plans them: the sampler for
   // `samples` sample ids (the dataset's fixed windows of seq_len + 1), batch_size per step
   // over `world` ranks. Appends each problem to `problems`.
-  void open(loom_session* session, const TrainConfig& c, uint64_t samples, int world,
-            std::vector<std::string>& problems) {
+  // A curriculum_sampler's index must have been written for this dataset (its payload
+  // checksum, `dataset_checksum`) and this seq_len.
+  void open(loom_session* session, const TrainConfig& c, uint64_t samples,
+            uint64_t dataset_checksum, int world, std::vector<std::string>& problems) {
     if (!c.seqlen.empty()) open_seqlen(session, c, problems);
-    if (!c.sampler.empty()) open_sampler(session, c, samples, world, problems);
+    if (!c.sampler.empty()) open_sampler(session, c, samples, dataset_checksum, world, problems);
+  }
+
+  // The warnings of the schedule: one whose length at a very late step (2^40, the largest
+  // `steps`) is below seq_len never trains at the full length. The schedule's state is put
+  // back after the probe (`at` need not be pure). Empty when it reaches seq_len.
+  std::vector<std::string> warnings(const TrainConfig& c) {
+    std::vector<std::string> out;
+    if (seqlen == nullptr) return out;
+    size_t n = 0;
+    if (loom_instance_export_state(seqlen, nullptr, 0, &n) != LOOM_OK) return out;
+    std::vector<uint8_t> state(n);
+    if (loom_instance_export_state(seqlen, state.data(), state.size(), &n) != LOOM_OK) return out;
+    state.resize(n);
+    loom_curriculum_at_args a{};
+    a.struct_size = LOOM_CURRICULUM_AT_ARGS_SIZE;
+    a.step = int64_t{1} << 40;
+    const std::string e = failure(seqlen, seqlen_vt->at(seqlen_obj, &a));
+    if (loom_instance_import_state(seqlen, state.data(), state.size()) != LOOM_OK) {
+      throw TrainError(seqlen_who +
+                       ": the schedule refused its own state back: " + loom_last_error());
+    }
+    if (e.empty() && a.seq_len >= 1 && a.seq_len < c.seq_len) {
+      out.push_back(seqlen_who + ": warning: the schedule's longest length is " +
+                    std::to_string(a.seq_len) + " (at step 2^40), below [train] seq_len " +
+                    std::to_string(c.seq_len) +
+                    ": the run never trains at the full length (raise its max_difficulty to " +
+                    std::to_string(c.seq_len) + ")");
+    }
+    return out;
   }
 
   void open_seqlen(loom_session* session, const TrainConfig& c,
@@ -235,8 +266,8 @@ struct Curriculum {
     cut = plan.seq_len_mode == LOOM_SEQ_LEN_RESHAPE ? SeqLenCut::kReshape : SeqLenCut::kTruncate;
   }
 
-  void open_sampler(loom_session* session, const TrainConfig& c, uint64_t samples, int world,
-                    std::vector<std::string>& problems) {
+  void open_sampler(loom_session* session, const TrainConfig& c, uint64_t samples,
+                    uint64_t dataset_checksum, int world, std::vector<std::string>& problems) {
     sampler_who = c.sampler_at + ": [curriculum] sampler '" + c.sampler + "'";
     loom_instance* inst = nullptr;
     if (loom_find_instance(session, "sampler", c.sampler.c_str(), &inst) != LOOM_OK) {
@@ -254,6 +285,11 @@ struct Curriculum {
     if (vt->plan == nullptr || vt->next == nullptr) {
       problems.push_back(sampler_who + ": plugin '" + loom_instance_plugin(inst) +
                          "' lacks plan or next");
+      return;
+    }
+    // The index's dataset and sample length, before the plan (which compares only N).
+    if (const std::string e = sampler_index_problem(c, dataset_checksum); !e.empty()) {
+      problems.push_back(sampler_who + ": " + e);
       return;
     }
     loom_sampler_plan_args plan{};
@@ -614,8 +650,14 @@ class Trainer {
   void open_curriculum() {
     samples_ = sample_count(ds_->train().size(), c_.seq_len);
     std::vector<std::string> problems;
-    cur_.open(session_.get(), c_, samples_, world_, problems);
+    cur_.open(session_.get(), c_, samples_, ds_->header().payload_checksum, world_, problems);
     if (!problems.empty()) throw ConfigError(problems);
+    // Valid but likely unintended settings: one line each on stderr, rank 0.
+    std::vector<std::string> warnings = config_warnings(c_);
+    for (auto& w : cur_.warnings(c_)) warnings.push_back(std::move(w));
+    if (root_) {
+      for (const auto& w : warnings) std::cerr << "loom train: " << w << "\n";
+    }
   }
 
   // Optimizer groups: matrices decay (the manifest's weight_decay), vectors do not.
@@ -1289,11 +1331,18 @@ int check(const Args& args) {
       std::vector<std::string> cp;
       Curriculum cur;
       cc.model = c.model;  // the vocabulary size the dataset gave
-      cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len), 1, cp);
+      cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len), ds->header().payload_checksum,
+               1, cp);
       for (const auto& line : cp) std::cerr << line << "\n";
       ok = ok && cp.empty();
+      if (cp.empty()) {
+        for (const auto& w : cur.warnings(cc)) std::cerr << w << "\n";
+      }
       loom_close(cs);
     }
+  }
+  if (problems.empty()) {
+    for (const auto& w : config_warnings(c)) std::cerr << w << "\n";
   }
   if (!ok) return 2;
   std::cout << args.config << ": ok (trainer config; manifest " << c.manifest << ", dataset "

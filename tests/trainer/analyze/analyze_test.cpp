@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "analyzer.hpp"
 #include "dataset.hpp"
 #include "free_port.hpp"
 #include "metric_index.hpp"
@@ -254,6 +256,64 @@ TEST_F(Analyze, ThreadsAndChunksChangeNothing) {
   EXPECT_FALSE(fs::exists(dir_ / "one" / "tsum.sorted.idx"));
 }
 
+// A chunk size far above the shard is clamped to it: the passes hold one chunk's offsets
+// per thread, so 2^40 samples per chunk must not allocate 2^40 offsets (it threw bad_alloc).
+namespace {
+loom_status* sum_score(void*, const loom_curriculum_score_args* a) {
+  const auto* tok = static_cast<const uint16_t*>(a->samples.tokens->data);
+  const auto* off = static_cast<const int64_t*>(a->samples.offsets->data);
+  auto* out = static_cast<double*>(a->scores->data);
+  for (int64_t s = 0; s + 1 < a->samples.offsets->shape[0]; ++s) {
+    double v = 0;
+    for (int64_t i = off[s]; i < off[s + 1]; ++i) v += tok[i];
+    out[s] = v;
+  }
+  return nullptr;
+}
+loom_status* one_count(void*, const loom_curriculum_count_args* a) {
+  auto* stats = static_cast<int64_t*>(a->stats->data);
+  stats[0] += a->samples.offsets->shape[0] - 1;  // samples seen
+  return nullptr;
+}
+}  // namespace
+
+TEST_F(Analyze, HugeChunkIsClampedToTheShard) {
+  namespace an = loom::trainer::analyze;
+  loom_curriculum_v1 table{};
+  table.struct_size = LOOM_CURRICULUM_V1_SIZE;
+  table.score = sum_score;
+  table.count = one_count;
+  an::Metric m;
+  m.name = "fake";
+  m.plugin = "fake";
+  m.table = &table;
+  m.stats_count = 1;
+  std::vector<an::Metric> metrics{m};
+  an::PassOptions o;
+  o.threads = 4;
+  o.chunk_samples = uint64_t{1} << 40;
+  const uint64_t n = (kTrain - 1) / kL;
+  an::count_pass(metrics, train_, kL, 10, n, o);
+  EXPECT_EQ(metrics[0].stats[0], static_cast<int64_t>(n - 10));
+  const auto scores = an::score_pass(metrics, train_, kL, 10, n, o);
+  ASSERT_EQ(scores.size(), 1u);
+  ASSERT_EQ(scores[0].size(), n - 10);
+  for (uint64_t s = 10; s < n; ++s) {
+    double v = 0;
+    for (uint64_t i = s * kL; i < (s + 1) * kL; ++i) v += train_[i];
+    ASSERT_EQ(scores[0][s - 10], v) << s;
+  }
+  // The command line's bound: 2^24 samples per chunk works, above it is a usage error.
+  ASSERT_EQ(analyze("toy.toml", "c0").code, 0);
+  const Result big = analyze("toy.toml", "cbig", "--chunk-samples 16777216");
+  ASSERT_EQ(big.code, 0) << big.out;
+  expect_same_files("c0", "cbig", {"tsum", "tfreq"});
+  const Result over = analyze("toy.toml", "cover", "--chunk-samples 16777217");
+  EXPECT_EQ(over.code, 2) << over.out;
+  EXPECT_NE(over.out.find("--chunk-samples"), std::string::npos) << over.out;
+  EXPECT_TRUE(fs::is_empty(dir_ / "cover"));
+}
+
 TEST_F(Analyze, TwoRanksMatchOne) {
   if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
   if (!LOOM_HAVE_UCX) GTEST_SKIP() << "the ucx plugin is not built";
@@ -291,6 +351,62 @@ TEST_F(Analyze, TorchrunVariablesMatchOne) {
          "done; exit $rc)");
   ASSERT_EQ(r.code, 0) << r.out;
   expect_same_files("e1", "e2", {"tsum", "tfreq"});
+}
+
+// Only rank 0 writes, so only its --output must exist; a rank that fails a check (here rank
+// 1, whose dataset is missing) stops both at once with exit status 2, not after the comm's
+// bootstrap timeout (30 s here).
+TEST_F(Analyze, OneRankFailingStopsBothPromptly) {
+  if (!LOOM_HAVE_UCX) GTEST_SKIP() << "the ucx plugin is not built";
+  // Two ranks started with torchrun's variables, each with its own command-line tail (as
+  // when the ranks run on machines of their own); out: both logs, then "codes RC0 RC1".
+  auto two_ranks = [&](const std::string& manifest, const std::string& rank0,
+                       const std::string& rank1, double* seconds) {
+    const int port = loom_test_common::free_port();
+    const std::string cmd = std::string(LOOM_DATA_EXE) + " analyze " + manifest +
+                            " --seq-len 16 --threads 1 --plugin-path " + LOOM_TEST_PLUGIN_DIR;
+    std::string script = "pids=; ";
+    for (int r = 0; r < 2; ++r) {
+      script += "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
+                " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                std::to_string(port) + " " + cmd + " " + (r == 0 ? rank0 : rank1) + " > " +
+                (dir_ / ("rank" + std::to_string(r) + ".log")).string() +
+                " 2>&1 & pids=\"$pids $!\"; ";
+    }
+    script += "set -- $pids; wait $1; a=$?; wait $2; b=$?; cat " + (dir_ / "rank0.log").string() +
+              " " + (dir_ / "rank1.log").string() + "; echo \"codes $a $b\"";
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = sh("(" + script + ")");
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  };
+  const std::string man = (dir_ / "toy_mpi.toml").string();
+  const std::string data = " --dataset " + (dir_ / "data.bin").string();
+  ASSERT_EQ(analyze("toy_mpi.toml", "p1").code, 0);
+  fs::create_directories(dir_ / "p2");
+  double s = 0;
+  Result r = two_ranks(man, data + " --output " + (dir_ / "p2").string(),
+                       data + " --output " + (dir_ / "not-on-rank-1").string(), &s);
+  EXPECT_NE(r.out.find("codes 0 0"), std::string::npos) << r.out;
+  expect_same_files("p1", "p2", {"tsum", "tfreq"});
+  EXPECT_FALSE(fs::exists(dir_ / "not-on-rank-1"));
+  // Rank 1 lacks the dataset.
+  fs::create_directories(dir_ / "p3");
+  r = two_ranks(
+      man, data + " --output " + (dir_ / "p3").string(),
+      " --dataset " + (dir_ / "missing.bin").string() + " --output " + (dir_ / "p3").string(), &s);
+  EXPECT_NE(r.out.find("codes 2 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("missing.bin"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 failed"), std::string::npos) << r.out;
+  EXPECT_LT(s, 20.0) << r.out;
+  EXPECT_TRUE(fs::is_empty(dir_ / "p3"));
+  // Rank 0's --output is missing: rank 0 says so, both stop.
+  r = two_ranks(man, data + " --output " + (dir_ / "nope0").string(),
+                data + " --output " + (dir_ / "p3").string(), &s);
+  EXPECT_NE(r.out.find("codes 2 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nope0: the folder does not exist"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0 failed"), std::string::npos) << r.out;
+  EXPECT_LT(s, 20.0) << r.out;
 }
 
 // loom bench data runs the same passes and reports them against the read bandwidth.

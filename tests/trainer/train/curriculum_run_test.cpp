@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "corpus.hpp"
+#include "dataset.hpp"
 
 namespace fs = std::filesystem;
 
@@ -221,6 +222,90 @@ TEST_F(CurriculumRun, BundledSeqlenWarmupRecordsItsSchedule) {
       << bad.out;
 }
 
+// Valid settings that are likely mistakes get one warning line each, from --check and at the
+// start of a run: a schedule that never reaches seq_len (max_difficulty 24 < 32), and
+// train_tokens with the decay by steps.
+TEST_F(CurriculumRun, WarnsOfAShortScheduleAndOfTrainTokensWithLrBySteps) {
+  std::ofstream(dir_ / "m_short.toml")
+      << "[optimizer.main]\nplugin = \"adam\"\n[curriculum.slw]\nplugin = \"seqlen_warmup\"\n"
+         "mode = \"truncate\"\nschedule_type = \"fixed_linear\"\nmin_difficulty = 8\n"
+         "max_difficulty = 24\ntotal_curriculum_step = 10\ndifficulty_step = 8\n";
+  const auto cfg = config("short", "m_short.toml", "seqlen = \"slw\"\n", "train_tokens = 500\n");
+  const std::string slw_warning =
+      cfg +
+      ":12:10: [curriculum] seqlen 'slw': warning: the schedule's longest length is 24 (at "
+      "step 2^40), below [train] seq_len 32: the run never trains at the full length";
+  const std::string tokens_warning = cfg +
+                                     ":28:16: [train] train_tokens: warning: 500 tokens end "
+                                     "the run, but with lr_unit = \"steps\"";
+  const auto c = sh(std::string(LOOM_TRAIN_EXE) + " --check " + cfg);
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find(slw_warning), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find(tokens_warning), std::string::npos) << c.out;
+  const auto r = train(1, cfg, "--fresh");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("loom train: " + slw_warning), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("loom train: " + tokens_warning), std::string::npos) << r.out;
+  // The probe left the schedule as it was: step 1 still trains at 8 tokens.
+  const auto t = metrics("short", "train");
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(t[0]["seq_len"], 8);
+  // A schedule that reaches seq_len, with the decay by tokens: no warning.
+  {
+    std::string m = slurp(dir_ / "m_short.toml");
+    m.replace(m.find("max_difficulty = 24"), 19, "max_difficulty = 32");
+    std::ofstream(dir_ / "m_full.toml") << m;
+  }
+  const auto good = sh(std::string(LOOM_TRAIN_EXE) + " --check " +
+                       config("slw_ok", "m_full.toml", "seqlen = \"slw\"\n",
+                              "train_tokens = 500\nlr_unit = \"tokens\"\n"));
+  EXPECT_EQ(good.code, 0) << good.out;
+  EXPECT_EQ(good.out.find("warning"), std::string::npos) << good.out;
+}
+
+// The shipped example configs check out against the code as it is: examples/train_slw.toml
+// and examples/data_efficiency/*.toml, copied verbatim into a layout where their relative
+// paths resolve (build/data/fortunes.bin is this suite's dataset), the curriculum ones from
+// that folder after analyze.toml's index is written into build/data/fortunes-index (the
+// samplers' index path is relative to the working folder). No warnings either.
+TEST_F(CurriculumRun, ShippedExampleConfigsCheckOut) {
+  const fs::path src = LOOM_SOURCE_DIR;
+  const fs::path root = dir_ / "examples-layout";
+  fs::create_directories(root / "examples/data_efficiency");
+  fs::create_directories(root / "build/data/fortunes-index");
+  fs::copy_file(dir_ / "data.bin", root / "build/data/fortunes.bin",
+                fs::copy_options::overwrite_existing);
+  for (const char* f : {"train_slw.toml", "slw.toml"}) {
+    fs::copy_file(src / "examples" / f, root / "examples" / f,
+                  fs::copy_options::overwrite_existing);
+  }
+  std::vector<std::string> configs{"examples/train_slw.toml"};
+  for (const auto& e : fs::directory_iterator(src / "examples/data_efficiency")) {
+    if (e.path().extension() != ".toml") continue;
+    fs::copy_file(e.path(), root / "examples/data_efficiency" / e.path().filename(),
+                  fs::copy_options::overwrite_existing);
+    const std::string name = e.path().filename().string();
+    if (name.rfind("stability_", 0) == 0 || name.rfind("curriculum_", 0) == 0) {
+      configs.push_back("examples/data_efficiency/" + name);
+    }
+  }
+  ASSERT_EQ(configs.size(), 7u) << "train_slw, stability_{baseline,slw}, curriculum_{baseline,"
+                                   "slw,voc,voc_slw}";
+  const std::string in_root = "cd " + root.string() + " && ";
+  const auto a = sh(in_root + LOOM_DATA_EXE +
+                    " analyze examples/data_efficiency/analyze.toml --dataset "
+                    "build/data/fortunes.bin --seq-len 128 --output build/data/fortunes-index "
+                    "--threads 1");
+  ASSERT_EQ(a.code, 0) << a.out;
+  for (const auto& cfg : configs) {
+    SCOPED_TRACE(cfg);
+    const auto r = sh(in_root + LOOM_TRAIN_EXE + " --check " + cfg);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(cfg + ": ok (trainer config"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
+  }
+}
+
 // The bundled pieces end to end: `loom data analyze` scores the dataset's samples of 32
 // tokens with vocabulary_rarity, and curriculum_sampler (percentile, fixed_linear 20 -> 100
 // over 10 steps) draws the batches. The recorded difficulty is the schedule's; a run
@@ -287,19 +372,49 @@ TEST_F(CurriculumRun, BundledCurriculumSamplerOverAnalyzedIndex) {
               slurp(dir_ / "runs/cspart/checkpoints/step_00000016" / f))
         << f;
   }
-  // The index of seq_len 16 has another sample count than this dataset at seq_len 32.
+  // The index of seq_len 16 was written for samples of 16 tokens, not this run's 32.
   const auto cfg16 = config("cs16", "m_cs16.toml", cur, "", true);
   const auto c = sh(std::string(LOOM_TRAIN_EXE) + " --check " + cfg16);
   EXPECT_EQ(c.code, 2) << c.out;
-  EXPECT_NE(c.out.find((dir_ / "cs16.toml").string() + ":11:11: [curriculum] sampler 'cs': plan"),
+  EXPECT_NE(c.out.find((dir_ / "cs16.toml").string() +
+                       ":11:11: [curriculum] sampler 'cs': the index " + (dir_ / "idx16").string() +
+                       " (metric rarity) was written for samples of 16 tokens, not [train] "
+                       "seq_len 32"),
             std::string::npos)
-      << c.out;
-  EXPECT_NE(c.out.find("loom data analyze on this dataset with this seq_len"), std::string::npos)
       << c.out;
   const auto r = train(1, config("cs16", "m_cs16.toml", cur, "", true), "--fresh");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("[curriculum] sampler 'cs': plan"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[curriculum] sampler 'cs': the index"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+  // Another dataset with the same number of tokens (one token changed): the same N, so the
+  // sampler's plan would accept it; the index's dataset checksum does not match.
+  {
+    const loom::trainer::Dataset ds((dir_ / "data.bin").string());
+    std::vector<uint16_t> train(ds.train().begin(), ds.train().end());
+    const std::vector<uint16_t> held(ds.heldout().begin(), ds.heldout().end());
+    train[100] = static_cast<uint16_t>(train[100] == 'a' ? 'b' : 'a');
+    loom::trainer::write_dataset((dir_ / "other.bin").string(), ds.vocab_size(), train, held);
+  }
+  const std::string other = config("csother", "m_cs.toml", cur, "", true);
+  {
+    std::string text = slurp(other);
+    const std::string from = "dataset = \"data.bin\"", to = "dataset = \"other.bin\"";
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(other) << text;
+  }
+  const auto o = sh(std::string(LOOM_TRAIN_EXE) + " --check " + other);
+  EXPECT_EQ(o.code, 2) << o.out;
+  EXPECT_NE(o.out.find((dir_ / "csother.toml").string() + ":11:11: [curriculum] sampler 'cs': " +
+                       "the index " + (dir_ / "idx32").string() +
+                       " (metric rarity) was written for another dataset: its dataset checksum "
+                       "is "),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find((dir_ / "other.bin").string() + "'s is "), std::string::npos) << o.out;
+  const auto ro = train(1, other, "--fresh");
+  EXPECT_EQ(ro.code, 2) << ro.out;
+  EXPECT_NE(ro.out.find("was written for another dataset"), std::string::npos) << ro.out;
+  EXPECT_EQ(ro.out.find("step 1/"), std::string::npos) << ro.out;
 }
 
 // lr_unit = "tokens" with train_tokens: past the warmup (3 steps) the linear decay follows

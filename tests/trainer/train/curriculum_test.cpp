@@ -252,6 +252,50 @@ TEST(CurriculumConfig, ReadsTheKeysAndNamesEveryErrorsPlace) {
          ":5:1: unknown top-level key or section 'curriculm'");
 }
 
+// lr_unit = "tokens" without train_tokens decays over steps x batch_size x seq_len tokens:
+// a product past 2^62 (or past 2^64) is refused at `steps`, not wrapped around.
+TEST(CurriculumConfig, DecayTokensThatOverflowAreRefused) {
+  const auto dir = temp_dir();
+  const auto cfg = dir / "o.toml";
+  const std::string base = "[manifest]\npath = \"m.toml\"\n[data]\ndataset = \"x\"\n";
+  const std::string huge =
+      "[model]\ncontext = 65536\n[train]\nsteps = 1099511627776\nbatch_size = 1048576\n"
+      "seq_len = 65536\n";
+  const std::string e = error_of(cfg, base + huge + "lr_unit = \"tokens\"\n");
+  EXPECT_NE(e.find(cfg.string() + ":8:9: [train] steps 1099511627776 x batch_size 1048576 x "
+                                  "seq_len 65536 tokens exceed 2^62"),
+            std::string::npos)
+      << e;
+  // Fine by steps, or with train_tokens giving the decay's end.
+  EXPECT_EQ(error_of(cfg, base + huge), "");
+  EXPECT_EQ(error_of(cfg, base + huge + "lr_unit = \"tokens\"\ntrain_tokens = 1000000\n"), "");
+  // decay_tokens itself saturates.
+  TrainConfig c;
+  c.steps = int64_t{1} << 40;
+  c.batch_size = 1 << 20;
+  c.seq_len = 1 << 16;
+  EXPECT_EQ(decay_tokens(c), UINT64_MAX);
+}
+
+// train_tokens with lr_unit = "steps" is valid but decays over `steps`: a warning at the key.
+TEST(CurriculumConfig, TrainTokensWithLrByStepsWarns) {
+  const auto dir = temp_dir();
+  const auto cfg = dir / "w.toml";
+  const std::string base = "[manifest]\npath = \"m.toml\"\n[data]\ndataset = \"x\"\n";
+  write(cfg, base + "[train]\nsteps = 500\ntrain_tokens = 1000\n");
+  auto w = config_warnings(load_config(cfg.string()));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find(cfg.string() + ":7:16: [train] train_tokens: warning: 1000 tokens end the "
+                                     "run, but with lr_unit = \"steps\" the decay runs over "
+                                     "steps 500"),
+            std::string::npos)
+      << w[0];
+  write(cfg, base + "[train]\nsteps = 500\ntrain_tokens = 1000\nlr_unit = \"tokens\"\n");
+  EXPECT_TRUE(config_warnings(load_config(cfg.string())).empty());
+  write(cfg, base + "[train]\nsteps = 500\n");
+  EXPECT_TRUE(config_warnings(load_config(cfg.string())).empty());
+}
+
 TEST(CurriculumConfig, InstancesMissingFromTheManifestAreReportedAtTheirKey) {
   const auto dir = temp_dir();
   const auto cfg = dir / "n.toml";
