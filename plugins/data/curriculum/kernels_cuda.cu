@@ -90,13 +90,16 @@ __global__ void seqlen_kernel(const void* tokens, int type, const int64_t* offse
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t i =
       static_cast<int64_t>(blockIdx.x) * kSamplesPerBlock + static_cast<int>(threadIdx.x) / kWarp;
-  if (i >= samples) return;  // the whole warp: i is the same on its lanes
+  // Lanes past the last sample still take part in the shuffles (no early return).
+  const bool active = i < samples;
   long long n = 0;
-  for (int64_t k = offsets[i] + lane; k < offsets[i + 1]; k += kWarp) {
-    n += load_token(tokens, type, k) != pad_token ? 1 : 0;
+  if (active) {
+    for (int64_t k = offsets[i] + lane; k < offsets[i + 1]; k += kWarp) {
+      n += load_token(tokens, type, k) != pad_token ? 1 : 0;
+    }
   }
   n = warp_sum(n);
-  if (lane == 0) scores[i] = static_cast<double>(n);
+  if (active && lane == 0) scores[i] = static_cast<double>(n);
 }
 
 __global__ void rarity_kernel(const void* tokens, int type, const int64_t* offsets, int64_t samples,
@@ -104,14 +107,16 @@ __global__ void rarity_kernel(const void* tokens, int type, const int64_t* offse
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t i =
       static_cast<int64_t>(blockIdx.x) * kSamplesPerBlock + static_cast<int>(threadIdx.x) / kWarp;
-  if (i >= samples) return;
+  const bool active = i < samples;
   long long sum = 0;
-  for (int64_t k = offsets[i] + lane; k < offsets[i + 1]; k += kWarp) {
-    sum += value[load_token(tokens, type, k)];
+  if (active) {
+    for (int64_t k = offsets[i] + lane; k < offsets[i + 1]; k += kWarp) {
+      sum += value[load_token(tokens, type, k)];
+    }
   }
   sum = warp_sum(sum);
   // As rarity_score_of: int64 to double (round to nearest), times 2^-kRarityFractionBits.
-  if (lane == 0) {
+  if (active && lane == 0) {
     scores[i] =
         static_cast<double>(sum) * (1.0 / static_cast<double>(int64_t{1} << kRarityFractionBits));
   }
