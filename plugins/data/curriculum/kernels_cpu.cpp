@@ -426,8 +426,12 @@ Problem count_cpu(const SampleData& s, int64_t* stats) {
   constexpr std::size_t kHistogramBytes = std::size_t{64} << 20;
   const std::size_t max_parts = std::max<std::size_t>(
       1, std::min(loom::sdk::thread_count(), kHistogramBytes / (sizeof(int64_t) * vocab)));
+  // A part counts at least 16 tokens per vocabulary entry, so zeroing and merging its
+  // histogram stays small beside the counting (an analyzer's chunk of 2^20 tokens over a
+  // 50257-token vocabulary is one part: the analyzer runs its chunks in parallel already).
+  const int64_t min_part = std::max<int64_t>(kMinPart, 16 * static_cast<int64_t>(vocab));
   const auto parts = static_cast<std::size_t>(
-      std::clamp<int64_t>(n / kMinPart, 1, static_cast<int64_t>(max_parts)));
+      std::clamp<int64_t>(n / min_part, 1, static_cast<int64_t>(max_parts)));
   FirstBad bad;
   if (parts == 1) {
     const int64_t stop = count_checked(s, lo, lo + n, stats, 1);
