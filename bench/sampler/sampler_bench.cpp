@@ -15,12 +15,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <loom_cli_support.hpp>
 
 #include "sampler_core.hpp"
 
@@ -86,22 +86,19 @@ nlohmann::json run(const std::string& regime, const std::vector<SortedEntry>& un
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{
+      "The curriculum sampler's cost per global batch (single_cluster, percentile_ramp,\n"
+      "value_ramp; 20k and 10M samples; batches of 16 and 512), one JSON object per line"};
+  loom_cli::configure(app, "loom bench sampler");
   int64_t steps = 2000;
   int repeat = 3;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      steps = std::atoll(argv[++i]);
-    } else if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
-      repeat = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: loom-bench-sampler [--steps N] [--repeat R]\n");
-      return 2;
-    }
-  }
-  if (steps < 1 || repeat < 1) {
-    std::fprintf(stderr, "loom-bench-sampler: --steps and --repeat must be >= 1\n");
-    return 2;
-  }
+  app.add_option("--steps", steps, "Steps per run, from step 1")
+      ->check(loom_cli::integer_in(1, 100000000))
+      ->type_name("N");
+  app.add_option("--repeat", repeat, "Runs per case; the best is reported")
+      ->check(loom_cli::integer_in(1, 1000))
+      ->type_name("R");
+  if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
   try {
     for (const uint64_t n : {uint64_t{20000}, uint64_t{10000000}}) {
       const std::vector<SortedEntry> universe = make_universe(n);

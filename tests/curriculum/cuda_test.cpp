@@ -139,6 +139,43 @@ TEST_F(CurriculumCuda, SameScoresAndCountsAsCpu) {
   }
 }
 
+// A sample too long for the exact fixed-point sum: the same problem as the CPU's (the first such
+// sample), and with a larger limit the same scores.
+TEST_F(CurriculumCuda, RaritySampleTooLongAsCpu) {
+  HostBatch h;
+  h.tokens.assign(20, 1);
+  h.offsets = {0, 5, 11, 20};
+  Both b(h, kU16);
+  cl::RarityTable table;
+  table.value = {7, 9};
+  table.max_tokens = 5;
+  cl::SampleData hd;
+  hd.tokens = b.bytes.data();
+  hd.type = cl::TokenType::kU16;
+  hd.token_count = 20;
+  hd.offsets = b.host.offsets.data();
+  hd.samples = 3;
+  hd.vocab_size = 2;
+  cl::SampleData dd = hd;
+  dd.tokens = b.dtok.p;
+  dd.offsets = static_cast<const int64_t*>(b.doff.p);
+  std::vector<double> hs(3);
+  DeviceBuffer ds(hs.data(), 3 * sizeof(double));
+  const cl::Problem hp = cl::rarity_cpu(hd, table, hs.data());
+  const cl::Problem dp = cl::cuda::rarity(dd, table, static_cast<double*>(ds.p), 0, stream_);
+  EXPECT_EQ(hp.kind, cl::Problem::kSampleTooLong);
+  EXPECT_EQ(dp.kind, hp.kind);
+  EXPECT_EQ(dp.index, hp.index);
+  EXPECT_EQ(dp.value, hp.value);
+  EXPECT_EQ(dp.previous, hp.previous);
+  table.max_tokens = 9;
+  ASSERT_EQ(cl::rarity_cpu(hd, table, hs.data()).kind, cl::Problem::kNone);
+  ASSERT_EQ(cl::cuda::rarity(dd, table, static_cast<double*>(ds.p), 0, stream_).kind,
+            cl::Problem::kNone);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_TRUE(same_bits(hs, ds.read<double>(3)));
+}
+
 TEST_F(CurriculumCuda, SameErrorsAsCpu) {
   constexpr uint32_t kVocab = 10;
   HostBatch h;

@@ -2,6 +2,7 @@
 // vocabulary_rarity against plain scalar loops written here, for every token dtype, and every
 // bad input refused with a message naming the tensor and element.
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 #include <loom/sdk/status.hpp>
 
 #include <cmath>
@@ -53,18 +54,26 @@ std::vector<long double> rarity_ref(const HostBatch& b, const std::vector<int64_
   return out;
 }
 
-// The same in fp64, left to right (what the kernels must give bit for bit).
-std::vector<double> rarity_exact(const HostBatch& b, const std::vector<int64_t>& counts) {
+// The fixed-point values, round(-log p * 2^32), and a sample's score: their int64 sum, left to
+// right, times 2^-32 (what the kernels must give bit for bit, in whatever order they add).
+std::vector<int64_t> fixed_values(const std::vector<int64_t>& counts) {
   int64_t total = 0;
   for (int64_t c : counts) total += c == 0 ? 1 : c;
+  std::vector<int64_t> v;
+  for (int64_t c : counts) {
+    const double x = -std::log(static_cast<double>(c == 0 ? 1 : c) / static_cast<double>(total));
+    v.push_back(std::max<int64_t>(0, std::llround(x * 4294967296.0)));
+  }
+  return v;
+}
+
+std::vector<double> rarity_exact(const HostBatch& b, const std::vector<int64_t>& counts) {
+  const std::vector<int64_t> v = fixed_values(counts);
   std::vector<double> out;
   for (std::size_t i = 0; i + 1 < b.offsets.size(); ++i) {
-    double s = 0;
-    for (int64_t k = b.offsets[i]; k < b.offsets[i + 1]; ++k) {
-      const int64_t c = counts[b.tokens[k]];
-      s += -std::log(static_cast<double>(c == 0 ? 1 : c) / static_cast<double>(total));
-    }
-    out.push_back(s);
+    int64_t s = 0;
+    for (int64_t k = b.offsets[i]; k < b.offsets[i + 1]; ++k) s += v[b.tokens[k]];
+    out.push_back(static_cast<double>(s) / 4294967296.0);
   }
   return out;
 }
@@ -133,10 +142,140 @@ TEST(CurriculumMetrics, RarityMatchesScalar) {
     EXPECT_EQ(scores, rarity_exact(b.host, counts));
     const auto ref = rarity_ref(b.host, counts);
     for (int64_t i = 0; i < b.samples(); ++i) {
-      EXPECT_NEAR(scores[i], static_cast<double>(ref[i]), 1e-9 * (1 + std::fabs(scores[i]))) << i;
+      // Each value is within 2^-33 of -log p: the sum within n * 2^-33 (plus fp64 rounding).
+      const auto n = static_cast<double>(b.host.offsets[i + 1] - b.host.offsets[i]);
+      EXPECT_NEAR(scores[i], static_cast<double>(ref[i]), n * 0x1p-33 + 1e-12 * scores[i]) << i;
+      // Scores are multiples of 2^-32.
+      EXPECT_EQ(std::fmod(scores[i] * 4294967296.0, 1.0), 0.0) << i;
       EXPECT_GE(scores[i], 0);
     }
   }
+}
+
+// Runs `body` once per SIMD target this CPU supports and the kernels were compiled for.
+template <class Fn>
+void for_each_target(Fn body) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+cl::SampleData u16_data(const std::vector<uint16_t>& tok, const std::vector<int64_t>& off,
+                        uint32_t vocab) {
+  cl::SampleData d;
+  d.tokens = tok.data();
+  d.type = cl::TokenType::kU16;
+  d.token_count = static_cast<int64_t>(tok.size());
+  d.offsets = off.data();
+  d.samples = static_cast<int64_t>(off.size()) - 1;
+  d.vocab_size = vocab;
+  return d;
+}
+
+// Every Highway target against the scalar references, bit for bit: seqlen with and without a
+// pad token, rarity, counts (long enough to be split into parts), samples of every length
+// around the vector widths, and the first bad token wherever it is.
+TEST(CurriculumMetrics, EveryTargetMatchesScalarBitForBit) {
+  for (const uint32_t vocab : {uint32_t{1000}, uint32_t{50257}}) {
+    HostBatch h = random_batch(7, 700, 300, vocab);
+    h.offsets.push_back(h.offsets.back());  // an empty last sample
+    std::vector<uint16_t> tok(h.tokens.begin(), h.tokens.end());
+    for (std::size_t k = 0; k < tok.size(); k += 97) tok[k] = 3;  // pad tokens
+    for (std::size_t k = 0; k < tok.size(); ++k) h.tokens[k] = tok[k];
+    const auto counts = bincount(h, vocab);
+    const auto table = cl::rarity_table(counts.data(), counts.size());
+    const auto exact = rarity_exact(h, counts);
+    for_each_target([&] {
+      const cl::SampleData d = u16_data(tok, h.offsets, vocab);
+      std::vector<double> scores(d.samples, -1);
+      for (int64_t pad : {int64_t{-1}, int64_t{3}, int64_t{70000}}) {
+        ASSERT_EQ(cl::seqlen_cpu(d, pad, scores.data()).kind, cl::Problem::kNone);
+        EXPECT_EQ(scores, seqlen_ref(h, pad)) << "pad " << pad;
+      }
+      ASSERT_EQ(cl::rarity_cpu(d, table, scores.data()).kind, cl::Problem::kNone);
+      EXPECT_EQ(scores, exact);
+      std::vector<int64_t> stats(vocab, 2);
+      ASSERT_EQ(cl::count_cpu(d, stats.data()).kind, cl::Problem::kNone);
+      std::vector<int64_t> expected = counts;
+      for (auto& c : expected) c += 2;
+      EXPECT_EQ(stats, expected);
+      // Short samples of every length 0..40 (vector bodies and tails).
+      std::vector<int64_t> off = {0};
+      for (int64_t n = 0; n <= 40; ++n) off.push_back(off.back() + n);
+      HostBatch hs{h.tokens, off};
+      const cl::SampleData ds = u16_data(tok, off, vocab);
+      std::vector<double> short_scores(ds.samples);
+      ASSERT_EQ(cl::seqlen_cpu(ds, 3, short_scores.data()).kind, cl::Problem::kNone);
+      EXPECT_EQ(short_scores, seqlen_ref(hs, 3));
+      ASSERT_EQ(cl::rarity_cpu(ds, table, short_scores.data()).kind, cl::Problem::kNone);
+      EXPECT_EQ(short_scores, rarity_exact(hs, counts));
+      // A bad token (== vocab) at the start, middle and end of a sample, and two: the first.
+      for (const std::size_t at : {std::size_t{0}, std::size_t{1234}, tok.size() - 1}) {
+        std::vector<uint16_t> bad = tok;
+        bad[at] = static_cast<uint16_t>(vocab);
+        if (at + 50 < bad.size()) bad[at + 50] = 0xFFFF;
+        const cl::SampleData db = u16_data(bad, h.offsets, vocab);
+        for (const cl::Problem& p :
+             {cl::seqlen_cpu(db, 3, scores.data()), cl::rarity_cpu(db, table, scores.data()),
+              cl::count_cpu(db, stats.data())}) {
+          EXPECT_EQ(p.kind, cl::Problem::kTokenTooLarge);
+          EXPECT_EQ(p.index, static_cast<int64_t>(at));
+          EXPECT_EQ(p.value, vocab);
+        }
+        EXPECT_EQ(stats, expected) << "a failed count added to stats";
+      }
+    });
+  }
+}
+
+// A sample longer than the fixed-point sum holds exactly is refused, naming the sample.
+TEST(CurriculumMetrics, RaritySampleTooLong) {
+  const std::vector<uint16_t> tok(20, 1);
+  const std::vector<int64_t> off = {0, 5, 11, 20};
+  cl::RarityTable table;
+  table.value = {7, 9};
+  table.max_tokens = 5;
+  std::vector<double> scores(3);
+  const cl::Problem p = cl::rarity_cpu(u16_data(tok, off, 2), table, scores.data());
+  EXPECT_EQ(p.kind, cl::Problem::kSampleTooLong);
+  EXPECT_EQ(p.index, 1);
+  EXPECT_EQ(p.value, 6);
+  EXPECT_EQ(p.previous, 5);
+  table.max_tokens = 9;
+  ASSERT_EQ(cl::rarity_cpu(u16_data(tok, off, 2), table, scores.data()).kind, cl::Problem::kNone);
+  EXPECT_EQ(scores, (std::vector<double>{45 * 0x1p-32, 54 * 0x1p-32, 81 * 0x1p-32}));
+}
+
+// The plugin's table cache: the same table while the stats are unchanged, a new one when they
+// change, and the same scores as without it.
+TEST(CurriculumMetrics, RarityCacheFollowsTheStats) {
+  cl::RarityCache cache;
+  std::vector<int64_t> counts = {3, 0, 1, 4};
+  const auto a = cache.get(counts.data(), 4);
+  const auto b = cache.get(counts.data(), 4);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_EQ(a->value, cl::rarity_table(counts.data(), 4).value);
+  counts[1] = 2;
+  const auto c = cache.get(counts.data(), 4);
+  EXPECT_NE(c.get(), a.get());
+  EXPECT_EQ(c->value, cl::rarity_table(counts.data(), 4).value);
+  EXPECT_NE(c->value, a->value);
+  EXPECT_EQ(cache.get(counts.data(), 3)->value.size(), 3u);
+
+  Batch bt(random_batch(4, 100, 60, kVocab), kU16);
+  std::vector<int64_t> stats = bincount(bt.host, kVocab);
+  Tensor st(stats.data(), kVocab, kI64);
+  std::vector<double> with(bt.samples()), without(bt.samples());
+  Tensor tw(with.data(), bt.samples(), kF64), to(without.data(), bt.samples(), kF64);
+  cl::rarity_score(score_args(bt.tokens, bt.offsets, kVocab, st.get(), tw), &cache);
+  cl::rarity_score(score_args(bt.tokens, bt.offsets, kVocab, st.get(), to));
+  EXPECT_EQ(with, without);
+  ++stats[0];  // changed stats: scored with the new table
+  cl::rarity_score(score_args(bt.tokens, bt.offsets, kVocab, st.get(), tw), &cache);
+  EXPECT_EQ(with, rarity_exact(bt.host, stats));
 }
 
 TEST(CurriculumMetrics, CountAddsAndMergesByShard) {
@@ -161,10 +300,25 @@ TEST(CurriculumMetrics, CountAddsAndMergesByShard) {
 TEST(CurriculumMetrics, RarityTable) {
   const std::vector<int64_t> counts = {3, 0, 1, 4};  // 0 counts as 1: total 9
   const auto t = cl::rarity_table(counts.data(), counts.size());
-  EXPECT_EQ(t[0], -std::log(3.0 / 9.0));
-  EXPECT_EQ(t[1], -std::log(1.0 / 9.0));
-  EXPECT_EQ(t[2], t[1]);
-  EXPECT_EQ(t[3], -std::log(4.0 / 9.0));
+  ASSERT_EQ(t.value.size(), 4u);
+  EXPECT_EQ(t.value, fixed_values(counts));
+  EXPECT_EQ(t.value[0], std::llround(-std::log(3.0 / 9.0) * 0x1p32));
+  EXPECT_EQ(t.value[1], std::llround(std::log(9.0) * 0x1p32));
+  EXPECT_EQ(t.value[2], t.value[1]);
+  // The longest exact sample: INT64_MAX / the largest value.
+  EXPECT_EQ(t.max_tokens, INT64_MAX / t.value[1]);
+  // One token that is the whole dataset: -log 1 = 0, no limit.
+  const std::vector<int64_t> one = {5};
+  const auto t1 = cl::rarity_table(one.data(), 1);
+  EXPECT_EQ(t1.value[0], 0);
+  EXPECT_EQ(t1.max_tokens, INT64_MAX);
+  // The bound for any counts: the rarest token of 2^63 - 1 counts, -log p < 43.7, so at least
+  // 2^25 tokens per sample.
+  const std::vector<int64_t> skew = {INT64_MAX - 1, 0};
+  const auto ts = cl::rarity_table(skew.data(), 2);
+  EXPECT_GT(ts.value[1], int64_t{43} << 32);
+  EXPECT_LT(ts.value[1], int64_t{44} << 32);
+  EXPECT_GE(ts.max_tokens, int64_t{1} << 25);
   const std::vector<int64_t> negative = {3, -1};
   expect_invalid([&] { (void)cl::rarity_table(negative.data(), 2); }, "stats[1] is -1");
   const std::vector<int64_t> huge = {INT64_MAX, 1};
@@ -185,7 +339,8 @@ TEST(CurriculumMetrics, EmptySamplesAndNoSamples) {
   cl::rarity_score(score_args(b.tokens, b.offsets, 10, st.get(), out));
   EXPECT_EQ(scores[0], 0.0);
   EXPECT_EQ(scores[2], 0.0);
-  EXPECT_EQ(scores[1], 3 * -std::log(0.1));
+  EXPECT_EQ(scores[1], static_cast<double>(3 * std::llround(std::log(10.0) * 0x1p32)) * 0x1p-32);
+  EXPECT_NEAR(scores[1], 3 * -std::log(0.1), 3 * 0x1p-33);
   // No samples: offsets of one element.
   Tensor one(h.offsets.data(), 1, kI64);
   Tensor none(scores.data(), 0, kF64);

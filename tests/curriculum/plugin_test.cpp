@@ -222,7 +222,7 @@ TEST(CurriculumPlugins, MetricsOnThePoolMatchInline) {
   auto ra = score_args(tok, off, kVocab, st.get(), out);
   ASSERT_EQ(voc.take(voc.t->score(voc.obj, &ra)), 0) << voc.error;
   const auto table = cl::rarity_table(stats.data(), kVocab);
-  ASSERT_EQ(cl::rarity_cpu(d, table.data(), inline_scores.data()).kind, cl::Problem::kNone);
+  ASSERT_EQ(cl::rarity_cpu(d, table, inline_scores.data()).kind, cl::Problem::kNone);
   EXPECT_EQ(std::memcmp(scores.data(), inline_scores.data(), n * sizeof(double)), 0);
 
   // A bad token comes back as a status naming it.

@@ -9,9 +9,10 @@
 // else the lowest token index that is. Scores written before a problem is found are
 // unspecified.
 //
-// Bit-identical scores on every thread count and device: a sample's score is a sequential sum
-// over its tokens, left to right, starting from 0 (seqlen: an integer count; vocabulary_rarity:
-// fp64 additions of the per-token values of rarity_table, which is always built on the host).
+// Bit-identical scores on every thread count, SIMD target and device: a sample's score is an
+// integer sum over its tokens, exact in any order (seqlen: a count; vocabulary_rarity: the
+// fixed-point values of rarity_table, always built on the host, summed in int64 and scaled by
+// 2^-kRarityFractionBits once at the end), so the kernels may split and vectorise the sums.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +41,8 @@ struct Problem {
     kOffsetDecreasing = 3,  // offsets[index] (value) < offsets[index - 1] (previous)
     kTokenNegative = 4,     // tokens[index] (value) < 0
     kTokenTooLarge = 5,     // tokens[index] (value) >= vocab_size
+    kSampleTooLong = 6,     // sample index has value tokens, more than previous (the most the
+                            // fixed-point sum of vocabulary_rarity holds exactly)
   };
   int32_t kind = kNone;
   int32_t reserved = 0;
@@ -49,14 +52,28 @@ struct Problem {
 };
 
 // The per-token values of vocabulary_rarity: -log(c(t) / C), c(t) = max(counts[t], 1) (a token
-// never counted counts once), C = the sum of c over the vocabulary. Throws loom::sdk::Error
-// (INVALID_ARGUMENT) for a negative count or a sum beyond int64.
-std::vector<double> rarity_table(const int64_t* counts, std::size_t vocab_size);
+// never counted counts once), C = the sum of c over the vocabulary, as fixed point:
+// value[t] = round(-log(c(t) / C) * 2^kRarityFractionBits), an int64. A sample's score is the
+// int64 sum of its tokens' values times 2^-kRarityFractionBits: exact in any order. Since
+// C < 2^63, -log p <= 63 ln 2 < 43.7, so value[t] < 2^37.45 and a sum of up to max_tokens values
+// (INT64_MAX / the largest value; at least 2^25 = 33.5 Mi tokens for any counts) cannot overflow.
+// Throws loom::sdk::Error (INVALID_ARGUMENT) for a negative count or a sum beyond int64.
+constexpr int kRarityFractionBits = 32;
+struct RarityTable {
+  std::vector<int64_t> value;  // vocab_size entries
+  int64_t max_tokens = 0;      // the longest sample whose sum stays exact
+};
+RarityTable rarity_table(const int64_t* counts, std::size_t vocab_size);
+// A sample's score from its fixed-point sum (the same rounding on every device).
+inline double rarity_score_of(int64_t sum) {
+  return static_cast<double>(sum) * (1.0 / static_cast<double>(int64_t{1} << kRarityFractionBits));
+}
 
-// ---- CPU (all cores, loom::sdk::parallel_for)
+// ---- CPU (all cores, loom::sdk::parallel_for; uint16 tokens through Highway's best target
+// for this CPU, chosen at run time)
 Problem seqlen_cpu(const SampleData& s, int64_t pad_token, double* scores);
 Problem count_cpu(const SampleData& s, int64_t* stats);  // adds to stats[vocab_size]
-Problem rarity_cpu(const SampleData& s, const double* table, double* scores);
+Problem rarity_cpu(const SampleData& s, const RarityTable& table, double* scores);
 
 // ---- CUDA (device pointers; stream-ordered on `stream`, then synchronized to read back the
 // check's result). CUDA failures throw loom::sdk::Error (UNAVAILABLE). `device` is made
@@ -65,8 +82,9 @@ namespace cuda {
 int device_count();
 Problem seqlen(const SampleData& s, int64_t pad_token, double* scores, int device, void* stream);
 Problem count(const SampleData& s, int64_t* stats, int device, void* stream);
-// stats: device memory (vocab_size int64); the table is built on the host from a copy.
-Problem rarity(const SampleData& s, const int64_t* stats, double* scores, int device, void* stream);
+// table: built on the host (from a copy of the device stats), copied to the device here.
+Problem rarity(const SampleData& s, const RarityTable& table, double* scores, int device,
+               void* stream);
 // bytes from device memory to the host, synchronously (after the work queued on `stream`).
 void copy_to_host(void* dst, const void* src, std::size_t bytes, int device, void* stream);
 }  // namespace cuda

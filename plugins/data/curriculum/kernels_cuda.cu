@@ -1,8 +1,9 @@
 // CUDA kernels of the curriculum metrics. Every call first runs one check pass (a thread per
 // sample: its offsets, then its tokens) and reads its result back, so the compute kernels only
-// see valid data and count() adds nothing when the data are bad. Scores: a thread per sample
-// summing its tokens left to right from 0, the CPU's order (kernels_cpu.cpp), so the fp64 sums
-// of vocabulary_rarity are bit-identical to the CPU's; the per-token table is built on the host.
+// see valid data and count() adds nothing when the data are bad. Scores: a warp per sample, each
+// lane summing a strided share of its tokens, then a shuffle tree over the lanes. Every sum is
+// an integer (seqlen: a count; vocabulary_rarity: the fixed-point values of the host's
+// rarity_table, kernels.hpp), exact in any order, so the scores are bit-identical to the CPU's.
 #include <cuda_runtime.h>
 #include <loom/sdk/cuda.hpp>
 
@@ -16,6 +17,14 @@ namespace loom::data::curriculum::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+constexpr int kSamplesPerBlock = kThreads / kWarp;
+
+// The sum over the warp's lanes, on every lane (integers: exact in any order).
+__device__ __forceinline__ long long warp_sum(long long v) {
+  for (int step = kWarp / 2; step > 0; step /= 2) v += __shfl_down_sync(0xffffffffu, v, step);
+  return v;
+}
 
 __device__ __forceinline__ int64_t load_token(const void* tokens, int type, int64_t i) {
   if (type == 0) return static_cast<const uint16_t*>(tokens)[i];
@@ -25,9 +34,10 @@ __device__ __forceinline__ int64_t load_token(const void* tokens, int type, int6
 
 // rec[i]: the first problem of sample i (its offsets, then its tokens); bad counts samples
 // with one. With no samples, thread 0 checks offsets[0] alone.
+// max_len: the longest sample allowed (kSampleTooLong beyond, before its tokens are checked).
 __global__ void check_kernel(const void* tokens, int type, int64_t token_count,
-                             const int64_t* offsets, int64_t samples, int64_t vocab, Problem* rec,
-                             unsigned* bad) {
+                             const int64_t* offsets, int64_t samples, int64_t vocab,
+                             int64_t max_len, Problem* rec, unsigned* bad) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = samples > 0 ? samples : 1;
   if (i >= threads) return;
@@ -53,6 +63,11 @@ __global__ void check_kernel(const void* tokens, int type, int64_t token_count,
       p.index = i + 1;
       p.value = hi;
       p.previous = lo;
+    } else if (lo >= 0 && lo <= token_count && hi - lo > max_len) {
+      p.kind = Problem::kSampleTooLong;
+      p.index = i;
+      p.value = hi - lo;
+      p.previous = max_len;
     } else if (lo >= 0 && lo <= token_count) {
       for (int64_t k = lo; k < hi; ++k) {
         const int64_t t = load_token(tokens, type, k);
@@ -69,26 +84,42 @@ __global__ void check_kernel(const void* tokens, int type, int64_t token_count,
   if (p.kind != Problem::kNone) atomicAdd(bad, 1u);  // lint: integer atomic
 }
 
+// A warp per sample: blockDim.x == kThreads, sample blockIdx.x * kSamplesPerBlock + warp.
 __global__ void seqlen_kernel(const void* tokens, int type, const int64_t* offsets, int64_t samples,
                               int64_t pad_token, double* scores) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= samples) return;
-  int64_t n = 0;
-  for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
-    n += load_token(tokens, type, k) != pad_token ? 1 : 0;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t i =
+      static_cast<int64_t>(blockIdx.x) * kSamplesPerBlock + static_cast<int>(threadIdx.x) / kWarp;
+  // Lanes past the last sample still take part in the shuffles (no early return).
+  const bool active = i < samples;
+  long long n = 0;
+  if (active) {
+    for (int64_t k = offsets[i] + lane; k < offsets[i + 1]; k += kWarp) {
+      n += load_token(tokens, type, k) != pad_token ? 1 : 0;
+    }
   }
-  scores[i] = static_cast<double>(n);
+  n = warp_sum(n);
+  if (active && lane == 0) scores[i] = static_cast<double>(n);
 }
 
 __global__ void rarity_kernel(const void* tokens, int type, const int64_t* offsets, int64_t samples,
-                              const double* table, double* scores) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= samples) return;
-  double sum = 0.0;
-  for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
-    sum = __dadd_rn(sum, table[load_token(tokens, type, k)]);
+                              const int64_t* value, double* scores) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t i =
+      static_cast<int64_t>(blockIdx.x) * kSamplesPerBlock + static_cast<int>(threadIdx.x) / kWarp;
+  const bool active = i < samples;
+  long long sum = 0;
+  if (active) {
+    for (int64_t k = offsets[i] + lane; k < offsets[i + 1]; k += kWarp) {
+      sum += value[load_token(tokens, type, k)];
+    }
   }
-  scores[i] = sum;
+  sum = warp_sum(sum);
+  // As rarity_score_of: int64 to double (round to nearest), times 2^-kRarityFractionBits.
+  if (active && lane == 0) {
+    scores[i] =
+        static_cast<double>(sum) * (1.0 / static_cast<double>(int64_t{1} << kRarityFractionBits));
+  }
 }
 
 // Grid-stride over the samples' tokens [lo, lo + n): integer atomics, order-independent.
@@ -105,16 +136,21 @@ int blocks_for(int64_t n) {
   return static_cast<int>(std::max<int64_t>(1, (n + kThreads - 1) / kThreads));
 }
 
+int sample_blocks(int64_t samples) {
+  return static_cast<int>(
+      std::max<int64_t>(1, (samples + kSamplesPerBlock - 1) / kSamplesPerBlock));
+}
+
 // Runs the check pass; returns the problem the CPU would report (lowest offset index, else
 // lowest token index).
-Problem check(const SampleData& s, cudaStream_t stream) {
+Problem check(const SampleData& s, cudaStream_t stream, int64_t max_len = INT64_MAX) {
   const int64_t threads = std::max<int64_t>(s.samples, 1);
   loom::sdk::CudaScratch rec(sizeof(Problem) * static_cast<std::size_t>(threads), stream);
   loom::sdk::CudaScratch bad(sizeof(unsigned), stream);
   LOOM_CUDA_CHECK(cudaMemsetAsync(bad.as<unsigned>(), 0, sizeof(unsigned), stream));
   check_kernel<<<blocks_for(threads), kThreads, 0, stream>>>(
       s.tokens, static_cast<int>(s.type), s.token_count, s.offsets, s.samples,
-      static_cast<int64_t>(s.vocab_size), rec.as<Problem>(), bad.as<unsigned>());
+      static_cast<int64_t>(s.vocab_size), max_len, rec.as<Problem>(), bad.as<unsigned>());
   LOOM_CUDA_CHECK(cudaGetLastError());
   unsigned found = 0;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&found, bad.as<unsigned>(), sizeof(unsigned),
@@ -127,6 +163,9 @@ Problem check(const SampleData& s, cudaStream_t stream) {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (const Problem& p : host) {
     if (p.kind >= Problem::kOffsetNegative && p.kind <= Problem::kOffsetDecreasing) return p;
+  }
+  for (const Problem& p : host) {
+    if (p.kind == Problem::kSampleTooLong) return p;
   }
   for (const Problem& p : host) {
     if (p.kind != Problem::kNone) return p;
@@ -150,7 +189,7 @@ Problem seqlen(const SampleData& s, int64_t pad_token, double* scores, int devic
   auto* st = static_cast<cudaStream_t>(stream);
   if (Problem p = check(s, st); p.kind != Problem::kNone) return p;
   if (s.samples == 0) return {};
-  seqlen_kernel<<<blocks_for(s.samples), kThreads, 0, st>>>(
+  seqlen_kernel<<<sample_blocks(s.samples), kThreads, 0, st>>>(
       s.tokens, static_cast<int>(s.type), s.offsets, s.samples, pad_token, scores);
   LOOM_CUDA_CHECK(cudaGetLastError());
   return {};
@@ -176,24 +215,20 @@ Problem count(const SampleData& s, int64_t* stats, int device, void* stream) {
   return {};
 }
 
-Problem rarity(const SampleData& s, const int64_t* stats, double* scores, int device,
+Problem rarity(const SampleData& s, const RarityTable& table, double* scores, int device,
                void* stream) {
   loom::sdk::CudaDeviceGuard guard(device);
   auto* st = static_cast<cudaStream_t>(stream);
-  std::vector<int64_t> counts(s.vocab_size);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), stats, sizeof(int64_t) * counts.size(),
-                                  cudaMemcpyDeviceToHost, st));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(st));
-  const std::vector<double> table = rarity_table(counts.data(), counts.size());
-  if (Problem p = check(s, st); p.kind != Problem::kNone) return p;
+  if (Problem p = check(s, st, table.max_tokens); p.kind != Problem::kNone) return p;
   if (s.samples == 0) return {};
-  loom::sdk::CudaScratch dev_table(sizeof(double) * table.size(), st);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(dev_table.as<double>(), table.data(),
-                                  sizeof(double) * table.size(), cudaMemcpyHostToDevice, st));
-  rarity_kernel<<<blocks_for(s.samples), kThreads, 0, st>>>(
-      s.tokens, static_cast<int>(s.type), s.offsets, s.samples, dev_table.as<double>(), scores);
+  const std::size_t bytes = sizeof(int64_t) * table.value.size();
+  loom::sdk::CudaScratch dev_table(bytes, st);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dev_table.as<int64_t>(), table.value.data(), bytes,
+                                  cudaMemcpyHostToDevice, st));
+  rarity_kernel<<<sample_blocks(s.samples), kThreads, 0, st>>>(
+      s.tokens, static_cast<int>(s.type), s.offsets, s.samples, dev_table.as<int64_t>(), scores);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  // The table's host copy must outlive the transfer.
+  // The table's host copy (the caller's) must outlive the transfer.
   LOOM_CUDA_CHECK(cudaStreamSynchronize(st));
   return {};
 }

@@ -3,6 +3,7 @@
 #include <loom/sdk/status.hpp>
 #include <loom/sdk/tensor.hpp>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,9 +27,12 @@ Problem cuda_seqlen(const SampleData& s, int64_t pad, double* scores, int device
 Problem cuda_count(const SampleData& s, int64_t* stats, int device, void* stream) {
   return cuda::count(s, stats, device, stream);
 }
-Problem cuda_rarity(const SampleData& s, const int64_t* stats, double* scores, int device,
+Problem cuda_rarity(const SampleData& s, const RarityTable& table, double* scores, int device,
                     void* stream) {
-  return cuda::rarity(s, stats, scores, device, stream);
+  return cuda::rarity(s, table, scores, device, stream);
+}
+void stats_to_host(const int64_t* stats, std::size_t n, int64_t* out, int device, void* stream) {
+  cuda::copy_to_host(out, stats, sizeof(int64_t) * n, device, stream);
 }
 void offsets_to_host(const SampleData& s, int64_t* out, int device, void* stream) {
   cuda::copy_to_host(out, s.offsets, sizeof(int64_t) * static_cast<std::size_t>(s.samples + 1),
@@ -39,7 +43,8 @@ void offsets_to_host(const SampleData& s, int64_t* out, int device, void* stream
 [[noreturn]] void no_cuda() { fail_argument("this plugin was built without CUDA"); }
 Problem cuda_seqlen(const SampleData&, int64_t, double*, int, void*) { no_cuda(); }
 Problem cuda_count(const SampleData&, int64_t*, int, void*) { no_cuda(); }
-Problem cuda_rarity(const SampleData&, const int64_t*, double*, int, void*) { no_cuda(); }
+Problem cuda_rarity(const SampleData&, const RarityTable&, double*, int, void*) { no_cuda(); }
+void stats_to_host(const int64_t*, std::size_t, int64_t*, int, void*) { no_cuda(); }
 void offsets_to_host(const SampleData&, int64_t*, int, void*) { no_cuda(); }
 #endif
 
@@ -150,6 +155,11 @@ void raise(const Problem& p, const Checked& c, void* stream) {
     case Problem::kOffsetDecreasing:
       fail_argument("samples.offsets[" + idx + "] = " + val + " is below offsets[" +
                     std::to_string(p.index - 1) + "] = " + std::to_string(p.previous));
+    case Problem::kSampleTooLong:
+      fail_argument("sample " + idx + " has " + val + " tokens; vocabulary_rarity sums at most " +
+                    std::to_string(p.previous) +
+                    " tokens per sample exactly (its -log p values are int64 multiples of "
+                    "2^-32): score shorter samples");
     case Problem::kTokenNegative:
     case Problem::kTokenTooLarge: {
       const int64_t sample = sample_of(c.data, p.index, c, stream);
@@ -190,7 +200,28 @@ void rarity_count(const loom_curriculum_count_args& args) {
   raise(p, c, args.stream);
 }
 
-void rarity_score(const loom_curriculum_score_args& args) {
+std::shared_ptr<const RarityTable> RarityCache::get(const int64_t* counts, std::size_t vocab_size) {
+  std::shared_ptr<const Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    e = entry_;
+  }
+  if (e && e->counts.size() == vocab_size &&
+      std::memcmp(e->counts.data(), counts, sizeof(int64_t) * vocab_size) == 0) {
+    return {e, &e->table};
+  }
+  auto fresh = std::make_shared<Entry>();
+  fresh->counts.assign(counts, counts + vocab_size);
+  fresh->table = rarity_table(counts, vocab_size);
+  std::shared_ptr<const Entry> done = std::move(fresh);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entry_ = done;
+  }
+  return {done, &done->table};
+}
+
+void rarity_score(const loom_curriculum_score_args& args, RarityCache* cache) {
   const Checked c = check_samples(args.samples, args.vocab_size);
   if (args.stats == nullptr) {
     fail_argument("stats is NULL; vocabulary_rarity scores with the token counts of count()");
@@ -199,12 +230,25 @@ void rarity_score(const loom_curriculum_score_args& args) {
   check_vector(args.scores, "scores", DLDataType{kDLFloat, 64, 1}, c.data.samples, c);
   const int64_t* stats = loom::sdk::data_as<const int64_t>(*args.stats);
   double* scores = loom::sdk::data_as<double>(*args.scores);
-  Problem p;
-  if (loom::sdk::is_cuda(c.device)) {
-    p = cuda_rarity(c.data, stats, scores, c.device.device_id, args.stream);
+  // The table is built on the host, from a copy of device stats.
+  std::vector<int64_t> host_stats;
+  const bool on_cuda = loom::sdk::is_cuda(c.device);
+  if (on_cuda) {
+    host_stats.resize(args.vocab_size);
+    stats_to_host(stats, host_stats.size(), host_stats.data(), c.device.device_id, args.stream);
+  }
+  const int64_t* counts = on_cuda ? host_stats.data() : stats;
+  std::shared_ptr<const RarityTable> table;
+  if (cache != nullptr) {
+    table = cache->get(counts, args.vocab_size);
   } else {
-    const std::vector<double> table = rarity_table(stats, args.vocab_size);
-    p = rarity_cpu(c.data, table.data(), scores);
+    table = std::make_shared<const RarityTable>(rarity_table(counts, args.vocab_size));
+  }
+  Problem p;
+  if (on_cuda) {
+    p = cuda_rarity(c.data, *table, scores, c.device.device_id, args.stream);
+  } else {
+    p = rarity_cpu(c.data, *table, scores);
   }
   raise(p, c, args.stream);
 }

@@ -20,7 +20,13 @@ class VocabularyRarity : public loom::sdk::Curriculum {
   }
 
   void count(const loom_curriculum_count_args& a) { loom::data::curriculum::rarity_count(a); }
-  void score(const loom_curriculum_score_args& a) { loom::data::curriculum::rarity_score(a); }
+  void score(const loom_curriculum_score_args& a) {
+    loom::data::curriculum::rarity_score(a, &cache_);
+  }
+
+ private:
+  // The -log p table of the last stats seen (an analysis scores every chunk with the same).
+  loom::data::curriculum::RarityCache cache_;
 };
 
 }  // namespace

@@ -204,8 +204,9 @@ TEST_F(Analyze, MatchesReference) {
 }
 
 // The bundled metrics: seqlen (tokens that are not pad_token) and vocabulary_rarity (sum of
-// -log p(t), p from the counts of every scored token, a count of 0 taken as 1), each
-// sample's sum left to right, as docs/data.md defines them.
+// -log p(t), p from the counts of every scored token, a count of 0 taken as 1), each token's
+// value as round(-log p * 2^32) and a sample's score their int64 sum times 2^-32, as
+// docs/data.md defines them.
 TEST_F(Analyze, BundledMetricsMatchReference) {
   if (!LOOM_HAVE_BUNDLED_METRICS) GTEST_SKIP() << "seqlen / vocabulary_rarity are not built";
   const Result r = analyze("bundled.toml", "bundled", "--threads 2 --chunk-samples 9");
@@ -215,10 +216,11 @@ TEST_F(Analyze, BundledMetricsMatchReference) {
   for (uint64_t i = 0; i < n * kL; ++i) counts[train_[i]] += 1;
   int64_t total = 0;
   for (int64_t c : counts) total += std::max<int64_t>(c, 1);
-  std::vector<double> table(kVocab);
+  std::vector<int64_t> table(kVocab);
   for (uint32_t t = 0; t < kVocab; ++t) {
-    table[t] = -std::log(static_cast<double>(std::max<int64_t>(counts[t], 1)) /
-                         static_cast<double>(total));
+    table[t] = std::llround(-std::log(static_cast<double>(std::max<int64_t>(counts[t], 1)) /
+                                      static_cast<double>(total)) *
+                            0x1p32);
   }
   const MetricIndex len = MetricIndex::open((dir_ / "bundled").string(), "len");
   const MetricIndex voc = MetricIndex::open((dir_ / "bundled").string(), "voc");
@@ -226,7 +228,7 @@ TEST_F(Analyze, BundledMetricsMatchReference) {
   EXPECT_EQ(voc.info().plugin, "vocabulary_rarity");
   size_t padded = 0;
   for (uint64_t s = 0; s < n; ++s) {
-    double rarity = 0;
+    int64_t rarity = 0;
     int64_t kept = 0;
     for (uint64_t i = s * kL; i < (s + 1) * kL; ++i) {
       rarity += table[train_[i]];
@@ -234,7 +236,7 @@ TEST_F(Analyze, BundledMetricsMatchReference) {
     }
     padded += kept < static_cast<int64_t>(kL) ? 1 : 0;
     ASSERT_EQ(len.sample_to_metric()[s], static_cast<double>(kept)) << s;
-    ASSERT_EQ(voc.sample_to_metric()[s], rarity) << s;
+    ASSERT_EQ(voc.sample_to_metric()[s], static_cast<double>(rarity) * 0x1p-32) << s;
   }
   EXPECT_GT(padded, 10u);  // pad_token mattered
   // Sorted: ascending, ties by id (seqlen has few distinct values: many ties).
