@@ -1,12 +1,12 @@
 #include "sampler_core.hpp"
 
+#include <common/number.hpp>
 #include <loom/sdk/random.hpp>
 #include <loom/sdk/state.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string_view>
@@ -14,6 +14,7 @@
 
 namespace loom::data::sampler {
 
+using loom::common::number;
 using loom::sdk::CounterRng;
 using loom::sdk::Error;
 using loom::sdk::mix64;
@@ -26,12 +27,6 @@ constexpr uint32_t kPermPurpose = 0x7065726du;  // "perm"
 
 constexpr std::string_view kStateMagic = "loom.curriculum_sampler";
 constexpr uint32_t kStateVersion = 1;
-
-std::string number(double d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", d);
-  return buf;
-}
 
 // Uniform in [0, bound), bound >= 1: masked draws, rejected until below bound (unbiased; at
 // most two draws expected).
