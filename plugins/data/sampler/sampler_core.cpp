@@ -304,6 +304,7 @@ void SamplerCore::draw(int64_t step, uint64_t seed, const DifficultyFn& difficul
     ids.resize(batch_);
     const std::size_t count = pos_.clusters.size();
     const std::size_t top = std::bit_floor(count);
+    const auto step_high = static_cast<uint32_t>(static_cast<uint64_t>(step) >> 32);
     for (uint64_t j = 0; j < batch_; ++j) {
       if (remaining_ == 0) {
         // Every admitted cluster is spent: all start their next pass.
@@ -313,7 +314,9 @@ void SamplerCore::draw(int64_t step, uint64_t seed, const DifficultyFn& difficul
         }
         rebuild();
       }
-      CounterRng rng(seed_, step, 0, static_cast<uint32_t>(j), kDrawPurpose);
+      // CounterRng's step word holds the step's low 32 bits; its high bits go in the layer
+      // word (0 below step 2^32), so draws never repeat however long the run.
+      CounterRng rng(seed_, step, step_high, static_cast<uint32_t>(j), kDrawPurpose);
       uint64_t u = uniform_below(rng, remaining_);
       // The cluster that holds remaining-sample u: descend the Fenwick tree.
       std::size_t idx = 0;
