@@ -92,8 +92,10 @@ class SamplerCore {
   SamplerCore(std::span<const SortedEntry> sorted, DifficultyType type, Clustering clustering,
               std::string source);
 
-  // Fixes the dataset size, global batch and world size. The same values as a state that
-  // was imported before keep its position; any other call restarts at step 0.
+  // Fixes the dataset size, global batch and world size. The first plan after a state was
+  // imported (before any plan) must give that state's values and keeps its position (other
+  // values throw INVALID_ARGUMENT); after that, the same values change nothing and others
+  // restart at step 0.
   void plan(uint64_t dataset_size, int64_t global_batch, int32_t world_size);
   bool planned() const { return planned_; }
   // The most ids one rank receives: ceil(B / W); 0 before plan.
