@@ -3,9 +3,13 @@
 // max_difficulty along half a cosine over total_curriculum_step steps, slowly at first and
 // at the end, fastest in the middle, then stays at max_difficulty:
 //
-//   f(s) = (1 - cos(pi * min(s, T) / T)) / 2               s = step (1-based), T = total
+//   f(s) = (1 - cos(pi * s / T)) / 2                       s = step (1-based), T = total
 //   d(s) = floor(min + f(s) * (max - min)), rounded down to a multiple of difficulty_step,
-//          then clamped to [min_difficulty, max_difficulty]
+//          then clamped to [min_difficulty, max_difficulty], for s < T
+//   d(s) = max_difficulty                                   for s >= T
+//
+// (like the bundled schedules: from T on the difficulty is max itself, also when max is
+// not a multiple of difficulty_step, which the rounding would take below it).
 //
 // A starting point for your own schedule: at() is a pure function of the step, so the
 // instance has no state to export and a resumed run gets the same difficulties; parameters
@@ -58,14 +62,17 @@ class CosineSchedule : public loom::sdk::Curriculum {
 
   // [instance]; the SDK has checked that step >= 1.
   void at(loom_curriculum_at_args& a) {
+    a.seq_len = 0;  // not a sequence-length schedule
+    if (a.step >= total_) {
+      a.difficulty = max_;  // from T on: max, not max rounded down
+      return;
+    }
     constexpr double kPi = 3.14159265358979323846;
-    const double f = (1.0 - std::cos(kPi * static_cast<double>(std::min(a.step, total_)) /
-                                     static_cast<double>(total_))) /
-                     2.0;
+    const double f =
+        (1.0 - std::cos(kPi * static_cast<double>(a.step) / static_cast<double>(total_))) / 2.0;
     double d = std::floor(min_ + f * (max_ - min_));
     d -= std::fmod(d, static_cast<double>(quantum_));
     a.difficulty = std::clamp(d, min_, max_);
-    a.seq_len = 0;  // not a sequence-length schedule
   }
 
  private:

@@ -25,10 +25,10 @@ cl::RootSchedule root(double lo, double hi, int64_t total, int64_t q, double k =
   return s;
 }
 
-// The formula as DeepSpeed writes it (Python floats: fp64 pow), plus Loom's clamp, written
-// independently: the rounding to a multiple of q in integers (floor division).
+// The formula as DeepSpeed writes it (Python floats: fp64 pow), plus Loom's clamp to
+// [min, max], written independently: the rounding to a multiple of q in integers (floor
+// division). No rule for steps from T on: the tests check that one on its own.
 double reference(const cl::RootSchedule& s, int64_t step) {
-  if (step >= s.total_curriculum_step) return s.max_difficulty;
   const double v =
       std::pow(static_cast<double>(step) / static_cast<double>(s.total_curriculum_step),
                1.0 / s.root_degree);
@@ -105,11 +105,31 @@ TEST(CurriculumSchedule, FormulaAtManySteps) {
     for (int64_t step = 1; step <= s.total_curriculum_step + 100;
          step += 1 + s.total_curriculum_step / 997) {
       const double d = cl::difficulty_at(s, step);
-      EXPECT_EQ(d, reference(s, step)) << "step " << step << " T " << s.total_curriculum_step;
+      if (step < s.total_curriculum_step) {
+        EXPECT_EQ(d, reference(s, step)) << "step " << step << " T " << s.total_curriculum_step;
+      } else {
+        // Loom's rule from T on (the formula may round max down at T).
+        EXPECT_EQ(d, s.max_difficulty) << "step " << step << " T " << s.total_curriculum_step;
+      }
       EXPECT_GE(d, prev) << "not monotone at step " << step;
       EXPECT_GE(d, s.min_difficulty);
       EXPECT_LE(d, s.max_difficulty);
       prev = d;
+    }
+  }
+}
+
+TEST(CurriculumSchedule, HugeFiniteBoundsStayFinite) {
+  // The largest spans validate accepts: every step's difficulty is finite and in [min, max].
+  const cl::RootSchedule cases[] = {root(-8e307, 8e307, 1000, 8), root(0, 1.7e308, 50, 1, 3),
+                                    root(-1.7e308, 0, 50, 1024, 0.5)};
+  for (const auto& s : cases) {
+    cl::validate(s);
+    for (int64_t step = 1; step <= s.total_curriculum_step + 2; ++step) {
+      const double d = cl::difficulty_at(s, step);
+      EXPECT_TRUE(std::isfinite(d)) << "step " << step;
+      EXPECT_GE(d, s.min_difficulty) << "step " << step;
+      EXPECT_LE(d, s.max_difficulty) << "step " << step;
     }
   }
 }
@@ -155,6 +175,14 @@ TEST(CurriculumSchedule, BadParameters) {
   expect_error([] { cl::validate(root(1, 2, 5, 1, -1)); }, "root_degree", "> 0");
   expect_error([] { cl::validate(root(NAN, 2, 5, 1)); }, "min_difficulty", "not finite");
   expect_error([] { cl::validate(root(1, INFINITY, 5, 1)); }, "max_difficulty", "not finite");
+  // Finite bounds whose difference is not: the formula would give inf and NaN.
+  expect_error([] { cl::validate(root(-1e308, 1e308, 5, 1)); }, "max_difficulty",
+               "(1e+308) minus min_difficulty (-1e+308) is not a finite number");
+  expect_error([] { cl::validate(root(-1.7e308, 0.5e308, 5, 8, 2)); }, "max_difficulty",
+               "not a finite number");
+  // Small values print as themselves (not rounded to six decimals).
+  expect_error([] { cl::validate(root(2e-7, 1e-7, 5, 1)); }, "min_difficulty",
+               "(2e-07) is above max_difficulty (1e-07)");
   cl::DiscreteSchedule d;
   d.difficulty = {1, 2, 3};
   d.max_step = {2, 4, 6};

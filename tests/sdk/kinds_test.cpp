@@ -88,6 +88,24 @@ class BadSchedule : public loom::sdk::Curriculum {
   void at(loom_curriculum_at_args& a) { a.difficulty = 0; }
 };
 
+// Schedules that break at's promise (a finite difficulty; seq_len >= 1 for a
+// sequence-length schedule, 0 otherwise), at the steps the test picks: step 2 breaks it.
+template <uint32_t Mode>
+class BrokenAt : public loom::sdk::Curriculum {
+ public:
+  explicit BrokenAt(Context& /*ctx*/) {}
+  void plan(loom_curriculum_plan_args& a) { a.seq_len_mode = Mode; }
+  void at(loom_curriculum_at_args& a) {
+    const bool length = Mode != LOOM_SEQ_LEN_NONE;
+    a.difficulty = 16;
+    a.seq_len = length ? 16 : 0;
+    if (a.step == 2) a.seq_len = length ? 0 : 16;  // the wrong seq_len for the mode
+    if (a.step == 3) a.seq_len = length ? -4 : -1;
+    if (a.step == 4) a.difficulty = NAN;
+    if (a.step == 5) a.difficulty = -INFINITY;
+  }
+};
+
 // A sampler: ids step*B + slot modulo the dataset, this rank's share of them.
 class RoundRobin : public loom::sdk::Sampler {
  public:
@@ -430,6 +448,51 @@ TEST(SdkKinds, AtFillsTheOutFieldsAndRefusesStepZero) {
   int32_t code = 0;
   EXPECT_EQ(take(t->at(b.object(), &a), &code), "at: step is 0; steps start at 1");
   EXPECT_EQ(code, LOOM_ERR_INVALID_ARGUMENT);
+}
+
+template <class T>
+std::string at_error(int64_t step, int32_t* code, loom_curriculum_at_args* out = nullptr) {
+  Instance<T> inst;
+  loom_curriculum_at_args a{};
+  a.struct_size = LOOM_CURRICULUM_AT_ARGS_SIZE;
+  a.step = step;
+  std::string msg = take(inst.template table<loom_curriculum_v1>()->at(inst.object(), &a), code);
+  if (out != nullptr) *out = a;
+  return msg;
+}
+
+TEST(SdkKinds, AtRefusesAnAnswerThatBreaksTheAbi) {
+  using Truncate = BrokenAt<LOOM_SEQ_LEN_TRUNCATE>;
+  using Reshape = BrokenAt<LOOM_SEQ_LEN_RESHAPE>;
+  using None = BrokenAt<LOOM_SEQ_LEN_NONE>;
+  int32_t code = 0;
+  loom_curriculum_at_args a{};
+  // Step 1 keeps the promise.
+  EXPECT_EQ(at_error<Truncate>(1, &code, &a), "");
+  EXPECT_EQ(a.seq_len, 16);
+  EXPECT_EQ(at_error<None>(1, &code, &a), "");
+  EXPECT_EQ(a.seq_len, 0);
+
+  EXPECT_EQ(at_error<Truncate>(2, &code),
+            "the plugin's at gave seq_len 0 at step 2 but it is a sequence-length schedule "
+            "(seq_len_mode TRUNCATE), whose seq_len must be >= 1");
+  EXPECT_EQ(code, LOOM_ERR_INTERNAL);
+  EXPECT_EQ(at_error<Reshape>(3, &code),
+            "the plugin's at gave seq_len -4 at step 3 but it is a sequence-length schedule "
+            "(seq_len_mode RESHAPE), whose seq_len must be >= 1");
+  EXPECT_EQ(code, LOOM_ERR_INTERNAL);
+  EXPECT_EQ(at_error<None>(2, &code),
+            "the plugin's at gave seq_len 16 at step 2 but its seq_len_mode is NONE (the "
+            "seq_len must be 0)");
+  EXPECT_EQ(code, LOOM_ERR_INTERNAL);
+  EXPECT_NE(at_error<None>(3, &code).find("seq_len -1 at step 3"), std::string::npos);
+  EXPECT_EQ(code, LOOM_ERR_INTERNAL);
+  EXPECT_EQ(at_error<Truncate>(4, &code),
+            "the plugin's at gave difficulty NaN at step 4; a schedule's difficulty must be "
+            "finite");
+  EXPECT_EQ(code, LOOM_ERR_INTERNAL);
+  EXPECT_NE(at_error<None>(5, &code).find("difficulty inf at step 5"), std::string::npos);
+  EXPECT_EQ(code, LOOM_ERR_INTERNAL);
 }
 
 TEST(SdkKinds, SamplerPlanAndNext) {

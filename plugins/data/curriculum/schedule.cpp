@@ -1,5 +1,6 @@
 #include "schedule.hpp"
 
+#include <common/number.hpp>
 #include <loom/sdk/status.hpp>
 
 #include <algorithm>
@@ -13,15 +14,7 @@ namespace {
   throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, key + " " + what, key);
 }
 
-std::string num(double v) {
-  std::string s = std::to_string(v);
-  // "2.500000" -> "2.5", "3.000000" -> "3"
-  if (s.find('.') != std::string::npos) {
-    while (!s.empty() && s.back() == '0') s.pop_back();
-    if (!s.empty() && s.back() == '.') s.pop_back();
-  }
-  return s;
-}
+using loom::common::number;
 
 void check_step(int64_t step) {
   if (step < 1) fail("step", "is " + std::to_string(step) + "; steps are 1-based (the first is 1)");
@@ -33,8 +26,15 @@ void validate(const RootSchedule& s) {
   if (!std::isfinite(s.min_difficulty)) fail("min_difficulty", "is not finite");
   if (!std::isfinite(s.max_difficulty)) fail("max_difficulty", "is not finite");
   if (s.min_difficulty > s.max_difficulty) {
-    fail("min_difficulty",
-         "(" + num(s.min_difficulty) + ") is above max_difficulty (" + num(s.max_difficulty) + ")");
+    fail("min_difficulty", "(" + number(s.min_difficulty) + ") is above max_difficulty (" +
+                               number(s.max_difficulty) + ")");
+  }
+  // The formula scales by max - min: finite bounds whose difference overflows would make
+  // every difficulty before T infinite or NaN.
+  if (!std::isfinite(s.max_difficulty - s.min_difficulty)) {
+    fail("max_difficulty", "(" + number(s.max_difficulty) + ") minus min_difficulty (" +
+                               number(s.min_difficulty) +
+                               ") is not a finite number; the schedule scales by that difference");
   }
   if (s.total_curriculum_step < 1) {
     fail("total_curriculum_step",
@@ -44,7 +44,7 @@ void validate(const RootSchedule& s) {
     fail("difficulty_step", "is " + std::to_string(s.difficulty_step) + "; must be >= 1");
   }
   if (!std::isfinite(s.root_degree) || s.root_degree <= 0) {
-    fail("root_degree", "is " + num(s.root_degree) + "; must be a finite number > 0");
+    fail("root_degree", "is " + number(s.root_degree) + "; must be a finite number > 0");
   }
 }
 
@@ -77,7 +77,9 @@ double difficulty_at(const RootSchedule& s, int64_t step) {
   check_step(step);
   const double lo = s.min_difficulty;
   const double hi = s.max_difficulty;
-  // From T on the formula gives at least max; stop there (no pow of huge ratios).
+  // Loom's deliberate difference: max from step T on. DeepSpeed's formula rounds max down to
+  // a multiple of q at T (max 2047, q 8 gives 2040 there); this also avoids pow of huge
+  // ratios long after T.
   if (step >= s.total_curriculum_step) return hi;
   const double ratio = static_cast<double>(step) / static_cast<double>(s.total_curriculum_step);
   const double v = s.root_degree == 1 ? ratio : std::pow(ratio, 1.0 / s.root_degree);

@@ -7,7 +7,8 @@
 //   v = (s / T)^(1/k);  d = floor(v * (max - min) + min);  d -= d mod q (rounded down, the
 //   remainder taken as Python's %, so d is a multiple of q);  d = min(d, max);  d = max(d, min).
 // The last clamp is Loom's: without it a min that is not a multiple of q rounds below min
-// (min 1, q 8 gives 0 at step 1). The value never decreases with s and is max from s >= T on.
+// (min 1, q 8 gives 0 at step 1). The value never decreases with s and is max from s >= T on
+// (also Loom's: at T the formula rounds a max that is not a multiple of q down).
 //
 // Discrete schedules: difficulty[i] for the first i with s <= max_step[i], the last
 // difficulty after the last max_step; once the largest listed difficulty has been reached it
@@ -34,7 +35,8 @@ struct DiscreteSchedule {
 };
 
 // Throw loom::sdk::Error (INVALID_ARGUMENT) naming the parameter key ("max_difficulty") for
-// parameters the formulas cannot use: min > max, a non-finite value, T < 1, q < 1, k <= 0,
+// parameters the formulas cannot use: min > max, a non-finite value or max - min, T < 1,
+// q < 1, k <= 0,
 // len(difficulty) != len(max_step) + 1, max_step not strictly increasing or < 1.
 void validate(const RootSchedule& s);
 void validate(const DiscreteSchedule& s);

@@ -88,7 +88,7 @@ class CurriculumSampler : public loom::sdk::Sampler {
   }
 
   void next(loom_sampler_next_args& a) {
-    if (!core_.planned()) throw Error(LOOM_ERR_FAILED_PRECONDITION, "next before plan");
+    // core_.next refuses a call before plan (capacity is 0 then).
     const DLTensor& out = *a.indices;
     const int64_t capacity = core_.capacity();
     if (out.shape[0] < capacity) {
@@ -144,11 +144,7 @@ class CurriculumSampler : public loom::sdk::Sampler {
     } catch (const loom::data::IndexError& e) {
       throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string("parameter 'index': ") + e.what());
     }
-    const loom::data::IndexInfo& info = index_->info();
-    if (info.metric != metric_) {
-      throw Error(LOOM_ERR_INVALID_ARGUMENT, "index '" + index_dir_ + "' was written for metric '" +
-                                                 info.metric + "', not '" + metric_ + "'");
-    }
+    // open() refuses files of another metric, so the index is this metric's.
     return SamplerCore(index_->sorted(), type_, clustering_,
                        "index '" + index_dir_ + "' (metric '" + metric_ + "')");
   }

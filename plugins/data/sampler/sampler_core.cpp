@@ -1,12 +1,12 @@
 #include "sampler_core.hpp"
 
+#include <common/number.hpp>
 #include <loom/sdk/random.hpp>
 #include <loom/sdk/state.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string_view>
@@ -14,6 +14,7 @@
 
 namespace loom::data::sampler {
 
+using loom::common::number;
 using loom::sdk::CounterRng;
 using loom::sdk::Error;
 using loom::sdk::mix64;
@@ -26,12 +27,6 @@ constexpr uint32_t kPermPurpose = 0x7065726du;  // "perm"
 
 constexpr std::string_view kStateMagic = "loom.curriculum_sampler";
 constexpr uint32_t kStateVersion = 1;
-
-std::string number(double d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", d);
-  return buf;
-}
 
 // Uniform in [0, bound), bound >= 1: masked draws, rejected until below bound (unbiased; at
 // most two draws expected).
@@ -48,6 +43,11 @@ uint64_t uniform_below(CounterRng& rng, uint64_t bound) {
     const uint64_t x = rng.next_u64() & mask;
     if (x < bound) return x;
   }
+}
+
+// A state blob that cannot be a sampler's position.
+[[noreturn]] void bad(const std::string& what) {
+  throw Error(LOOM_ERR_DATA_LOSS, "curriculum_sampler state: " + what);
 }
 
 struct Appender {
@@ -91,8 +91,9 @@ uint64_t Permutation::encrypt(uint64_t x) const {
 
 uint64_t Permutation::operator()(uint64_t i) const {
   if (n_ <= 1) return 0;
-  // The network permutes [0, 2^(2 half_bits)); following the cycle from i until it is back
-  // inside [0, n) restricts it to a permutation of [0, n).
+  // The network permutes [0, 2^bits), bits = left_bits_ + right_bits_ (odd counts too: the
+  // halves differ by one bit); following the cycle from i until it is back inside [0, n)
+  // restricts it to a permutation of [0, n).
   uint64_t x = i;
   do {
     x = encrypt(x);
@@ -186,13 +187,11 @@ void SamplerCore::plan(uint64_t dataset_size, int64_t global_batch, int32_t worl
   has_seed_ = false;
   pending_redraw_ = false;
   imported_has_seed_ = false;
-  perms_.clear();
-  tree_.clear();
-  remaining_ = 0;
+  drop_derived();
 }
 
 int64_t SamplerCore::capacity() const {
-  require_planned("capacity");
+  if (!planned_) return 0;
   return static_cast<int64_t>((batch_ + world_ - 1) / world_);
 }
 
@@ -278,63 +277,87 @@ void SamplerCore::draw(int64_t step, uint64_t seed, const DifficultyFn& difficul
     throw Error(LOOM_ERR_OUT_OF_RANGE,
                 "step " + std::to_string(step) + ": the count of samples drawn would overflow");
   }
-  // Nothing below throws (but bad_alloc, which leaves only derived data to rebuild).
-  pre_ = pos_;
-  if (!has_seed_ || seed != seed_ || perms_.size() != pos_.clusters.size()) {
-    seed_ = seed;
-    has_seed_ = true;
-    rebuild();
-  }
-  const std::size_t before = pos_.clusters.size();
-  admit(d);
-  if (pos_.clusters.size() != before) {
-    // A new cluster: its permutation, and the tree again (cheap: integers only).
-    for (std::size_t c = before; c < pos_.clusters.size(); ++c) {
-      const Cluster& cl = pos_.clusters[c];
-      perms_.emplace_back(cl.size(), seed_, cl.lo, cl.hi, cl.pass);
-    }
-    rebuild_tree();
-  }
-
-  batch_ids_.resize(batch_);
-  const std::size_t count = pos_.clusters.size();
-  const std::size_t top = std::bit_floor(count);
-  for (uint64_t j = 0; j < batch_; ++j) {
-    if (remaining_ == 0) {
-      // Every admitted cluster is spent: all start their next pass.
-      for (Cluster& c : pos_.clusters) {
-        ++c.pass;
-        c.cursor = 0;
-      }
+  // Transactional: the position, the batch and the seed change only once the whole batch is
+  // drawn. Whatever is thrown below (bad_alloc: the copy, a new cluster, its permutation, the
+  // tree) restores them and drops the derived data, which the next draw rebuilds.
+  Position before_step = pos_;
+  const bool had_seed = has_seed_;
+  const uint64_t old_seed = seed_;
+  try {
+    if (!has_seed_ || seed != seed_ || perms_.size() != pos_.clusters.size()) {
+      seed_ = seed;
+      has_seed_ = true;
       rebuild();
     }
-    CounterRng rng(seed_, step, 0, static_cast<uint32_t>(j), kDrawPurpose);
-    uint64_t u = uniform_below(rng, remaining_);
-    // The cluster that holds remaining-sample u: descend the Fenwick tree.
-    std::size_t idx = 0;
-    for (std::size_t bit = top; bit != 0; bit >>= 1) {
-      const std::size_t next = idx + bit;
-      if (next <= count && tree_[next] <= u) {
-        idx = next;
-        u -= tree_[next];
+    const std::size_t before = pos_.clusters.size();
+    admit(d);
+    if (pos_.clusters.size() != before) {
+      // A new cluster: its permutation, and the tree again (cheap: integers only).
+      for (std::size_t c = before; c < pos_.clusters.size(); ++c) {
+        const Cluster& cl = pos_.clusters[c];
+        perms_.emplace_back(cl.size(), seed_, cl.lo, cl.hi, cl.pass);
       }
+      rebuild_tree();
     }
-    // idx is 0-based cluster index now.
-    Cluster& cl = pos_.clusters[idx];
-    const uint64_t offset = perms_[idx](cl.cursor);
-    ++cl.cursor;
-    for (std::size_t i = idx + 1; i <= count; i += i & (~i + 1)) --tree_[i];
-    --remaining_;
-    batch_ids_[j] = static_cast<int64_t>(cl.lo + offset);
+
+    std::vector<int64_t>& ids = spare_ids_;
+    ids.resize(batch_);
+    const std::size_t count = pos_.clusters.size();
+    const std::size_t top = std::bit_floor(count);
+    const auto step_high = static_cast<uint32_t>(static_cast<uint64_t>(step) >> 32);
+    for (uint64_t j = 0; j < batch_; ++j) {
+      if (remaining_ == 0) {
+        // Every admitted cluster is spent: all start their next pass.
+        for (Cluster& c : pos_.clusters) {
+          ++c.pass;
+          c.cursor = 0;
+        }
+        rebuild();
+      }
+      // CounterRng's step word holds the step's low 32 bits; its high bits go in the layer
+      // word (0 below step 2^32), so draws never repeat however long the run.
+      CounterRng rng(seed_, step, step_high, static_cast<uint32_t>(j), kDrawPurpose);
+      uint64_t u = uniform_below(rng, remaining_);
+      // The cluster that holds remaining-sample u: descend the Fenwick tree.
+      std::size_t idx = 0;
+      for (std::size_t bit = top; bit != 0; bit >>= 1) {
+        const std::size_t next = idx + bit;
+        if (next <= count && tree_[next] <= u) {
+          idx = next;
+          u -= tree_[next];
+        }
+      }
+      // idx is 0-based cluster index now.
+      Cluster& cl = pos_.clusters[idx];
+      const uint64_t offset = perms_[idx](cl.cursor);
+      ++cl.cursor;
+      for (std::size_t i = idx + 1; i <= count; i += i & (~i + 1)) --tree_[i];
+      --remaining_;
+      ids[j] = static_cast<int64_t>(cl.lo + offset);
+    }
+    // Positions in the sorted list to sample ids, in a loop of its own so that the loads
+    // (random over a list that can be far larger than the caches) overlap.
+    if (!sorted_.empty()) {
+      for (int64_t& id : ids) id = static_cast<int64_t>(sorted_[static_cast<uint64_t>(id)].sample);
+    }
+  } catch (...) {
+    pos_ = std::move(before_step);
+    has_seed_ = had_seed;
+    seed_ = old_seed;
+    drop_derived();
+    throw;
   }
-  // Positions in the sorted list to sample ids, in a loop of its own so that the loads
-  // (random over a list that can be far larger than the caches) overlap.
-  if (!sorted_.empty()) {
-    for (int64_t& id : batch_ids_)
-      id = static_cast<int64_t>(sorted_[static_cast<uint64_t>(id)].sample);
-  }
+  // Commit (nothing here throws).
   pos_.step = step;
   pos_.consumed += batch_;
+  pre_ = std::move(before_step);
+  batch_ids_.swap(spare_ids_);
+}
+
+void SamplerCore::drop_derived() noexcept {
+  perms_.clear();
+  tree_.clear();
+  remaining_ = 0;
 }
 
 SamplerCore::Share SamplerCore::next(int64_t step, uint64_t seed, int32_t rank, int32_t world_size,
@@ -372,15 +395,16 @@ SamplerCore::Share SamplerCore::next(int64_t step, uint64_t seed, int32_t rank, 
   if (pending_redraw_) {
     // The state holds the position before its last step: draw that step again, then the
     // one asked for if it is the next.
+    // A draw that throws leaves the position as it was; if the second one throws, go back
+    // to before the first (pre_ still is that position: pending, it equals pos_).
     Position saved = pos_;
     try {
       draw(last, seed, difficulty);
       if (step == last + 1) draw(step, seed, difficulty);
     } catch (...) {
       pos_ = std::move(saved);
-      pre_ = pos_;
       has_seed_ = false;
-      perms_.clear();
+      drop_derived();
       throw;
     }
     pending_redraw_ = false;
@@ -437,9 +461,6 @@ std::vector<std::byte> SamplerCore::export_state() const {
 }
 
 void SamplerCore::check_position(const Position& p, int64_t drawn) const {
-  auto bad = [](const std::string& what) {
-    throw Error(LOOM_ERR_DATA_LOSS, "curriculum_sampler state: " + what);
-  };
   if (drawn <= 1) {
     if (p.consumed != 0 || p.admitted != 0 || !p.clusters.empty()) {
       bad("a state before its second step has drawn samples");
@@ -528,9 +549,6 @@ void SamplerCore::import_state(std::span<const std::byte> blob) {
   }
   in.expect_end();
 
-  auto bad = [](const std::string& what) {
-    throw Error(LOOM_ERR_DATA_LOSS, "curriculum_sampler state: " + what);
-  };
   if (n == 0 || b == 0 || w == 0 || b < w) {
     bad("plan sizes " + std::to_string(n) + ", " + std::to_string(b) + ", " + std::to_string(w) +
         " are not valid");
@@ -579,9 +597,7 @@ void SamplerCore::import_state(std::span<const std::byte> blob) {
   imported_has_seed_ = seeded == 1;
   imported_seed_check_ = check;
   pending_redraw_ = drawn > 0;
-  perms_.clear();
-  tree_.clear();
-  remaining_ = 0;
+  drop_derived();
 }
 
 }  // namespace loom::data::sampler

@@ -92,11 +92,13 @@ class SamplerCore {
   SamplerCore(std::span<const SortedEntry> sorted, DifficultyType type, Clustering clustering,
               std::string source);
 
-  // Fixes the dataset size, global batch and world size. The same values as a state that
-  // was imported before keep its position; any other call restarts at step 0.
+  // Fixes the dataset size, global batch and world size. The first plan after a state was
+  // imported (before any plan) must give that state's values and keeps its position (other
+  // values throw INVALID_ARGUMENT); after that, the same values change nothing and others
+  // restart at step 0.
   void plan(uint64_t dataset_size, int64_t global_batch, int32_t world_size);
   bool planned() const { return planned_; }
-  // The most ids one rank receives: ceil(B / W).
+  // The most ids one rank receives: ceil(B / W); 0 before plan.
   int64_t capacity() const;
 
   struct Share {
@@ -129,8 +131,9 @@ class SamplerCore {
   void require_planned(const char* what) const;
   void admit(double d);
   void draw(int64_t step, uint64_t seed, const DifficultyFn& difficulty);
-  void rebuild();       // the permutations and the tree from pos_.clusters
-  void rebuild_tree();  // the tree alone
+  void rebuild();                // the permutations and the tree from pos_.clusters
+  void rebuild_tree();           // the tree alone
+  void drop_derived() noexcept;  // forget the permutations and the tree (a draw rebuilds them)
   void check_position(const Position& p, int64_t drawn) const;
   uint64_t seed_check(uint64_t seed) const;
 
@@ -143,6 +146,7 @@ class SamplerCore {
   Position pos_;  // after the last step drawn
   Position pre_;  // before it (what export writes, so the last step can be drawn again)
   std::vector<int64_t> batch_ids_;  // the global batch of pos_.step
+  std::vector<int64_t> spare_ids_;  // where a draw writes the next batch before it commits
   uint64_t seed_ = 0;
   uint64_t imported_seed_check_ = 0;
   // An imported state waiting for plan to confirm its sizes.

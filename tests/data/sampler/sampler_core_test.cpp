@@ -623,6 +623,79 @@ TEST(Position, EpochAndConsumedCountSamples) {
 
 // ---- bad input
 
+// A state payload in the sampler's layout (sampler_core.cpp, export_state): a value-type,
+// schedule-based sampler planned with (n, b, 1), about to draw step `drawn` from the given
+// clusters.
+std::vector<std::byte> state_payload(uint64_t n, uint64_t b, uint64_t check, int64_t drawn,
+                                     uint64_t consumed, double difficulty,
+                                     const std::vector<loom::data::sampler::Cluster>& clusters) {
+  std::vector<std::byte> out;
+  auto pod = [&out](const auto& v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), p, p + sizeof v);
+  };
+  const std::string magic = "loom.curriculum_sampler";
+  pod(uint64_t{magic.size()});
+  for (char c : magic) out.push_back(static_cast<std::byte>(c));
+  pod(uint32_t{1});  // version
+  pod(uint32_t{0});  // schedule_based
+  pod(uint32_t{0});  // value
+  pod(n);
+  pod(b);
+  pod(uint32_t{1});  // world_size
+  pod(uint32_t{1});  // seeded
+  pod(check);
+  pod(drawn);
+  pod(consumed);
+  pod(clusters.empty() ? uint64_t{0} : clusters.back().hi);  // admitted
+  pod(difficulty);
+  pod(uint64_t{clusters.size()});
+  for (const auto& c : clusters) {
+    pod(c.lo);
+    pod(c.hi);
+    pod(c.pass);
+    pod(c.cursor);
+  }
+  return out;
+}
+
+TEST(Position, StepsPast2To32DrawAfresh) {
+  // 16 samples of value 0 then 16 of value 1 (sample id = sorted position), two clusters of
+  // 16 at the start of a pass, a batch of 32: which cluster each slot came from is the
+  // step's draw alone. The step's high 32 bits must change it (the generator's step word has
+  // 32 bits).
+  std::vector<SortedEntry> sorted(32);
+  for (uint64_t i = 0; i < 32; ++i) sorted[i] = SortedEntry{i < 16 ? 0.0 : 1.0, i};
+  // The seed's check value, from a state the sampler exported.
+  SamplerCore seeded(sorted, DifficultyType::kValue, Clustering::kScheduleBased, "test");
+  seeded.plan(32, 32, 1);
+  global_batch(seeded, 1, 1, constant(1));
+  const std::vector<std::byte> real = seeded.export_state();
+  uint64_t magic_len = 0;
+  std::memcpy(&magic_len, real.data(), sizeof magic_len);
+  uint64_t check = 0;
+  std::memcpy(&check, real.data() + 8 + magic_len + 36, sizeof check);
+
+  auto clusters_of_step = [&](int64_t step) {
+    const uint64_t passes = static_cast<uint64_t>(step) - 1;  // one full pass per step
+    SamplerCore core(sorted, DifficultyType::kValue, Clustering::kScheduleBased, "test");
+    core.plan(32, 32, 1);
+    core.import_state(state_payload(32, 32, check, step, passes * 32, 1.0,
+                                    {{0, 16, passes, 0}, {16, 32, passes, 0}}));
+    const auto share = core.next(step, kSeed, 0, 1, constant(1));
+    std::string from;
+    for (int64_t id : share.ids) from += id < 16 ? 'a' : 'b';
+    EXPECT_EQ(std::count(from.begin(), from.end(), 'a'), 16) << step;
+    return from;
+  };
+  const int64_t two32 = int64_t{1} << 32;
+  const std::string at2 = clusters_of_step(2);
+  EXPECT_EQ(at2, clusters_of_step(2));  // a pure function of the position
+  EXPECT_NE(at2, clusters_of_step(two32 + 2));
+  EXPECT_NE(at2, clusters_of_step(2 * two32 + 2));
+  EXPECT_NE(clusters_of_step(two32 + 2), clusters_of_step(2 * two32 + 2));
+}
+
 TEST(BadInput, StepsMustFollowOneAnother) {
   SamplerCore core({}, DifficultyType::kValue, Clustering::kSingleCluster, "t");
   EXPECT_EQ(code_of([&] { core.next(1, kSeed, 0, 1, {}); }), LOOM_ERR_FAILED_PRECONDITION);

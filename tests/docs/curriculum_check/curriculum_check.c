@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
   if (loom_open_string("[curriculum.d]\nplugin = \"distinct_tokens\"\npad_token = 0\n"
                        "[curriculum.c]\nplugin = \"cosine_schedule\"\nmin_difficulty = 10\n"
                        "max_difficulty = 100\ntotal_curriculum_step = 2000\n"
+                       "difficulty_step = 5\n"
+                       "[curriculum.c2]\nplugin = \"cosine_schedule\"\nmin_difficulty = 10\n"
+                       "max_difficulty = 103\ntotal_curriculum_step = 2000\n"
                        "difficulty_step = 5\n",
                        "check.toml", &opts, &s) != LOOM_OK) {
     fprintf(stderr, "curriculum_check: %s\n", loom_last_error());
@@ -99,8 +102,10 @@ int main(int argc, char** argv) {
   void* dobj = NULL;
   void* cobj = NULL;
   const loom_curriculum_v1* d = table_of(s, "d", &dobj);
+  void* c2obj = NULL;
   const loom_curriculum_v1* c = table_of(s, "c", &cobj);
-  if (d == NULL || c == NULL) return 1;
+  const loom_curriculum_v1* c2 = table_of(s, "c2", &c2obj);
+  if (d == NULL || c == NULL || c2 == NULL) return 1;
 
   /* The metric. */
   const loom_curriculum_plan_args dp = plan_of(d, dobj);
@@ -161,6 +166,11 @@ int main(int argc, char** argv) {
     last = v;
     if (failures > 10) break;
   }
+  /* A max that is not a multiple of difficulty_step: rounded below it before T, max itself
+   * from T on (not 100, max rounded down). */
+  EXPECT(at(c2, c2obj, 1999) == 100.0, "c2 step 1999: %g, expected 100", at(c2, c2obj, 1999));
+  EXPECT(at(c2, c2obj, 2000) == 103.0, "c2 step 2000: %g, expected 103", at(c2, c2obj, 2000));
+  EXPECT(at(c2, c2obj, 50000) == 103.0, "c2 step 50000: %g, expected 103", at(c2, c2obj, 50000));
   loom_curriculum_at_args zero;
   memset(&zero, 0, sizeof zero);
   zero.struct_size = LOOM_CURRICULUM_AT_ARGS_SIZE;

@@ -28,7 +28,9 @@ typedef struct loom_sampler_plan_args {
   uint32_t struct_size;
   uint32_t reserved;
   /* The number of samples in the dataset the caller draws from (sample ids are
-   * 0 .. dataset_size - 1). A sampler with an index checks it against the index. */
+   * 0 .. dataset_size - 1). A sampler with an index checks only this count against the
+   * index; that the index was written for the caller's dataset and sample length is the
+   * caller's check (the reference trainer compares the index's dataset checksum and L). */
   uint64_t dataset_size;
   int64_t global_batch; /* samples per step, over all ranks (>= 1) */
   int32_t world_size;   /* data-parallel ranks the global batch is split over (>= 1) */
@@ -69,8 +71,10 @@ typedef struct loom_sampler_v1 {
   uint32_t struct_size;
   uint32_t reserved;
   /* [instance] Fills plan's out field; also fixes dataset_size, global_batch and world_size
-   * for the calls to `next` that follow (calling plan again with other values restarts the
-   * position at step 0). */
+   * for the calls to `next` that follow. Calling plan again with other values restarts the
+   * position at step 0, except for the first plan after a state was imported: it must give
+   * the values that state was planned with (others are LOOM_ERR_INVALID_ARGUMENT and keep
+   * the imported position). */
   loom_status* (*plan)(void* instance, loom_sampler_plan_args* args);
   /* [instance] This rank's share of the global batch of `args->step`. */
   loom_status* (*next)(void* instance, loom_sampler_next_args* args);

@@ -29,6 +29,7 @@
 #include <loom/sdk/tensor.hpp>
 
 #include <charconv>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdio>
@@ -572,6 +573,34 @@ struct CurriculumTable {
     expect_device(t, s.device, what);
   }
 
+  // What the ABI promises of at's answer (loom/kinds/curriculum.h): a finite difficulty, and
+  // seq_len >= 1 for a sequence-length schedule (seq_len_mode TRUNCATE or RESHAPE) or 0 for
+  // one whose difficulty is not a length. A class that breaks it is a plugin bug.
+  static void check_at(T& obj, const loom_curriculum_at_args& a) {
+    const std::string step = " at step " + std::to_string(a.step);
+    if (!std::isfinite(a.difficulty)) {
+      throw Error(LOOM_ERR_INTERNAL, "the plugin's at gave difficulty " +
+                                         std::string(std::isnan(a.difficulty) ? "NaN" : "inf") +
+                                         step + "; a schedule's difficulty must be finite");
+    }
+    loom_curriculum_plan_args p{};
+    p.struct_size = LOOM_CURRICULUM_PLAN_ARGS_SIZE;
+    plan_into(obj, p);
+    if (p.seq_len_mode == LOOM_SEQ_LEN_NONE) {
+      if (a.seq_len != 0) {
+        throw Error(LOOM_ERR_INTERNAL, "the plugin's at gave seq_len " + std::to_string(a.seq_len) +
+                                           step +
+                                           " but its seq_len_mode is NONE (the seq_len must be 0)");
+      }
+    } else if (a.seq_len < 1) {
+      throw Error(LOOM_ERR_INTERNAL,
+                  "the plugin's at gave seq_len " + std::to_string(a.seq_len) + step +
+                      " but it is a sequence-length schedule (seq_len_mode " +
+                      (p.seq_len_mode == LOOM_SEQ_LEN_TRUNCATE ? "TRUNCATE" : "RESHAPE") +
+                      "), whose seq_len must be >= 1");
+    }
+  }
+
   static loom_status* plan(void* instance, loom_curriculum_plan_args* args) noexcept {
     return guard([&] {
       expect_args(args, LOOM_CURRICULUM_PLAN_ARGS_SIZE, "plan args");
@@ -621,9 +650,11 @@ struct CurriculumTable {
         fail_argument("at: step is " + std::to_string(args->step) + "; steps start at 1");
       }
       fill(args, "at args", [&](loom_curriculum_at_args& full) {
+        T& obj = object<T>(instance);
         full.difficulty = 0;
         full.seq_len = 0;
-        object<T>(instance).at(full);
+        obj.at(full);
+        check_at(obj, full);
       });
     });
   }

@@ -6,7 +6,9 @@
 // 1, 2, 3", SC'11): a keyed bijection on 128-bit counters. Loom's layout:
 //   key     = the 64-bit seed, mixed with a 32-bit `purpose` (so two uses in one layer, say a
 //             router's selection and a gate's noise, draw independent streams)
-//   counter = {draw block, sample, layer, step} (32 bits each; the step's low 32 bits)
+//   counter = {draw block, sample, layer, step} (32 bits each; the step's low 32 bits, so
+//             draws repeat after 2^32 steps unless the caller folds the step's high bits into
+//             another word, as the curriculum sampler does with its layer word)
 // Header-only, no allocation, usable in CUDA device code (functions are __host__ __device__
 // under nvcc), so a CPU and a CUDA path draw bit-identical numbers.
 #pragma once
