@@ -12,6 +12,7 @@ token i * seq_len of the train split of a `loom data prepare` dataset. Prints on
 """
 import argparse
 import json
+import os
 import struct
 import sys
 import time
@@ -50,7 +51,7 @@ def main():
     L = args.seq_len
     n = (train_tokens - 1) // L
     windows = np.asarray(tokens[: n * L]).reshape(n, L)
-    torch.set_num_threads(torch.get_num_threads())
+    torch.set_num_threads(os.cpu_count() or 1)  # all cores, as Loom's side uses
 
     counts = torch.bincount(torch.from_numpy(windows.astype(np.int64)).reshape(-1),
                             minlength=vocab).double()
