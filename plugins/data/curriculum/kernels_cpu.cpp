@@ -125,7 +125,9 @@ int64_t RarityU16(const uint16_t* HWY_RESTRICT tok, const int64_t* HWY_RESTRICT 
     std::size_t k = 0;
     // Eight tokens per two 8-byte loads; not vectorised: the compiler's gathers are slower here
     // than scalar loads.
+#if defined(__clang__)
 #pragma clang loop vectorize(disable) interleave(disable)
+#endif
     for (; k + 8 <= n; k += 8) {
       uint64_t w0 = 0;
       uint64_t w1 = 0;
@@ -140,7 +142,9 @@ int64_t RarityU16(const uint16_t* HWY_RESTRICT tok, const int64_t* HWY_RESTRICT 
       a2 += value[(w1 >> 32) & 0xFFFF];
       a3 += value[w1 >> 48];
     }
+#if defined(__clang__)
 #pragma clang loop vectorize(disable) interleave(disable)
+#endif
     for (; k < n; ++k) a0 += value[p[k]];
     scores[i] = rarity_score_of((a0 + a1) + (a2 + a3));
   }
@@ -296,7 +300,9 @@ int64_t first_bad(const SampleData& s, int64_t lo, int64_t hi) {
 template <class T>
 void histogram(const T* tok, int64_t n, int64_t* h, int64_t step) {
   int64_t k = 0;
+#if defined(__clang__)
 #pragma clang loop vectorize(disable) interleave(disable)
+#endif
   for (; k + 4 <= n; k += 4) {
     h[static_cast<std::size_t>(tok[k])] += step;
     h[static_cast<std::size_t>(tok[k + 1])] += step;

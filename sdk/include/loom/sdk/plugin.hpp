@@ -241,7 +241,8 @@ Args normalized(const Args* in, const char* what) {
     throw Error(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + " has no struct_size");
   }
   Args out;
-  std::memset(&out, 0, sizeof(Args));
+  std::memset(static_cast<void*>(&out), 0,
+              sizeof(Args));  // Args may have default member initializers
   std::memcpy(&out, in, in->struct_size < sizeof(Args) ? in->struct_size : sizeof(Args));
   return out;
 }
