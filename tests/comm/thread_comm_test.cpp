@@ -510,7 +510,9 @@ TEST_P(ThreadComm, MissingRankAtOpenGivesDeadlineExceeded) {
   on_threads(p, [&](int rank) {
     Rank c(world, rank, p);
     EXPECT_TRUE(c.opened()) << c.open_error;
-    if (c.opened()) EXPECT_TRUE(c.barrier().ok());
+    if (c.opened()) {
+      EXPECT_TRUE(c.barrier().ok());
+    }
   });
 }
 
@@ -551,8 +553,9 @@ TEST_P(ThreadComm, RankThatClosesFailsTheOthersFast) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, ThreadComm, ::testing::Values(2, 3, 4),
-                         [](const auto& info) { return "np" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, ThreadComm, ::testing::Values(2, 3, 4), [](const auto& param_info) {
+  return "np" + std::to_string(param_info.param);
+});
 
 // Process groups need a plugin that has them: thread_comm (SDK, no split method) and probe
 // (a raw C plugin whose table is a 1.1 one) both give UNIMPLEMENTED naming the instance,

@@ -307,8 +307,12 @@ TEST(CurriculumPlugins, DescribeHasEveryParameterWithBounds) {
         EXPECT_EQ(p["min_exclusive"], true);
         EXPECT_EQ(p["required"], name == "fixed_root");
       }
-      if (p["name"] == "max_step") EXPECT_EQ(p["min"], 1);
-      if (p["name"] == "mode") EXPECT_EQ(p["choices"].size(), 2u);
+      if (p["name"] == "max_step") {
+        EXPECT_EQ(p["min"], 1);
+      }
+      if (p["name"] == "mode") {
+        EXPECT_EQ(p["choices"].size(), 2u);
+      }
     }
     EXPECT_EQ(names, params);
     EXPECT_EQ(kind["has_validate"], !params.empty() && name != "seqlen");

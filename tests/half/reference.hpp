@@ -35,7 +35,7 @@ inline double f16_value(uint16_t h) {
 // fp32 -> fp16 for a non-NaN input: |x| / ulp rounded to nearest even, in double.
 inline uint16_t to_f16(float f) {
   const uint32_t x = bits_of(f);
-  const uint16_t sign = (x & 0x80000000u) != 0 ? 0x8000 : 0;
+  const auto sign = static_cast<uint16_t>((x & 0x80000000u) != 0 ? 0x8000u : 0u);
   if (is_nan_bits(x)) {
     return static_cast<uint16_t>(sign | 0x7c00 | 0x200 | ((x >> 13) & 0x3ff));
   }
@@ -57,7 +57,7 @@ inline uint16_t to_f16(float f) {
 // fp32 -> bf16: |x| / ulp rounded to nearest even, in double.
 inline uint16_t to_bf16(float f) {
   const uint32_t x = bits_of(f);
-  const uint16_t sign = (x & 0x80000000u) != 0 ? 0x8000 : 0;
+  const auto sign = static_cast<uint16_t>((x & 0x80000000u) != 0 ? 0x8000u : 0u);
   if (is_nan_bits(x)) return static_cast<uint16_t>((x >> 16) | 0x40);
   const double a = std::fabs(static_cast<double>(f));
   if (std::isinf(a)) return static_cast<uint16_t>(sign | 0x7f80);

@@ -95,7 +95,9 @@ TEST_F(PoolTest, BlocksAreDisjointGrainAlignedAndCoverTheRange) {
         }
         EXPECT_EQ(next, n);
         // More than one grain-sized block and more than one thread: the work is split.
-        if (threads > 1 && n > g) EXPECT_GE(c.blocks.size(), 2U);
+        if (threads > 1 && n > g) {
+          EXPECT_GE(c.blocks.size(), 2U);
+        }
       }
     }
   }

@@ -125,7 +125,9 @@ TEST(FiniteKernel, MatchesReferenceOnEverySimdTarget) {
             ASSERT_EQ(loom::optim::all_finite_cpu(bad, pl.inv_scale), want)
                 << "pattern " << std::hex << pl.f32 << std::dec << " at " << at;
             // The reference itself: every plant but fp16's largest value is non-finite.
-            if (!(t == DType::kF16 && pl.half == 0x7BFF)) ASSERT_FALSE(want);
+            if (!(t == DType::kF16 && pl.half == 0x7BFF)) {
+              ASSERT_FALSE(want);
+            }
             ++checked;
           }
         }

@@ -108,7 +108,9 @@ TEST(AllocFailure, FailedNextChangesNothingAndARetryDrawsTheSameBatch) {
       EXPECT_EQ(core.last_step(), s - 1) << where;
       ASSERT_EQ(global_batch(core, s), want_batch[s]) << where;
       EXPECT_EQ(core.export_state(), want_state[s]) << where;
-      if (s < kSteps) EXPECT_EQ(global_batch(core, s + 1), want_batch[s + 1]) << where;
+      if (s < kSteps) {
+        EXPECT_EQ(global_batch(core, s + 1), want_batch[s + 1]) << where;
+      }
     }
   }
   // The test must have made next() fail somewhere (the first step allocates the batch).
