@@ -8,6 +8,7 @@
 #include <loom/kinds/comm.h>
 #include <loom/kinds/curriculum.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/router.h>
 #include <loom/kinds/sampler.h>
 
 #include <cstdint>
@@ -29,6 +30,7 @@ inline constexpr KindInfo kKnownKinds[] = {
     {"codec", LOOM_KIND_CODEC, LOOM_CODEC_V1_MIN_SIZE},
     {"curriculum", LOOM_KIND_CURRICULUM, LOOM_CURRICULUM_V1_MIN_SIZE},  // since 1.3
     {"sampler", LOOM_KIND_SAMPLER, LOOM_SAMPLER_V1_MIN_SIZE},           // since 1.3
+    {"router", LOOM_KIND_ROUTER, LOOM_ROUTER_V1_MIN_SIZE},              // since 1.4
 };
 
 // The row of a section name or kind ID, or nullptr.

@@ -20,9 +20,11 @@
 #include <loom/kinds/comm.h>
 #include <loom/kinds/curriculum.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/router.h>
 #include <loom/kinds/sampler.h>
 #include <loom/sdk/context.hpp>
 #include <loom/sdk/parallel.hpp>
+#include <loom/sdk/router.hpp>
 #include <loom/sdk/schema.hpp>
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
@@ -121,6 +123,26 @@ struct Curriculum {
 //   world_size matches plan's are the class's to check (it knows its plan).
 struct Sampler {
   static constexpr const char* kKind = LOOM_KIND_SAMPLER;
+};
+
+// "loom.router/1" (since 1.4)
+//   required: void plan(loom_router_plan_args&)                   [any]: kept, buffer sizes
+//             void select(const loom_router_select_args&)         [any]
+//             void gather(const loom::sdk::RouterMove&)            [any]
+//             void scatter(const loom::sdk::RouterMove&)           [any]
+//             void advance(loom_router_advance_args&)              [instance]
+//   optional: void backward(const loom_router_backward_args&)     [any]: a learned router
+//   The table sets `flags` itself: ROUTED when the class's plan keeps fewer than seq_len
+//   positions, LEARNED when the class has backward; a kept outside 1 .. seq_len from the
+//   class is a plugin bug (INTERNAL). Before every call the SDK checks the scalars (batch,
+//   seq_len, channels, step, num_layers >= 1; 0 <= layer < num_layers) and, for select and
+//   backward, plans the same arguments and checks every tensor against that plan: indices
+//   int32 [batch, kept], x [batch, seq_len, channels] (required for a learned router),
+//   weight [channels], gates and dgates [batch, kept] of x's dtype, saved and workspace
+//   present when their sizes are not 0, one device. gather and scatter receive a
+//   RouterMove (loom/sdk/router.hpp), whose host index rows are already checked.
+struct Router {
+  static constexpr const char* kKind = LOOM_KIND_ROUTER;
 };
 
 // The checked batch of samples a curriculum's count and score receive (the SDK builds it
@@ -751,6 +773,241 @@ struct SamplerTable {
   }
 };
 
+// ---- the router table (since 1.4)
+
+template <class T>
+constexpr bool kRouterLearns = requires(T& t, const loom_router_backward_args& a) {
+  t.backward(a);
+};
+
+template <class T>
+struct RouterTable {
+  static void check_scalars(int64_t batch, int64_t seq_len, int64_t channels, int64_t step,
+                            int32_t layer, int32_t num_layers, const char* call) {
+    const std::string c(call);
+    auto at_least_one = [&](int64_t v, const char* name) {
+      if (v < 1) fail_argument(c + ": " + name + " is " + std::to_string(v) + "; must be >= 1");
+    };
+    at_least_one(batch, "batch");
+    at_least_one(seq_len, "seq_len");
+    at_least_one(channels, "channels");
+    at_least_one(step, "step");
+    at_least_one(num_layers, "num_layers");
+    if (seq_len > INT32_MAX) {
+      fail_argument(c + ": seq_len " + std::to_string(seq_len) +
+                    " is above 2^31 - 1, the most int32 indices address");
+    }
+    if (layer < 0 || layer >= num_layers) {
+      fail_argument(c + ": layer " + std::to_string(layer) + " is outside 0 .. " +
+                    std::to_string(num_layers - 1) + " (num_layers " + std::to_string(num_layers) +
+                    ")");
+    }
+  }
+
+  // The class's plan, then the flags the table owns and the check of kept.
+  static void plan_into(T& obj, loom_router_plan_args& full) {
+    full.flags = 0;
+    full.kept = 0;
+    full.saved_bytes = 0;
+    full.workspace_bytes = 0;
+    obj.plan(full);
+    if (full.kept < 1 || full.kept > full.seq_len) {
+      throw Error(LOOM_ERR_INTERNAL, "the plugin's plan kept " + std::to_string(full.kept) +
+                                         " of " + std::to_string(full.seq_len) +
+                                         " positions; kept must be 1 .. seq_len");
+    }
+    full.flags = (full.kept < full.seq_len ? LOOM_ROUTER_ROUTED : 0u) |
+                 (kRouterLearns<T> ? LOOM_ROUTER_LEARNED : 0u);
+  }
+
+  static loom_router_plan_args plan_for(T& obj, int64_t batch, int64_t seq_len, int64_t channels,
+                                        int64_t step, int32_t layer, int32_t num_layers,
+                                        uint32_t training, DLDataType dtype) {
+    loom_router_plan_args p{};
+    p.struct_size = LOOM_ROUTER_PLAN_ARGS_SIZE;
+    p.batch = batch;
+    p.seq_len = seq_len;
+    p.channels = channels;
+    p.step = step;
+    p.layer = layer;
+    p.num_layers = num_layers;
+    p.training = training;
+    p.dtype = dtype;
+    plan_into(obj, p);
+    return p;
+  }
+
+  static void check_buffer(const void* ptr, uint64_t given, uint64_t want, const char* what) {
+    if (want == 0) return;
+    if (ptr == nullptr || given < want) {
+      fail_argument(std::string(what) + " is " +
+                    (ptr == nullptr ? std::string("NULL") : std::to_string(given) + " bytes") +
+                    " but the plan asks for " + std::to_string(want) + " bytes");
+    }
+    if (reinterpret_cast<uintptr_t>(ptr) % 256 != 0) {
+      fail_argument(std::string(what) + " is not 256-byte aligned");
+    }
+  }
+
+  // x [batch, seq_len, channels] and weight [channels] of one dtype on `device`.
+  static void check_x_weight(const DLTensor* x, const DLTensor* weight, int64_t batch,
+                             int64_t seq_len, int64_t channels, DLDevice device) {
+    const TokenTensor xv = token_tensor(x, "x");
+    if (xv.batch != batch || xv.positions != seq_len || xv.channels != channels) {
+      fail_argument("x has shape " + shape_string(*x) + ", expected [" + std::to_string(batch) +
+                    ", " + std::to_string(seq_len) + ", " + std::to_string(channels) + "]");
+    }
+    expect_device(*x, device, "x");
+    if (weight != nullptr) {
+      const DLTensor& w = expect_tensor(weight, "weight");
+      expect_dtype(w, x->dtype, "weight");
+      expect_contiguous(w, "weight");
+      if (w.ndim != 1 || w.shape[0] != channels) {
+        fail_argument("weight has shape " + shape_string(w) + ", expected [" +
+                      std::to_string(channels) + "]");
+      }
+      expect_device(w, device, "weight");
+    }
+  }
+
+  static void check_per_kept(const DLTensor* t, DLDataType dtype, int64_t batch, int64_t kept,
+                             DLDevice device, const char* what) {
+    const DLTensor& d = expect_tensor(t, what);
+    expect_dtype(d, dtype, what);
+    expect_contiguous(d, what);
+    if (d.ndim != 2 || d.shape[0] != batch || d.shape[1] != kept) {
+      fail_argument(std::string(what) + " has shape " + shape_string(d) + ", expected [" +
+                    std::to_string(batch) + ", " + std::to_string(kept) + "] (batch, kept)");
+    }
+    expect_device(d, device, what);
+  }
+
+  static loom_status* plan(void* instance, loom_router_plan_args* args) noexcept {
+    return guard([&] {
+      const loom_router_plan_args& a =
+          expect_args(args, LOOM_ROUTER_PLAN_ARGS_SIZE, "router plan args");
+      check_scalars(a.batch, a.seq_len, a.channels, a.step, a.layer, a.num_layers, "router plan");
+      fill(args, "router plan args",
+           [&](loom_router_plan_args& full) { plan_into(shared_object<T>(instance), full); });
+    });
+  }
+
+  static loom_status* select(void* instance, const loom_router_select_args* args) noexcept {
+    return guard([&] {
+      const loom_router_select_args& a =
+          expect_args(args, LOOM_ROUTER_SELECT_ARGS_SIZE, "router select args");
+      check_scalars(a.batch, a.seq_len, a.channels, a.step, a.layer, a.num_layers, "router select");
+      T& obj = shared_object<T>(instance);
+      const DLTensor& idx = expect_tensor(a.indices, "indices");
+      const DLDataType dtype = a.x != nullptr ? a.x->dtype : DLDataType{kDLFloat, 32, 1};
+      const loom_router_plan_args p = plan_for(obj, a.batch, a.seq_len, a.channels, a.step, a.layer,
+                                               a.num_layers, a.training, dtype);
+      router_indices(&idx, a.batch, p.kept, "indices");
+      if constexpr (kRouterLearns<T>) {
+        if (a.x == nullptr) fail_argument("x is NULL; a learned router scores the layer's input");
+        if (a.weight == nullptr) fail_argument("weight is NULL; a learned router needs its weight");
+        check_x_weight(a.x, a.weight, a.batch, a.seq_len, a.channels, idx.device);
+        check_per_kept(a.gates, a.x->dtype, a.batch, p.kept, idx.device, "gates");
+      } else if (a.x != nullptr) {
+        check_x_weight(a.x, a.weight, a.batch, a.seq_len, a.channels, idx.device);
+      }
+      check_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
+      check_buffer(a.workspace, a.workspace_bytes, p.workspace_bytes, "workspace");
+      obj.select(a);
+    });
+  }
+
+  static loom_status* gather(void* instance, const loom_router_move_args* args) noexcept {
+    return guard([&] {
+      const loom_router_move_args& a =
+          expect_args(args, LOOM_ROUTER_MOVE_ARGS_SIZE, "router gather args");
+      const RouterMove m = router_move(a);
+      shared_object<T>(instance).gather(m);
+    });
+  }
+
+  static loom_status* scatter(void* instance, const loom_router_move_args* args) noexcept {
+    return guard([&] {
+      const loom_router_move_args& a =
+          expect_args(args, LOOM_ROUTER_MOVE_ARGS_SIZE, "router scatter args");
+      const RouterMove m = router_move(a);
+      shared_object<T>(instance).scatter(m);
+    });
+  }
+
+  static loom_status* advance(void* instance, loom_router_advance_args* args) noexcept {
+    return guard([&] {
+      const loom_router_advance_args& a =
+          expect_args(args, LOOM_ROUTER_ADVANCE_ARGS_SIZE, "router advance args");
+      check_scalars(a.batch, a.seq_len, 1, a.step, 0, a.num_layers, "router advance");
+      fill(args, "router advance args", [&](loom_router_advance_args& full) {
+        full.layer_tokens = 0;
+        full.consumed_layer_tokens = 0;
+        object<T>(instance).advance(full);
+      });
+    });
+  }
+
+  static loom_status* backward(void* instance, const loom_router_backward_args* args) noexcept {
+    return guard([&] {
+      const loom_router_backward_args& a =
+          expect_args(args, LOOM_ROUTER_BACKWARD_ARGS_SIZE, "router backward args");
+      if (a.x == nullptr || a.weight == nullptr) fail_argument("backward needs x and weight");
+      const DLTensor& idx = expect_tensor(a.indices, "indices");
+      const int64_t kept = idx.ndim == 2 ? idx.shape[1] : -1;
+      if (a.batch < 1 || a.seq_len < 1 || a.channels < 1) {
+        fail_argument("router backward: batch, seq_len and channels must be >= 1");
+      }
+      if (kept < 1 || kept > a.seq_len) {
+        fail_argument("indices has shape " + shape_string(idx) + ", expected [batch, kept] with " +
+                      "1 <= kept <= seq_len " + std::to_string(a.seq_len));
+      }
+      router_indices(&idx, a.batch, kept, "indices");
+      check_x_weight(a.x, a.weight, a.batch, a.seq_len, a.channels, idx.device);
+      check_per_kept(a.dgates, a.x->dtype, a.batch, kept, idx.device, "dgates");
+      const TokenTensor dx = token_tensor(a.dx, "dx");
+      if (dx.batch != a.batch || dx.positions != a.seq_len || dx.channels != a.channels) {
+        fail_argument("dx has shape " + shape_string(*a.dx) + " but x has " + shape_string(*a.x));
+      }
+      expect_dtype(*a.dx, a.x->dtype, "dx");
+      expect_device(*a.dx, idx.device, "dx");
+      const DLTensor& dw = expect_tensor(a.dweight, "dweight");
+      expect_same_shape(dw, "dweight", *a.weight, "weight");
+      expect_dtype(dw, a.x->dtype, "dweight");
+      expect_contiguous(dw, "dweight");
+      expect_device(dw, idx.device, "dweight");
+      if constexpr (kRouterLearns<T>) shared_object<T>(instance).backward(a);
+    });
+  }
+
+  static const loom_router_v1* get() {
+    static_assert(
+        requires(T & t, loom_router_plan_args & p, const loom_router_select_args& s,
+                 const RouterMove& m, loom_router_advance_args& adv) {
+          t.plan(p);
+          t.select(s);
+          t.gather(m);
+          t.scatter(m);
+          t.advance(adv);
+        },
+        "a Router needs void plan(loom_router_plan_args&), void select(const "
+        "loom_router_select_args&), void gather(const loom::sdk::RouterMove&), void "
+        "scatter(const loom::sdk::RouterMove&) and void advance(loom_router_advance_args&)");
+    static const loom_router_v1 table = [] {
+      loom_router_v1 v{};
+      v.struct_size = LOOM_ROUTER_V1_SIZE;
+      v.plan = &plan;
+      v.select = &select;
+      v.gather = &gather;
+      v.scatter = &scatter;
+      v.advance = &advance;
+      if constexpr (kRouterLearns<T>) v.backward = &backward;
+      return v;
+    }();
+    return &table;
+  }
+};
+
 // ---- the factory
 
 template <class T>
@@ -1026,9 +1283,9 @@ struct Kind {
 };
 template <class... Entries>
 struct KindList {};
-using Kinds =
-    KindList<Kind<Optimizer, OptimizerTable>, Kind<Comm, CommTable>, Kind<Codec, CodecTable>,
-             Kind<Curriculum, CurriculumTable>, Kind<Sampler, SamplerTable>>;
+using Kinds = KindList<Kind<Optimizer, OptimizerTable>, Kind<Comm, CommTable>,
+                       Kind<Codec, CodecTable>, Kind<Curriculum, CurriculumTable>,
+                       Kind<Sampler, SamplerTable>, Kind<Router, RouterTable>>;
 
 // How many of the kinds' base classes T derives from (a plugin class must derive from one).
 template <class T, class... Entries>
@@ -1162,12 +1419,12 @@ class PluginStorage {
 }  // namespace detail
 
 // The factory for class T (deriving from one kind base class: Optimizer, Comm, Codec,
-// Curriculum, Sampler).
+// Curriculum, Sampler, Router).
 template <class T>
 FactoryFn factory() {
   static_assert(detail::kind_count<T>(detail::Kinds{}) == 1,
                 "derive the plugin class from exactly one kind base class (loom::sdk::Optimizer, "
-                "Comm, Codec, Curriculum, Sampler: the kinds in loom::sdk::detail::Kinds)");
+                "Comm, Codec, Curriculum, Sampler, Router: the kinds in loom::sdk::detail::Kinds)");
   static_assert(std::is_constructible_v<T, Context&>,
                 "the plugin class needs a constructor taking loom::sdk::Context&");
   return [] { return static_cast<const loom_factory*>(&detail::factory_storage<T>().factory); };
