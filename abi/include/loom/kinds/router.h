@@ -76,6 +76,10 @@ typedef struct loom_router_select_args {
   int64_t batch;
   int64_t seq_len;
   int64_t channels;
+  /* The global index of the batch's first sequence (a data-parallel rank's offset in the
+   * global batch): sequence b draws as sample first_sample + b, so every sequence of a step
+   * gets its own subset and the choice does not depend on how the batch is split. */
+  int64_t first_sample;
   int32_t layer;
   int32_t num_layers;
   uint32_t training;
