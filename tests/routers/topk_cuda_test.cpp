@@ -21,15 +21,18 @@ using namespace topk_test;
 
 constexpr DLDevice kCuda{kDLCUDA, 0};
 
+// Device memory, 256-byte aligned (the plan's rule for saved and workspace).
 struct DeviceBuffer {
+  void* base = nullptr;
   void* p = nullptr;
   explicit DeviceBuffer(std::size_t n) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<std::size_t>(n, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&base, std::max<std::size_t>(n, 1) + 256), cudaSuccess);
+    p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(base) + 255) / 256 * 256);
   }
   DeviceBuffer(const void* host, std::size_t n) : DeviceBuffer(n) {
     EXPECT_EQ(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice), cudaSuccess);
   }
-  ~DeviceBuffer() { (void)cudaFree(p); }
+  ~DeviceBuffer() { (void)cudaFree(base); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   template <class T>
