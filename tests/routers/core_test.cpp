@@ -123,6 +123,18 @@ TEST(RouterCore, LongSequences) {
   check_round_trip({8, 1, 65536 + 3, 30000, 3, true}, 10);
 }
 
+// Every aligned move through the non-temporal stores (threshold 1 byte), then unaligned rows
+// (memcpy) under the same threshold; the threshold restored after.
+TEST(RouterCore, StreamingStoresCopyTheSameBytes) {
+  const TestPool pool(3);
+  lr::set_streaming_threshold(1);
+  check_round_trip({32, 3, 500, 200, 64, false}, 21);  // 256-byte rows
+  check_round_trip({16, 2, 300, 100, 8, true}, 22);    // 16-byte rows, [S, B, C]
+  check_round_trip({8, 2, 300, 100, 40, false}, 23);   // 40-byte rows: memcpy
+  check_round_trip({64, 2, 100, 37, 3, false}, 24);    // 24-byte rows: memcpy
+  lr::set_streaming_threshold(0);
+}
+
 // <gather x, y> == <x, scatter y over zeros>, in fp64, with integer-valued data so both
 // sides are exact.
 TEST(RouterCore, ScatterIsTheAdjointOfGather) {
