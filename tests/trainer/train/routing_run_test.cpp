@@ -4,7 +4,8 @@
 // learning rate by layer tokens and the stop at train_layer_tokens; a run with sequence-length
 // warmup on 2 ranks stopped and resumed matches the uninterrupted one bit for bit; with the
 // bundled topk_router (learned) the router weight trains, is checkpointed and resumes
-// exactly; bad names and missing states are refused. Tiny model, a few seconds each.
+// exactly; the bundled random_ltd follows its schedule and resumes exactly; bad names and
+// missing states are refused. Tiny model, a few seconds each.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,13 +72,17 @@ class RoutingRun : public ::testing::Test {
     return r;
   }
   // adam (and ucx when `comm`), [router.drop] trainer_router keeping 8 in layer 1,
-  // [router.mod] topk_router (capacity 0.25, layer 1) and a probe schedule [curriculum.slw].
+  // [router.mod] topk_router (capacity 0.25, layer 1), [router.ltd] random_ltd (8 -> 32 by
+  // multiples of 8 over 8 steps, the default layers: the middle one) and a probe schedule
+  // [curriculum.slw].
   static std::string manifest(const std::string& name, bool comm) {
     const fs::path p = dir_ / (name + ".toml");
     std::ofstream(p) << (comm ? "[comm.world]\nplugin = \"ucx\"\n" : "")
                      << "[optimizer.main]\nplugin = \"adam\"\n"
                      << "[router.drop]\nplugin = \"trainer_router\"\nkeep = 8\n"
                      << "[router.mod]\nplugin = \"topk_router\"\ncapacity = 0.25\nlayers = [1]\n"
+                     << "[router.ltd]\nplugin = \"random_ltd\"\nmin_value = 8\nmax_value = 32\n"
+                     << "require_steps = 8\nseq_per_step = 8\n"
                      << "[curriculum.slw]\nplugin = \"trainer_probe\"\nmode = \"truncate\"\n"
                      << "min_len = 3\nmax_len = 40\ntotal_steps = 9\n";
     return p.filename().string();
@@ -251,6 +256,34 @@ TEST_F(RoutingRun, LearnedRouterWeightTrainsAndResumesExactly) {
   const auto rest = train(1, config("mpart", m, "router = \"mod\"\n"), "--resume");
   ASSERT_EQ(rest.code, 0) << rest.out;
   expect_same_runs("mfull", "mpart",
+                   {"model.rank0.safetensors", "optimizer.rank0.bin", "router.rank0.bin"});
+}
+
+// The bundled random_ltd: layer 1 keeps r(t) = floor(t / 8 * 24 + 8) rounded down to a
+// multiple of 8 (t = step - 1), the full 32 from t = 8 on; the other layers everything; a
+// resume after step 11 matches the uninterrupted run bit for bit.
+TEST_F(RoutingRun, RandomLtdFollowsItsScheduleAndResumesExactly) {
+  const auto m = manifest("m_ltd", false);
+  const auto full =
+      train(1, config("lfull", m, "router = \"ltd\"\n", "lr_unit = \"layer_tokens\"\n"), "--fresh");
+  ASSERT_EQ(full.code, 0) << full.out;
+  const auto t = metrics("lfull", "train");
+  ASSERT_EQ(t.size(), 16u);
+  for (size_t i = 0; i < t.size(); ++i) {
+    const int64_t step = static_cast<int64_t>(i) + 1, u = step - 1;
+    int64_t r = u >= 8 ? 32 : (u * 24) / 8 + 8;
+    r -= r % 8;
+    EXPECT_EQ(t[i]["kept"], nlohmann::json::array({32, r, 32})) << "step " << step;
+    EXPECT_EQ(t[i]["layer_tokens"], 4 * (64 + r)) << "step " << step;
+  }
+  const auto part =
+      train(1, config("lpart", m, "router = \"ltd\"\n", "lr_unit = \"layer_tokens\"\n"),
+            "--fresh --stop-after 11");
+  ASSERT_EQ(part.code, 0) << part.out;
+  const auto rest = train(
+      1, config("lpart", m, "router = \"ltd\"\n", "lr_unit = \"layer_tokens\"\n"), "--resume");
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  expect_same_runs("lfull", "lpart",
                    {"model.rank0.safetensors", "optimizer.rank0.bin", "router.rank0.bin"});
 }
 
