@@ -469,7 +469,7 @@ double lr_at(const TrainConfig& c, int64_t step) {
 }
 
 std::string curriculum_manifest(const TrainConfig& c) {
-  const std::vector<std::string> keep{"loom", "curriculum", "sampler"};
+  const std::vector<std::string> keep{"loom", "curriculum", "sampler", "router"};
   auto only_kept = [&](const toml::table& t) {
     for (const auto& [k, v] : t) {
       if (std::find(keep.begin(), keep.end(), std::string(k.str())) == keep.end()) return false;

@@ -109,9 +109,9 @@ std::optional<SamplerIndexRef> sampler_index_ref(const TrainConfig& c);
 // index folder and both values (the caller prefixes the config key). No index: "".
 std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksum);
 
-// The manifest's [loom], [curriculum.*] and [sampler.*] tables alone, as TOML text: what
-// `loom check` opens to create and plan the curriculum's instances without the manifest's
-// comm and optimizer. Empty when the manifest does not parse.
+// The manifest's [loom], [curriculum.*], [sampler.*] and [router.*] tables alone, as TOML
+// text: what `loom check` opens to create and plan the curriculum's and the router's instances
+// without the manifest's comm and optimizer. Empty when the manifest does not parse.
 std::string curriculum_manifest(const TrainConfig& c);
 
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over

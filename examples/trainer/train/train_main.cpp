@@ -502,7 +502,7 @@ class PluginRouter final : public RouterHook {
     a.saved_bytes = p.saved_bytes;
     a.workspace = workspace_.get(p.workspace_bytes);
     a.workspace_bytes = p.workspace_bytes;
-    check(vt_->select(obj_, &a), "select", layer);
+    check(vt_->select(obj_, &a), "select", layer, step_);
   }
 
   void gather(const float* full, float* kept, const int32_t* indices, int batch, int seq,
@@ -539,7 +539,7 @@ class PluginRouter final : public RouterHook {
     a.saved_bytes = p.saved_bytes;
     a.workspace = workspace_.get(p.workspace_bytes);
     a.workspace_bytes = p.workspace_bytes;
-    check(vt_->backward(obj_, &a), "backward", layer);
+    check(vt_->backward(obj_, &a), "backward", layer, step_);
   }
 
   // The step's accounting after its optimizer step: batch = the step's sequences over all
@@ -574,7 +574,7 @@ class PluginRouter final : public RouterHook {
     p.num_layers = num_layers;
     p.training = training ? 1u : 0u;
     p.dtype = kF32;
-    check(vt_->plan(obj_, &p), "plan", layer);
+    check(vt_->plan(obj_, &p), "plan", layer, p.step);
     if (p.kept < 1 || p.kept > seq) {
       throw TrainError(who_ + ": plan (step " + std::to_string(p.step) + ", layer " +
                        std::to_string(layer) + ") kept " + std::to_string(p.kept) + " of " +
@@ -594,14 +594,14 @@ class PluginRouter final : public RouterHook {
     a.full = ft.get();
     a.kept = kt.get();
     a.indices = it.get();
-    check(fn(obj_, &a), what, -1);
+    check(fn(obj_, &a), what, -1, step_);
   }
 
-  void check(loom_status* st, const char* what, int layer) {
+  void check(loom_status* st, const char* what, int layer, int64_t step) {
     if (st == nullptr) return;
     char msg[1024] = {0};
     if (loom_instance_take_status(inst_, st, msg, sizeof(msg)) == LOOM_OK) return;
-    throw TrainError(who_ + ": " + what + " (step " + std::to_string(step_) +
+    throw TrainError(who_ + ": " + what + " (step " + std::to_string(step) +
                      (layer >= 0 ? ", layer " + std::to_string(layer) : std::string()) +
                      "): " + (msg[0] != '\0' ? std::string(msg) : loom_last_error()));
   }
@@ -1668,6 +1668,9 @@ int check(const Args& args) {
       if (!c.seqlen.empty() && problem.rfind(c.seqlen_at + ": [curriculum] seqlen", 0) == 0) {
         cc.seqlen.clear();
       }
+      if (!c.router.empty() && problem.rfind(c.router_at + ": [routing] router", 0) == 0) {
+        cc.router.clear();
+      }
     }
   }
   std::optional<Dataset> ds;
@@ -1681,9 +1684,10 @@ int check(const Args& args) {
       ds.reset();
     }
   }
-  // The curriculum's instances: created (alone: the manifest's [loom], [curriculum.*] and
-  // [sampler.*]), checked for kind and role, and planned, the sampler over this dataset.
-  if (manifest_ok && ds && (!cc.sampler.empty() || !cc.seqlen.empty())) {
+  // The curriculum's and the router's instances: created (alone: the manifest's [loom],
+  // [curriculum.*], [sampler.*] and [router.*]), checked for kind and role, and planned, the
+  // sampler over this dataset, the router for every layer at seq_len.
+  if (manifest_ok && ds && (!cc.sampler.empty() || !cc.seqlen.empty() || !cc.router.empty())) {
     loom_open_options co = opts;
     co.validate_only = 0;
     const std::string text = curriculum_manifest(c);
@@ -1697,6 +1701,25 @@ int check(const Args& args) {
       cc.model = c.model;  // the vocabulary size the dataset gave
       cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len), ds->header().payload_checksum,
                1, cp);
+      // The router: its kind, and its plan of every layer at seq_len (step 1, training).
+      if (!cc.router.empty()) {
+        const std::string who = c.router_at + ": [routing] router '" + c.router + "'";
+        loom_instance* ri = nullptr;
+        if (loom_find_instance(cs, "router", c.router.c_str(), &ri) != LOOM_OK) {
+          cp.push_back(who + ": " + loom_last_error());
+        } else {
+          try {
+            PluginRouter router(ri, who, c.seed, c.seq_len, c.model.dim);
+            router.set_step(1, 0);
+            for (int l = 0; l < c.model.layers; ++l) {
+              (void)router.has_weight(l, c.model.layers);
+              (void)router.plan(l, c.model.layers, c.batch_size, c.seq_len, true);
+            }
+          } catch (const std::exception& e) {
+            cp.push_back(e.what());
+          }
+        }
+      }
       for (const auto& line : cp) std::cerr << line << "\n";
       ok = ok && cp.empty();
       if (cp.empty()) {

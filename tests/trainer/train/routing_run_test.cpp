@@ -83,6 +83,8 @@ class RoutingRun : public ::testing::Test {
                      << "[router.mod]\nplugin = \"topk_router\"\ncapacity = 0.25\nlayers = [1]\n"
                      << "[router.ltd]\nplugin = \"random_ltd\"\nmin_value = 8\nmax_value = 32\n"
                      << "require_steps = 8\nseq_per_step = 8\n"
+                     << "[router.far]\nplugin = \"random_ltd\"\nmin_value = 8\nmax_value = 32\n"
+                     << "require_steps = 8\nlayers = [7]\n"
                      << "[curriculum.slw]\nplugin = \"trainer_probe\"\nmode = \"truncate\"\n"
                      << "min_len = 3\nmax_len = 40\ntotal_steps = 9\n";
     return p.filename().string();
@@ -298,6 +300,25 @@ TEST_F(RoutingRun, BadNamesAndMissingStatesAreRefused) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find(path + ":10:10: [routing] router 'main': "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[optimizer.main] is not a router"), std::string::npos) << r.out;
+  // A router whose plan refuses the model (layer 7 of 3): at its key, by --check and by a run.
+  const std::string far = config("bad", m, "router = \"far\"\n");
+  r = sh(std::string(LOOM_TRAIN_EXE) + " --check " + far + " --plugin-path " +
+         LOOM_TEST_PLUGIN_DIR);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(path + ":10:10: [routing] router 'far': plan (step 1, layer 0): "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("layers[0] = 7"), std::string::npos) << r.out;
+  r = train(1, far, "--fresh");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(path + ":10:10: [routing] router 'far': plan (step 1, layer 0): "),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+  // A sound router checks out.
+  r = sh(std::string(LOOM_TRAIN_EXE) + " --check " + config("good", m, "router = \"mod\"\n") +
+         " --plugin-path " + LOOM_TEST_PLUGIN_DIR);
+  EXPECT_EQ(r.code, 0) << r.out;
   // A routed run's checkpoint resumed without [routing], and one without the router's state.
   r = train(1, config("st", m, "router = \"drop\"\n"), "--fresh --stop-after 5");
   ASSERT_EQ(r.code, 0) << r.out;
