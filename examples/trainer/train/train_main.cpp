@@ -690,6 +690,7 @@ struct TrainerState {
   // when the warmup ended (lr_unit = "layer_tokens").
   uint64_t layer_tokens = 0;
   uint64_t warmup_layer_tokens = 0;
+  bool has_layer_tokens = true;  // false: read from a file before LTS5 (not encoded)
 };
 // "LTS5"; "LTS4" (still read, as 0 layer tokens) lacked the layer tokens, "LTS3" (still
 // read, as warmup_tokens 0) warmup_tokens, "LTS2" (still read, as 0 skipped steps)
@@ -745,6 +746,8 @@ TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   if (magic == kTrainerStateMagic) {
     s.layer_tokens = take<uint64_t>(b, o, file);
     s.warmup_layer_tokens = take<uint64_t>(b, o, file);
+  } else {
+    s.has_layer_tokens = false;
   }
   if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the trainer state");
   return s;
@@ -1051,6 +1054,12 @@ class Trainer {
                             std::to_string(world_) + ")");
     }
     if (st_.seed != c_.seed) throw CheckpointError(tfile + ": written with another seed");
+    // Before LTS5 there was no routing: every layer processed every token.
+    if (!st_.has_layer_tokens) {
+      st_.layer_tokens = st_.tokens_seen * static_cast<uint64_t>(c_.model.layers);
+      st_.warmup_layer_tokens = st_.warmup_tokens * static_cast<uint64_t>(c_.model.layers);
+      st_.has_layer_tokens = true;
+    }
     load_safetensors((dir / ("model." + rs + ".safetensors")).string(), model_->parameters());
     const std::string ofile = (dir / ("optimizer." + rs + ".bin")).string();
     const auto blob = load_blob(ofile, BlobKind::kOptimizer);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "corpus.hpp"
+#include "dataset.hpp"
 
 namespace fs = std::filesystem;
 
@@ -331,6 +332,37 @@ TEST_F(RoutingRun, BadNamesAndMissingStatesAreRefused) {
   r = train(1, config("st", m, "router = \"drop\"\n"), "--resume");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("has no router.rank0.bin"), std::string::npos) << r.out;
+}
+
+// A checkpoint of a run before the layer tokens were recorded (trainer state LTS4, written
+// here from an LTS5 one: the last two fields dropped): resumed with lr_unit = "layer_tokens",
+// its layer tokens are layers x tokens (no run routed then), so the run continues as the
+// uninterrupted one.
+TEST_F(RoutingRun, ResumeFromAnOlderTrainerStateCountsLayerTokens) {
+  const auto m = manifest("m_old", false);
+  const std::string extra = "lr_unit = \"layer_tokens\"\n";
+  ASSERT_EQ(train(1, config("ofull", m, "", extra), "--fresh").code, 0);
+  ASSERT_EQ(train(1, config("opart", m, "", extra), "--fresh --stop-after 7").code, 0);
+  const fs::path f = dir_ / "runs/opart/checkpoints/step_00000005/trainer.rank0.bin";
+  std::string b = slurp(f);
+  ASSERT_GT(b.size(), 32u + 4u + 16u);
+  uint32_t magic = 0;
+  std::memcpy(&magic, b.data() + 32, 4);
+  ASSERT_EQ(magic, 0x4c545335u);  // "LTS5"
+  b.resize(b.size() - 16);
+  magic = 0x4c545334u;
+  std::memcpy(b.data() + 32, &magic, 4);
+  const uint64_t n = b.size() - 32, sum = loom::trainer::fnv1a64(b.data() + 32, n);
+  std::memcpy(b.data() + 16, &n, 8);
+  std::memcpy(b.data() + 24, &sum, 8);
+  std::ofstream(f, std::ios::binary | std::ios::trunc) << b;
+  std::ofstream(dir_ / "runs/opart/checkpoints/latest") << "step_00000005\n";
+  const auto rest = train(1, config("opart", m, "", extra), "--resume");
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  const auto t = metrics("opart", "train");
+  ASSERT_EQ(t.size(), 16u);
+  EXPECT_EQ(t[5]["consumed_layer_tokens"], 3 * 128 * 6);
+  expect_same_runs("ofull", "opart", {"model.rank0.safetensors", "optimizer.rank0.bin"});
 }
 
 }  // namespace
