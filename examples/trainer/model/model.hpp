@@ -97,7 +97,7 @@ class Model {
 
   // The token-routing seam (router_hook.hpp): installs the hook the forward and backward
   // consult for every layer; the learned router weights "h.L.router.w" [dim] of the layers
-  // it says have_weight are appended to parameters() after their layer's MLP (own storage,
+  // it says has_weight are appended to parameters() after their layer's MLP (own storage,
   // initialised to 0). nullptr removes it. Call before building views of parameters().
   void set_router(std::unique_ptr<RouterHook> router);
 
