@@ -74,8 +74,8 @@ class RoutingRun : public ::testing::Test {
   }
   // adam (and ucx when `comm`), [router.drop] trainer_router keeping 8 in layer 1,
   // [router.mod] topk_router (capacity 0.25, layer 1), [router.ltd] random_ltd (8 -> 32 by
-  // multiples of 8 over 8 steps, the default layers: the middle one) and a probe schedule
-  // [curriculum.slw].
+  // multiples of 8 over 8 steps, the default layers: the middle one), [router.far] (layer 7:
+  // refuses a 3-layer model), a probe schedule [curriculum.slw] and sampler [sampler.probe].
   static std::string manifest(const std::string& name, bool comm) {
     const fs::path p = dir_ / (name + ".toml");
     std::ofstream(p) << (comm ? "[comm.world]\nplugin = \"ucx\"\n" : "")
@@ -87,7 +87,8 @@ class RoutingRun : public ::testing::Test {
                      << "[router.far]\nplugin = \"random_ltd\"\nmin_value = 8\nmax_value = 32\n"
                      << "require_steps = 8\nlayers = [7]\n"
                      << "[curriculum.slw]\nplugin = \"trainer_probe\"\nmode = \"truncate\"\n"
-                     << "min_len = 3\nmax_len = 40\ntotal_steps = 9\n";
+                     << "min_len = 3\nmax_len = 40\ntotal_steps = 9\n"
+                     << "[sampler.probe]\nplugin = \"trainer_probe\"\n";
     return p.filename().string();
   }
   // 3 layers, context and seq_len 32, batch 4, 16 steps, metrics every step. The [routing]
@@ -188,13 +189,14 @@ TEST_F(RoutingRun, RecordsKeptAndLayerTokensAndDecaysByThem) {
   EXPECT_EQ(nlohmann::json::parse(slurp(dir_ / "runs/stop/summary.json"))["layer_tokens"], 1728);
 }
 
-// 2 ranks (each its half of the batch: the rows draw as samples first_sample + b), with the
-// sequence-length warmup (the router sees the cut length: kept = min(8, L)), stopped after
-// step 13 and resumed: every metric and every checkpoint file of step 16 bit for bit.
+// 2 ranks (each its half of the batch: the rows draw as samples first_sample + b), batches
+// from a sampler and the sequence-length warmup (the router sees the cut length: kept =
+// min(8, L)), stopped after step 13 and resumed: every metric and every checkpoint file of
+// step 16 bit for bit.
 TEST_F(RoutingRun, InterruptedAndResumedMatchesUninterruptedBitForBit) {
   if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
   const auto m = manifest("m_two", true);
-  const std::string cur = "seqlen = \"slw\"\n";
+  const std::string cur = "sampler = \"probe\"\nseqlen = \"slw\"\n";
   const std::string extra = "lr_unit = \"layer_tokens\"\n";
   const auto full = train(2, config("full", m, "router = \"drop\"\n", extra, true, cur), "--fresh");
   ASSERT_EQ(full.code, 0) << full.out;
@@ -219,10 +221,10 @@ TEST_F(RoutingRun, InterruptedAndResumedMatchesUninterruptedBitForBit) {
   }
   EXPECT_EQ(t.front()["seq_len"], 8);
   EXPECT_EQ(t.back()["seq_len"], 32);
-  expect_same_runs(
-      "full", "part",
-      {"model.rank0.safetensors", "model.rank1.safetensors", "optimizer.rank0.bin",
-       "optimizer.rank1.bin", "router.rank0.bin", "router.rank1.bin", "seqlen.rank1.bin"});
+  expect_same_runs("full", "part",
+                   {"model.rank0.safetensors", "model.rank1.safetensors", "optimizer.rank0.bin",
+                    "optimizer.rank1.bin", "router.rank0.bin", "router.rank1.bin",
+                    "seqlen.rank1.bin", "sampler.rank0.bin"});
 }
 
 // The bundled learned router: h.1.router.w is a parameter (in the checkpoint, moved by the
