@@ -449,14 +449,19 @@ class PluginRouter final : public RouterHook {
       throw ConfigError(who_ + ": plugin '" + loom_instance_plugin(inst_) +
                         "' says it is learned but has no backward");
     }
-    return (p.flags & LOOM_ROUTER_LEARNED) != 0 && (p.flags & LOOM_ROUTER_ROUTED) != 0;
+    const bool w = (p.flags & LOOM_ROUTER_LEARNED) != 0 && (p.flags & LOOM_ROUTER_ROUTED) != 0;
+    if (static_cast<size_t>(layer) >= weights_.size()) {
+      weights_.resize(static_cast<size_t>(layer) + 1, -1);
+    }
+    weights_[static_cast<size_t>(layer)] = w ? 1 : 0;
+    return w;
   }
 
   RoutePlan plan(int layer, int num_layers, int batch, int seq, bool training) override {
     if (static_cast<size_t>(layer) >= current_.size()) {
       current_.resize(static_cast<size_t>(num_layers));
       saved_.resize(static_cast<size_t>(num_layers));
-      weights_.resize(static_cast<size_t>(num_layers), -1);
+      weights_.resize(std::max(weights_.size(), static_cast<size_t>(num_layers)), -1);
     }
     const Key key{batch, seq, layer, training};
     auto it =
