@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -158,6 +158,9 @@ TEST(TopKRouter, SelectionMatchesSortReferenceFp32) {
   Problem<float> pr = random_problem<float>(2, 50, 16, 2);
   check_against_reference(pr, 0.2, "sigmoid");
   check_against_reference(pr, 0.5, "linear");
+  // A long sequence (no per-position limit anywhere).
+  Problem<float> long_seq = random_problem<float>(1, 32768, 3, 12);
+  check_against_reference(long_seq, 0.125, "sigmoid");
 }
 
 TEST(TopKRouter, TiesKeepTheEarlierPositions) {
