@@ -169,8 +169,9 @@ TEST(TopKRouterCuda, SelectAndBackwardMatchHostBitForBit) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   compare("capacity = 0.3", random_problem<float>(3, 45, 19, 1), false);
   compare("capacity = 0.3\ngate = \"linear\"", random_problem<double>(2, 45, 19, 2), true);
-  compare("capacity = 0.6", random_problem<double>(2, 5, 3, 3), false);    // fewer than a block
-  compare("capacity = 0.125", random_problem<float>(2, 700, 8, 4), true);  // runs per thread
+  compare("capacity = 0.6", random_problem<double>(2, 5, 3, 3), false);      // fewer than a block
+  compare("capacity = 0.125", random_problem<float>(2, 700, 8, 4), true);    // runs per thread
+  compare("capacity = 0.2", random_problem<double>(1, 33000, 2, 6), false);  // a long sequence
 }
 
 TEST(TopKRouterCuda, TiedScoresMatchHost) {

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -158,6 +158,9 @@ TEST(TopKRouter, SelectionMatchesSortReferenceFp32) {
   Problem<float> pr = random_problem<float>(2, 50, 16, 2);
   check_against_reference(pr, 0.2, "sigmoid");
   check_against_reference(pr, 0.5, "linear");
+  // A long sequence (no per-position limit anywhere).
+  Problem<float> long_seq = random_problem<float>(1, 32768, 3, 12);
+  check_against_reference(long_seq, 0.125, "sigmoid");
 }
 
 TEST(TopKRouter, TiesKeepTheEarlierPositions) {
@@ -194,6 +197,75 @@ TEST(TopKRouter, NaNScoresRankLast) {
   pr.at(0, 7, 0) = std::numeric_limits<double>::infinity();
   for (int64_t p = 0; p < pr.seq_len; ++p) pr.at(1, p, 0) = std::nan("");
   check_against_reference(pr, 0.5, "sigmoid");
+}
+
+TEST(TopKRouter, GatesAcrossTheScoreRange) {
+  // One channel, w = 1: the scores are the x values themselves; every position kept.
+  const std::vector<double> scores = {-1e300, -800.0, -708.5, -708.0, -300.0, -40.0,
+                                      -1.0,   -1e-9,  -0.0,   0.0,    1e-12,  0.5,
+                                      1.0,    17.25,  40.0,   709.0,  1e300};
+  Problem<double> pr;
+  pr.batch = 1;
+  pr.seq_len = static_cast<int64_t>(scores.size());
+  pr.channels = 1;
+  pr.x = scores;
+  pr.w = {1.0};
+  Session s(manifest("capacity = 1.0"));
+  Router r(s, "r");
+  Selection<double> sel = select_host(r, pr);
+  ASSERT_EQ(sel.rc, 0) << r.error;
+  for (std::size_t k = 0; k < scores.size(); ++k) {
+    const double want = sigmoid_ref(scores[k]);
+    const double got = sel.gates[k];
+    EXPECT_GE(got, 0.0);
+    EXPECT_LE(got, 1.0);
+    if (scores[k] < -708.0) {
+      EXPECT_EQ(got, 0.0) << scores[k];  // documented: e^s is 0 below -708
+    } else {
+      EXPECT_NEAR(got, want, 4e-16 * want) << "score " << scores[k];
+    }
+  }
+  // Monotone in the score.
+  for (std::size_t k = 1; k < scores.size(); ++k) EXPECT_LE(sel.gates[k - 1], sel.gates[k]);
+}
+
+TEST(TopKRouter, GatherAndScatterMoveTheKeptRows) {
+  Session s(manifest("capacity = 0.25"));
+  Router r(s, "r");
+  Problem<float> pr = random_problem<float>(2, 12, 5, 13);
+  Selection<float> sel = select_host(r, pr);
+  ASSERT_EQ(sel.rc, 0) << r.error;
+  ASSERT_EQ(sel.kept, 3);
+  std::vector<float> kept(static_cast<std::size_t>(2 * 3 * 5), -1.0f);
+  View full(pr.x.data(), {2, 12, 5}, kF32), kv(kept.data(), {2, 3, 5}, kF32);
+  View idx(sel.indices.data(), {2, 3}, kI32);
+  loom_router_move_args m{};
+  m.struct_size = LOOM_ROUTER_MOVE_ARGS_SIZE;
+  m.full = full.get();
+  m.kept = kv.get();
+  m.indices = idx.get();
+  ASSERT_EQ(r.take(r.t->gather(r.obj, &m)), 0) << r.error;
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t j = 0; j < 3; ++j) {
+      const int32_t p = sel.indices[static_cast<std::size_t>(b * 3 + j)];
+      for (int64_t c = 0; c < 5; ++c) {
+        EXPECT_EQ(kept[static_cast<std::size_t>((b * 3 + j) * 5 + c)], pr.at(b, p, c));
+      }
+    }
+  }
+  for (float& v : kept) v *= 2.0f;
+  const std::vector<float> before = pr.x;
+  ASSERT_EQ(r.take(r.t->scatter(r.obj, &m)), 0) << r.error;
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t p = 0; p < 12; ++p) {
+      const auto row = sel.indices.begin() + b * 3;
+      const bool is_kept = std::find(row, row + 3, p) != row + 3;
+      for (int64_t c = 0; c < 5; ++c) {
+        const std::size_t i = static_cast<std::size_t>((b * 12 + p) * 5 + c);
+        EXPECT_EQ(pr.x[i], is_kept ? 2.0f * before[i] : before[i]);
+      }
+    }
+  }
 }
 
 // loss = sum over (b, j) of gates[b, j] * coef[b, j]; dL/dgates = coef.

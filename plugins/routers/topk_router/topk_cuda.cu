@@ -135,15 +135,18 @@ __global__ void topk_kernel(const double* scores, int64_t seq_len, int64_t kept,
   }
 }
 
+// Device indices are not read back (that would synchronise): a kept position outside
+// [0, seq_len) is skipped, never written out of bounds (the host path refuses such rows).
 template <class T>
 __global__ void dx_kernel(const T* w, const int32_t* indices, const T* dgates, const double* saved,
-                          int64_t batch, int64_t kept, int64_t channels, int gate, T* dx,
-                          int64_t batch_stride, int64_t position_stride) {
+                          int64_t batch, int64_t seq_len, int64_t kept, int64_t channels, int gate,
+                          T* dx, int64_t batch_stride, int64_t position_stride) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= batch * kept * channels) return;
   const int64_t c = t % channels;
   const int64_t k = t / channels;  // b * kept + j
   const int64_t b = k / kept;
+  if (indices[k] < 0 || indices[k] >= seq_len) return;
   const double ds = score_grad(to_double(dgates[k]), saved[k], static_cast<Gate>(gate));
   T* v = dx + b * batch_stride + int64_t{indices[k]} * position_stride + c;
   *v = static_cast<T>(add(to_double(*v), mul(ds, to_double(w[c]))));
@@ -152,8 +155,8 @@ __global__ void dx_kernel(const T* w, const int32_t* indices, const T* dgates, c
 template <class T>
 __global__ void dw_partial_kernel(const T* x, int64_t batch_stride, int64_t position_stride,
                                   const int32_t* indices, const T* dgates, const double* saved,
-                                  int64_t batch, int64_t kept, int64_t channels, int gate,
-                                  double* partial) {
+                                  int64_t batch, int64_t seq_len, int64_t kept, int64_t channels,
+                                  int gate, double* partial) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= batch * channels) return;
   const int64_t b = t / channels;
@@ -161,6 +164,7 @@ __global__ void dw_partial_kernel(const T* x, int64_t batch_stride, int64_t posi
   double part = 0.0;
   for (int64_t j = 0; j < kept; ++j) {
     const int64_t k = b * kept + j;
+    if (indices[k] < 0 || indices[k] >= seq_len) continue;
     const double ds = score_grad(to_double(dgates[k]), saved[k], static_cast<Gate>(gate));
     part = add(part,
                mul(ds, to_double(x[b * batch_stride + int64_t{indices[k]} * position_stride + c])));
@@ -196,11 +200,13 @@ void backward_typed(const BackwardData& d, cudaStream_t st) {
   const int gate = static_cast<int>(s.gate);
   dx_kernel<T><<<blocks_for(s.batch * s.kept * s.channels), kThreads, 0, st>>>(
       static_cast<const T*>(d.weight), d.indices, static_cast<const T*>(d.dgates), d.saved, s.batch,
-      s.kept, s.channels, gate, static_cast<T*>(d.dx), d.dx_batch_stride, d.dx_position_stride);
+      s.seq_len, s.kept, s.channels, gate, static_cast<T*>(d.dx), d.dx_batch_stride,
+      d.dx_position_stride);
   LOOM_CUDA_CHECK(cudaGetLastError());
   dw_partial_kernel<T><<<blocks_for(s.batch * s.channels), kThreads, 0, st>>>(
       static_cast<const T*>(d.x.data), d.x.batch_stride, d.x.position_stride, d.indices,
-      static_cast<const T*>(d.dgates), d.saved, s.batch, s.kept, s.channels, gate, d.partial);
+      static_cast<const T*>(d.dgates), d.saved, s.batch, s.seq_len, s.kept, s.channels, gate,
+      d.partial);
   LOOM_CUDA_CHECK(cudaGetLastError());
   dw_total_kernel<T><<<blocks_for(s.channels), kThreads, 0, st>>>(d.partial, s.batch, s.channels,
                                                                   static_cast<T*>(d.dweight));
