@@ -41,7 +41,9 @@ class RouterCudaLtd : public ::testing::Test {
     void* ws = nullptr;
     EXPECT_EQ(cudaMalloc(&idx, n * sizeof(int32_t)), cudaSuccess);
     const uint64_t bytes = ltd::workspace_bytes(j.batch, j.seq_len, j.kept);
-    if (bytes > 0) EXPECT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+    }
     EXPECT_EQ(cudaMemset(idx, 0xff, n * sizeof(int32_t)), cudaSuccess);
     ltd::cuda::select(j, static_cast<int32_t*>(idx), ws, 0, stream_);
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
