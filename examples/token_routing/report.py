@@ -1,18 +1,21 @@
 """The figures docs/RESULTS.md quotes for the token-routing runs, from their run folders'
 metrics.jsonl and summary.json (what `loom train` wrote):
 
-- the setup of each run: layers, parameters, steps, data tokens, layer tokens (the sum over
-  layers of the tokens each processed: the model's matmul compute), layer tokens per data
-  token;
+- the setup of each run: layers, parameters, steps, data tokens, layer tokens (the sum
+  over layers of the tokens each processed, which the layers' matmul work follows), layer
+  tokens per data token;
 - the final eval loss, the eval loss at equal layer tokens (every 4th eval point of the
   baseline, in layer tokens; eval points interpolated linearly in layer tokens);
 - the layer tokens and the wall time each run needed to first reach the baseline's final
   eval loss (interpolated linearly between the two eval points around it) and their ratios
   to the baseline's. The configs log every eval step, so an eval point's layer tokens and
-  wall time (`elapsed_s`) are the logged ones;
+  wall time (`elapsed_s`) are the logged ones; and the eval loss at the baseline's data
+  tokens (equal data, interpolated linearly in data tokens);
 - the time per training step (summary.json's train_step_s / steps) and how much it moved
   within the run: the 10th, 50th and 90th percentile of the per-step time of the log
-  intervals that hold no eval step.
+  intervals that hold no eval step, and the 10th percentile's ratio to the baseline's (the
+  least disturbed steps); for the runs above and for repeats of the same configs
+  (routing_baseline_repeat, routing_ltd_repeat, when their folders exist).
 
     python3 examples/token_routing/report.py build/runs
 """
@@ -21,7 +24,10 @@ import os
 import statistics
 import sys
 
-RUNS = ("baseline", "ltd", "ltd_voc", "topk")
+RUNS = ("baseline", "ltd", "ltd_short", "ltd_voc", "topk")
+# The same configs run again (`--run-dir build/runs/routing_NAME_repeat`), for the timing
+# table only: their losses are the first runs' to the bit, their times show the noise.
+REPEATS = ("baseline_repeat", "ltd_repeat")
 
 
 def load(run):
@@ -113,7 +119,7 @@ def main():
     runs = {}
     for name in RUNS:
         d = os.path.join(root, "routing_" + name)
-        if os.path.isdir(d):
+        if os.path.isfile(os.path.join(d, "summary.json")):  # a finished run
             runs[name] = load(d)
     if "baseline" not in runs:
         sys.exit(f"report.py: no {os.path.join(root, 'routing_baseline')}")
@@ -137,8 +143,8 @@ def main():
 
     head = " | ".join(f"eval @ {x / 1e6:.3f}M layer tokens" for x in checkpoints)
     print(f"| run | {head} | layer tokens to reach {target:.4f} | ratio to baseline | "
-          f"wall s to reach it | ratio to baseline |")
-    print("|---|" + "---|" * len(checkpoints) + "---|---|---|---|")
+          f"wall s to reach it | ratio to baseline | eval @ {bs['tokens']:,} data tokens |")
+    print("|---|" + "---|" * len(checkpoints) + "---|---|---|---|---|")
     for name, (train, evals, s) in runs.items():
         pts = curve(train, evals, layer_tokens_at)
         at = " | ".join(
@@ -151,21 +157,30 @@ def main():
             wall = at_step(train, "elapsed_s", step)
             reach = (f"{lt:,.0f} | {lt / b_reach_lt:.3f} | {wall:.1f} | "
                      f"{wall / b_reach_wall:.3f}")
-        print(f"| `routing_{name}` | {at} | {reach} |")
+        dt = loss_at(curve(train, evals, lambda tr, st: at_step(tr, "tokens", st)), bs["tokens"])
+        dt = f"{dt:.4f}" if dt is not None else "-"
+        print(f"| `routing_{name}` | {at} | {reach} | {dt} |")
     print()
 
-    print("| run | wall s (summary) | ms per step (train_step_s / steps) | ratio to baseline | "
-          "ms per step in 10-step intervals: p10 / median / p90 | (p90 - p10) / median |")
-    print("|---|---|---|---|---|---|")
+    for name in REPEATS:
+        d = os.path.join(root, "routing_" + name)
+        if os.path.isfile(os.path.join(d, "summary.json")):
+            runs[name] = load(d)
+    print("| run | final eval loss | wall s (summary) | ms per step (train_step_s / steps) | "
+          "ratio to baseline | ms per step in the log intervals without an eval: p10 / median "
+          "/ p90 | (p90 - p10) / median | p10 ratio to baseline |")
+    print("|---|---|---|---|---|---|---|---|")
     b_ms = 1e3 * bs["train_step_s"] / bs["steps"] if "train_step_s" in bs else None
+    b_p10 = pct([1e3 * t for t in step_times(btrain, bevals)], 0.1)
     for name, (train, evals, s) in runs.items():
         ms = 1e3 * s["train_step_s"] / s["steps"] if "train_step_s" in s else None
         ts = [1e3 * t for t in step_times(train, evals)]
         p10, p50, p90 = pct(ts, 0.1), statistics.median(ts), pct(ts, 0.9)
         ms_s = f"{ms:.1f}" if ms is not None else "-"
         ratio = f"{ms / b_ms:.3f}" if ms is not None and b_ms else "-"
-        print(f"| `routing_{name}` | {s['elapsed_s']:.1f} | {ms_s} | {ratio} | "
-              f"{p10:.1f} / {p50:.1f} / {p90:.1f} | {(p90 - p10) / p50:.2f} |")
+        print(f"| `routing_{name}` | {s['final_eval_loss']:.4f} | {s['elapsed_s']:.1f} | {ms_s} | "
+              f"{ratio} | {p10:.1f} / {p50:.1f} / {p90:.1f} | {(p90 - p10) / p50:.2f} | "
+              f"{p10 / b_p10:.3f} |")
 
 
 if __name__ == "__main__":
