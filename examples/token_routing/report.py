@@ -3,7 +3,8 @@ metrics.jsonl and summary.json (what `loom train` wrote):
 
 - the setup of each run: layers, parameters, steps, data tokens, layer tokens (the sum
   over layers of the tokens each processed, which the layers' matmul work follows), layer
-  tokens per data token;
+  tokens per data token, the model FLOPs per data token where every step runs the same
+  kept counts (the dense baseline, topk_router);
 - the final eval loss, the eval loss at equal layer tokens (every 4th eval point of the
   baseline, in layer tokens; eval points interpolated linearly in layer tokens);
 - the layer tokens and the wall time each run needed to first reach the baseline's final
@@ -13,9 +14,10 @@ metrics.jsonl and summary.json (what `loom train` wrote):
   tokens (equal data, interpolated linearly in data tokens);
 - the time per training step (summary.json's train_step_s / steps) and how much it moved
   within the run: the 10th, 50th and 90th percentile of the per-step time of the log
-  intervals that hold no eval step, and the 10th percentile's ratio to the baseline's (the
-  least disturbed steps); for the runs above and for repeats of the same configs
-  (routing_baseline_repeat, routing_ltd_repeat, when their folders exist).
+  intervals that hold no eval step, and both the time per step and the 10th percentile (the
+  least disturbed steps) against the dense run next to it in time (NEIGHBOUR); for the
+  runs above and for repeats of the same configs (routing_baseline_repeat,
+  routing_ltd_repeat, routing_topk_repeat, when their folders exist).
 
     python3 examples/token_routing/report.py build/runs
 """
@@ -23,11 +25,20 @@ import json
 import os
 import statistics
 import sys
+import tomllib
 
-RUNS = ("baseline", "ltd", "ltd_short", "ltd_voc", "topk")
+# baseline_seed: the baseline with another seed, for the size of seed-to-seed differences.
+RUNS = ("baseline", "baseline_seed", "ltd", "ltd_short", "ltd_voc", "topk")
 # The same configs run again (`--run-dir build/runs/routing_NAME_repeat`), for the timing
 # table only: their losses are the first runs' to the bit, their times show the noise.
-REPEATS = ("baseline_repeat", "ltd_repeat")
+REPEATS = ("baseline_repeat", "ltd_repeat", "topk_repeat")
+# The dense run next to each run in time, in the order docs/RESULTS.md runs them (baseline,
+# ltd, ltd_voc, topk, baseline_repeat, ltd_repeat, ltd_short, topk_repeat, baseline_seed):
+# the machine's load changes from minute to minute, so a step time compares best with the
+# dense run just before or after it.
+NEIGHBOUR = {"ltd": "baseline", "ltd_voc": "baseline", "topk": "baseline_repeat",
+             "ltd_repeat": "baseline_repeat", "ltd_short": "baseline_seed",
+             "topk_repeat": "baseline_seed"}
 
 
 def load(run):
@@ -42,6 +53,30 @@ def load(run):
     with open(os.path.join(run, "summary.json")) as f:
         summary = json.load(f)
     return train, evals, summary
+
+
+def flops_per_token(name, train):
+    """Forward + backward model FLOPs per data token, counted as the trainer's
+    Model::flops() does (docs/trainer.md, "FLOPs and MFU"): per sequence, each layer's
+    matmuls 6 * 12 * dim^2 * kept and its causal attention 6 * dim * kept^2, the tied head
+    6 * vocab * dim * seq_len; divided by seq_len. The model's shape comes from the run's
+    config beside this script, the vocabulary from the dataset's tokenizer file. None when
+    a layer's kept count changes during the run (random_ltd), whose compute the layer
+    tokens measure."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cfg_path = os.path.join(here, f"routing_{name}.toml")
+    with open(cfg_path, "rb") as f:
+        cfg = tomllib.load(f)
+    dim, layers, seq = cfg["model"]["dim"], cfg["model"]["layers"], cfg["train"]["seq_len"]
+    dataset = os.path.join(here, cfg["data"]["dataset"])
+    with open(os.path.splitext(dataset)[0] + ".tokenizer.json") as f:
+        vocab = json.load(f)["vocab_size"]
+    kepts = {tuple(o.get("kept", [seq] * layers)) for o in train}
+    if len(kepts) != 1:
+        return None
+    kept = kepts.pop()
+    per_seq = sum(6 * 12 * dim * dim * k + 6 * dim * k * k for k in kept)
+    return (per_seq + 6 * vocab * dim * seq) / seq
 
 
 def at_step(train, key, step):
@@ -131,14 +166,18 @@ def main():
     checkpoints = [x for x, _, _ in blt][3::4]
 
     print("| run | layers | parameters | steps | data tokens | layer tokens | "
-          "layer tokens / data token | final eval loss |")
-    print("|---|---|---|---|---|---|---|---|")
+          "layer tokens / data token | model FLOPs / data token | ratio to baseline | "
+          "final eval loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    b_flops = flops_per_token("baseline", btrain)
     for name, (train, evals, s) in runs.items():
         layers = len(train[0]["kept"]) if "kept" in train[0] else None
         layers = layers if layers is not None else round(s["layer_tokens"] / s["tokens"])
+        fl = flops_per_token(name, train)
+        fl = f"{fl:,.0f} | {fl / b_flops:.3f}" if fl is not None else "- | -"
         print(f"| `routing_{name}` | {layers} | {s['parameters']:,} | {s['steps']} | "
               f"{s['tokens']:,} | {s['layer_tokens']:,} | {s['layer_tokens'] / s['tokens']:.3f} | "
-              f"{s['final_eval_loss']:.4f} |")
+              f"{fl} | {s['final_eval_loss']:.4f} |")
     print()
 
     head = " | ".join(f"eval @ {x / 1e6:.3f}M layer tokens" for x in checkpoints)
@@ -166,21 +205,28 @@ def main():
         d = os.path.join(root, "routing_" + name)
         if os.path.isfile(os.path.join(d, "summary.json")):
             runs[name] = load(d)
+    def near(name, ms, p10):
+        n = NEIGHBOUR.get(name)
+        if n is None or n not in runs or ms is None:
+            return "- | - | -"
+        ntrain, nevals, ns = runs[n]
+        n_ms = 1e3 * ns["train_step_s"] / ns["steps"]
+        n_p10 = pct([1e3 * t for t in step_times(ntrain, nevals)], 0.1)
+        return f"`routing_{n}` | {ms / n_ms:.3f} | {p10 / n_p10:.3f}"
+
     print("| run | final eval loss | wall s (summary) | ms per step (train_step_s / steps) | "
-          "ratio to baseline | ms per step in the log intervals without an eval: p10 / median "
-          "/ p90 | (p90 - p10) / median | p10 ratio to baseline |")
-    print("|---|---|---|---|---|---|---|---|")
-    b_ms = 1e3 * bs["train_step_s"] / bs["steps"] if "train_step_s" in bs else None
-    b_p10 = pct([1e3 * t for t in step_times(btrain, bevals)], 0.1)
+          "ms per step in the log intervals without an eval: p10 / median / p90 | "
+          "(p90 - p10) / median | dense run next to it | ms per step ratio to it | "
+          "p10 ratio to it |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, (train, evals, s) in runs.items():
         ms = 1e3 * s["train_step_s"] / s["steps"] if "train_step_s" in s else None
         ts = [1e3 * t for t in step_times(train, evals)]
         p10, p50, p90 = pct(ts, 0.1), statistics.median(ts), pct(ts, 0.9)
         ms_s = f"{ms:.1f}" if ms is not None else "-"
-        ratio = f"{ms / b_ms:.3f}" if ms is not None and b_ms else "-"
         print(f"| `routing_{name}` | {s['final_eval_loss']:.4f} | {s['elapsed_s']:.1f} | {ms_s} | "
-              f"{ratio} | {p10:.1f} / {p50:.1f} / {p90:.1f} | {(p90 - p10) / p50:.2f} | "
-              f"{p10 / b_p10:.3f} |")
+              f"{p10:.1f} / {p50:.1f} / {p90:.1f} | {(p90 - p10) / p50:.2f} | "
+              f"{near(name, ms, p10)} |")
 
 
 if __name__ == "__main__":
