@@ -3,7 +3,7 @@ metrics.jsonl and summary.json (what `loom train` wrote):
 
 - the setup of each run: layers, parameters, steps, data tokens, layer tokens (the sum
   over layers of the tokens each processed, which the layers' matmul work follows), layer
-  tokens per data token, the model FLOPs per data token where every step runs the same
+  tokens per data token and per step, the model FLOPs per data token where every step runs the same
   kept counts (the dense baseline, topk_router);
 - the final eval loss, the eval loss at equal layer tokens (every 4th eval point of the
   baseline, in layer tokens; eval points interpolated linearly in layer tokens);
@@ -166,18 +166,20 @@ def main():
     checkpoints = [x for x, _, _ in blt][3::4]
 
     print("| run | layers | parameters | steps | data tokens | layer tokens | "
-          "layer tokens / data token | model FLOPs / data token | ratio to baseline | "
-          "final eval loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "layer tokens / data token | layer tokens / step | ratio to baseline | "
+          "model FLOPs / data token | ratio to baseline | final eval loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    b_lps = bs["layer_tokens"] / bs["steps"]
     b_flops = flops_per_token("baseline", btrain)
     for name, (train, evals, s) in runs.items():
         layers = len(train[0]["kept"]) if "kept" in train[0] else None
         layers = layers if layers is not None else round(s["layer_tokens"] / s["tokens"])
         fl = flops_per_token(name, train)
         fl = f"{fl:,.0f} | {fl / b_flops:.3f}" if fl is not None else "- | -"
+        lps = s["layer_tokens"] / s["steps"]
         print(f"| `routing_{name}` | {layers} | {s['parameters']:,} | {s['steps']} | "
               f"{s['tokens']:,} | {s['layer_tokens']:,} | {s['layer_tokens'] / s['tokens']:.3f} | "
-              f"{fl} | {s['final_eval_loss']:.4f} |")
+              f"{lps:,.0f} | {lps / b_lps:.3f} | {fl} | {s['final_eval_loss']:.4f} |")
     print()
 
     head = " | ".join(f"eval @ {x / 1e6:.3f}M layer tokens" for x in checkpoints)
