@@ -65,7 +65,9 @@ struct Fiber {
 // The cooperative launch running on this OS thread (kernels run one at a time: the runtime
 // drains streams under its lock).
 struct Coop {
-  static constexpr size_t kStack = 256 * 1024;  // per CUDA thread; a guard page below
+  // Per CUDA thread, a guard page below. Small on purpose: ASan clears the shadow of the
+  // whole stack at every switch into a fiber, so its size is paid per thread and barrier.
+  static constexpr size_t kStack = 64 * 1024;
   ucontext_t main;
   void* main_fake = nullptr;
   const void* main_bottom = nullptr;
