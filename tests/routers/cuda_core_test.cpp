@@ -39,7 +39,9 @@ struct Dev {
   std::size_t n = 0;
   explicit Dev(const void* host, std::size_t bytes) : n(bytes) {
     EXPECT_EQ(cudaMalloc(&p, bytes == 0 ? 1 : bytes), cudaSuccess);
-    if (bytes > 0) EXPECT_EQ(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;

@@ -250,6 +250,44 @@ TEST(RouterLtdPlugin, SelectGatherScatterOnTheHostPool) {
       << r.error;
 }
 
+// Two instances (two sessions) choose the same rows for the same arguments, and a batch
+// split in two with first_sample gives the whole batch's rows.
+TEST(RouterLtdPlugin, InstancesAndSplitsAgree) {
+  Session s1(kManifest), s2(kManifest);
+  Router r1(s1, "ltd"), r2(s2, "ltd");
+  const int64_t S = 1024, step = 30001;
+  auto select = [&](Router& r, int64_t first, int64_t batch) {
+    auto p = plan_args(batch, S, step, 3, 6);
+    EXPECT_EQ(r.plan(p), 0) << r.error;
+    std::vector<int32_t> idx(static_cast<std::size_t>(batch * p.kept), -1);
+    std::vector<unsigned char> ws(p.workspace_bytes + 256);
+    View iv(idx.data(), {batch, p.kept}, kI32);
+    loom_router_select_args a{};
+    a.struct_size = LOOM_ROUTER_SELECT_ARGS_SIZE;
+    a.seed = 5;
+    a.step = step;
+    a.batch = batch;
+    a.seq_len = S;
+    a.channels = 16;
+    a.first_sample = first;
+    a.layer = 3;
+    a.num_layers = 6;
+    a.training = 1;
+    a.indices = iv.get();
+    a.workspace = ws.data() + (256 - reinterpret_cast<uintptr_t>(ws.data()) % 256) % 256;
+    a.workspace_bytes = p.workspace_bytes;
+    EXPECT_EQ(r.take(r.t->select(r.obj, &a)), 0) << r.error;
+    return idx;
+  };
+  const auto whole = select(r1, 0, 6);
+  EXPECT_EQ(select(r2, 0, 6), whole);
+  auto joined = select(r2, 0, 4);
+  const auto rest = select(r1, 4, 2);
+  joined.insert(joined.end(), rest.begin(), rest.end());
+  EXPECT_EQ(joined, whole);
+  EXPECT_EQ(whole.size(), 6u * 416u);  // t = 30000: 128 + 288
+}
+
 TEST(RouterLtdPlugin, AdvanceCountsLayerTokensAndResumes) {
   Session s(kManifest);
   Router r(s, "ltd");

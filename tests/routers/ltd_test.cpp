@@ -188,7 +188,9 @@ void expect_rows_valid(const std::vector<int32_t>& idx, int64_t batch, int64_t k
       const int32_t v = idx[static_cast<std::size_t>(b * kept + i)];
       ASSERT_GE(v, 0);
       ASSERT_LT(v, seq_len);
-      if (i > 0) ASSERT_GT(v, idx[static_cast<std::size_t>(b * kept + i - 1)]) << b << ", " << i;
+      if (i > 0) {
+        ASSERT_GT(v, idx[static_cast<std::size_t>(b * kept + i - 1)]) << b << ", " << i;
+      }
     }
   }
 }

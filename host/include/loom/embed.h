@@ -18,6 +18,7 @@
 #include <loom/kinds/comm.h>
 #include <loom/kinds/curriculum.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/router.h>
 #include <loom/kinds/sampler.h>
 
 #ifdef __cplusplus

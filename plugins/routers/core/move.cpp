@@ -4,8 +4,6 @@
 #include <loom/sdk/status.hpp>
 #include <loom/sdk/tensor.hpp>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -34,23 +32,17 @@ namespace {
 // calling thread rather than paying for a wake-up of the pool.
 constexpr std::size_t kMinBlockBytes = std::size_t{64} << 10;
 
-// Moves that write at least this many bytes bypass the caches (non-temporal stores): the
-// destination would not stay cached anyway, and a cached store first reads the line it
-// overwrites, a third of a copy's memory traffic. Default: half the last-level cache (16 MiB
-// when unknown); 0 in g_threshold means the default.
+// Moves that write at least this many bytes bypass the caches (non-temporal stores): a
+// destination this large would mostly leave the caches before it is read again, and a cached
+// store first reads the line it overwrites, a third of a copy's memory traffic. 8 MiB: the
+// size of a per-core share of a last-level cache or more (a virtual machine may report the
+// host's whole cache, so the size is not read from the system); 0 in g_threshold means it.
+constexpr std::size_t kDefaultThreshold = std::size_t{8} << 20;
 std::atomic<std::size_t> g_threshold{0};
-
-std::size_t default_threshold() {
-  static const std::size_t bytes = [] {
-    const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return l3 > 0 ? static_cast<std::size_t>(l3) / 2 : std::size_t{16} << 20;
-  }();
-  return bytes;
-}
 
 [[maybe_unused]] std::size_t streaming_threshold() {
   const std::size_t t = g_threshold.load(std::memory_order_relaxed);
-  return t != 0 ? t : default_threshold();
+  return t != 0 ? t : kDefaultThreshold;
 }
 
 #if LOOM_ROUTERS_STREAM_STORES

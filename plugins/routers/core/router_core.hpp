@@ -26,9 +26,8 @@ bool have_cuda();
 // scatter: full[b, indices[b, j], :] = kept[b, j, :], the other rows of full untouched.
 // Bit-for-bit copies of 8/16/32/64-bit elements, any batch and position strides. Host
 // tensors: the rows split over the host pool (loom::sdk::parallel_for), one copy per row (a
-// memcpy; non-temporal 16-byte stores once a move writes more than about half the
-// last-level cache and its destination rows are 16-byte aligned, see
-// set_streaming_threshold).
+// memcpy; non-temporal 16-byte stores once a move writes 8 MiB or more and its destination
+// rows are 16-byte aligned, see set_streaming_threshold).
 // CUDA tensors: one kernel on m.stream (16-byte vector copies when the rows' addresses and
 // lengths allow, else the widest unit that divides them), the device made current for the
 // call; device indices are not read back (that would synchronise): a row whose index is
@@ -38,7 +37,7 @@ void gather(const loom::sdk::RouterMove& m);
 void scatter(const loom::sdk::RouterMove& m);
 
 // The bytes a host move writes from which it uses non-temporal stores (x86-64); 0 restores
-// the default (half the last-level cache, 16 MiB when unknown). For tests and benchmarks;
+// the default, 8 MiB. For tests and benchmarks;
 // applies to every later call, on every thread.
 void set_streaming_threshold(std::size_t bytes);
 

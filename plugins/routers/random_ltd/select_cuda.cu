@@ -2,10 +2,11 @@
 // from shared memory (the keys live in the workspace, in global memory).
 //  1. Every thread writes the keys of its share of the positions (select_key.hpp).
 //  2. A radix select over the 64-bit keys, 8 bits per pass from the top: a shared histogram
-//     of the next digit among the keys that match the digits chosen so far, then the digit
-//     that holds the rank-kept key. It stops early once the chosen bucket is taken whole
-//     (after 3 passes or so for random keys); at the end `prefix` (the top `bits` bits of the
-//     threshold key) and `take` (how many keys of that prefix to keep, by position) are known.
+//     of the next digit among the keys that match the digits chosen so far, then (a block
+//     scan over the 256 digits) the digit that holds the rank-kept key. It stops once the
+//     chosen bucket is taken whole (after 3 passes or so for random keys). Then `prefix`
+//     (the top `bits` bits of the threshold key) and `take` (how many keys with that prefix
+//     to keep, the first by position) are known.
 //  3. An ordered compaction over tiles of kThreads * kPerThread positions: each thread counts
 //     the keys of its consecutive positions below and equal to the prefix, a block scan turns
 //     the counts into output offsets, and the thread writes its kept positions in order.
@@ -29,6 +30,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kPerThread = 8;
 constexpr int kTile = kThreads * kPerThread;
 constexpr int kDigits = 256;
+static_assert(kThreads == kDigits, "the radix select gives each thread one digit");
 
 __global__ void iota_kernel(int32_t* out, int64_t batch, int64_t seq_len) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -93,12 +95,14 @@ __global__ void select_kernel(uint64_t seed, int64_t step, int32_t layer, int64_
   }
   __syncthreads();
 
-  // 2. The radix select.
+  // 2. The radix select. Thread d owns digit d: a block scan of the histogram finds the
+  // digit whose bucket holds the rank-`take` key.
   for (;;) {
-    for (int i = tid; i < kDigits; i += kThreads) hist[i] = 0;
+    hist[tid] = 0;
     __syncthreads();
     const int bits = s_bits;
     const uint64_t prefix = s_prefix;
+    const auto take = static_cast<uint64_t>(s_take);
     const int shift = 56 - bits;  // of the next digit
     for (int64_t p = tid; p < seq_len; p += kThreads) {
       const uint64_t k = keys[p];
@@ -107,17 +111,14 @@ __global__ void select_kernel(uint64_t seed, int64_t step, int32_t layer, int64_
       }
     }
     __syncthreads();
-    if (tid == 0) {
-      int64_t take = s_take;
-      int d = 0;
-      for (; d < kDigits - 1; ++d) {
-        if (take <= static_cast<int64_t>(hist[d])) break;
-        take -= hist[d];
-      }
-      s_prefix = (prefix << 8) | static_cast<uint64_t>(d);
+    const uint64_t count = hist[tid];
+    uint64_t all = 0;
+    const uint64_t below = block_exclusive_scan(count, warp_totals, &all);
+    if (below < take && take <= below + count) {  // exactly one thread: count >= 1
+      s_prefix = (prefix << 8) | static_cast<uint64_t>(tid);
       s_bits = bits + 8;
-      s_take = take;
-      s_done = (take == static_cast<int64_t>(hist[d]) || bits + 8 == 64) ? 1 : 0;
+      s_take = static_cast<int64_t>(take - below);
+      s_done = (take - below == count || bits + 8 == 64) ? 1 : 0;
     }
     __syncthreads();
     if (s_done != 0) break;

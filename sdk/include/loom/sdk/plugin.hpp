@@ -134,13 +134,19 @@ struct Sampler {
 //   optional: void backward(const loom_router_backward_args&)     [any]: a learned router
 //   The table sets `flags` itself: ROUTED when the class's plan keeps fewer than seq_len
 //   positions, LEARNED when the class has backward; a kept outside 1 .. seq_len from the
-//   class is a plugin bug (INTERNAL). Before every call the SDK checks the scalars (batch,
-//   seq_len, channels, step, num_layers >= 1; 0 <= layer < num_layers) and, for select and
-//   backward, plans the same arguments and checks every tensor against that plan: indices
-//   int32 [batch, kept], x [batch, seq_len, channels] (required for a learned router),
-//   weight [channels], gates and dgates [batch, kept] of x's dtype, saved and workspace
-//   present when their sizes are not 0, one device. gather and scatter receive a
-//   RouterMove (loom/sdk/router.hpp), whose host index rows are already checked.
+//   class is a plugin bug (INTERNAL). Before plan, select and advance the SDK checks the
+//   scalars (batch, seq_len, channels, step, num_layers >= 1; seq_len <= 2^31 - 1;
+//   0 <= layer < num_layers). Before select it plans the same arguments and checks every
+//   tensor against that plan: indices int32 [batch, kept], x [batch, seq_len, channels]
+//   (required for a learned router, and weight [channels] of x's dtype with it), gates
+//   [batch, kept] of x's dtype (a learned router), saved and workspace present, as large
+//   as planned and 256-byte aligned when their sizes are not 0, one device. backward's
+//   arguments name no step or layer, so it cannot plan: kept is indices' second extent
+//   (1 .. seq_len), and x, weight, dgates [batch, kept], dx [batch, seq_len, channels] and
+//   dweight [channels] must agree with it, of x's dtype, on one device; that saved holds
+//   what select wrote is the class's to trust. The values of device index rows are the
+//   class's to trust too. gather and scatter receive a RouterMove (loom/sdk/router.hpp),
+//   whose host index rows are already checked.
 struct Router {
   static constexpr const char* kKind = LOOM_KIND_ROUTER;
 };
@@ -782,17 +788,18 @@ constexpr bool kRouterLearns = requires(T& t, const loom_router_backward_args& a
 
 template <class T>
 struct RouterTable {
+  static void at_least_one(int64_t v, const char* name, const std::string& call) {
+    if (v < 1) fail_argument(call + ": " + name + " is " + std::to_string(v) + "; must be >= 1");
+  }
+
   static void check_scalars(int64_t batch, int64_t seq_len, int64_t channels, int64_t step,
                             int32_t layer, int32_t num_layers, const char* call) {
     const std::string c(call);
-    auto at_least_one = [&](int64_t v, const char* name) {
-      if (v < 1) fail_argument(c + ": " + name + " is " + std::to_string(v) + "; must be >= 1");
-    };
-    at_least_one(batch, "batch");
-    at_least_one(seq_len, "seq_len");
-    at_least_one(channels, "channels");
-    at_least_one(step, "step");
-    at_least_one(num_layers, "num_layers");
+    at_least_one(batch, "batch", c);
+    at_least_one(seq_len, "seq_len", c);
+    at_least_one(channels, "channels", c);
+    at_least_one(step, "step", c);
+    at_least_one(num_layers, "num_layers", c);
     if (seq_len > INT32_MAX) {
       fail_argument(c + ": seq_len " + std::to_string(seq_len) +
                     " is above 2^31 - 1, the most int32 indices address");
@@ -899,13 +906,16 @@ struct RouterTable {
       check_scalars(a.batch, a.seq_len, a.channels, a.step, a.layer, a.num_layers, "router select");
       T& obj = shared_object<T>(instance);
       const DLTensor& idx = expect_tensor(a.indices, "indices");
+      if constexpr (kRouterLearns<T>) {
+        // Before the plan, which a learned router makes for x's dtype.
+        if (a.x == nullptr) fail_argument("x is NULL; a learned router scores the layer's input");
+        if (a.weight == nullptr) fail_argument("weight is NULL; a learned router needs its weight");
+      }
       const DLDataType dtype = a.x != nullptr ? a.x->dtype : DLDataType{kDLFloat, 32, 1};
       const loom_router_plan_args p = plan_for(obj, a.batch, a.seq_len, a.channels, a.step, a.layer,
                                                a.num_layers, a.training, dtype);
       router_indices(&idx, a.batch, p.kept, "indices");
       if constexpr (kRouterLearns<T>) {
-        if (a.x == nullptr) fail_argument("x is NULL; a learned router scores the layer's input");
-        if (a.weight == nullptr) fail_argument("weight is NULL; a learned router needs its weight");
         check_x_weight(a.x, a.weight, a.batch, a.seq_len, a.channels, idx.device);
         check_per_kept(a.gates, a.x->dtype, a.batch, p.kept, idx.device, "gates");
       } else if (a.x != nullptr) {
@@ -952,12 +962,16 @@ struct RouterTable {
     return guard([&] {
       const loom_router_backward_args& a =
           expect_args(args, LOOM_ROUTER_BACKWARD_ARGS_SIZE, "router backward args");
-      if (a.x == nullptr || a.weight == nullptr) fail_argument("backward needs x and weight");
+      const std::string call = "router backward";
+      at_least_one(a.batch, "batch", call);
+      at_least_one(a.seq_len, "seq_len", call);
+      at_least_one(a.channels, "channels", call);
+      if (a.x == nullptr || a.weight == nullptr) {
+        fail_argument(std::string(a.x == nullptr ? "x" : "weight") +
+                      " is NULL; backward needs x and weight as given to select");
+      }
       const DLTensor& idx = expect_tensor(a.indices, "indices");
       const int64_t kept = idx.ndim == 2 ? idx.shape[1] : -1;
-      if (a.batch < 1 || a.seq_len < 1 || a.channels < 1) {
-        fail_argument("router backward: batch, seq_len and channels must be >= 1");
-      }
       if (kept < 1 || kept > a.seq_len) {
         fail_argument("indices has shape " + shape_string(idx) + ", expected [batch, kept] with " +
                       "1 <= kept <= seq_len " + std::to_string(a.seq_len));
