@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -144,6 +145,7 @@ class RoutingRun : public ::testing::Test {
       }
     }
     for (const auto& f : files) {
+      EXPECT_TRUE(fs::exists(dir_ / "runs" / a_run / "checkpoints/step_00000016" / f)) << f;
       EXPECT_EQ(slurp(dir_ / "runs" / a_run / "checkpoints/step_00000016" / f),
                 slurp(dir_ / "runs" / b_run / "checkpoints/step_00000016" / f))
           << f;
@@ -189,6 +191,31 @@ TEST_F(RoutingRun, RecordsKeptAndLayerTokensAndDecaysByThem) {
   EXPECT_EQ(nlohmann::json::parse(slurp(dir_ / "runs/stop/summary.json"))["layer_tokens"], 1728);
 }
 
+// The same global batch on 1 rank and on 2: each row draws its positions as sample
+// first_sample + b, so rank 1's rows (samples 2 and 3) keep the positions they keep on one
+// rank, and step 1's loss and gradient norm (before any update) agree. A rank that passed
+// first_sample = 0 would route its rows as samples 0 and 1 and change both.
+TEST_F(RoutingRun, TwoRanksRouteTheirRowsAsOneRankDoes) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  const auto m = manifest("m_split", true);
+  const auto one = train(1, config("split1", m, "router = \"drop\"\n"), "--fresh");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto two = train(2, config("split2", m, "router = \"drop\"\n", "", true), "--fresh");
+  ASSERT_EQ(two.code, 0) << two.out;
+  const auto a = metrics("split1", "train");
+  const auto b = metrics("split2", "train");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  ASSERT_EQ(a.front()["step"], 1);
+  ASSERT_EQ(b.front()["step"], 1);
+  EXPECT_EQ(a.front()["kept"], nlohmann::json::array({32, 8, 32}));
+  EXPECT_EQ(b.front()["kept"], a.front()["kept"]);
+  const double la = a.front()["loss"], lb = b.front()["loss"];
+  EXPECT_NEAR(la, lb, 1e-5);
+  const double ga = a.front()["grad_norm"], gb = b.front()["grad_norm"];
+  EXPECT_NEAR(ga, gb, 1e-5 * std::max(1.0, std::fabs(ga)));
+}
+
 // 2 ranks (each its half of the batch: the rows draw as samples first_sample + b), batches
 // from a sampler and the sequence-length warmup (the router sees the cut length: kept =
 // min(8, L)), stopped after step 13 and resumed: every metric and every checkpoint file of
@@ -221,10 +248,11 @@ TEST_F(RoutingRun, InterruptedAndResumedMatchesUninterruptedBitForBit) {
   }
   EXPECT_EQ(t.front()["seq_len"], 8);
   EXPECT_EQ(t.back()["seq_len"], 32);
-  expect_same_runs("full", "part",
-                   {"model.rank0.safetensors", "model.rank1.safetensors", "optimizer.rank0.bin",
-                    "optimizer.rank1.bin", "router.rank0.bin", "router.rank1.bin",
-                    "seqlen.rank1.bin", "sampler.rank0.bin"});
+  expect_same_runs(
+      "full", "part",
+      {"model.rank0.safetensors", "model.rank1.safetensors", "optimizer.rank0.bin",
+       "optimizer.rank1.bin", "router.rank0.bin", "router.rank1.bin", "seqlen.rank0.bin",
+       "seqlen.rank1.bin", "sampler.rank0.bin", "sampler.rank1.bin"});
 }
 
 // The bundled learned router: h.1.router.w is a parameter (in the checkpoint, moved by the
