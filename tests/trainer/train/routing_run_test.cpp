@@ -101,8 +101,8 @@ class RoutingRun : public ::testing::Test {
     std::ofstream(p) << "[manifest]\npath = \"" << man << "\"\n"
                      << "comm = \"" << (comm ? "world" : "") << "\"\n"
                      << "[model]\ncontext = 32\nlayers = 3\nheads = 2\ndim = 16\n"
-                     << "[routing]\n"
-                     << routing << "[data]\ndataset = \"data.bin\"\n"
+                     << (routing.empty() ? "" : "[routing]\n" + routing)
+                     << "[data]\ndataset = \"data.bin\"\n"
                      << (curriculum.empty() ? "" : "[curriculum]\n" + curriculum)
                      << "[train]\nsteps = 16\nbatch_size = 4\nseq_len = 32\n"
                      << "lr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 3\ndecay = \"linear\"\n"
