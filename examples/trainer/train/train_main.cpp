@@ -510,13 +510,13 @@ class PluginRouter final : public RouterHook {
     check(vt_->select(obj_, &a), "select", layer, step_);
   }
 
-  void gather(const float* full, float* kept, const int32_t* indices, int batch, int seq,
+  void gather(int layer, const float* full, float* kept, const int32_t* indices, int batch, int seq,
               int kept_count, int channels) override {
-    move(vt_->gather, "gather", full, kept, indices, batch, seq, kept_count, channels);
+    move(vt_->gather, "gather", layer, full, kept, indices, batch, seq, kept_count, channels);
   }
-  void scatter(float* full, const float* kept, const int32_t* indices, int batch, int seq,
-               int kept_count, int channels) override {
-    move(vt_->scatter, "scatter", full, kept, indices, batch, seq, kept_count, channels);
+  void scatter(int layer, float* full, const float* kept, const int32_t* indices, int batch,
+               int seq, int kept_count, int channels) override {
+    move(vt_->scatter, "scatter", layer, full, kept, indices, batch, seq, kept_count, channels);
   }
 
   void backward(int layer, int, int batch, int seq, int channels, const float* x,
@@ -589,7 +589,7 @@ class PluginRouter final : public RouterHook {
   }
 
   using MoveFn = loom_status* (*)(void*, const loom_router_move_args*);
-  void move(MoveFn fn, const char* what, const float* full, const float* kept,
+  void move(MoveFn fn, const char* what, int layer, const float* full, const float* kept,
             const int32_t* indices, int batch, int seq, int kept_count, int channels) {
     Tensor ft(full, {batch, seq, channels}, kF32);
     Tensor kt(kept, {batch, kept_count, channels}, kF32);
@@ -599,7 +599,7 @@ class PluginRouter final : public RouterHook {
     a.full = ft.get();
     a.kept = kt.get();
     a.indices = it.get();
-    check(fn(obj_, &a), what, -1, step_);
+    check(fn(obj_, &a), what, layer, step_);
   }
 
   void check(loom_status* st, const char* what, int layer, int64_t step) {
