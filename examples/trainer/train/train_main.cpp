@@ -474,6 +474,21 @@ class PluginRouter final : public RouterHook {
     current_[static_cast<size_t>(layer)] = p;
     int8_t& w = weights_[static_cast<size_t>(layer)];
     if (w < 0) w = has_weight(layer, num_layers) ? 1 : 0;
+    if ((p.flags & LOOM_ROUTER_LEARNED) != 0 && (p.flags & LOOM_ROUTER_ROUTED) != 0 && w == 0) {
+      // A learned router needs the layer's weight to select; the weights were fixed at the
+      // start, from the plan of step 1 at the run's seq_len.
+      throw TrainError(who_ + ": plan (step " + std::to_string(std::max<int64_t>(1, step_)) +
+                       ", layer " + std::to_string(layer) + ", seq_len " + std::to_string(seq) +
+                       (training ? "" : ", evaluation") +
+                       ") routes a layer that holds no router weight: the trainer gives a "
+                       "learned router's layer its weight h." +
+                       std::to_string(layer) +
+                       ".router.w only when the plan of step 1 at the run's seq_len " +
+                       std::to_string(seq_len_) +
+                       " (training) routes it, and that plan kept every position of this "
+                       "layer (a learned router must route the same layers at every step and "
+                       "length)");
+    }
     RoutePlan r;
     r.kept = static_cast<int>(p.kept);
     r.routed = (p.flags & LOOM_ROUTER_ROUTED) != 0;

@@ -76,7 +76,8 @@ class RoutingRun : public ::testing::Test {
   // adam (and ucx when `comm`), [router.drop] trainer_router keeping 8 in layer 1,
   // [router.mod] topk_router (capacity 0.25, layer 1), [router.ltd] random_ltd (8 -> 32 by
   // multiples of 8 over 8 steps, the default layers: the middle one), [router.far] (layer 7:
-  // refuses a 3-layer model), a probe schedule [curriculum.slw] and sampler [sampler.probe].
+  // refuses a 3-layer model), a probe schedule [curriculum.slw] and sampler [sampler.probe],
+  // [router.late] trainer_late_router (learned, routes layer 1 only from step 2).
   static std::string manifest(const std::string& name, bool comm) {
     const fs::path p = dir_ / (name + ".toml");
     std::ofstream(p) << (comm ? "[comm.world]\nplugin = \"ucx\"\n" : "")
@@ -89,11 +90,12 @@ class RoutingRun : public ::testing::Test {
                      << "require_steps = 8\nlayers = [7]\n"
                      << "[curriculum.slw]\nplugin = \"trainer_probe\"\nmode = \"truncate\"\n"
                      << "min_len = 3\nmax_len = 40\ntotal_steps = 9\n"
-                     << "[sampler.probe]\nplugin = \"trainer_probe\"\n";
+                     << "[sampler.probe]\nplugin = \"trainer_probe\"\n"
+                     << "[router.late]\nplugin = \"trainer_late_router\"\nfrom_step = 2\n";
     return p.filename().string();
   }
   // 3 layers, context and seq_len 32, batch 4, 16 steps, metrics every step. The [routing]
-  // table is on line 9 (router on line 10).
+  // table is on line 9 (router on line 10); an empty `routing` leaves it out.
   static std::string config(const std::string& name, const std::string& man,
                             const std::string& routing, const std::string& train_extra = "",
                             bool comm = false, const std::string& curriculum = "") {
@@ -362,6 +364,24 @@ TEST_F(RoutingRun, BadNamesAndMissingStatesAreRefused) {
   r = train(1, config("st", m, "router = \"drop\"\n"), "--resume");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("has no router.rank0.bin"), std::string::npos) << r.out;
+}
+
+// A learned router whose step-1 plan keeps every position of layer 1 (so the layer has no
+// router weight) but routes it from step 2: the run stops there with the cause, not an SDK
+// error about a NULL weight.
+TEST_F(RoutingRun, LearnedRouterRoutingAWeightlessLayerLaterIsNamed) {
+  const auto m = manifest("m_late", false);
+  const auto r = train(1, config("late", m, "router = \"late\"\n"), "--fresh");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("plan (step 2, layer 1, seq_len 32) routes a layer that holds no router "
+                       "weight"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("h.1.router.w"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("select (step"), std::string::npos) << r.out;
+  const auto t = metrics("late", "train");
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0]["step"], 1);
 }
 
 // A checkpoint of a run before the layer tokens were recorded (trainer state LTS4, written
