@@ -712,7 +712,8 @@ struct TrainerState {
   uint64_t warmup_layer_tokens = 0;
   bool has_layer_tokens = true;  // false: read from a file before LTS5 (not encoded)
 };
-// "LTS5"; "LTS4" (still read, as 0 layer tokens) lacked the layer tokens, "LTS3" (still
+// "LTS5"; "LTS4" (still read: its layer tokens are taken as layers x tokens, since no run
+// routed then) lacked the layer tokens, "LTS3" (still
 // read, as warmup_tokens 0) warmup_tokens, "LTS2" (still read, as 0 skipped steps)
 // skipped_steps, "LTS1" the loss sums.
 constexpr uint32_t kTrainerStateMagic = 0x4c545335;
