@@ -890,6 +890,7 @@ class Trainer {
     log_from_step_ = st_.step;
     log_tokens_ = st_.tokens_seen;
     start_tokens_ = st_.tokens_seen;
+    start_layer_tokens_ = st_.layer_tokens;
     last_step_ = st_.step;
   }
 
@@ -1219,6 +1220,10 @@ class Trainer {
       std::cout << "loom train: stops at " << c_.train_tokens << " tokens (or step " << c_.steps
                 << ")" << std::endl;
     }
+    if (c_.train_layer_tokens > 0) {
+      std::cout << "loom train: stops at " << c_.train_layer_tokens << " layer tokens (or step "
+                << c_.steps << ")" << std::endl;
+    }
     if (!wpe_mask_.empty()) {
       std::cout << "loom train: position rows " << c_.seq_len << ".." << c_.model.context - 1
                 << " are never used (seq_len < context); their momentum is masked" << std::endl;
@@ -1392,6 +1397,13 @@ class Trainer {
                                 st_.tokens_seen, static_cast<uint64_t>(c_.train_tokens)));
         eta = std::min(eta, (elapsed - elapsed_before_) * left /
                                 static_cast<double>(st_.tokens_seen - start_tokens_));
+      }
+      if (c_.train_layer_tokens > 0 && st_.layer_tokens > start_layer_tokens_) {  // likewise
+        const double left = static_cast<double>(c_.train_layer_tokens) -
+                            static_cast<double>(std::min<uint64_t>(
+                                st_.layer_tokens, static_cast<uint64_t>(c_.train_layer_tokens)));
+        eta = std::min(eta, (elapsed - elapsed_before_) * left /
+                                static_cast<double>(st_.layer_tokens - start_layer_tokens_));
       }
       char line[256];
       std::snprintf(line, sizeof(line),
@@ -1647,8 +1659,9 @@ class Trainer {
   double sampler_s_ = 0;     // time in the sampler's next, this process
   double train_step_s_ = 0;  // time in train_step (sampler included), this process
   int64_t log_from_step_ = 0;
-  uint64_t log_tokens_ = 0;    // tokens_seen at the last log line
-  uint64_t start_tokens_ = 0;  // tokens_seen when this process started training
+  uint64_t log_tokens_ = 0;          // tokens_seen at the last log line
+  uint64_t start_tokens_ = 0;        // tokens_seen when this process started training
+  uint64_t start_layer_tokens_ = 0;  // layer_tokens then
   int64_t last_step_ = 0;
   double last_eval_ = NAN;
 

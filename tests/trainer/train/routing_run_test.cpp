@@ -187,6 +187,8 @@ TEST_F(RoutingRun, RecordsKeptAndLayerTokensAndDecaysByThem) {
   const auto r2 =
       train(1, config("stop", m, "router = \"drop\"\n", "train_layer_tokens = 1441\n"), "--fresh");
   ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("loom train: stops at 1441 layer tokens (or step 16)"), std::string::npos)
+      << r2.out;
   const auto t2 = metrics("stop", "train");
   ASSERT_FALSE(t2.empty());
   EXPECT_EQ(t2.back()["step"], 6);
