@@ -137,6 +137,8 @@ TEST(RouterCore, StreamingStoresCopyTheSameBytes) {
   check_round_trip({32, 3, 301, 101, 16, false}, 25);  // 64-byte rows
   check_round_trip({64, 2, 300, 99, 8, true}, 26);     // 64-byte rows, [S, B, C]
   check_round_trip({16, 1, 40, 13, 512, false}, 27);   // 1024-byte rows, one thread's worth
+  check_round_trip({32, 2, 64, 64, 16, false}, 28);    // every row kept: contiguous runs
+  check_round_trip({32, 2, 100, 95, 16, false}, 29);   // mostly dense: runs and gaps
   lr::set_streaming_threshold(0);
 }
 

@@ -65,7 +65,7 @@ inline void stream_copy(char* dst, const char* src, std::size_t bytes) {
   for (; i < n; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
 }
 
-// Rows a gather copies at once when it streams (see gather_rows).
+// Rows a gather copies at once when it streams (see stream_rows).
 constexpr std::size_t kGatherWays = 8;
 
 // Copies kGatherWays rows of row_bytes (a multiple of 64, destinations 16-byte aligned) one
@@ -131,7 +131,17 @@ void move_cpu(const loom::sdk::RouterMove& m, bool to_kept) {
             ++b;
           }
         }
-        stream_rows(dst, src, row_bytes);
+        // Rows adjacent in both tensors (a dense run of kept positions) are one contiguous
+        // copy, which the prefetchers follow best.
+        bool adjacent = true;
+        for (std::size_t w = 1; w < kGatherWays && adjacent; ++w) {
+          adjacent = src[w] == src[0] + w * row_bytes && dst[w] == dst[0] + w * row_bytes;
+        }
+        if (adjacent) {
+          stream_copy(dst[0], src[0], kGatherWays * row_bytes);
+        } else {
+          stream_rows(dst, src, row_bytes);
+        }
       }
     }
 #endif
