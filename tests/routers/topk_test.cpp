@@ -279,8 +279,9 @@ double loss_of(Router& r, Problem<double>& pr, const std::vector<double>& coef,
   return l;
 }
 
-void check_finite_differences(const char* gate) {
-  Session s(manifest("capacity = 0.4\ngate = \"" + std::string(gate) + "\""));
+void check_finite_differences(const char* gate, double capacity = 0.4) {
+  Session s(
+      manifest("capacity = " + toml_float(capacity) + "\ngate = \"" + std::string(gate) + "\""));
   ASSERT_TRUE(s.error.empty()) << s.error;
   Router r(s, "r");
   Problem<double> pr = random_problem<double>(2, 9, 5, 5);
@@ -330,6 +331,37 @@ void check_finite_differences(const char* gate) {
 
 TEST(TopKRouter, BackwardMatchesFiniteDifferencesSigmoid) { check_finite_differences("sigmoid"); }
 TEST(TopKRouter, BackwardMatchesFiniteDifferencesLinear) { check_finite_differences("linear"); }
+
+// A learned plan that is not ROUTED (kept == seq_len: capacity 1.0, or a layer whose kept
+// rounds to S) still takes select and backward: a caller gates every position.
+TEST(TopKRouter, SelectAndBackwardWithEveryPositionKept) {
+  for (const double capacity : {1.0, 0.95}) {  // 0.95 * 9 + 0.5 rounds down to 9
+    Session s(manifest("capacity = " + toml_float(capacity)));
+    ASSERT_TRUE(s.error.empty()) << s.error;
+    Router r(s, "r");
+    Problem<double> pr = random_problem<double>(2, 9, 5, 5);
+    loom_router_plan_args a = plan_args(pr.batch, pr.seq_len, pr.channels, pr.layer, pr.num_layers,
+                                        Problem<double>::dtype());
+    ASSERT_EQ(r.plan(a), 0) << r.error;
+    EXPECT_EQ(a.kept, pr.seq_len) << "capacity " << capacity;
+    EXPECT_EQ(a.flags & LOOM_ROUTER_ROUTED, 0u);
+    EXPECT_NE(a.flags & LOOM_ROUTER_LEARNED, 0u);
+    Selection<double> sel = select_host(r, pr);
+    ASSERT_EQ(sel.rc, 0) << r.error;
+    ASSERT_EQ(sel.kept, pr.seq_len);
+    for (int64_t b = 0; b < pr.batch; ++b) {
+      for (int64_t p = 0; p < pr.seq_len; ++p) {
+        const std::size_t k = static_cast<std::size_t>(b * pr.seq_len + p);
+        EXPECT_EQ(sel.indices[k], p) << "b " << b;
+        double score = 0.0;
+        for (int64_t c = 0; c < pr.channels; ++c) score += pr.at(b, p, c) * pr.w[c];
+        EXPECT_NEAR(sel.gates[k], sigmoid_ref(score), 4e-16) << "b " << b << " p " << p;
+      }
+    }
+  }
+  check_finite_differences("sigmoid", 1.0);
+  check_finite_differences("linear", 1.0);
+}
 
 // select + backward at one thread count, as bytes.
 template <class T>

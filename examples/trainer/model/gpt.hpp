@@ -567,7 +567,7 @@ class Gpt {
     router_->select(layer, cfg_.layers, B, Tn, C, training, x,
                     router_w_[l].empty() ? nullptr : router_w_[l].data(), r.idx.data(),
                     p.gated ? r.gates.data() : nullptr);
-    router_->gather(x, r.xk.data(), r.idx.data(), B, Tn, K, C);
+    router_->gather(layer, x, r.xk.data(), r.idx.data(), B, Tn, K, C);
     blocks_[l]->forward(r.xk.data(), r.yk.data(), B, K);
     std::copy(x, x + nc, out);
     if (p.gated) {
@@ -585,9 +585,9 @@ class Gpt {
           }
         }
       });
-      router_->scatter(out, z, r.idx.data(), B, Tn, K, C);
+      router_->scatter(layer, out, z, r.idx.data(), B, Tn, K, C);
     } else {
-      router_->scatter(out, r.yk.data(), r.idx.data(), B, Tn, K, C);
+      router_->scatter(layer, out, r.yk.data(), r.idx.data(), B, Tn, K, C);
     }
     kept_[l] = K;
   }
@@ -606,7 +606,7 @@ class Gpt {
     if (route_dgates_.size() < nk) route_dgates_.resize(nk);
     T* dyk = route_dyk_.data();
     T* dxk = route_dxk_.data();
-    router_->gather(dy, dyk, r.idx.data(), B, Tn, K, C);
+    router_->gather(static_cast<int>(l), dy, dyk, r.idx.data(), B, Tn, K, C);
     if (r.gated) {
       const T* xk = r.xk.data();
       const T* yk = r.yk.data();
@@ -634,7 +634,7 @@ class Gpt {
       blocks_[l]->backward(dyk, dxk, B, K, scratch_);
     }
     std::copy(dy, dy + nc, dx);
-    router_->scatter(dx, dxk, r.idx.data(), B, Tn, K, C);
+    router_->scatter(static_cast<int>(l), dx, dxk, r.idx.data(), B, Tn, K, C);
     if (r.gated) {
       router_->backward(static_cast<int>(l), cfg_.layers, B, Tn, C, resid_[l].data(),
                         router_w_[l].data(), r.idx.data(), route_dgates_.data(), dx,

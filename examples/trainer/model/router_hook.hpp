@@ -42,12 +42,12 @@ class RouterHookT {
   // and, when gated, gates [batch, kept] (NULL otherwise).
   virtual void select(int layer, int num_layers, int batch, int seq, int channels, bool training,
                       const T* x, const T* weight, int32_t* indices, T* gates) = 0;
-  // kept[b, j, :] = full[b, indices[b, j], :]
-  virtual void gather(const T* full, T* kept, const int32_t* indices, int batch, int seq,
+  // kept[b, j, :] = full[b, indices[b, j], :], for layer `layer` (named in errors).
+  virtual void gather(int layer, const T* full, T* kept, const int32_t* indices, int batch, int seq,
                       int kept_count, int channels) = 0;
   // full[b, indices[b, j], :] = kept[b, j, :]; the other positions of full unchanged.
-  virtual void scatter(T* full, const T* kept, const int32_t* indices, int batch, int seq,
-                       int kept_count, int channels) = 0;
+  virtual void scatter(int layer, T* full, const T* kept, const int32_t* indices, int batch,
+                       int seq, int kept_count, int channels) = 0;
   // A gated layer: ADDS the gates' contribution (from dgates [batch, kept]) into dx
   // [batch, seq, channels] and into dweight [channels].
   virtual void backward(int layer, int num_layers, int batch, int seq, int channels, const T* x,

@@ -214,7 +214,9 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   c.router_at = routing.at("router");
   if (routing.table != nullptr) {
     const toml::node* n = routing.table->get("router");
-    if (n != nullptr && n->is_string() && n->as_string()->get().empty()) {
+    if (n == nullptr) {
+      errors.add(routing.at("router") + ": [routing]: no router (leave [routing] out for none)");
+    } else if (n->is_string() && n->as_string()->get().empty()) {
       errors.add(routing.at("router") + ": [routing] router: empty (leave [routing] out for none)");
     }
   }
@@ -245,6 +247,7 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   t.finish();
   c.train_tokens_at = t.at("train_tokens");
   c.train_layer_tokens_at = t.at("train_layer_tokens");
+  c.lr_unit_at = t.at("lr_unit");
   const std::vector<std::string> decays{"cosine", "linear", "constant"};
   if (std::find(decays.begin(), decays.end(), c.decay) == decays.end()) {
     errors.add(t.at("decay") + ": [train] decay: '" + c.decay +
@@ -348,6 +351,15 @@ std::vector<std::string> config_warnings(const TrainConfig& c) {
                   " layer tokens end the run, but lr_unit = \"" + c.lr_unit +
                   "\" decays by another measure, so a run that ends by layer tokens may stop "
                   "before the learning rate reaches min_lr (set lr_unit = \"layer_tokens\")");
+  }
+  if (!c.router.empty() && c.lr_unit == "layer_tokens" && c.train_layer_tokens == 0) {
+    out.push_back(c.lr_unit_at +
+                  ": [train] lr_unit: warning: \"layer_tokens\" without train_layer_tokens "
+                  "decays over the unrouted run's layer tokens ([model] layers x the tokens), "
+                  "which the routed run ([routing] router = \"" +
+                  c.router +
+                  "\") does not consume by its last step, so the learning rate ends above "
+                  "min_lr (to anneal fully, set train_layer_tokens and raise steps)");
   }
   if (c.train_tokens > 0 && c.lr_unit == "steps") {
     out.push_back(c.train_tokens_at +

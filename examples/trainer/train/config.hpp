@@ -57,6 +57,7 @@ struct TrainConfig {
   // "layer_tokens": it follows the layer tokens consumed (the sum over layers of the tokens
   // each processed; a router's kept counts), see lr_at_layer_tokens.
   std::string lr_unit = "steps";
+  std::string lr_unit_at;       // FILE:LINE:COL of lr_unit, for the warning below
   std::string train_tokens_at;  // FILE:LINE:COL of train_tokens, for the warning below
   // >0: stop once this many layer tokens (all ranks) are consumed; with lr_unit =
   // "layer_tokens" also the decay's end (else layers * the decay's tokens).
@@ -87,7 +88,10 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
 
 // Settings that are valid but likely not what was meant, one line each (FILE:LINE:COL:
 // [section] key: warning: ...): train_tokens with lr_unit = "steps" (the decay runs over
-// `steps`, an upper bound, so a run ended by tokens stops before the rate reaches min_lr).
+// `steps`, an upper bound, so a run ended by tokens stops before the rate reaches min_lr);
+// train_layer_tokens with another lr_unit; lr_unit = "layer_tokens" under [routing] without
+// train_layer_tokens (the decay runs over the unrouted run's layer tokens, which a routed run
+// does not reach by its last step, so the rate ends above min_lr).
 std::vector<std::string> config_warnings(const TrainConfig& c);
 
 // The problems of the names the config gives its manifest's instances ([optimizer.NAME],

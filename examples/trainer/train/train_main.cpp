@@ -474,6 +474,21 @@ class PluginRouter final : public RouterHook {
     current_[static_cast<size_t>(layer)] = p;
     int8_t& w = weights_[static_cast<size_t>(layer)];
     if (w < 0) w = has_weight(layer, num_layers) ? 1 : 0;
+    if ((p.flags & LOOM_ROUTER_LEARNED) != 0 && (p.flags & LOOM_ROUTER_ROUTED) != 0 && w == 0) {
+      // A learned router needs the layer's weight to select; the weights were fixed at the
+      // start, from the plan of step 1 at the run's seq_len.
+      throw TrainError(who_ + ": plan (step " + std::to_string(std::max<int64_t>(1, step_)) +
+                       ", layer " + std::to_string(layer) + ", seq_len " + std::to_string(seq) +
+                       (training ? "" : ", evaluation") +
+                       ") routes a layer that holds no router weight: the trainer gives a "
+                       "learned router's layer its weight h." +
+                       std::to_string(layer) +
+                       ".router.w only when the plan of step 1 at the run's seq_len " +
+                       std::to_string(seq_len_) +
+                       " (training) routes it, and that plan kept every position of this "
+                       "layer (a learned router must route the same layers at every step and "
+                       "length)");
+    }
     RoutePlan r;
     r.kept = static_cast<int>(p.kept);
     r.routed = (p.flags & LOOM_ROUTER_ROUTED) != 0;
@@ -510,13 +525,13 @@ class PluginRouter final : public RouterHook {
     check(vt_->select(obj_, &a), "select", layer, step_);
   }
 
-  void gather(const float* full, float* kept, const int32_t* indices, int batch, int seq,
+  void gather(int layer, const float* full, float* kept, const int32_t* indices, int batch, int seq,
               int kept_count, int channels) override {
-    move(vt_->gather, "gather", full, kept, indices, batch, seq, kept_count, channels);
+    move(vt_->gather, "gather", layer, full, kept, indices, batch, seq, kept_count, channels);
   }
-  void scatter(float* full, const float* kept, const int32_t* indices, int batch, int seq,
-               int kept_count, int channels) override {
-    move(vt_->scatter, "scatter", full, kept, indices, batch, seq, kept_count, channels);
+  void scatter(int layer, float* full, const float* kept, const int32_t* indices, int batch,
+               int seq, int kept_count, int channels) override {
+    move(vt_->scatter, "scatter", layer, full, kept, indices, batch, seq, kept_count, channels);
   }
 
   void backward(int layer, int, int batch, int seq, int channels, const float* x,
@@ -589,7 +604,7 @@ class PluginRouter final : public RouterHook {
   }
 
   using MoveFn = loom_status* (*)(void*, const loom_router_move_args*);
-  void move(MoveFn fn, const char* what, const float* full, const float* kept,
+  void move(MoveFn fn, const char* what, int layer, const float* full, const float* kept,
             const int32_t* indices, int batch, int seq, int kept_count, int channels) {
     Tensor ft(full, {batch, seq, channels}, kF32);
     Tensor kt(kept, {batch, kept_count, channels}, kF32);
@@ -599,7 +614,7 @@ class PluginRouter final : public RouterHook {
     a.full = ft.get();
     a.kept = kt.get();
     a.indices = it.get();
-    check(fn(obj_, &a), what, -1, step_);
+    check(fn(obj_, &a), what, layer, step_);
   }
 
   void check(loom_status* st, const char* what, int layer, int64_t step) {
@@ -697,7 +712,8 @@ struct TrainerState {
   uint64_t warmup_layer_tokens = 0;
   bool has_layer_tokens = true;  // false: read from a file before LTS5 (not encoded)
 };
-// "LTS5"; "LTS4" (still read, as 0 layer tokens) lacked the layer tokens, "LTS3" (still
+// "LTS5"; "LTS4" (still read: its layer tokens are taken as layers x tokens, since no run
+// routed then) lacked the layer tokens, "LTS3" (still
 // read, as warmup_tokens 0) warmup_tokens, "LTS2" (still read, as 0 skipped steps)
 // skipped_steps, "LTS1" the loss sums.
 constexpr uint32_t kTrainerStateMagic = 0x4c545335;
@@ -874,6 +890,7 @@ class Trainer {
     log_from_step_ = st_.step;
     log_tokens_ = st_.tokens_seen;
     start_tokens_ = st_.tokens_seen;
+    start_layer_tokens_ = st_.layer_tokens;
     last_step_ = st_.step;
   }
 
@@ -1203,6 +1220,10 @@ class Trainer {
       std::cout << "loom train: stops at " << c_.train_tokens << " tokens (or step " << c_.steps
                 << ")" << std::endl;
     }
+    if (c_.train_layer_tokens > 0) {
+      std::cout << "loom train: stops at " << c_.train_layer_tokens << " layer tokens (or step "
+                << c_.steps << ")" << std::endl;
+    }
     if (!wpe_mask_.empty()) {
       std::cout << "loom train: position rows " << c_.seq_len << ".." << c_.model.context - 1
                 << " are never used (seq_len < context); their momentum is masked" << std::endl;
@@ -1376,6 +1397,13 @@ class Trainer {
                                 st_.tokens_seen, static_cast<uint64_t>(c_.train_tokens)));
         eta = std::min(eta, (elapsed - elapsed_before_) * left /
                                 static_cast<double>(st_.tokens_seen - start_tokens_));
+      }
+      if (c_.train_layer_tokens > 0 && st_.layer_tokens > start_layer_tokens_) {  // likewise
+        const double left = static_cast<double>(c_.train_layer_tokens) -
+                            static_cast<double>(std::min<uint64_t>(
+                                st_.layer_tokens, static_cast<uint64_t>(c_.train_layer_tokens)));
+        eta = std::min(eta, (elapsed - elapsed_before_) * left /
+                                static_cast<double>(st_.layer_tokens - start_layer_tokens_));
       }
       char line[256];
       std::snprintf(line, sizeof(line),
@@ -1631,8 +1659,9 @@ class Trainer {
   double sampler_s_ = 0;     // time in the sampler's next, this process
   double train_step_s_ = 0;  // time in train_step (sampler included), this process
   int64_t log_from_step_ = 0;
-  uint64_t log_tokens_ = 0;    // tokens_seen at the last log line
-  uint64_t start_tokens_ = 0;  // tokens_seen when this process started training
+  uint64_t log_tokens_ = 0;          // tokens_seen at the last log line
+  uint64_t start_tokens_ = 0;        // tokens_seen when this process started training
+  uint64_t start_layer_tokens_ = 0;  // layer_tokens then
   int64_t last_step_ = 0;
   double last_eval_ = NAN;
 

@@ -29,16 +29,21 @@ namespace {
 template <typename T>
 struct Moves : lt::RouterHookT<T> {
   int gathers = 0, scatters = 0;
-  void gather(const T* full, T* kept, const int32_t* idx, int B, int S, int K, int C) override {
+  std::vector<int> moved_layers;  // the layer of every gather and scatter, in call order
+  void gather(int layer, const T* full, T* kept, const int32_t* idx, int B, int S, int K,
+              int C) override {
     ++gathers;
+    moved_layers.push_back(layer);
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < K; ++j)
         for (int c = 0; c < C; ++c)
           kept[(static_cast<size_t>(b) * K + j) * C + c] =
               full[(static_cast<size_t>(b) * S + idx[b * K + j]) * C + c];
   }
-  void scatter(T* full, const T* kept, const int32_t* idx, int B, int S, int K, int C) override {
+  void scatter(int layer, T* full, const T* kept, const int32_t* idx, int B, int S, int K,
+               int C) override {
     ++scatters;
+    moved_layers.push_back(layer);
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < K; ++j)
         for (int c = 0; c < C; ++c)
@@ -81,12 +86,17 @@ struct FixedRouter final : Moves<double> {
 struct LearnedRouter final : Moves<double> {
   std::set<int> layers;
   int kept = 3;
+  std::vector<int> kept_of;  // per layer, overriding `kept` where set (> 0)
   double constant_gate = -1;
   int backwards = 0;
+  int kept_at(int layer, int seq) const {
+    const size_t l = static_cast<size_t>(layer);
+    return std::min(l < kept_of.size() && kept_of[l] > 0 ? kept_of[l] : kept, seq);
+  }
   bool has_weight(int layer, int) override { return layers.count(layer) != 0; }
   lt::RoutePlan plan(int layer, int, int, int seq, bool) override {
     if (!layers.count(layer)) return {seq, false, false};
-    const int k = std::min(kept, seq);
+    const int k = kept_at(layer, seq);
     return {k, k < seq, true};
   }
   static double score(const double* x, const double* w, int C) {
@@ -94,11 +104,11 @@ struct LearnedRouter final : Moves<double> {
     for (int c = 0; c < C; ++c) s += x[c] * w[c];
     return s;
   }
-  void select(int, int, int B, int S, int C, bool, const double* x, const double* w, int32_t* idx,
-              double* gates) override {
+  void select(int layer, int, int B, int S, int C, bool, const double* x, const double* w,
+              int32_t* idx, double* gates) override {
     EXPECT_NE(w, nullptr);
     EXPECT_NE(gates, nullptr);
-    const int K = std::min(kept, S);
+    const int K = kept_at(layer, S);
     for (int b = 0; b < B; ++b) {
       std::vector<double> s(static_cast<size_t>(S));
       for (int p = 0; p < S; ++p) s[p] = score(x + (static_cast<size_t>(b) * S + p) * C, w, C);
@@ -114,11 +124,11 @@ struct LearnedRouter final : Moves<double> {
       }
     }
   }
-  void backward(int, int, int B, int S, int C, const double* x, const double* w, const int32_t* idx,
-                const double* dgates, double* dx, double* dw) override {
+  void backward(int layer, int, int B, int S, int C, const double* x, const double* w,
+                const int32_t* idx, const double* dgates, double* dx, double* dw) override {
     ++backwards;
     if (constant_gate >= 0) return;  // the gate does not depend on x or w
-    const int K = std::min(kept, S);
+    const int K = kept_at(layer, S);
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < K; ++j) {
         const double* xr = x + (static_cast<size_t>(b) * S + idx[b * K + j]) * C;
@@ -261,6 +271,36 @@ TEST(TrainerRouting, LearnedRouterGradientIncludingTheRouterWeightDouble) {
   // Evaluation routes the same way (a learned router's top-k in both).
   m.forward_loss(d.tok.data(), d.tgt.data(), d.B, d.T);
   EXPECT_EQ(m.kept(), (std::vector<int>{6, 4, 4}));
+}
+
+// A gated layer that keeps every position (kept == seq: not routed, but select gives a gate
+// per position, as the trainer runs a weighted layer whose plan keeps all) beside a routed
+// one: every gradient, the router weights' included, against central differences; the
+// moves name their layer.
+TEST(TrainerRouting, GatedButNotRoutedLayerGradientDouble) {
+  lt::Gpt<double> m(small(), 10);
+  auto r = std::make_unique<LearnedRouter>();
+  r->layers = {1, 2};
+  r->kept_of = {0, 6, 4};  // layer 1 keeps all 6 positions (gated only), layer 2 keeps 4
+  LearnedRouter* learned = r.get();
+  m.set_router(std::move(r));
+  std::mt19937_64 rng(13);
+  perturb(m, rng, 0.3);
+  const Batch d(7);
+  check_all_gradients(m, d, rng);
+  EXPECT_GT(learned->backwards, 0);
+  EXPECT_EQ(m.kept(), (std::vector<int>{6, 6, 4}));
+  // One forward and backward: forward gathers and scatters layer 1 then 2, backward 2 then 1.
+  learned->moved_layers.clear();
+  m.zero_grad();
+  m.forward_backward(d.tok.data(), d.tgt.data(), d.B, d.T);
+  EXPECT_EQ(learned->moved_layers, (std::vector<int>{1, 1, 2, 2, 2, 2, 1, 1}));
+  for (const auto& p : m.parameters()) {
+    if (p.name != "h.1.router.w") continue;
+    double n = 0;
+    for (size_t i = 0; i < p.numel; ++i) n += p.grad[i] * p.grad[i];
+    EXPECT_GT(n, 0.0) << "the gates of an unrouted layer carry a gradient";
+  }
 }
 
 // Dropped positions bypass the layer bit for bit; a routed layer that keeps a prefix of

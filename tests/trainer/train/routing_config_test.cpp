@@ -64,6 +64,9 @@ TEST(RoutingConfig, KeysAreReadAndBadValuesNamedAtTheirPlace) {
   };
   expect(kBase + "[routing]\nrouter = 3\n", ":6:10: [routing] router: expected a string");
   expect(kBase + "[routing]\nrouter = \"\"\n", ":6:10: [routing] router: empty");
+  // An empty [routing] table names no router: an error at the table, not routing off.
+  expect(kBase + "[routing]\n[train]\nsteps = 3\n",
+         ":5:1: [routing]: no router (leave [routing] out for none)");
   expect(kBase + "[routing]\nrouters = \"a\"\n", ":6:1: [routing] routers: unknown key");
   EXPECT_NE(error_of(cfg, kBase + "[routing]\nrouters = \"a\"\n").find("did you mean 'router'"),
             std::string::npos);
@@ -173,5 +176,27 @@ TEST(RoutingConfig, TrainLayerTokensWithAnotherLrUnitWarns) {
             std::string::npos)
       << w[0];
   write(cfg, kBase + "[train]\ntrain_layer_tokens = 5000\nlr_unit = \"layer_tokens\"\n");
+  EXPECT_TRUE(config_warnings(load_config(cfg.string())).empty());
+}
+
+// lr_unit = "layer_tokens" under [routing] without train_layer_tokens decays over the
+// unrouted run's layer tokens: a routed run ends above min_lr, so it warns (at lr_unit).
+TEST(RoutingConfig, LayerTokenDecayWithoutItsBudgetWarnsWhenRouted) {
+  const auto dir = temp_dir();
+  const auto cfg = dir / "u.toml";
+  write(cfg, kBase + "[routing]\nrouter = \"ltd\"\n[train]\nlr_unit = \"layer_tokens\"\n");
+  const auto w = config_warnings(load_config(cfg.string()));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find(cfg.string() + ":8:11: [train] lr_unit: warning:"), std::string::npos)
+      << w[0];
+  EXPECT_NE(w[0].find("set train_layer_tokens and raise steps"), std::string::npos) << w[0];
+  // With the budget, or without a router, or another unit: no warning.
+  write(cfg, kBase +
+                 "[routing]\nrouter = \"ltd\"\n[train]\nlr_unit = \"layer_tokens\"\n"
+                 "train_layer_tokens = 9000\n");
+  EXPECT_TRUE(config_warnings(load_config(cfg.string())).empty());
+  write(cfg, kBase + "[train]\nlr_unit = \"layer_tokens\"\n");
+  EXPECT_TRUE(config_warnings(load_config(cfg.string())).empty());
+  write(cfg, kBase + "[routing]\nrouter = \"ltd\"\n[train]\nlr_unit = \"tokens\"\n");
   EXPECT_TRUE(config_warnings(load_config(cfg.string())).empty());
 }

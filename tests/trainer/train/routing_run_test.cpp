@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -75,7 +76,8 @@ class RoutingRun : public ::testing::Test {
   // adam (and ucx when `comm`), [router.drop] trainer_router keeping 8 in layer 1,
   // [router.mod] topk_router (capacity 0.25, layer 1), [router.ltd] random_ltd (8 -> 32 by
   // multiples of 8 over 8 steps, the default layers: the middle one), [router.far] (layer 7:
-  // refuses a 3-layer model), a probe schedule [curriculum.slw] and sampler [sampler.probe].
+  // refuses a 3-layer model), a probe schedule [curriculum.slw] and sampler [sampler.probe],
+  // [router.late] trainer_late_router (learned, routes layer 1 only from step 2).
   static std::string manifest(const std::string& name, bool comm) {
     const fs::path p = dir_ / (name + ".toml");
     std::ofstream(p) << (comm ? "[comm.world]\nplugin = \"ucx\"\n" : "")
@@ -88,11 +90,12 @@ class RoutingRun : public ::testing::Test {
                      << "require_steps = 8\nlayers = [7]\n"
                      << "[curriculum.slw]\nplugin = \"trainer_probe\"\nmode = \"truncate\"\n"
                      << "min_len = 3\nmax_len = 40\ntotal_steps = 9\n"
-                     << "[sampler.probe]\nplugin = \"trainer_probe\"\n";
+                     << "[sampler.probe]\nplugin = \"trainer_probe\"\n"
+                     << "[router.late]\nplugin = \"trainer_late_router\"\nfrom_step = 2\n";
     return p.filename().string();
   }
   // 3 layers, context and seq_len 32, batch 4, 16 steps, metrics every step. The [routing]
-  // table is on line 9 (router on line 10).
+  // table is on line 9 (router on line 10); an empty `routing` leaves it out.
   static std::string config(const std::string& name, const std::string& man,
                             const std::string& routing, const std::string& train_extra = "",
                             bool comm = false, const std::string& curriculum = "") {
@@ -100,8 +103,8 @@ class RoutingRun : public ::testing::Test {
     std::ofstream(p) << "[manifest]\npath = \"" << man << "\"\n"
                      << "comm = \"" << (comm ? "world" : "") << "\"\n"
                      << "[model]\ncontext = 32\nlayers = 3\nheads = 2\ndim = 16\n"
-                     << "[routing]\n"
-                     << routing << "[data]\ndataset = \"data.bin\"\n"
+                     << (routing.empty() ? "" : "[routing]\n" + routing)
+                     << "[data]\ndataset = \"data.bin\"\n"
                      << (curriculum.empty() ? "" : "[curriculum]\n" + curriculum)
                      << "[train]\nsteps = 16\nbatch_size = 4\nseq_len = 32\n"
                      << "lr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 3\ndecay = \"linear\"\n"
@@ -144,6 +147,7 @@ class RoutingRun : public ::testing::Test {
       }
     }
     for (const auto& f : files) {
+      EXPECT_TRUE(fs::exists(dir_ / "runs" / a_run / "checkpoints/step_00000016" / f)) << f;
       EXPECT_EQ(slurp(dir_ / "runs" / a_run / "checkpoints/step_00000016" / f),
                 slurp(dir_ / "runs" / b_run / "checkpoints/step_00000016" / f))
           << f;
@@ -183,10 +187,37 @@ TEST_F(RoutingRun, RecordsKeptAndLayerTokensAndDecaysByThem) {
   const auto r2 =
       train(1, config("stop", m, "router = \"drop\"\n", "train_layer_tokens = 1441\n"), "--fresh");
   ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("loom train: stops at 1441 layer tokens (or step 16)"), std::string::npos)
+      << r2.out;
   const auto t2 = metrics("stop", "train");
   ASSERT_FALSE(t2.empty());
   EXPECT_EQ(t2.back()["step"], 6);
   EXPECT_EQ(nlohmann::json::parse(slurp(dir_ / "runs/stop/summary.json"))["layer_tokens"], 1728);
+}
+
+// The same global batch on 1 rank and on 2: each row draws its positions as sample
+// first_sample + b, so rank 1's rows (samples 2 and 3) keep the positions they keep on one
+// rank, and step 1's loss and gradient norm (before any update) agree. A rank that passed
+// first_sample = 0 would route its rows as samples 0 and 1 and change both.
+TEST_F(RoutingRun, TwoRanksRouteTheirRowsAsOneRankDoes) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  const auto m = manifest("m_split", true);
+  const auto one = train(1, config("split1", m, "router = \"drop\"\n"), "--fresh");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto two = train(2, config("split2", m, "router = \"drop\"\n", "", true), "--fresh");
+  ASSERT_EQ(two.code, 0) << two.out;
+  const auto a = metrics("split1", "train");
+  const auto b = metrics("split2", "train");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  ASSERT_EQ(a.front()["step"], 1);
+  ASSERT_EQ(b.front()["step"], 1);
+  EXPECT_EQ(a.front()["kept"], nlohmann::json::array({32, 8, 32}));
+  EXPECT_EQ(b.front()["kept"], a.front()["kept"]);
+  const double la = a.front()["loss"], lb = b.front()["loss"];
+  EXPECT_NEAR(la, lb, 1e-5);
+  const double ga = a.front()["grad_norm"], gb = b.front()["grad_norm"];
+  EXPECT_NEAR(ga, gb, 1e-5 * std::max(1.0, std::fabs(ga)));
 }
 
 // 2 ranks (each its half of the batch: the rows draw as samples first_sample + b), batches
@@ -221,10 +252,11 @@ TEST_F(RoutingRun, InterruptedAndResumedMatchesUninterruptedBitForBit) {
   }
   EXPECT_EQ(t.front()["seq_len"], 8);
   EXPECT_EQ(t.back()["seq_len"], 32);
-  expect_same_runs("full", "part",
-                   {"model.rank0.safetensors", "model.rank1.safetensors", "optimizer.rank0.bin",
-                    "optimizer.rank1.bin", "router.rank0.bin", "router.rank1.bin",
-                    "seqlen.rank1.bin", "sampler.rank0.bin"});
+  expect_same_runs(
+      "full", "part",
+      {"model.rank0.safetensors", "model.rank1.safetensors", "optimizer.rank0.bin",
+       "optimizer.rank1.bin", "router.rank0.bin", "router.rank1.bin", "seqlen.rank0.bin",
+       "seqlen.rank1.bin", "sampler.rank0.bin", "sampler.rank1.bin"});
 }
 
 // The bundled learned router: h.1.router.w is a parameter (in the checkpoint, moved by the
@@ -334,6 +366,24 @@ TEST_F(RoutingRun, BadNamesAndMissingStatesAreRefused) {
   r = train(1, config("st", m, "router = \"drop\"\n"), "--resume");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("has no router.rank0.bin"), std::string::npos) << r.out;
+}
+
+// A learned router whose step-1 plan keeps every position of layer 1 (so the layer has no
+// router weight) but routes it from step 2: the run stops there with the cause, not an SDK
+// error about a NULL weight.
+TEST_F(RoutingRun, LearnedRouterRoutingAWeightlessLayerLaterIsNamed) {
+  const auto m = manifest("m_late", false);
+  const auto r = train(1, config("late", m, "router = \"late\"\n"), "--fresh");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("plan (step 2, layer 1, seq_len 32) routes a layer that holds no router "
+                       "weight"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("h.1.router.w"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("select (step"), std::string::npos) << r.out;
+  const auto t = metrics("late", "train");
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0]["step"], 1);
 }
 
 // A checkpoint of a run before the layer tokens were recorded (trainer state LTS4, written
