@@ -132,6 +132,13 @@ TEST(RouterCore, StreamingStoresCopyTheSameBytes) {
   check_round_trip({16, 2, 300, 100, 8, true}, 22);    // 16-byte rows, [S, B, C]
   check_round_trip({8, 2, 300, 100, 40, false}, 23);   // 40-byte rows: memcpy
   check_round_trip({64, 2, 100, 37, 3, false}, 24);    // 24-byte rows: memcpy
+  // gather streams 8 rows at a time when rows are whole cache lines: groups that cross a
+  // sequence's end (kept 101 and 99, not multiples of 8), a remainder, and [S, B, C].
+  check_round_trip({32, 3, 301, 101, 16, false}, 25);  // 64-byte rows
+  check_round_trip({64, 2, 300, 99, 8, true}, 26);     // 64-byte rows, [S, B, C]
+  check_round_trip({16, 1, 40, 13, 512, false}, 27);   // 1024-byte rows, one thread's worth
+  check_round_trip({32, 2, 64, 64, 16, false}, 28);    // every row kept: contiguous runs
+  check_round_trip({32, 2, 100, 95, 16, false}, 29);   // mostly dense: runs and gaps
   lr::set_streaming_threshold(0);
 }
 

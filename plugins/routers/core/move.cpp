@@ -64,6 +64,31 @@ inline void stream_copy(char* dst, const char* src, std::size_t bytes) {
   }
   for (; i < n; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
 }
+
+// Rows a gather copies at once when it streams (see stream_rows).
+constexpr std::size_t kGatherWays = 8;
+
+// Copies kGatherWays rows of row_bytes (a multiple of 64, destinations 16-byte aligned) one
+// cache line of each in turn. A gather reads rows at scattered positions, and each row starts
+// a new stream for the hardware prefetchers; with several rows in flight their misses overlap
+// instead of each row waiting for its first lines (1.1x to 1.6x on a 2-core EPYC at 1 to 4 KiB
+// rows, where a software prefetch of the next rows did not help).
+inline void stream_rows(char* const* dst, const char* const* src, std::size_t row_bytes) {
+  for (std::size_t o = 0; o < row_bytes; o += 64) {
+    for (std::size_t w = 0; w < kGatherWays; ++w) {
+      const auto* s = reinterpret_cast<const __m128i*>(src[w] + o);
+      auto* d = reinterpret_cast<__m128i*>(dst[w] + o);
+      const __m128i a = _mm_loadu_si128(s);
+      const __m128i b = _mm_loadu_si128(s + 1);
+      const __m128i c = _mm_loadu_si128(s + 2);
+      const __m128i e = _mm_loadu_si128(s + 3);
+      _mm_stream_si128(d, a);
+      _mm_stream_si128(d + 1, b);
+      _mm_stream_si128(d + 2, c);
+      _mm_stream_si128(d + 3, e);
+    }
+  }
+}
 #endif
 
 void move_cpu(const loom::sdk::RouterMove& m, bool to_kept) {
@@ -92,7 +117,35 @@ void move_cpu(const loom::sdk::RouterMove& m, bool to_kept) {
   auto body = [&](std::size_t lo, std::size_t hi) {
     auto b = static_cast<int64_t>(lo) / k;
     auto j = static_cast<int64_t>(lo) % k;
-    for (std::size_t r = lo; r < hi; ++r) {
+    std::size_t r = lo;
+#if LOOM_ROUTERS_STREAM_STORES
+    if (stream && to_kept && row_bytes % 64 == 0) {
+      char* dst[kGatherWays];
+      const char* src[kGatherWays];
+      for (; r + kGatherWays <= hi; r += kGatherWays) {
+        for (std::size_t w = 0; w < kGatherWays; ++w) {
+          src[w] = full + b * fb + static_cast<std::ptrdiff_t>(idx[r + w]) * fp;
+          dst[w] = kept + b * kb + j * kp;
+          if (++j == k) {
+            j = 0;
+            ++b;
+          }
+        }
+        // Rows adjacent in both tensors (a dense run of kept positions) are one contiguous
+        // copy, which the prefetchers follow best.
+        bool adjacent = true;
+        for (std::size_t w = 1; w < kGatherWays && adjacent; ++w) {
+          adjacent = src[w] == src[0] + w * row_bytes && dst[w] == dst[0] + w * row_bytes;
+        }
+        if (adjacent) {
+          stream_copy(dst[0], src[0], kGatherWays * row_bytes);
+        } else {
+          stream_rows(dst, src, row_bytes);
+        }
+      }
+    }
+#endif
+    for (; r < hi; ++r) {
       char* f = full + b * fb + static_cast<std::ptrdiff_t>(idx[r]) * fp;
       char* t = kept + b * kb + j * kp;
       char* dst = to_kept ? t : f;

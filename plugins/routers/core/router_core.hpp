@@ -27,7 +27,8 @@ bool have_cuda();
 // Bit-for-bit copies of 8/16/32/64-bit elements, any batch and position strides. Host
 // tensors: the rows split over the host pool (loom::sdk::parallel_for), one copy per row (a
 // memcpy; non-temporal 16-byte stores once a move writes 8 MiB or more and its destination
-// rows are 16-byte aligned, see set_streaming_threshold).
+// rows are 16-byte aligned, see set_streaming_threshold; such a gather of rows that are whole
+// cache lines copies 8 rows at a time, a line of each in turn).
 // CUDA tensors: one kernel on m.stream (16-byte vector copies when the rows' addresses and
 // lengths allow, else the widest unit that divides them), the device made current for the
 // call; device indices are not read back (that would synchronise): a row whose index is
