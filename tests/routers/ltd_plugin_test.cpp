@@ -207,8 +207,19 @@ TEST(RouterLtdPlugin, SelectGatherScatterOnTheHostPool) {
   a.workspace = nullptr;
   EXPECT_EQ(r.take(r.t->select(r.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(r.error.find("workspace"), std::string::npos) << r.error;
-  // Indices sized for another kept count.
+  // Sample ids first_sample .. first_sample + batch - 1 must fit int64.
   a.workspace = aligned;
+  a.first_sample = INT64_MAX - 1;
+  EXPECT_EQ(r.take(r.t->select(r.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.error.find("first_sample 9223372036854775806 + batch 3 overflows int64"),
+            std::string::npos)
+      << r.error;
+  a.first_sample = INT64_MAX - 2;  // the last sample id is INT64_MAX
+  ASSERT_EQ(r.take(r.t->select(r.obj, &a)), 0) << r.error;
+  ltd::select_cpu({1234, step, 2, INT64_MAX - 2, B, S, K}, want.data());
+  EXPECT_EQ(idx, want);
+  a.first_sample = 40;
+  // Indices sized for another kept count.
   View small(idx.data(), {B, K - 1}, kI32);
   a.indices = small.get();
   EXPECT_EQ(r.take(r.t->select(r.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);

@@ -93,6 +93,35 @@ TEST(TopKRouter, KeptCountFromCapacity) {
   }
 }
 
+// Sizes that overflow 64 bits are OUT_OF_RANGE naming them, never a wrapped byte count.
+TEST(TopKRouter, PlanRefusesSizesThatOverflow) {
+  Session s(manifest("capacity = 0.125"));
+  ASSERT_TRUE(s.error.empty()) << s.error;
+  Router r(s, "r");
+  // 16 positions keep 2: saved = batch * 2 * 8 bytes overflows, the workspace first.
+  loom_router_plan_args a = plan_args(INT64_MAX / 4, 16, 8, 1, 3);
+  EXPECT_EQ(r.plan(a), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_NE(r.error.find("sequences of 2 kept positions do not fit 64-bit sizes"),
+            std::string::npos)
+      << r.error;
+  EXPECT_NE(r.error.find(std::to_string(INT64_MAX / 4)), std::string::npos) << r.error;
+  // saved (batch * 16 bytes) fits; the workspace (batch * 16 * 8) does not.
+  a = plan_args(INT64_MAX / 16, 16, 8, 1, 3);
+  EXPECT_EQ(r.plan(a), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_NE(r.error.find("the workspace of " + std::to_string(INT64_MAX / 16) +
+                         " sequences of 16 positions and 8 channels does not fit"),
+            std::string::npos)
+      << r.error;
+  // Wide channels: batch * channels * 8 overflows.
+  a = plan_args(1 << 20, 16, INT64_MAX / 1024, 1, 3);
+  EXPECT_EQ(r.plan(a), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_NE(r.error.find("channels does not fit 64-bit sizes"), std::string::npos) << r.error;
+  // A large but representable plan still works.
+  a = plan_args(1 << 20, 16, 1 << 20, 1, 3);
+  ASSERT_EQ(r.plan(a), 0) << r.error;
+  EXPECT_EQ(a.workspace_bytes, uint64_t{1} << 43);
+}
+
 TEST(TopKRouter, LayersParameterChoosesRoutedLayers) {
   {
     Session s(manifest("capacity = 0.25"));  // default: the middle layers 1 .. 4 of 6

@@ -3,11 +3,13 @@
 // pool by sequence or by channel block, never inside a sum, so the thread count changes no
 // bit.
 #include <loom/sdk/parallel.hpp>
+#include <loom/sdk/status.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "topk_kernels.hpp"
@@ -128,13 +130,30 @@ int64_t kept_count(double capacity, int64_t seq_len) {
 }
 
 uint64_t saved_bytes(int64_t batch, int64_t kept) {
-  return static_cast<uint64_t>(batch) * static_cast<uint64_t>(kept) * sizeof(double);
+  int64_t n = 0;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(batch, kept, &n) ||
+      __builtin_mul_overflow(n, int64_t{sizeof(double)}, &bytes)) {
+    throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE, "topk_router: the saved scores of " +
+                                                      std::to_string(batch) + " sequences of " +
+                                                      std::to_string(kept) +
+                                                      " kept positions do not fit 64-bit sizes");
+  }
+  return static_cast<uint64_t>(bytes);
 }
 
 uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t channels) {
-  const uint64_t n =
-      static_cast<uint64_t>(batch) * static_cast<uint64_t>(std::max(seq_len, channels));
-  return (n * sizeof(double) + 255) / 256 * 256;
+  int64_t n = 0;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(batch, std::max(seq_len, channels), &n) ||
+      __builtin_mul_overflow(n, int64_t{sizeof(double)}, &bytes) ||
+      __builtin_add_overflow(bytes, int64_t{255}, &bytes)) {
+    throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                           "topk_router: the workspace of " + std::to_string(batch) +
+                               " sequences of " + std::to_string(seq_len) + " positions and " +
+                               std::to_string(channels) + " channels does not fit 64-bit sizes");
+  }
+  return static_cast<uint64_t>(bytes) / 256 * 256;
 }
 
 void select_cpu(const SelectData& d) {

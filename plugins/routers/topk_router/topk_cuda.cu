@@ -12,9 +12,11 @@
 //   sequences.
 #include <cuda_runtime.h>
 #include <loom/sdk/cuda.hpp>
+#include <loom/sdk/status.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "topk_kernels.hpp"
 
@@ -24,8 +26,18 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kSelectThreads = 256;
 
-int blocks_for(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, (n + kThreads - 1) / kThreads));
+// The grid of a kernel with a thread per element of a [n0, n1, n2] index space: throws
+// OUT_OF_RANGE naming `what` when the count overflows int64 or the grid's 2^31 - 1 blocks.
+unsigned blocks_for(const char* what, int64_t n0, int64_t n1 = 1, int64_t n2 = 1) {
+  int64_t n = 0;
+  if (__builtin_mul_overflow(n0, n1, &n) || __builtin_mul_overflow(n, n2, &n) ||
+      n / kThreads >= INT32_MAX) {
+    throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                           std::string("topk_router: ") + what + " (" + std::to_string(n0) + " x " +
+                               std::to_string(n1) + " x " + std::to_string(n2) +
+                               ") needs more CUDA blocks than a grid holds");
+  }
+  return static_cast<unsigned>(std::max<int64_t>(1, n / kThreads + (n % kThreads != 0 ? 1 : 0)));
 }
 
 template <class T>
@@ -184,10 +196,16 @@ __global__ void dw_total_kernel(const double* partial, int64_t batch, int64_t ch
 template <class T>
 void select_typed(const SelectData& d, cudaStream_t st) {
   const Shape& s = d.shape;
-  score_kernel<T><<<blocks_for(s.batch * s.seq_len), kThreads, 0, st>>>(
-      static_cast<const T*>(d.x.data), d.x.batch_stride, d.x.position_stride,
-      static_cast<const T*>(d.weight), s.batch, s.seq_len, s.channels, d.scores);
+  score_kernel<T>
+      <<<blocks_for("the scores of batch x seq_len", s.batch, s.seq_len), kThreads, 0, st>>>(
+          static_cast<const T*>(d.x.data), d.x.batch_stride, d.x.position_stride,
+          static_cast<const T*>(d.weight), s.batch, s.seq_len, s.channels, d.scores);
   LOOM_CUDA_CHECK(cudaGetLastError());
+  if (s.batch > INT32_MAX) {
+    throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                           "topk_router select: batch " + std::to_string(s.batch) +
+                               " is more CUDA blocks (one per sequence) than a grid holds");
+  }
   topk_kernel<T><<<static_cast<unsigned>(s.batch), kSelectThreads, 0, st>>>(
       d.scores, s.seq_len, s.kept, static_cast<int>(s.gate), d.indices, static_cast<T*>(d.gates),
       d.saved);
@@ -198,18 +216,20 @@ template <class T>
 void backward_typed(const BackwardData& d, cudaStream_t st) {
   const Shape& s = d.shape;
   const int gate = static_cast<int>(s.gate);
-  dx_kernel<T><<<blocks_for(s.batch * s.kept * s.channels), kThreads, 0, st>>>(
-      static_cast<const T*>(d.weight), d.indices, static_cast<const T*>(d.dgates), d.saved, s.batch,
-      s.seq_len, s.kept, s.channels, gate, static_cast<T*>(d.dx), d.dx_batch_stride,
-      d.dx_position_stride);
+  dx_kernel<T><<<blocks_for("dx of batch x kept x channels", s.batch, s.kept, s.channels), kThreads,
+                 0, st>>>(static_cast<const T*>(d.weight), d.indices,
+                          static_cast<const T*>(d.dgates), d.saved, s.batch, s.seq_len, s.kept,
+                          s.channels, gate, static_cast<T*>(d.dx), d.dx_batch_stride,
+                          d.dx_position_stride);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  dw_partial_kernel<T><<<blocks_for(s.batch * s.channels), kThreads, 0, st>>>(
-      static_cast<const T*>(d.x.data), d.x.batch_stride, d.x.position_stride, d.indices,
-      static_cast<const T*>(d.dgates), d.saved, s.batch, s.seq_len, s.kept, s.channels, gate,
-      d.partial);
+  dw_partial_kernel<T><<<blocks_for("dweight partials of batch x channels", s.batch, s.channels),
+                         kThreads, 0, st>>>(static_cast<const T*>(d.x.data), d.x.batch_stride,
+                                            d.x.position_stride, d.indices,
+                                            static_cast<const T*>(d.dgates), d.saved, s.batch,
+                                            s.seq_len, s.kept, s.channels, gate, d.partial);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  dw_total_kernel<T><<<blocks_for(s.channels), kThreads, 0, st>>>(d.partial, s.batch, s.channels,
-                                                                  static_cast<T*>(d.dweight));
+  dw_total_kernel<T><<<blocks_for("dweight of channels", s.channels), kThreads, 0, st>>>(
+      d.partial, s.batch, s.channels, static_cast<T*>(d.dweight));
   LOOM_CUDA_CHECK(cudaGetLastError());
 }
 
