@@ -76,7 +76,7 @@ void backward_typed(const BackwardData& d) {
   auto* dx = static_cast<T*>(d.dx);
   auto* dw = static_cast<T*>(d.dweight);
   const std::size_t n = static_cast<std::size_t>(s.batch * s.kept);
-  std::vector<double> ds(n);
+  double* ds = d.ds;  // the workspace, after the partials (no allocation per call)
   for (std::size_t i = 0; i < n; ++i) ds[i] = score_grad(to_double(dgates[i]), d.saved[i], s.gate);
   // dx: each kept token once (rows are strictly increasing), sequences over the pool.
   loom::sdk::parallel_for(
@@ -142,10 +142,11 @@ uint64_t saved_bytes(int64_t batch, int64_t kept) {
   return static_cast<uint64_t>(bytes);
 }
 
-uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t channels) {
+uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t channels, int64_t kept) {
   int64_t n = 0;
   int64_t bytes = 0;
-  if (__builtin_mul_overflow(batch, std::max(seq_len, channels), &n) ||
+  if (__builtin_add_overflow(channels, kept, &n) ||
+      __builtin_mul_overflow(batch, std::max(seq_len, n), &n) ||
       __builtin_mul_overflow(n, int64_t{sizeof(double)}, &bytes) ||
       __builtin_add_overflow(bytes, int64_t{255}, &bytes)) {
     throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
