@@ -30,6 +30,31 @@ uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t kept) {
 
 namespace {
 
+// The kept smallest of keys[0 .. S), ties by smaller position, in position order.
+void choose(const uint64_t* keys, int64_t S, int64_t K, std::vector<uint64_t>& scratch,
+            int32_t* out) {
+  if (K >= S) {
+    std::iota(out, out + S, 0);
+    return;
+  }
+  scratch.assign(keys, keys + S);
+  std::nth_element(scratch.begin(), scratch.begin() + (K - 1), scratch.end());
+  const uint64_t t = scratch[static_cast<std::size_t>(K - 1)];
+  // Keys below t: all of scratch[0, K - 1) and none after.
+  int64_t below = 0;
+  for (int64_t i = 0; i < K - 1; ++i) below += scratch[static_cast<std::size_t>(i)] < t ? 1 : 0;
+  int64_t equal_left = K - below;  // keys equal to t still to keep, by position
+  int64_t j = 0;
+  for (int64_t p = 0; p < S; ++p) {
+    const uint64_t k = keys[p];
+    if (k < t || (k == t && equal_left-- > 0)) out[j++] = static_cast<int32_t>(p);
+  }
+  if (j != K) {
+    throw loom::sdk::Error(LOOM_ERR_INTERNAL, "random_ltd: selected " + std::to_string(j) +
+                                                  " positions, expected " + std::to_string(K));
+  }
+}
+
 void select_row(const SelectJob& job, int64_t b, std::vector<uint64_t>& keys,
                 std::vector<uint64_t>& scratch, int32_t* out) {
   const int64_t S = job.seq_len;
@@ -46,22 +71,7 @@ void select_row(const SelectJob& job, int64_t b, std::vector<uint64_t>& keys,
              &keys[static_cast<std::size_t>(2 * m + 1)]);
   }
   if (S % 2 != 0) keys[static_cast<std::size_t>(S - 1)] = key_of(ks, static_cast<uint32_t>(S - 1));
-  scratch.assign(keys.begin(), keys.end());
-  std::nth_element(scratch.begin(), scratch.begin() + (K - 1), scratch.end());
-  const uint64_t t = scratch[static_cast<std::size_t>(K - 1)];
-  // Keys below t: all of scratch[0, K - 1) and none after.
-  int64_t below = 0;
-  for (int64_t i = 0; i < K - 1; ++i) below += scratch[static_cast<std::size_t>(i)] < t ? 1 : 0;
-  int64_t equal_left = K - below;  // keys equal to t still to keep, by position
-  int64_t j = 0;
-  for (int64_t p = 0; p < S; ++p) {
-    const uint64_t k = keys[static_cast<std::size_t>(p)];
-    if (k < t || (k == t && equal_left-- > 0)) out[j++] = static_cast<int32_t>(p);
-  }
-  if (j != K) {
-    throw loom::sdk::Error(LOOM_ERR_INTERNAL, "random_ltd: selected " + std::to_string(j) +
-                                                  " positions, expected " + std::to_string(K));
-  }
+  choose(keys.data(), S, K, scratch, out);
 }
 
 }  // namespace
@@ -77,6 +87,14 @@ void select_cpu(const SelectJob& job, int32_t* indices) {
                                          indices + static_cast<int64_t>(b) * job.kept);
                             }
                           });
+}
+
+void select_keys_cpu(const uint64_t* keys, int64_t batch, int64_t seq_len, int64_t kept,
+                     int32_t* indices) {
+  std::vector<uint64_t> scratch;
+  for (int64_t b = 0; b < batch; ++b) {
+    choose(keys + b * seq_len, seq_len, kept, scratch, indices + b * kept);
+  }
 }
 
 }  // namespace loom::routers::ltd

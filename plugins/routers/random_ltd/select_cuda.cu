@@ -52,7 +52,36 @@ __global__ void select_kernel(uint64_t seed, int64_t step, int32_t layer, int64_
                          [out](int64_t j, int64_t p) { out[j] = static_cast<int32_t>(p); });
 }
 
+// The selection over caller-supplied keys (select_keys, for tests).
+__global__ void keys_select_kernel(const uint64_t* keys_in, int64_t seq_len, int64_t kept,
+                                   int32_t* indices) {
+  __shared__ bs::Shared sh;
+  const int64_t b = blockIdx.x;
+  const uint64_t* keys = keys_in + b * seq_len;
+  int32_t* out = indices + b * kept;
+  const auto key_at = [keys](int64_t p) { return keys[p]; };
+  const bs::Threshold th = bs::radix_threshold(key_at, seq_len, kept, sh);
+  bs::ordered_compaction(key_at, seq_len, th, sh,
+                         [out](int64_t j, int64_t p) { out[j] = static_cast<int32_t>(p); });
+}
+
 }  // namespace
+
+void select_keys(const uint64_t* keys, int64_t batch, int64_t seq_len, int64_t kept,
+                 int32_t* indices, int device, void* stream) {
+  if (batch < 1) return;
+  if (batch > INT32_MAX || kept < 1 || kept > seq_len) {
+    throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT,
+                           "random_ltd select_keys: batch " + std::to_string(batch) + ", kept " +
+                               std::to_string(kept) + " of " + std::to_string(seq_len));
+  }
+  const loom::sdk::CudaDeviceGuard guard(device);
+  auto* s = static_cast<cudaStream_t>(stream);
+  LOOM_CUDA_CHECK(cudaPeekAtLastError());
+  keys_select_kernel<<<static_cast<unsigned>(batch), kThreads, 0, s>>>(keys, seq_len, kept,
+                                                                       indices);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
 
 void select(const SelectJob& job, int32_t* indices, void* workspace, int device, void* stream) {
   if (job.batch < 1) return;
@@ -66,6 +95,7 @@ void select(const SelectJob& job, int32_t* indices, void* workspace, int device,
                                                         " indices need more " +
                                                         "CUDA blocks than a grid holds");
     }
+    LOOM_CUDA_CHECK(cudaPeekAtLastError());  // an earlier launch's error is not ours
     iota_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(indices, job.batch, job.seq_len);
     LOOM_CUDA_CHECK(cudaGetLastError());
     return;
@@ -81,6 +111,7 @@ void select(const SelectJob& job, int32_t* indices, void* workspace, int device,
                                std::to_string(workspace_bytes(job.batch, job.seq_len, job.kept)) +
                                " bytes");
   }
+  LOOM_CUDA_CHECK(cudaPeekAtLastError());  // an earlier launch's error is not ours
   select_kernel<<<static_cast<unsigned>(job.batch), kThreads, 0, s>>>(
       job.seed, job.step, job.layer, job.first_sample, job.seq_len, job.kept,
       static_cast<uint64_t*>(workspace), indices);
