@@ -21,6 +21,7 @@
 
 #include "schedule.hpp"
 #include "select.hpp"
+#include "select_key.hpp"
 #include "tensors.hpp"
 
 namespace {
@@ -203,6 +204,11 @@ TEST(RouterLtdPlugin, SelectGatherScatterOnTheHostPool) {
   std::vector<int32_t> want(idx.size());
   ltd::select_cpu({1234, step, 2, 40, B, S, K}, want.data());
   EXPECT_EQ(idx, want);
+  // The host path keeps its keys in the plan's workspace (row b at b * S), as CUDA does.
+  const auto* ws_keys = static_cast<const uint64_t*>(aligned);
+  const ltd::KeyStream ks2 = ltd::key_stream(1234, step, 2, 40 + 2);
+  EXPECT_EQ(ws_keys[2 * S + 5], ltd::key_of(ks2, 5));
+  EXPECT_EQ(ws_keys[2 * S + S - 1], ltd::key_of(ks2, static_cast<uint32_t>(S - 1)));
   // No workspace while the plan asks for one: the SDK refuses it.
   a.workspace = nullptr;
   EXPECT_EQ(r.take(r.t->select(r.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);

@@ -103,7 +103,7 @@ class RandomLtd : public loom::sdk::Router {
     const DLTensor& idx = *a.indices;
     auto* out = reinterpret_cast<int32_t*>(static_cast<char*>(idx.data) + idx.byte_offset);
     if (loom::sdk::is_cpu(idx.device)) {
-      ltd::select_cpu(job, out);
+      ltd::select_cpu(job, out, static_cast<uint64_t*>(a.workspace));
       return;
     }
     if (idx.device.device_type == kDLCUDA) {
