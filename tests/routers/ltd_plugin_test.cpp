@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "schedule.hpp"
@@ -303,6 +304,58 @@ TEST(RouterLtdPlugin, InstancesAndSplitsAgree) {
   joined.insert(joined.end(), rest.begin(), rest.end());
   EXPECT_EQ(joined, whole);
   EXPECT_EQ(whole.size(), 6u * 416u);  // t = 30000: 128 + 288
+}
+
+// select on one instance from several threads at once (each with its own workspace) gives
+// every thread the serial rows: the host path shares no scratch between calls.
+TEST(RouterLtdPlugin, ConcurrentSelectsMatchSerial) {
+  Session s(kManifest);
+  constexpr int kThreads = 4;
+  const int64_t step = 30001;
+  auto select = [&](Router& r, int64_t first, int64_t batch, int64_t S) {
+    auto p = plan_args(batch, S, step, 3, 6);
+    EXPECT_EQ(r.plan(p), 0) << r.error;
+    std::vector<int32_t> idx(static_cast<std::size_t>(batch * p.kept), -1);
+    std::vector<unsigned char> ws(p.workspace_bytes + 256);
+    View iv(idx.data(), {batch, p.kept}, kI32);
+    loom_router_select_args a{};
+    a.struct_size = LOOM_ROUTER_SELECT_ARGS_SIZE;
+    a.seed = 9;
+    a.step = step;
+    a.batch = batch;
+    a.seq_len = S;
+    a.channels = 16;
+    a.first_sample = first;
+    a.layer = 3;
+    a.num_layers = 6;
+    a.training = 1;
+    a.indices = iv.get();
+    a.workspace = ws.data() + (256 - reinterpret_cast<uintptr_t>(ws.data()) % 256) % 256;
+    a.workspace_bytes = p.workspace_bytes;
+    EXPECT_EQ(r.take(r.t->select(r.obj, &a)), 0) << r.error;
+    return idx;
+  };
+  std::vector<std::vector<int32_t>> want(kThreads);
+  {
+    Router r(s, "ltd");
+    for (int i = 0; i < kThreads; ++i) {
+      want[static_cast<std::size_t>(i)] = select(r, 10 * i, 3 + i, 700 + 300 * i);
+    }
+  }
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      Router r(s, "ltd");
+      for (int rep = 0; rep < 6; ++rep) {
+        const auto got = select(r, 10 * i, 3 + i, 700 + 300 * i);
+        mismatches[static_cast<std::size_t>(i)] += got != want[static_cast<std::size_t>(i)] ? 1 : 0;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(mismatches[static_cast<std::size_t>(i)], 0) << i;
+  EXPECT_EQ(want[0].size(), 3u * 416u);
 }
 
 TEST(RouterLtdPlugin, AdvanceCountsLayerTokensAndResumes) {
