@@ -88,7 +88,7 @@ inline void expect_disjoint_rows(const TokenTensor& v, std::string_view what) {
   Axis axes[2] = {{"batch", "sequences", v.batch_stride, v.batch},
                   {"position", "positions", v.position_stride, v.positions}};
   int n = 0;
-  Axis used[2];
+  Axis used[2] = {axes[0], axes[1]};
   for (const Axis& a : axes) {
     if (a.extent > 1) used[n++] = a;
   }
