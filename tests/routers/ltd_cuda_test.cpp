@@ -8,6 +8,7 @@
 #include <loom/kinds/router.h>
 #include <loom/sdk/status.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -85,6 +86,72 @@ TEST_F(RouterCudaLtd, SelectMatchesTheHostBitForBit) {
 TEST_F(RouterCudaLtd, LongSequence) {
   const ltd::SelectJob j{11, 4, 1, 3, 1, 32768 + 3, 4099};
   EXPECT_EQ(device_select(j), host_select(j));
+}
+
+// Keys with many ties (Philox keys practically never tie): the radix select's tie branches
+// (a bucket taken in part, all eight passes, the first equal keys by position) against the
+// host's nth_element, with the expected rows checked independently on small cases.
+TEST_F(RouterCudaLtd, TiedKeysMatchTheHost) {
+  struct Case {
+    const char* name;
+    int64_t batch, seq_len, kept;
+    uint64_t (*key)(int64_t b, int64_t p);
+  };
+  const Case cases[] = {
+      {"all equal", 2, 700, 300, [](int64_t, int64_t) { return uint64_t{42}; }},
+      {"five values", 3, 2049, 1000,
+       [](int64_t b, int64_t p) { return static_cast<uint64_t>((p * 7 + b) % 5) << 61; }},
+      // Equal top 56 bits: only the last pass tells the keys apart.
+      {"low byte", 2, 4099, 1234,
+       [](int64_t b, int64_t p) {
+         return uint64_t{0xabcdef0123456700} | static_cast<uint64_t>((p * 13 + b) % 3);
+       }},
+      {"two values, max key", 1, 5000, 2500,
+       [](int64_t, int64_t p) { return p % 2 == 0 ? ~uint64_t{0} : ~uint64_t{0} - 1; }},
+      {"one kept of ties", 2, 300, 1, [](int64_t, int64_t p) { return uint64_t(p % 4 != 3); }},
+      {"all kept", 2, 64, 64, [](int64_t, int64_t) { return uint64_t{0}; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto n = static_cast<std::size_t>(c.batch * c.seq_len);
+    std::vector<uint64_t> keys(n);
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (int64_t p = 0; p < c.seq_len; ++p)
+        keys[static_cast<std::size_t>(b * c.seq_len + p)] = c.key(b, p);
+    }
+    const auto m = static_cast<std::size_t>(c.batch * c.kept);
+    std::vector<int32_t> want(m, -1);
+    ltd::select_keys_cpu(keys.data(), c.batch, c.seq_len, c.kept, want.data());
+    void* dkeys = nullptr;
+    void* didx = nullptr;
+    ASSERT_EQ(cudaMalloc(&dkeys, n * 8), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&didx, m * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dkeys, keys.data(), n * 8, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(didx, 0xff, m * 4), cudaSuccess);
+    ltd::cuda::select_keys(static_cast<const uint64_t*>(dkeys), c.batch, c.seq_len, c.kept,
+                           static_cast<int32_t*>(didx), 0, stream_);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    std::vector<int32_t> got(m);
+    ASSERT_EQ(cudaMemcpy(got.data(), didx, m * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(dkeys);
+    cudaFree(didx);
+    EXPECT_EQ(got, want);
+    // Independently: a stable sort by key gives the set, then position order.
+    for (int64_t b = 0; b < c.batch; ++b) {
+      std::vector<int32_t> order(static_cast<std::size_t>(c.seq_len));
+      for (int64_t p = 0; p < c.seq_len; ++p)
+        order[static_cast<std::size_t>(p)] = static_cast<int32_t>(p);
+      const uint64_t* row = keys.data() + b * c.seq_len;
+      std::stable_sort(order.begin(), order.end(),
+                       [row](int32_t x, int32_t y) { return row[x] < row[y]; });
+      order.resize(static_cast<std::size_t>(c.kept));
+      std::sort(order.begin(), order.end());
+      const std::vector<int32_t> mine(got.begin() + b * c.kept, got.begin() + (b + 1) * c.kept);
+      EXPECT_EQ(mine, order) << "sequence " << b;
+    }
+  }
+  // Bad sizes are refused, not launched.
+  EXPECT_THROW(ltd::cuda::select_keys(nullptr, 1, 4, 5, nullptr, 0, stream_), loom::sdk::Error);
 }
 
 TEST_F(RouterCudaLtd, SelectGatherScatterPipeline) {

@@ -17,10 +17,12 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "schedule.hpp"
 #include "select.hpp"
+#include "select_key.hpp"
 #include "tensors.hpp"
 
 namespace {
@@ -203,12 +205,28 @@ TEST(RouterLtdPlugin, SelectGatherScatterOnTheHostPool) {
   std::vector<int32_t> want(idx.size());
   ltd::select_cpu({1234, step, 2, 40, B, S, K}, want.data());
   EXPECT_EQ(idx, want);
+  // The host path keeps its keys in the plan's workspace (row b at b * S), as CUDA does.
+  const auto* ws_keys = static_cast<const uint64_t*>(aligned);
+  const ltd::KeyStream ks2 = ltd::key_stream(1234, step, 2, 40 + 2);
+  EXPECT_EQ(ws_keys[2 * S + 5], ltd::key_of(ks2, 5));
+  EXPECT_EQ(ws_keys[2 * S + S - 1], ltd::key_of(ks2, static_cast<uint32_t>(S - 1)));
   // No workspace while the plan asks for one: the SDK refuses it.
   a.workspace = nullptr;
   EXPECT_EQ(r.take(r.t->select(r.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(r.error.find("workspace"), std::string::npos) << r.error;
-  // Indices sized for another kept count.
+  // Sample ids first_sample .. first_sample + batch - 1 must fit int64.
   a.workspace = aligned;
+  a.first_sample = INT64_MAX - 1;
+  EXPECT_EQ(r.take(r.t->select(r.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.error.find("first_sample 9223372036854775806 + batch 3 overflows int64"),
+            std::string::npos)
+      << r.error;
+  a.first_sample = INT64_MAX - 2;  // the last sample id is INT64_MAX
+  ASSERT_EQ(r.take(r.t->select(r.obj, &a)), 0) << r.error;
+  ltd::select_cpu({1234, step, 2, INT64_MAX - 2, B, S, K}, want.data());
+  EXPECT_EQ(idx, want);
+  a.first_sample = 40;
+  // Indices sized for another kept count.
   View small(idx.data(), {B, K - 1}, kI32);
   a.indices = small.get();
   EXPECT_EQ(r.take(r.t->select(r.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
@@ -286,6 +304,58 @@ TEST(RouterLtdPlugin, InstancesAndSplitsAgree) {
   joined.insert(joined.end(), rest.begin(), rest.end());
   EXPECT_EQ(joined, whole);
   EXPECT_EQ(whole.size(), 6u * 416u);  // t = 30000: 128 + 288
+}
+
+// select on one instance from several threads at once (each with its own workspace) gives
+// every thread the serial rows: the host path shares no scratch between calls.
+TEST(RouterLtdPlugin, ConcurrentSelectsMatchSerial) {
+  Session s(kManifest);
+  constexpr int kThreads = 4;
+  const int64_t step = 30001;
+  auto select = [&](Router& r, int64_t first, int64_t batch, int64_t S) {
+    auto p = plan_args(batch, S, step, 3, 6);
+    EXPECT_EQ(r.plan(p), 0) << r.error;
+    std::vector<int32_t> idx(static_cast<std::size_t>(batch * p.kept), -1);
+    std::vector<unsigned char> ws(p.workspace_bytes + 256);
+    View iv(idx.data(), {batch, p.kept}, kI32);
+    loom_router_select_args a{};
+    a.struct_size = LOOM_ROUTER_SELECT_ARGS_SIZE;
+    a.seed = 9;
+    a.step = step;
+    a.batch = batch;
+    a.seq_len = S;
+    a.channels = 16;
+    a.first_sample = first;
+    a.layer = 3;
+    a.num_layers = 6;
+    a.training = 1;
+    a.indices = iv.get();
+    a.workspace = ws.data() + (256 - reinterpret_cast<uintptr_t>(ws.data()) % 256) % 256;
+    a.workspace_bytes = p.workspace_bytes;
+    EXPECT_EQ(r.take(r.t->select(r.obj, &a)), 0) << r.error;
+    return idx;
+  };
+  std::vector<std::vector<int32_t>> want(kThreads);
+  {
+    Router r(s, "ltd");
+    for (int i = 0; i < kThreads; ++i) {
+      want[static_cast<std::size_t>(i)] = select(r, 10 * i, 3 + i, 700 + 300 * i);
+    }
+  }
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      Router r(s, "ltd");
+      for (int rep = 0; rep < 6; ++rep) {
+        const auto got = select(r, 10 * i, 3 + i, 700 + 300 * i);
+        mismatches[static_cast<std::size_t>(i)] += got != want[static_cast<std::size_t>(i)] ? 1 : 0;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(mismatches[static_cast<std::size_t>(i)], 0) << i;
+  EXPECT_EQ(want[0].size(), 3u * 416u);
 }
 
 TEST(RouterLtdPlugin, AdvanceCountsLayerTokensAndResumes) {

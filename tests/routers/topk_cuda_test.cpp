@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "topk_helpers.hpp"
@@ -46,6 +48,17 @@ struct DeviceBuffer {
 bool have_device() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// The same bits, except that any NaN matches any NaN (a NaN the hardware makes, as 0 * inf,
+// has a payload that differs between CPU and GPU). Returns the first mismatch, or -1.
+template <class T>
+int64_t mismatch(const T* a, const T* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
+  }
+  return -1;
 }
 
 // x stored [seq_len, batch, channels] (strided view) when `transposed`.
@@ -118,8 +131,8 @@ void compare(const char* params, Problem<T> pr, bool transposed) {
   EXPECT_EQ(didx.read<int32_t>(static_cast<std::size_t>(B * K)), host.indices);
   const std::vector<T> gates = dgates.read<T>(static_cast<std::size_t>(B * K));
   const std::vector<double> saved = dsaved.read<double>(static_cast<std::size_t>(B * K));
-  EXPECT_EQ(std::memcmp(gates.data(), host.gates.data(), gates.size() * E), 0) << "gates";
-  EXPECT_EQ(std::memcmp(saved.data(), host.saved.data(), saved.size() * 8), 0) << "saved";
+  EXPECT_EQ(mismatch(gates.data(), host.gates.data(), gates.size()), -1) << "gates";
+  EXPECT_EQ(mismatch(saved.data(), host.saved.data(), saved.size()), -1) << "saved";
 
   // backward: dx in x's layout, starting from the host's initial values.
   std::vector<T> dx0(xs.size(), T(0.125));
@@ -159,9 +172,9 @@ void compare(const char* params, Problem<T> pr, bool transposed) {
       }
     }
   }
-  EXPECT_EQ(std::memcmp(dx_bsc.data(), hdx.data(), hdx.size() * E), 0) << "dx";
+  EXPECT_EQ(mismatch(dx_bsc.data(), hdx.data(), hdx.size()), -1) << "dx";
   const std::vector<T> got_dw = ddw.read<T>(pr.w.size());
-  EXPECT_EQ(std::memcmp(got_dw.data(), hdw.data(), hdw.size() * E), 0) << "dweight";
+  EXPECT_EQ(mismatch(got_dw.data(), hdw.data(), hdw.size()), -1) << "dweight";
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
@@ -188,6 +201,59 @@ TEST(TopKRouterCuda, TiedScoresMatchHost) {
   pr.at(1, 4, 0) = std::nan("");
   compare("capacity = 0.5", pr, false);
   compare("capacity = 0.01\ngate = \"linear\"", pr, false);
+}
+
+// Wide rows: more channels than one shared-memory chunk of the score kernel (and not a
+// multiple of it), more tokens than a score block, fp32.
+TEST(TopKRouterCuda, WideRowsMatchHost) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  compare("capacity = 0.25", random_problem<float>(4, 150, 520, 8), false);
+  compare("capacity = 0.5\ngate = \"linear\"", random_problem<float>(4, 33, 513, 9), true);
+}
+
+// Scores over the whole range of the gate's exponential: |s| up to about 800 (past the
+// -708 cutoff and the range reduction's large k), +-inf and NaN.
+TEST(TopKRouterCuda, ExtremeScoresMatchHost) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (const bool fp64 : {true, false}) {
+    SCOPED_TRACE(fp64 ? "fp64" : "fp32");
+    const int64_t B = 2, S = 260, C = 2;
+    auto fill = [&](auto& pr) {
+      using T = std::decay_t<decltype(pr.x[0])>;
+      pr.w = {T(1), T(0.5)};
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t q = 0; q < S; ++q) {
+          // -800 .. 800 in uneven steps, with a fractional part.
+          const double v = -800.0 + 1600.0 * static_cast<double>((q * 37 + b * 11) % S) /
+                                        static_cast<double>(S - 1);
+          pr.at(b, q, 0) = static_cast<T>(v);
+          pr.at(b, q, 1) = static_cast<T>(std::sin(static_cast<double>(q)));
+        }
+      }
+      const T inf = std::numeric_limits<T>::infinity();
+      pr.at(0, 3, 0) = inf;
+      pr.at(0, 100, 0) = -inf;
+      pr.at(1, 7, 1) = inf;
+      pr.at(1, 8, 0) = -inf;
+      pr.at(0, 50, 0) = std::numeric_limits<T>::quiet_NaN();
+      pr.at(1, 200, 1) = std::numeric_limits<T>::quiet_NaN();
+      pr.at(0, 4, 0) = T(-708.5);
+      pr.at(0, 5, 0) = T(708.5);
+      pr.at(0, 6, 0) = T(-707.9);
+    };
+    if (fp64) {
+      Problem<double> pr = random_problem<double>(B, S, C, 10);
+      fill(pr);
+      compare("capacity = 0.5", pr, false);
+      compare("capacity = 0.9", pr, true);
+      compare("capacity = 1.0\nlayers = [1]", pr, false);  // every position, extreme gates
+    } else {
+      Problem<float> pr = random_problem<float>(B, S, C, 11);
+      fill(pr);
+      compare("capacity = 0.5", pr, false);
+      compare("capacity = 0.9\ngate = \"linear\"", pr, true);
+    }
+  }
 }
 
 }  // namespace

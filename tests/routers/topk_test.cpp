@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "topk_helpers.hpp"
@@ -91,6 +92,36 @@ TEST(TopKRouter, KeptCountFromCapacity) {
     ASSERT_EQ(r.plan(a), 0) << r.error;
     EXPECT_EQ(a.kept, c.kept);
   }
+}
+
+// Sizes that overflow 64 bits are OUT_OF_RANGE naming them, never a wrapped byte count.
+TEST(TopKRouter, PlanRefusesSizesThatOverflow) {
+  Session s(manifest("capacity = 0.125"));
+  ASSERT_TRUE(s.error.empty()) << s.error;
+  Router r(s, "r");
+  // 16 positions keep 2: saved = batch * 2 * 8 bytes overflows, the workspace first.
+  loom_router_plan_args a = plan_args(INT64_MAX / 4, 16, 8, 1, 3);
+  EXPECT_EQ(r.plan(a), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_NE(r.error.find("sequences of 2 kept positions do not fit 64-bit sizes"),
+            std::string::npos)
+      << r.error;
+  EXPECT_NE(r.error.find(std::to_string(INT64_MAX / 4)), std::string::npos) << r.error;
+  // saved (batch * 16 bytes) fits; the workspace (batch * 16 * 8) does not.
+  a = plan_args(INT64_MAX / 16, 16, 8, 1, 3);
+  EXPECT_EQ(r.plan(a), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_NE(r.error.find("the workspace of " + std::to_string(INT64_MAX / 16) +
+                         " sequences of 16 positions and 8 channels does not fit"),
+            std::string::npos)
+      << r.error;
+  // Wide channels: batch * channels * 8 overflows.
+  a = plan_args(1 << 20, 16, INT64_MAX / 1024, 1, 3);
+  EXPECT_EQ(r.plan(a), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_NE(r.error.find("channels does not fit 64-bit sizes"), std::string::npos) << r.error;
+  // A large but representable plan still works.
+  a = plan_args(1 << 20, 16, 1 << 20, 1, 3);
+  ASSERT_EQ(r.plan(a), 0) << r.error;
+  // max(batch * seq_len, batch * (channels + kept)) doubles.
+  EXPECT_EQ(a.workspace_bytes, (uint64_t{1} << 20) * ((uint64_t{1} << 20) + 2) * 8);
 }
 
 TEST(TopKRouter, LayersParameterChoosesRoutedLayers) {
@@ -398,6 +429,82 @@ TEST(TopKRouter, BitIdenticalOnAnyThreadCount) {
     EXPECT_EQ(run_all<double>(t), one64) << t << " threads";
   }
   EXPECT_EQ(loom_set_thread_count(before), 0);
+}
+
+// select, gather, scatter and backward of one problem through `r`, as bytes.
+template <class T>
+std::vector<unsigned char> run_problem(Router& r, Problem<T> pr) {
+  std::vector<unsigned char> out;
+  auto put = [&](const void* p, std::size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    out.insert(out.end(), c, c + n);
+  };
+  Selection<T> sel = select_host(r, pr);
+  if (sel.rc != 0) return out;
+  const int64_t B = pr.batch, S = pr.seq_len, C = pr.channels, K = sel.kept;
+  std::vector<T> kept(static_cast<std::size_t>(B * K * C));
+  View full(pr.x.data(), {B, S, C}, Problem<T>::dtype()),
+      kv(kept.data(), {B, K, C}, Problem<T>::dtype());
+  View idx(sel.indices.data(), {B, K}, kI32);
+  loom_router_move_args m{};
+  m.struct_size = LOOM_ROUTER_MOVE_ARGS_SIZE;
+  m.full = full.get();
+  m.kept = kv.get();
+  m.indices = idx.get();
+  if (r.take(r.t->gather(r.obj, &m)) != 0) return {};
+  std::vector<T> dg(sel.gates.size());
+  for (std::size_t k = 0; k < dg.size(); ++k) dg[k] = static_cast<T>(std::cos(double(k)));
+  std::vector<T> dx(pr.x.size(), T(0.5)), dw(pr.w.size(), T(0.25));
+  if (backward_host(r, pr, sel, dg, dx, dw) != 0) return {};
+  for (T& v : kept) v = -v;
+  View dxv(dx.data(), {B, S, C}, Problem<T>::dtype());
+  m.full = dxv.get();
+  if (r.take(r.t->scatter(r.obj, &m)) != 0) return {};
+  put(sel.indices.data(), sel.indices.size() * 4);
+  put(sel.gates.data(), sel.gates.size() * sizeof(T));
+  put(sel.saved.data(), sel.saved.size() * 8);
+  put(kept.data(), kept.size() * sizeof(T));
+  put(dx.data(), dx.size() * sizeof(T));
+  put(dw.data(), dw.size() * sizeof(T));
+  return out;
+}
+
+// The kind's calls may run on one instance from several threads at once: each thread's
+// results equal the serial ones (no shared scratch inside the plugin).
+TEST(TopKRouter, ConcurrentCallsOnOneInstanceMatchSerial) {
+  Session s(manifest("capacity = 0.3"));
+  ASSERT_TRUE(s.error.empty()) << s.error;
+  constexpr int kThreads = 4;
+  std::vector<Problem<double>> p64;
+  std::vector<Problem<float>> p32;
+  for (int i = 0; i < kThreads; ++i) {
+    p64.push_back(random_problem<double>(2 + i, 150 + 37 * i, 24 + 5 * i, 100 + i));
+    p32.push_back(random_problem<float>(3, 90 + 11 * i, 40, 200 + i));
+  }
+  std::vector<std::vector<unsigned char>> want64(kThreads), want32(kThreads);
+  {
+    Router r(s, "r");
+    for (int i = 0; i < kThreads; ++i) {
+      want64[static_cast<std::size_t>(i)] = run_problem(r, p64[static_cast<std::size_t>(i)]);
+      want32[static_cast<std::size_t>(i)] = run_problem(r, p32[static_cast<std::size_t>(i)]);
+      ASSERT_FALSE(want64[static_cast<std::size_t>(i)].empty()) << r.error;
+      ASSERT_FALSE(want32[static_cast<std::size_t>(i)].empty()) << r.error;
+    }
+  }
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      Router r(s, "r");  // its own error text; the same instance
+      const auto k = static_cast<std::size_t>(i);
+      for (int rep = 0; rep < 5; ++rep) {
+        mismatches[k] += run_problem(r, p64[k]) != want64[k] ? 1 : 0;
+        mismatches[k] += run_problem(r, p32[k]) != want32[k] ? 1 : 0;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(mismatches[static_cast<std::size_t>(i)], 0) << i;
 }
 
 TEST(TopKRouter, BadParametersAreClearErrors) {

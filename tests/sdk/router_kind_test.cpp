@@ -526,6 +526,105 @@ TEST(SdkKinds, RouterGatherScatterCheckTheMove) {
   EXPECT_EQ(cls.moves, 2);  // none of the bad moves reached the class
 }
 
+// The tensor a move or backward writes must not have rows that share elements (a row
+// written twice, or by two threads at once); the tensors it reads may (a broadcast).
+TEST(SdkKinds, RouterDestinationRowsMustNotOverlap) {
+  Instance<LastFour> r;
+  LastFour& cls = r.cls();
+  int32_t code = 0;
+  Tensor<float> full({2, 6, 2}, kF32);
+  for (size_t i = 0; i < full.data.size(); ++i) full.data[i] = static_cast<float>(i);
+  Tensor<float> kept({2, 3, 2}, kF32);
+  Tensor<int32_t> idx({2, 3}, kI32);
+  idx.data = {0, 2, 5, 1, 3, 4};
+  auto call = [&](bool gather) {
+    loom_router_move_args m{};
+    m.struct_size = LOOM_ROUTER_MOVE_ARGS_SIZE;
+    m.full = &full.t;
+    m.kept = &kept.t;
+    m.indices = &idx.t;
+    return take(gather ? r.table()->gather(r.object(), &m) : r.table()->scatter(r.object(), &m),
+                &code);
+  };
+  // kept's positions one element apart while a row has two.
+  int64_t kept_overlap[3] = {6, 1, 1};
+  kept.t.strides = kept_overlap;
+  EXPECT_EQ(call(true),
+            "kept has position stride 1 over 3 positions, less than its 2 channels (a router "
+            "writes every row of kept, so rows must not overlap)");
+  EXPECT_EQ(code, LOOM_ERR_INVALID_ARGUMENT);
+  // scatter only reads kept.
+  ASSERT_EQ(call(false), "");
+  kept.t.strides = nullptr;
+  for (size_t i = 0; i < full.data.size(); ++i) full.data[i] = static_cast<float>(i);
+  // full broadcast over the batch: a source of gather, never a destination of scatter.
+  int64_t broadcast[3] = {0, 2, 1};
+  full.t.strides = broadcast;
+  ASSERT_EQ(call(true), "");
+  EXPECT_EQ(kept.data, (std::vector<float>{0, 1, 4, 5, 10, 11, 2, 3, 6, 7, 8, 9}));
+  EXPECT_EQ(call(false),
+            "full has batch stride 0 over 2 sequences, less than its 2 channels (a router "
+            "writes every row of full, so rows must not overlap)");
+  // Position-major with too small a position stride: sequence 1's rows run into sequence 0's
+  // next position.
+  int64_t tight[3] = {2, 3, 1};
+  full.t.strides = tight;
+  EXPECT_EQ(call(false),
+            "full has position stride 3, less than the span of its 2 sequences at batch stride 2 "
+            "(1 * 2 + 2 channels) (a router writes every row of full, so rows must not overlap)");
+  // Position-major rows that just fit, and a zero stride over an extent of 1, are fine.
+  int64_t fits[3] = {2, 4, 1};
+  full.t.strides = fits;
+  ASSERT_EQ(call(false), "");
+  Tensor<float> one({1, 6, 2}, kF32);
+  Tensor<float> one_kept({1, 3, 2}, kF32);
+  Tensor<int32_t> one_idx({1, 3}, kI32);
+  one_idx.data = {0, 1, 5};
+  int64_t zero_batch[3] = {0, 2, 1};
+  one.t.strides = zero_batch;
+  one_kept.t.strides = zero_batch;
+  loom_router_move_args m{};
+  m.struct_size = LOOM_ROUTER_MOVE_ARGS_SIZE;
+  m.full = &one.t;
+  m.kept = &one_kept.t;
+  m.indices = &one_idx.t;
+  ASSERT_EQ(take(r.table()->scatter(r.object(), &m), &code), "");
+  ASSERT_EQ(take(r.table()->gather(r.object(), &m), &code), "");
+  EXPECT_EQ(cls.moves, 5);
+
+  // backward's dx.
+  Instance<HalfLearned> l;
+  Tensor<int32_t> bidx({2, 3}, kI32);
+  bidx.data = {0, 1, 2, 0, 1, 2};
+  Tensor<float> x({2, 6, 4}, kF32);
+  Tensor<float> w({4}, kF32);
+  Tensor<float> dgates({2, 3}, kF32);
+  Tensor<float> dx({2, 6, 4}, kF32);
+  Tensor<float> dw({4}, kF32);
+  loom_router_backward_args b{};
+  b.struct_size = LOOM_ROUTER_BACKWARD_ARGS_SIZE;
+  b.batch = 2;
+  b.seq_len = 6;
+  b.channels = 4;
+  b.x = &x.t;
+  b.weight = &w.t;
+  b.indices = &bidx.t;
+  b.dgates = &dgates.t;
+  b.dx = &dx.t;
+  b.dweight = &dw.t;
+  int64_t dx_overlap[3] = {12, 2, 1};
+  dx.t.strides = dx_overlap;
+  EXPECT_EQ(take(l.table()->backward(l.object(), &b), &code),
+            "dx has position stride 2 over 6 positions, less than its 4 channels (a router "
+            "writes every row of dx, so rows must not overlap)");
+  EXPECT_EQ(code, LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(l.cls().backwards, 0);
+  x.t.strides = dx_overlap;  // x is only read
+  dx.t.strides = nullptr;
+  ASSERT_EQ(take(l.table()->backward(l.object(), &b), &code), "");
+  EXPECT_EQ(l.cls().backwards, 1);
+}
+
 TEST(SdkKinds, RouterBackwardChecksWhatItReads) {
   Instance<HalfLearned> l;
   HalfLearned& cls = l.cls();

@@ -92,11 +92,18 @@ class RandomLtd : public loom::sdk::Router {
                              "router select: first_sample is " + std::to_string(a.first_sample) +
                                  "; it must be >= 0 (the batch's offset in the global batch)");
     }
+    if (a.first_sample > INT64_MAX - (a.batch - 1)) {
+      throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT,
+                             "router select: first_sample " + std::to_string(a.first_sample) +
+                                 " + batch " + std::to_string(a.batch) +
+                                 " overflows int64 (the sample ids first_sample .. first_sample "
+                                 "+ batch - 1 must fit)");
+    }
     // The SDK checked indices against the plan: int32 [batch, kept], contiguous.
     const DLTensor& idx = *a.indices;
     auto* out = reinterpret_cast<int32_t*>(static_cast<char*>(idx.data) + idx.byte_offset);
     if (loom::sdk::is_cpu(idx.device)) {
-      ltd::select_cpu(job, out);
+      ltd::select_cpu(job, out, static_cast<uint64_t*>(a.workspace));
       return;
     }
     if (idx.device.device_type == kDLCUDA) {

@@ -17,19 +17,29 @@ struct SelectJob {
   int64_t kept = 0;  // 1 .. seq_len
 };
 
-// The workspace select needs on CUDA: the keys of every position, batch * seq_len uint64
-// (0 when kept == seq_len). Throws OUT_OF_RANGE when that does not fit 64 bits.
+// The workspace select needs on either device: the keys of every position, batch * seq_len
+// uint64 (0 when kept == seq_len). Throws OUT_OF_RANGE when that does not fit 64 bits.
 uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t kept);
 
 // Host: indices [batch, kept] int32; sequences over the host pool, per sequence O(seq_len)
-// (the keys, an nth_element for the threshold, then an ordered scan).
-void select_cpu(const SelectJob& job, int32_t* indices);
+// (the keys, an nth_element for the threshold, then an ordered scan). The keys go to
+// `workspace` (workspace_bytes) when given, else to a buffer per call.
+void select_cpu(const SelectJob& job, int32_t* indices, uint64_t* workspace = nullptr);
+
+// The selection itself over given keys [batch, seq_len] (the kept smallest, ties by smaller
+// position, in position order), on the host path's nth_element and on the CUDA path's radix
+// select: for tests with keys the generator never makes (many ties).
+void select_keys_cpu(const uint64_t* keys, int64_t batch, int64_t seq_len, int64_t kept,
+                     int32_t* indices);
 
 namespace cuda {
 // Device: one block per sequence (keys into `workspace`, a radix select of the threshold over
 // the 64-bit keys, an ordered compaction with a block scan), stream-ordered on `stream`,
 // `device` made current for the call. CUDA failures throw loom::sdk::Error (UNAVAILABLE).
 void select(const SelectJob& job, int32_t* indices, void* workspace, int device, void* stream);
+// select_keys_cpu's CUDA twin: keys and indices in device memory.
+void select_keys(const uint64_t* keys, int64_t batch, int64_t seq_len, int64_t kept,
+                 int32_t* indices, int device, void* stream);
 }  // namespace cuda
 
 }  // namespace loom::routers::ltd

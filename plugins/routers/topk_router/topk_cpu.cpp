@@ -3,11 +3,13 @@
 // pool by sequence or by channel block, never inside a sum, so the thread count changes no
 // bit.
 #include <loom/sdk/parallel.hpp>
+#include <loom/sdk/status.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "topk_kernels.hpp"
@@ -22,12 +24,37 @@ void select_typed(const SelectData& d) {
   const auto* w = static_cast<const T*>(d.weight);
   auto* gates = static_cast<T*>(d.gates);
   const std::size_t tokens = static_cast<std::size_t>(s.batch * s.seq_len);
-  // Scores: one token per item, the channel sum in increasing order.
+  // Scores: one token per item, the channel sum in increasing order. Four tokens at a time
+  // (four independent chains of double adds, so they overlap in the pipeline); each token's
+  // own order is unchanged, so the bits are the same.
+  constexpr std::size_t kLanes = 4;
   loom::sdk::parallel_for(tokens, 64, [&](std::size_t begin, std::size_t end) {
-    for (std::size_t t = begin; t < end; ++t) {
+    auto row_of = [&](std::size_t t) {
       const int64_t b = static_cast<int64_t>(t) / s.seq_len;
       const int64_t p = static_cast<int64_t>(t) % s.seq_len;
-      const T* row = x + b * d.x.batch_stride + p * d.x.position_stride;
+      return x + b * d.x.batch_stride + p * d.x.position_stride;
+    };
+    std::size_t t = begin;
+    for (; t + kLanes <= end; t += kLanes) {
+      const T* r0 = row_of(t);
+      const T* r1 = row_of(t + 1);
+      const T* r2 = row_of(t + 2);
+      const T* r3 = row_of(t + 3);
+      double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+      for (int64_t c = 0; c < s.channels; ++c) {
+        const double wc = to_double(w[c]);
+        a0 = add(a0, mul(to_double(r0[c]), wc));
+        a1 = add(a1, mul(to_double(r1[c]), wc));
+        a2 = add(a2, mul(to_double(r2[c]), wc));
+        a3 = add(a3, mul(to_double(r3[c]), wc));
+      }
+      d.scores[t] = a0;
+      d.scores[t + 1] = a1;
+      d.scores[t + 2] = a2;
+      d.scores[t + 3] = a3;
+    }
+    for (; t < end; ++t) {
+      const T* row = row_of(t);
       double acc = 0.0;
       for (int64_t c = 0; c < s.channels; ++c)
         acc = add(acc, mul(to_double(row[c]), to_double(w[c])));
@@ -74,7 +101,7 @@ void backward_typed(const BackwardData& d) {
   auto* dx = static_cast<T*>(d.dx);
   auto* dw = static_cast<T*>(d.dweight);
   const std::size_t n = static_cast<std::size_t>(s.batch * s.kept);
-  std::vector<double> ds(n);
+  double* ds = d.ds;  // the workspace, after the partials (no allocation per call)
   for (std::size_t i = 0; i < n; ++i) ds[i] = score_grad(to_double(dgates[i]), d.saved[i], s.gate);
   // dx: each kept token once (rows are strictly increasing), sequences over the pool.
   loom::sdk::parallel_for(
@@ -128,13 +155,31 @@ int64_t kept_count(double capacity, int64_t seq_len) {
 }
 
 uint64_t saved_bytes(int64_t batch, int64_t kept) {
-  return static_cast<uint64_t>(batch) * static_cast<uint64_t>(kept) * sizeof(double);
+  int64_t n = 0;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(batch, kept, &n) ||
+      __builtin_mul_overflow(n, int64_t{sizeof(double)}, &bytes)) {
+    throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE, "topk_router: the saved scores of " +
+                                                      std::to_string(batch) + " sequences of " +
+                                                      std::to_string(kept) +
+                                                      " kept positions do not fit 64-bit sizes");
+  }
+  return static_cast<uint64_t>(bytes);
 }
 
-uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t channels) {
-  const uint64_t n =
-      static_cast<uint64_t>(batch) * static_cast<uint64_t>(std::max(seq_len, channels));
-  return (n * sizeof(double) + 255) / 256 * 256;
+uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t channels, int64_t kept) {
+  int64_t n = 0;
+  int64_t bytes = 0;
+  if (__builtin_add_overflow(channels, kept, &n) ||
+      __builtin_mul_overflow(batch, std::max(seq_len, n), &n) ||
+      __builtin_mul_overflow(n, int64_t{sizeof(double)}, &bytes) ||
+      __builtin_add_overflow(bytes, int64_t{255}, &bytes)) {
+    throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                           "topk_router: the workspace of " + std::to_string(batch) +
+                               " sequences of " + std::to_string(seq_len) + " positions and " +
+                               std::to_string(channels) + " channels does not fit 64-bit sizes");
+  }
+  return static_cast<uint64_t>(bytes) / 256 * 256;
 }
 
 void select_cpu(const SelectData& d) {

@@ -60,6 +60,7 @@ struct BackwardData {
   int64_t dx_position_stride = 0;
   void* dweight = nullptr;    // [channels]
   double* partial = nullptr;  // workspace: [batch, channels]
+  double* ds = nullptr;       // workspace, after partial: [batch, kept]
 };
 
 // kept = clamp(floor(capacity * seq_len + 0.5), 1, seq_len), capacity in (0, 1].
@@ -67,9 +68,10 @@ int64_t kept_count(double capacity, int64_t seq_len);
 
 // What select saves for backward: the kept scores.
 uint64_t saved_bytes(int64_t batch, int64_t kept);
-// Scratch of select (the scores) and backward (per-sequence partial sums of dweight),
-// rounded up to 256 bytes.
-uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t channels);
+// Scratch of select (the scores, [batch, seq_len] doubles) and backward (per-sequence partial
+// sums of dweight [batch, channels], then the score gradients [batch, kept]), the larger of
+// the two rounded up to 256 bytes. Throws OUT_OF_RANGE when it does not fit 64 bits.
+uint64_t workspace_bytes(int64_t batch, int64_t seq_len, int64_t channels, int64_t kept);
 
 // ---- CPU (host memory; sequences and channels over the host pool, loom::sdk::parallel_for)
 void select_cpu(const SelectData& d);

@@ -81,7 +81,7 @@ class TopkRouter : public loom::sdk::Router {
     (void)dtype_of(a.dtype, "x");
     a.kept = kept(a.layer, a.num_layers, a.seq_len);
     a.saved_bytes = topk::saved_bytes(a.batch, a.kept);
-    a.workspace_bytes = topk::workspace_bytes(a.batch, a.seq_len, a.channels);
+    a.workspace_bytes = topk::workspace_bytes(a.batch, a.seq_len, a.channels, a.kept);
   }
 
   void select(const loom_router_select_args& a) {
@@ -115,7 +115,7 @@ class TopkRouter : public loom::sdk::Router {
           "; backward reads the " + std::to_string(want_saved) +
           " bytes select wrote there (batch * kept scores)");
     }
-    const uint64_t want_ws = topk::workspace_bytes(a.batch, a.seq_len, a.channels);
+    const uint64_t want_ws = topk::workspace_bytes(a.batch, a.seq_len, a.channels, kept);
     if (a.workspace == nullptr || a.workspace_bytes < want_ws) {
       fail_argument("workspace is " +
                     (a.workspace == nullptr ? std::string("NULL")
@@ -134,6 +134,7 @@ class TopkRouter : public loom::sdk::Router {
     d.dx_position_stride = dx.position_stride;
     d.dweight = loom::sdk::data_as<void>(*a.dweight);
     d.partial = static_cast<double*>(a.workspace);
+    d.ds = d.partial + a.batch * a.channels;
     if (on_cuda(x.device)) {
 #if LOOM_TOPK_HAVE_CUDA
       topk::cuda::backward(d, x.device.device_id, a.stream);

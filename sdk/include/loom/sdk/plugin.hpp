@@ -146,7 +146,9 @@ struct Sampler {
 //   dweight [channels] must agree with it, of x's dtype, on one device; that saved holds
 //   what select wrote is the class's to trust. The values of device index rows are the
 //   class's to trust too. gather and scatter receive a RouterMove (loom/sdk/router.hpp),
-//   whose host index rows are already checked.
+//   whose host index rows are already checked. The tensor a call writes (gather's kept,
+//   scatter's full, backward's dx) must have rows that do not overlap
+//   (expect_disjoint_rows); the tensors it only reads may (a zero batch stride broadcasts).
 struct Router {
   static constexpr const char* kKind = LOOM_KIND_ROUTER;
 };
@@ -931,7 +933,7 @@ struct RouterTable {
     return guard([&] {
       const loom_router_move_args& a =
           expect_args(args, LOOM_ROUTER_MOVE_ARGS_SIZE, "router gather args");
-      const RouterMove m = router_move(a);
+      const RouterMove m = router_move(a, RouterMoveKind::kGather);
       shared_object<T>(instance).gather(m);
     });
   }
@@ -940,7 +942,7 @@ struct RouterTable {
     return guard([&] {
       const loom_router_move_args& a =
           expect_args(args, LOOM_ROUTER_MOVE_ARGS_SIZE, "router scatter args");
-      const RouterMove m = router_move(a);
+      const RouterMove m = router_move(a, RouterMoveKind::kScatter);
       shared_object<T>(instance).scatter(m);
     });
   }
@@ -985,6 +987,7 @@ struct RouterTable {
       }
       expect_dtype(*a.dx, a.x->dtype, "dx");
       expect_device(*a.dx, idx.device, "dx");
+      expect_disjoint_rows(dx, "dx");
       const DLTensor& dw = expect_tensor(a.dweight, "dweight");
       expect_same_shape(dw, "dweight", *a.weight, "weight");
       expect_dtype(dw, a.x->dtype, "dweight");

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace loom::sdk {
 
@@ -71,6 +72,48 @@ inline TokenTensor token_tensor(const DLTensor* t, std::string_view what) {
   return v;
 }
 
+// Checks that the rows (the [batch, position] pairs) of a tensor a router writes do not share
+// an element, so writing one row never changes another (and threads writing different rows
+// never race). Only extents above 1 constrain: with the two strides sorted, s1 (extent n1)
+// must hold a row (s1 >= channels) and s2 must clear the n1 rows of s1 ((n1 - 1) * s1 +
+// channels). Layouts that interleave rows more finely than that are refused too.
+inline void expect_disjoint_rows(const TokenTensor& v, std::string_view what) {
+  if (v.batch < 1 || v.positions < 1 || v.channels < 1) return;
+  struct Axis {
+    const char* name;
+    const char* items;
+    int64_t stride;
+    int64_t extent;
+  };
+  Axis axes[2] = {{"batch", "sequences", v.batch_stride, v.batch},
+                  {"position", "positions", v.position_stride, v.positions}};
+  int n = 0;
+  Axis used[2] = {axes[0], axes[1]};
+  for (const Axis& a : axes) {
+    if (a.extent > 1) used[n++] = a;
+  }
+  if (n == 0) return;
+  if (n == 2 && used[1].stride < used[0].stride) std::swap(used[0], used[1]);
+  const std::string w(what);
+  const std::string why = " (a router writes every row of " + w + ", so rows must not overlap)";
+  if (used[0].stride < v.channels) {
+    fail_argument(w + " has " + used[0].name + " stride " + std::to_string(used[0].stride) +
+                  " over " + std::to_string(used[0].extent) + " " + used[0].items +
+                  ", less than its " + std::to_string(v.channels) + " channels" + why);
+  }
+  if (n == 1) return;
+  int64_t span = 0;
+  if (__builtin_mul_overflow(used[0].extent - 1, used[0].stride, &span) ||
+      __builtin_add_overflow(span, v.channels, &span) || used[1].stride < span) {
+    fail_argument(w + " has " + used[1].name + " stride " + std::to_string(used[1].stride) +
+                  ", less than the span of its " + std::to_string(used[0].extent) + " " +
+                  used[0].items + " at " + used[0].name + " stride " +
+                  std::to_string(used[0].stride) + " (" + std::to_string(used[0].extent - 1) +
+                  " * " + std::to_string(used[0].stride) + " + " + std::to_string(v.channels) +
+                  " channels)" + why);
+  }
+}
+
 // Checks a [batch, kept] int32 contiguous indices tensor and returns its first element.
 inline const int32_t* router_indices(const DLTensor* t, int64_t batch, int64_t kept,
                                      std::string_view what) {
@@ -115,8 +158,13 @@ struct RouterMove {
   void* stream = nullptr;
 };
 
+// Which tensor a move writes: gather writes kept, scatter writes full.
+enum class RouterMoveKind { kGather, kScatter };
+
 // Checks gather/scatter arguments: shapes that agree, one dtype, one device; on host memory
-// also the index rows (check_router_rows), so a kernel may index without checks.
+// also the index rows (check_router_rows), so a kernel may index without checks. With a
+// kind, also that the destination's rows do not overlap (expect_disjoint_rows); the SDK's
+// table always passes one.
 inline RouterMove router_move(const loom_router_move_args& a) {
   RouterMove m;
   m.full = token_tensor(a.full, "full");
@@ -152,6 +200,16 @@ inline RouterMove router_move(const loom_router_move_args& a) {
   m.device = m.full.device;
   m.stream = a.stream;
   if (is_cpu(m.device)) check_router_rows(m.indices, m.batch, m.kept_count, m.seq_len, "indices");
+  return m;
+}
+
+inline RouterMove router_move(const loom_router_move_args& a, RouterMoveKind kind) {
+  RouterMove m = router_move(a);
+  if (kind == RouterMoveKind::kGather) {
+    expect_disjoint_rows(m.kept, "kept");
+  } else {
+    expect_disjoint_rows(m.full, "full");
+  }
   return m;
 }
 
