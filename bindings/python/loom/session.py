@@ -1,0 +1,413 @@
+"""Sessions (an opened manifest) and their instances."""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+from . import _abi
+from ._lib import lib
+from .errors import FailedPreconditionError, InvalidArgumentError, check
+from .tensor import Borrowed, borrow
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+KINDS = {
+    "optimizer": "loom.optimizer/1",
+    "comm": "loom.comm/1",
+    "codec": "loom.codec/1",
+    "curriculum": "loom.curriculum/1",
+    "sampler": "loom.sampler/1",
+    "router": "loom.router/1",
+}
+
+
+def _b(s: Optional[str]) -> Optional[bytes]:
+    return None if s is None else os.fsencode(s) if isinstance(s, os.PathLike) else s.encode()
+
+
+def _s(raw: Optional[bytes]) -> str:
+    return "" if raw is None else raw.decode("utf-8", errors="replace")
+
+
+def _options(plugin_path: Union[None, str, Sequence[str]], validate_only: bool,
+             log_level: Union[None, str, int]) -> _abi.OpenOptions:
+    o = _abi.OpenOptions()
+    o.struct_size = _abi.OPEN_OPTIONS_SIZE
+    o.validate_only = 1 if validate_only else 0
+    if plugin_path is not None and not isinstance(plugin_path, str):
+        plugin_path = ":".join(os.fspath(p) for p in plugin_path)
+    o.plugin_path = _b(plugin_path) if plugin_path else None
+    o.bootstrap = None
+    if log_level is None:
+        o.log_level = -1
+    elif isinstance(log_level, str):
+        if log_level not in _abi.LOG_LEVELS:
+            raise InvalidArgumentError(
+                f"log_level '{log_level}' is not one of {', '.join(_abi.LOG_LEVELS)}")
+        o.log_level = _abi.LOG_LEVELS[log_level]
+    else:
+        o.log_level = int(log_level)
+    o.reserved = 0
+    return o
+
+
+def version() -> str:
+    """libloom's version string, e.g. "0.1.0"."""
+    return _s(lib().loom_version())
+
+
+def abi_version() -> tuple:
+    """The plugin ABI libloom speaks, as (major, minor)."""
+    return (lib().loom_abi_major(), lib().loom_abi_minor())
+
+
+def describe_plugins(name: Optional[str] = None,
+                     plugin_path: Union[None, str, Sequence[str]] = None) -> Dict[str, Any]:
+    """Plugins on the search path and their parameter schemas, as ``loom describe --json``.
+
+    Args:
+        name: one plugin ("adam"), or None for every plugin found.
+        plugin_path: extra folders searched first (a ':'-separated string or a list).
+
+    Returns:
+        dict: {"search_path": [...], "plugins": [{"name", "version", "description", "abi",
+        "path", "kinds": [{"kind", "params": [...]}]}], "errors": [...]}.
+
+    Raises:
+        NotFoundError: ``name`` is not on the search path.
+    """
+    if plugin_path is not None and not isinstance(plugin_path, str):
+        plugin_path = ":".join(os.fspath(p) for p in plugin_path)
+    out = ctypes.c_void_p()
+    check(lib().loom_describe_plugins(_b(name), _b(plugin_path) if plugin_path else None,
+                                      ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode("utf-8"))
+    finally:
+        lib().loom_free_string(out)
+
+
+class Session:
+    """An opened manifest: its plugins loaded, parameters validated, instances created.
+
+    Open a file with ``Session("run.toml")`` or TOML text with
+    ``Session.from_string(text)``. Use it as a context manager, or call :meth:`close`;
+    closing destroys every instance (in reverse creation order) and invalidates the
+    :class:`Instance` objects taken from it.
+
+    Args:
+        manifest: path of the manifest file.
+        plugin_path: extra plugin folders (a ':'-separated string or a list), searched
+            after the manifest's ``plugin_path`` and before ``LOOM_PLUGIN_PATH``.
+        validate_only: parse, load the plugins and validate, but create no instance
+            (what ``loom check`` does).
+        log_level: "trace", "debug", "info", "warn", "error", "off", or None for the
+            manifest's ``log_level`` (``LOOM_LOG_LEVEL`` overrides either).
+
+    Raises:
+        InvalidArgumentError: the manifest is invalid; the message has one
+            ``FILE:LINE:COL: message`` line per problem.
+        NotFoundError, UnavailableError, ...: see :mod:`loom.errors`.
+
+    Example::
+
+        with loom.Session("run.toml") as s:
+            opt = s.instance("optimizer", "main")
+            print(opt.plugin, s.describe())
+    """
+
+    def __init__(self, manifest: PathLike, *, plugin_path: Union[None, str, Sequence[str]] = None,
+                 validate_only: bool = False, log_level: Union[None, str, int] = None) -> None:
+        self._handle = ctypes.c_void_p()
+        self._instances: "weakref.WeakSet[Instance]" = weakref.WeakSet()
+        self.origin = os.fspath(manifest)
+        self.validate_only = bool(validate_only)
+        opts = _options(plugin_path, validate_only, log_level)
+        check(lib().loom_open_file(os.fsencode(self.origin), ctypes.byref(opts),
+                                   ctypes.byref(self._handle)))
+
+    @classmethod
+    def from_string(cls, text: str, origin: Optional[str] = None, *,
+                    plugin_path: Union[None, str, Sequence[str]] = None,
+                    validate_only: bool = False,
+                    log_level: Union[None, str, int] = None) -> "Session":
+        """Opens a manifest given as TOML text.
+
+        Args:
+            text: the manifest.
+            origin: the name messages give it, as a file name would (None: "<string>");
+                relative ``plugin_path`` entries resolve against its folder.
+            plugin_path, validate_only, log_level: as for :class:`Session`.
+        """
+        self = cls.__new__(cls)
+        self._handle = ctypes.c_void_p()
+        self._instances = weakref.WeakSet()
+        self.origin = origin or "<string>"
+        self.validate_only = bool(validate_only)
+        opts = _options(plugin_path, validate_only, log_level)
+        check(lib().loom_open_string(text.encode("utf-8"), _b(origin), ctypes.byref(opts),
+                                     ctypes.byref(self._handle)))
+        return self
+
+    # -- lifetime
+    def close(self) -> None:
+        """Destroys every instance; the session and its Instance objects are unusable
+        afterwards. Closing twice is a no-op."""
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            for inst in list(self._instances):
+                inst._handle = None
+            lib().loom_close(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing useful to do
+            pass
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return not self._handle.value
+
+    def _live(self) -> ctypes.c_void_p:
+        if not self._handle.value:
+            raise FailedPreconditionError(f"session {self.origin} is closed")
+        return self._handle
+
+    # -- instances
+    def __len__(self) -> int:
+        return int(lib().loom_instance_count(self._live()))
+
+    def __iter__(self) -> Iterator["Instance"]:
+        return iter(self.instances)
+
+    @property
+    def instances(self) -> List["Instance"]:
+        """Every instance, in creation (dependency) order."""
+        h = self._live()
+        out = []
+        for i in range(lib().loom_instance_count(h)):
+            out.append(self._wrap(lib().loom_instance_at(h, i)))
+        return out
+
+    def instance(self, kind: str, name: str) -> "Instance":
+        """The instance declared as ``[KIND.NAME]``.
+
+        Args:
+            kind: a manifest section ("optimizer") or a kind ID ("loom.optimizer/1").
+            name: the instance's name.
+
+        Raises:
+            NotFoundError: no such instance (the message lists what there is).
+            InvalidArgumentError: an unknown kind.
+        """
+        out = ctypes.c_void_p()
+        check(lib().loom_find_instance(self._live(), kind.encode(), name.encode(),
+                                       ctypes.byref(out)))
+        return self._wrap(out.value)
+
+    def optimizer(self, name: str = "main") -> "Instance":
+        """Shorthand for ``instance("optimizer", name)``."""
+        return self.instance("optimizer", name)
+
+    def _wrap(self, handle: Optional[int]) -> "Instance":
+        if not handle:
+            check(lib().loom_last_error_code() or _abi.INTERNAL)
+        inst = Instance(self, handle)
+        self._instances.add(inst)
+        return inst
+
+    def describe(self) -> List[Dict[str, Any]]:
+        """The session's instances: for each, its section, name, kind ID and plugin.
+
+        Returns:
+            list[dict]: [{"section": "optimizer", "name": "main", "kind":
+            "loom.optimizer/1", "plugin": "adam"}, ...] in creation order.
+        """
+        return [i.describe() for i in self.instances]
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<loom.Session {self.origin} (closed)>"
+        names = ", ".join(f"{d['section']}.{d['name']}" for d in self.describe())
+        return f"<loom.Session {self.origin}: {names}>"
+
+
+class Instance:
+    """One instance of a session (``[KIND.NAME]``), valid until its session closes.
+
+    Attributes:
+        session (Session): the session it belongs to.
+        name (str): its name in the manifest.
+        kind (str): its kind ID ("loom.optimizer/1").
+        section (str): its manifest section ("optimizer").
+        plugin (str): the plugin that implements it ("adam").
+    """
+
+    def __init__(self, session: Session, handle: int) -> None:
+        self.session = session
+        self._handle: Optional[int] = handle
+        h = lib()
+        self.name = _s(h.loom_instance_name(handle))
+        self.kind = _s(h.loom_instance_kind(handle))
+        self.plugin = _s(h.loom_instance_plugin(handle))
+        self.section = next((s for s, k in KINDS.items() if k == self.kind),
+                            self.kind.split(".")[-1].split("/")[0])
+
+    def _live(self) -> int:
+        if not self._handle:
+            raise FailedPreconditionError(
+                f"{self.section}.{self.name}: its session {self.session.origin} is closed")
+        return self._handle
+
+    def describe(self) -> Dict[str, str]:
+        """{"section", "name", "kind", "plugin"} of this instance."""
+        return {"section": self.section, "name": self.name, "kind": self.kind,
+                "plugin": self.plugin}
+
+    def schema(self) -> List[Dict[str, Any]]:
+        """The plugin's parameters for this kind (name, type, default, range, doc), as
+        ``loom describe PLUGIN --json`` lists them."""
+        doc = describe_plugins(self.plugin)
+        for p in doc.get("plugins", []):
+            for k in p.get("kinds", []):
+                if k.get("kind") == self.kind:
+                    return list(k.get("params", []))
+        return []
+
+    # -- state
+    def export_state(self) -> bytes:
+        """Everything a restart needs, as the plugin's versioned blob (b"" when the plugin
+        keeps no state)."""
+        h = self._live()
+        size = ctypes.c_size_t()
+        check(lib().loom_instance_export_state(h, None, 0, ctypes.byref(size)))
+        if size.value == 0:
+            return b""
+        buf = ctypes.create_string_buffer(size.value)
+        check(lib().loom_instance_export_state(h, buf, size.value, ctypes.byref(size)))
+        return buf.raw[:size.value]
+
+    def import_state(self, blob: bytes) -> None:
+        """Restores a blob :meth:`export_state` wrote. A foreign, truncated or damaged
+        blob raises (DataLossError or InvalidArgumentError) and changes nothing."""
+        if not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(
+                f"{self.section}.{self.name}: state must be bytes, not {type(blob).__name__}")
+        data = bytes(blob)
+        check(lib().loom_instance_import_state(self._live(), data, len(data)))
+
+    # -- loom.optimizer/1
+    def _require(self, section: str) -> None:
+        if self.section != section:
+            raise InvalidArgumentError(
+                f"{self.section}.{self.name} is a {self.kind} instance, not a "
+                f"{KINDS[section]} one")
+
+    def step(self, groups: Sequence[Dict[str, Any]], lr: float, *, grad_scale: float = 1.0,
+             step: int = 0, stream: Optional[int] = None) -> bool:
+        """One optimizer step (loom.optimizer/1), updating the parameters in place.
+
+        Args:
+            groups: parameter groups, each a dict with "params" and "grads" (equal-length
+                lists of DLPack tensors: fp32, or bf16/fp16 params with "masters", fp32
+                copies), and optionally "lr_scale" (default 1.0), "weight_decay" (None:
+                the instance's), "non_freeze" (bool) and "exp_avg_mask" (a list with a
+                tensor or None per param). Pass the same groups, shapes and order on
+                every step: the optimizer keys its state by position.
+            lr: the step's learning rate.
+            grad_scale: gradients are divided by it (loss scaling).
+            step: the trainer's 1-based global step (informational).
+            stream: a cudaStream_t (as an int) for CUDA tensors, None for CPU ones.
+
+        Returns:
+            bool: True when the step was skipped for a non-finite gradient (parameters and
+            state unchanged).
+
+        Raises:
+            InvalidArgumentError: a tensor of the wrong dtype, device or layout (checked
+                here, before Loom), or a shape the plugin refuses; nothing is changed.
+        """
+        self._require("optimizer")
+        keep: List[Borrowed] = []  # the capsules, alive until the call returns
+        g_arr = (_abi.OptimizerGroup * max(1, len(groups)))()
+        t_arrays = []
+        for gi, g in enumerate(groups):
+            params = list(g.get("params", []))
+            grads = list(g.get("grads", []))
+            masters = g.get("masters")
+            masks = g.get("exp_avg_mask")
+            if len(grads) != len(params):
+                raise InvalidArgumentError(
+                    f"groups[{gi}]: {len(params)} params but {len(grads)} grads")
+            for label, extra in (("masters", masters), ("exp_avg_mask", masks)):
+                if extra is not None and len(extra) != len(params):
+                    raise InvalidArgumentError(
+                        f"groups[{gi}]: {len(params)} params but {len(extra)} {label}")
+            ts = (_abi.OptimizerTensor * max(1, len(params)))()
+            for ti, p in enumerate(params):
+                where = f"groups[{gi}]"
+                master = masters[ti] if masters is not None else None
+                pdt = ("bfloat16", "float16") if master is not None else ("float32",)
+                bp = borrow(p, f"{where}.params[{ti}]", dtypes=pdt, stream=stream)
+                bg = borrow(grads[ti], f"{where}.grads[{ti}]",
+                            dtypes=("float32", "bfloat16", "float16"), stream=stream)
+                ts[ti].struct_size = _abi.OPTIMIZER_TENSOR_SIZE
+                ts[ti].param = bp.pointer
+                ts[ti].grad = bg.pointer
+                keep += [bp, bg]
+                if master is not None:
+                    bm = borrow(master, f"{where}.masters[{ti}]", stream=stream)
+                    ts[ti].master = bm.pointer
+                    keep.append(bm)
+                mask = masks[ti] if masks is not None else None
+                if mask is not None:
+                    bk = borrow(mask, f"{where}.exp_avg_mask[{ti}]", stream=stream)
+                    ts[ti].exp_avg_mask = bk.pointer
+                    keep.append(bk)
+            t_arrays.append(ts)
+            gr = g_arr[gi]
+            gr.struct_size = _abi.OPTIMIZER_GROUP_SIZE
+            gr.tensors = ts
+            gr.tensor_count = len(params)
+            gr.lr_scale = float(g.get("lr_scale", 1.0))
+            wd = g.get("weight_decay")
+            gr.weight_decay = math.nan if wd is None else float(wd)
+            gr.flags = _abi.OPTIMIZER_GROUP_NON_FREEZE if g.get("non_freeze") else 0
+        found_inf = ctypes.c_int32(0)
+        args = _abi.OptimizerStepArgs()
+        args.struct_size = _abi.OPTIMIZER_STEP_ARGS_SIZE
+        args.groups = g_arr
+        args.group_count = len(groups)
+        args.lr = float(lr)
+        args.grad_scale = float(grad_scale)
+        args.step = int(step)
+        args.stream = stream
+        args.found_inf = ctypes.pointer(found_inf)
+        check(lib().loom_optimizer_step(self._live(), ctypes.byref(args)))
+        del keep
+        return bool(found_inf.value)
+
+    def comm_info(self) -> Dict[str, int]:
+        """What an optimizer communicated on its own (the 1-bit family) and the steps it
+        skipped: {"owns_communication", "bytes_sent", "bytes_received", "rounds",
+        "uncompressed_bytes_sent", "skipped_steps"}."""
+        self._require("optimizer")
+        info = _abi.OptimizerCommInfo()
+        info.struct_size = _abi.OPTIMIZER_COMM_INFO_SIZE
+        check(lib().loom_optimizer_get_comm_info(self._live(), ctypes.byref(info)))
+        return {name: int(getattr(info, name)) for name, _ in info._fields_[1:]}
+
+    def __repr__(self) -> str:
+        return f"<loom.Instance {self.section}.{self.name} (plugin '{self.plugin}')>"
