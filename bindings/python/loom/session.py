@@ -360,20 +360,20 @@ class Instance:
                 where = f"groups[{gi}]"
                 master = masters[ti] if masters is not None else None
                 pdt = ("bfloat16", "float16") if master is not None else ("float32",)
-                bp = borrow(p, f"{where}.params[{ti}]", dtypes=pdt, stream=stream)
+                bp = borrow(p, f"{where}.params[{ti}]", dtypes=pdt)
                 bg = borrow(grads[ti], f"{where}.grads[{ti}]",
-                            dtypes=("float32", "bfloat16", "float16"), stream=stream)
+                            dtypes=("float32", "bfloat16", "float16"))
                 ts[ti].struct_size = _abi.OPTIMIZER_TENSOR_SIZE
                 ts[ti].param = bp.pointer
                 ts[ti].grad = bg.pointer
                 keep += [bp, bg]
                 if master is not None:
-                    bm = borrow(master, f"{where}.masters[{ti}]", stream=stream)
+                    bm = borrow(master, f"{where}.masters[{ti}]")
                     ts[ti].master = bm.pointer
                     keep.append(bm)
                 mask = masks[ti] if masks is not None else None
                 if mask is not None:
-                    bk = borrow(mask, f"{where}.exp_avg_mask[{ti}]", stream=stream)
+                    bk = borrow(mask, f"{where}.exp_avg_mask[{ti}]")
                     ts[ti].exp_avg_mask = bk.pointer
                     keep.append(bk)
             t_arrays.append(ts)

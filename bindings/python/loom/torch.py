@@ -1,0 +1,201 @@
+"""PyTorch integration: Loom optimizer plugins as ``torch.optim.Optimizer`` objects.
+
+``import loom.torch`` needs torch; the rest of the package does not.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+
+from . import _toml
+from .errors import InvalidArgumentError
+from .session import Instance, Session
+
+__all__ = ["Optimizer"]
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class Optimizer(torch.optim.Optimizer):
+    """A Loom optimizer plugin (``loom.optimizer/1``) as a ``torch.optim.Optimizer``.
+
+    Either give an optimizer instance of an open :class:`loom.Session`, or name a plugin
+    and its manifest parameters, and the optimizer opens a session of its own::
+
+        opt = loom.torch.Optimizer(model.parameters(), plugin="adam", lr=1e-3,
+                                   betas=(0.9, 0.999), adam_w_mode=False)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 100)   # schedulers work as usual
+
+        with loom.Session("run.toml") as s:
+            opt = loom.torch.Optimizer(model.parameters(), s.optimizer("main"), lr=1e-3)
+
+    Parameters are updated in place through DLPack (zero-copy); they must be contiguous
+    fp32 tensors (CPU or CUDA), every one with a gradient at every step, in the same
+    groups and order (Loom keys optimizer state by position). Nothing is converted or
+    copied: another dtype or a non-contiguous tensor raises
+    :class:`loom.InvalidArgumentError`.
+
+    Args:
+        params: the parameters, or a list of param-group dicts as for any torch
+            optimizer. Group keys: ``lr``, ``weight_decay`` (None: the plugin's
+            ``weight_decay`` parameter), ``non_freeze`` (1-bit Adam's uncompressed groups).
+        instance: an optimizer instance (``session.optimizer("main")``); the caller keeps
+            its session open while the optimizer is used.
+        plugin: instead of ``instance``, the plugin to open ("adam", "lamb", ...).
+        lr: the default learning rate of a group; read from each group at every step, so
+            learning-rate schedulers drive it.
+        weight_decay: the default ``weight_decay`` of a group (None: the plugin's).
+        plugin_path: extra plugin folders for ``plugin``.
+        log_level: the session's log level for ``plugin``.
+        **plugin_params: manifest parameters of ``plugin`` (``betas``, ``eps``,
+            ``adam_w_mode``, ...); ``loom describe PLUGIN`` lists them.
+
+    Attributes:
+        instance (loom.Instance): the Loom optimizer instance.
+        last_step_skipped (bool): whether the last step was skipped for a non-finite
+            gradient (parameters and state left as they were).
+    """
+
+    def __init__(self, params: Iterable[Any], instance: Optional[Instance] = None, *,
+                 plugin: Optional[str] = None, lr: float = 1e-3,
+                 weight_decay: Optional[float] = None,
+                 plugin_path: Union[None, str, Sequence[str]] = None,
+                 log_level: Optional[str] = None, **plugin_params: Any) -> None:
+        if (instance is None) == (plugin is None):
+            raise InvalidArgumentError(
+                "loom.torch.Optimizer needs exactly one of an instance "
+                "(session.optimizer(NAME)) or plugin='NAME'")
+        if not isinstance(lr, (int, float)) or lr < 0:
+            raise InvalidArgumentError(f"lr must be a number >= 0, not {lr!r}")
+        self._session: Optional[Session] = None
+        if plugin is not None:
+            if "plugin" in plugin_params or "lr" in plugin_params:
+                raise InvalidArgumentError("plugin parameters cannot include 'plugin' or 'lr'")
+            text = _toml.table("optimizer.main", {"plugin": plugin, **plugin_params})
+            self._session = Session.from_string(text, f"<loom.torch.Optimizer {plugin}>",
+                                                plugin_path=plugin_path, log_level=log_level)
+            instance = self._session.optimizer("main")
+        elif plugin_params:
+            raise InvalidArgumentError(
+                f"manifest parameters ({', '.join(plugin_params)}) go in the manifest of "
+                "the instance's session, not to loom.torch.Optimizer")
+        assert instance is not None
+        if instance.section != "optimizer":
+            raise InvalidArgumentError(
+                f"{instance.section}.{instance.name} is a {instance.kind} instance, not an "
+                "optimizer")
+        self.instance: Instance = instance
+        self.last_step_skipped = False
+        self._step = 0
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "non_freeze": False})
+
+    def _groups(self) -> tuple:
+        lr0 = float(self.param_groups[0]["lr"])
+        # The step's lr is the first group's; the others are lr_scale multiples of it, so
+        # the first group's rate reaches the plugin exactly.
+        base = lr0 if lr0 != 0.0 else 1.0
+        groups: List[Dict[str, Any]] = []
+        stream = None
+        for gi, g in enumerate(self.param_groups):
+            params, grads = [], []
+            for pi, p in enumerate(g["params"]):
+                if p.grad is None:
+                    raise InvalidArgumentError(
+                        f"param_groups[{gi}]['params'][{pi}] (shape {list(p.shape)}) has no "
+                        "gradient; a Loom optimizer updates the same tensors at every step "
+                        "(its state is kept by position), so give every parameter a gradient "
+                        "or leave it out of the optimizer")
+                if p.grad.is_sparse:
+                    raise InvalidArgumentError(
+                        f"param_groups[{gi}]['params'][{pi}] has a sparse gradient; Loom "
+                        "optimizers take dense ones")
+                params.append(p.detach())
+                grads.append(p.grad.detach())
+                if p.is_cuda and stream is None:
+                    stream = torch.cuda.current_stream(p.device).cuda_stream
+            lr = float(g["lr"])
+            if lr < 0:
+                raise InvalidArgumentError(f"param_groups[{gi}]['lr'] = {lr} is negative")
+            wd = g.get("weight_decay")
+            groups.append({
+                "params": params,
+                "grads": grads,
+                "lr_scale": 1.0 if gi == 0 and lr0 != 0.0 else lr / base,
+                "weight_decay": None if wd is None else float(wd),
+                "non_freeze": bool(g.get("non_freeze", False)),
+            })
+        return groups, base, stream
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None, *,
+             grad_scale: float = 1.0) -> Any:
+        """One step of the plugin over every group.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+            grad_scale: the gradients are divided by it (loss scaling); 1.0 for none.
+
+        Returns:
+            the closure's loss, or None.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        groups, lr, stream = self._groups()
+        self.last_step_skipped = self.instance.step(groups, lr, grad_scale=grad_scale,
+                                                    step=self._step + 1, stream=stream)
+        self._step += 1
+        return loss
+
+    def comm_info(self) -> Dict[str, int]:
+        """The plugin's traffic counters and skipped steps (``Instance.comm_info``)."""
+        return self.instance.comm_info()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch's state dict (param groups with their hyperparameters) plus the plugin's
+        exported state under ``"loom"``: {"plugin", "state" (bytes), "step"}. Loading it
+        into a fresh optimizer over the same parameters resumes bit for bit."""
+        sd = super().state_dict()
+        sd["loom"] = {"plugin": self.instance.plugin, "state": self.instance.export_state(),
+                      "step": self._step}
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output: the plugin's state through its
+        import_state, then the param groups' hyperparameters.
+
+        Raises:
+            InvalidArgumentError: not a loom.torch.Optimizer state dict, from another
+                plugin, or with other groups; DataLossError: a damaged blob. Nothing is
+                changed when it raises.
+        """
+        entry = state_dict.get("loom") if isinstance(state_dict, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("state"), (bytes, bytearray)):
+            raise InvalidArgumentError(
+                "not a loom.torch.Optimizer state dict (it has no 'loom' entry with the "
+                "plugin's state); a torch.optim optimizer's state cannot be imported")
+        if entry.get("plugin") != self.instance.plugin:
+            raise InvalidArgumentError(
+                f"the state dict is from plugin '{entry.get('plugin')}', this optimizer is "
+                f"plugin '{self.instance.plugin}'")
+        saved = state_dict.get("param_groups", [])
+        if len(saved) != len(self.param_groups):
+            raise InvalidArgumentError(
+                f"the state dict has {len(saved)} param groups, this optimizer "
+                f"{len(self.param_groups)}")
+        for gi, (a, b) in enumerate(zip(saved, self.param_groups)):
+            if len(a["params"]) != len(b["params"]):
+                raise InvalidArgumentError(
+                    f"param group {gi}: the state dict has {len(a['params'])} params, this "
+                    f"optimizer {len(b['params'])}")
+        self.instance.import_state(bytes(entry["state"]))
+        super().load_state_dict({"state": state_dict.get("state", {}), "param_groups": saved})
+        self._step = int(entry.get("step", 0))
+
+    def close(self) -> None:
+        """Closes the session the optimizer opened for ``plugin=`` (a no-op for an
+        instance passed in)."""
+        if self._session is not None:
+            self._session.close()
