@@ -50,10 +50,9 @@ def candidates() -> List[str]:
     if isinstance(libdir, str) and libdir:
         dirs.append(libdir)  # the prefix this copy was installed from
     # The package inside an installed prefix: PREFIX/lib/pythonX.Y/site-packages/loom or
-    # PREFIX/share/loom/python/loom, both two or three folders below PREFIX.
-    for up in (3, 4):
-        prefix = os.path.abspath(os.path.join(here, *([os.pardir] * up)))
-        dirs.append(os.path.join(prefix, "lib"))
+    # PREFIX/share/loom/python/loom, both four folders below PREFIX.
+    prefix = os.path.abspath(os.path.join(here, *([os.pardir] * 4)))
+    dirs.append(os.path.join(prefix, "lib"))
     # A repository checkout: bindings/python/loom -> build/release/lib.
     repo = os.path.abspath(os.path.join(here, os.pardir, os.pardir, os.pardir))
     if os.path.isfile(os.path.join(repo, "host", "include", "loom", "embed.h")):

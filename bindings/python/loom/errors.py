@@ -5,7 +5,6 @@ Loom's own message (for a manifest, one ``FILE:LINE:COL: message`` per line). Th
 also derive from the closest built-in exception, so ``except ValueError`` catches an
 invalid argument and ``except NotImplementedError`` an unimplemented request.
 """
-from __future__ import annotations
 
 from typing import Dict, Type
 

@@ -1,5 +1,4 @@
 """Sessions (an opened manifest) and their instances."""
-from __future__ import annotations
 
 import ctypes
 import json
@@ -13,7 +12,7 @@ from ._lib import lib
 from .errors import FailedPreconditionError, InvalidArgumentError, check
 from .tensor import Borrowed, borrow
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, os.PathLike]
 
 KINDS = {
     "optimizer": "loom.optimizer/1",

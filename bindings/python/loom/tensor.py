@@ -8,7 +8,6 @@ usual. Nothing is ever copied or converted: a tensor of the wrong dtype, a non-c
 one or one on an unsupported device is refused with :class:`loom.InvalidArgumentError`
 naming it.
 """
-from __future__ import annotations
 
 import ctypes
 from typing import Any, Iterable, Optional, Sequence, Tuple

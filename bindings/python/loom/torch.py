@@ -2,7 +2,6 @@
 
 ``import loom.torch`` needs torch; the rest of the package does not.
 """
-from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
