@@ -1,0 +1,42 @@
+"""`pip install bindings/python` into a fresh virtual environment: offline (the build backend
+needs nothing from an index), and the installed copy finds libloom by itself."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import loom
+
+from conftest import PACKAGE_DIR
+
+
+def test_pip_install_into_a_venv(tmp_path):
+    if importlib.util.find_spec("venv") is None or importlib.util.find_spec("ensurepip") is None:
+        pytest.skip("no venv/ensurepip (Debian: python3-venv)")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, capture_output=True, timeout=300)
+    lib = loom.library_path()
+    env = {k: v for k, v in os.environ.items() if k not in ("LOOM_LIBRARY", "PYTHONPATH")}
+    env["LOOM_LIBDIR"] = os.path.dirname(lib)  # what the wheel records (a checkout's build)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "-q",
+                        PACKAGE_DIR], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    del env["LOOM_LIBDIR"]
+    code = ("import loom, loom.deepspeed; print(loom.__file__); print(loom.library_path()); "
+            "s = loom.Session.from_string('[optimizer.main]\\nplugin = \"adam\"\\n'); "
+            "print(s.optimizer().plugin)")
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    where, found, plugin = r.stdout.split()
+    assert where.startswith(str(venv)), where
+    assert os.path.realpath(found) == os.path.realpath(lib)
+    assert plugin == "adam"
+    r = subprocess.run([str(venv / "bin" / "loom-from-deepspeed"), "--help"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "DeepSpeed config" in r.stdout
