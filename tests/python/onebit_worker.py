@@ -1,0 +1,66 @@
+"""One rank of a 2-process 1-bit Adam run through loom.torch.Optimizer (run by
+test_distributed.py, directly with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or under
+torchrun). Each rank has its own gradients; writes its parameters, the distance of its
+warmup from torch.optim.Adam over the averaged gradients, and the traffic counters, to
+OUT_DIR/rankN.json."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                os.pardir, "bindings", "python"))
+
+import torch  # noqa: E402
+
+import loom  # noqa: E402
+import loom.torch  # noqa: E402
+
+FREEZE = 10
+STEPS = 30
+SHAPES = [(7,), (33, 5), (1001,)]
+MANIFEST = f"""
+[comm.world]
+plugin = "ucx"
+
+[codec.onebit]
+plugin = "onebit"
+
+[optimizer.main]
+plugin = "onebit_adam"
+comm = "world"
+codec = "onebit"
+freeze_step = {FREEZE}
+"""
+
+
+def main():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    g0 = torch.Generator().manual_seed(0)
+    p0 = [torch.randn(s, generator=g0) for s in SHAPES]
+    params = [p.clone().requires_grad_() for p in p0]
+    ref = [p.clone().requires_grad_() for p in p0]
+    out = {"rank": rank, "world": world}
+    with loom.Session.from_string(MANIFEST, "onebit.toml", log_level="error") as s:
+        opt = loom.torch.Optimizer(params, s.optimizer(), lr=1e-2)
+        adam = torch.optim.Adam(ref, lr=1e-2)
+        for step in range(1, STEPS + 1):
+            gens = [torch.Generator().manual_seed(1000 * step + r) for r in range(world)]
+            grads = [[torch.randn(sh, generator=g) for sh in SHAPES] for g in gens]
+            for p, g in zip(params, grads[rank]):
+                p.grad = g.clone()  # local gradients: the optimizer averages them itself
+            opt.step()
+            if step <= FREEZE:
+                for p, *gs in zip(ref, *grads):
+                    p.grad = sum(gs) / world
+                adam.step()
+            if step == FREEZE:
+                out["warmup_rel"] = max(((a - b).norm() / b.norm()).item()
+                                        for a, b in zip(params, ref))
+        out["params"] = [p.detach().view(-1).tolist() for p in params]
+        out["info"] = opt.comm_info()
+    with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
