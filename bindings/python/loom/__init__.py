@@ -7,6 +7,7 @@ Main entry points:
   ``Session.from_string(text)``) and its :class:`Instance` objects.
 - :mod:`loom.torch`: ``loom.torch.Optimizer`` wraps an optimizer plugin as a
   ``torch.optim.Optimizer`` (imported on demand, so torch is optional).
+- :mod:`loom.data`: ``loom.data.CurriculumSampler``, a sampler plugin as a batch sampler.
 - :func:`from_deepspeed`: the Loom manifest for a DeepSpeed config (also
   ``python -m loom.deepspeed ds_config.json``).
 - :mod:`loom.errors`: one exception class per Loom status code.

@@ -153,3 +153,54 @@ class OptimizerCommInfo(ctypes.Structure):
 
 
 OPTIMIZER_COMM_INFO_SIZE = _size(OptimizerCommInfo, "skipped_steps")
+
+
+class SamplerPlanArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("dataset_size", ctypes.c_uint64),
+        ("global_batch", ctypes.c_int64),
+        ("world_size", ctypes.c_int32),
+        ("reserved2", ctypes.c_int32),
+        ("capacity", ctypes.c_int64),
+    ]
+
+
+SAMPLER_PLAN_ARGS_SIZE = _size(SamplerPlanArgs, "capacity")
+
+
+class SamplerNextArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("seed", ctypes.c_uint64),
+        ("step", ctypes.c_int64),
+        ("rank", ctypes.c_int32),
+        ("world_size", ctypes.c_int32),
+        ("indices", ctypes.POINTER(DLTensor)),
+        ("count", ctypes.c_int64),
+        ("difficulty", ctypes.c_double),
+        ("epoch", ctypes.c_uint64),
+        ("consumed", ctypes.c_uint64),
+    ]
+
+
+SAMPLER_NEXT_ARGS_SIZE = _size(SamplerNextArgs, "consumed")
+
+_SAMPLER_PLAN_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.POINTER(SamplerPlanArgs))
+_SAMPLER_NEXT_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.POINTER(SamplerNextArgs))
+
+
+class SamplerV1(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("plan", _SAMPLER_PLAN_FN),
+        ("next", _SAMPLER_NEXT_FN),
+    ]
+
+
+SAMPLER_V1_SIZE = _size(SamplerV1, "next")

@@ -152,6 +152,9 @@ def _declare(h) -> None:
     _fn(h, "loom_instance_import_state", i32, [vp, c.c_char_p, size])
     _fn(h, "loom_optimizer_step", i32, [vp, c.POINTER(_abi.OptimizerStepArgs)])
     _fn(h, "loom_optimizer_get_comm_info", i32, [vp, c.POINTER(_abi.OptimizerCommInfo)])
+    _fn(h, "loom_instance_table", i32,
+        [vp, c.c_char_p, c.c_uint32, c.POINTER(vp), c.POINTER(vp)])
+    _fn(h, "loom_instance_take_status", i32, [vp, vp, c.c_char_p, size])
     _fn(h, "loom_describe_plugins", i32, [c.c_char_p, c.c_char_p, c.POINTER(vp)])
     _fn(h, "loom_free_string", None, [vp])
     _fn(h, "loom_thread_count", size, [])

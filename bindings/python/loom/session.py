@@ -408,5 +408,75 @@ class Instance:
         check(lib().loom_optimizer_get_comm_info(self._live(), ctypes.byref(info)))
         return {name: int(getattr(info, name)) for name, _ in info._fields_[1:]}
 
+    # -- loom.sampler/1
+    def _table(self, section: str, min_size: int, struct: Any) -> tuple:
+        obj = ctypes.c_void_p()
+        table = ctypes.c_void_p()
+        check(lib().loom_instance_table(self._live(), section.encode(), min_size,
+                                        ctypes.byref(obj), ctypes.byref(table)))
+        return obj, struct.from_address(table.value)
+
+    def _call(self, status: Optional[int]) -> None:
+        check(lib().loom_instance_take_status(self._live(), status, None, 0))
+
+    def sampler_plan(self, dataset_size: int, global_batch: int, world_size: int = 1) -> int:
+        """Fixes a sampler's sizes (loom.sampler/1 ``plan``) and returns its capacity: the
+        most sample ids one rank gets per step.
+
+        Args:
+            dataset_size: samples in the dataset (ids 0 .. dataset_size - 1).
+            global_batch: samples per step over all ranks.
+            world_size: the data-parallel ranks the batch is split over.
+        """
+        self._require("sampler")
+        obj, table = self._table("sampler", _abi.SAMPLER_V1_SIZE, _abi.SamplerV1)
+        args = _abi.SamplerPlanArgs()
+        args.struct_size = _abi.SAMPLER_PLAN_ARGS_SIZE
+        args.dataset_size = int(dataset_size)
+        args.global_batch = int(global_batch)
+        args.world_size = int(world_size)
+        self._call(table.plan(obj, ctypes.byref(args)))
+        return int(args.capacity)
+
+    def sampler_next(self, step: int, *, seed: int, rank: int = 0, world_size: int = 1,
+                     capacity: int) -> Dict[str, Any]:
+        """This rank's share of the global batch of ``step`` (loom.sampler/1 ``next``).
+
+        Args:
+            step: 1-based; the step after the last one drawn, or the last one again.
+            seed: the same on every call and every rank.
+            rank, world_size: this rank, and the ranks as given to :meth:`sampler_plan`.
+            capacity: what :meth:`sampler_plan` returned.
+
+        Returns:
+            dict: {"indices": list[int], "difficulty": float (NaN without a curriculum),
+            "epoch": int, "consumed": int}.
+
+        Raises:
+            FailedPreconditionError: a step that is neither the next nor the last one.
+        """
+        self._require("sampler")
+        obj, table = self._table("sampler", _abi.SAMPLER_V1_SIZE, _abi.SamplerV1)
+        buf = (ctypes.c_int64 * max(1, int(capacity)))()
+        shape = (ctypes.c_int64 * 1)(int(capacity))
+        t = _abi.DLTensor()
+        t.data = ctypes.addressof(buf)
+        t.device = _abi.DLDevice(_abi.DL_CPU, 0)
+        t.ndim = 1
+        t.dtype = _abi.DLDataType(_abi.DL_INT, 64, 1)
+        t.shape = shape
+        t.strides = None
+        t.byte_offset = 0
+        args = _abi.SamplerNextArgs()
+        args.struct_size = _abi.SAMPLER_NEXT_ARGS_SIZE
+        args.seed = int(seed)
+        args.step = int(step)
+        args.rank = int(rank)
+        args.world_size = int(world_size)
+        args.indices = ctypes.pointer(t)
+        self._call(table.next(obj, ctypes.byref(args)))
+        return {"indices": list(buf[:args.count]), "difficulty": float(args.difficulty),
+                "epoch": int(args.epoch), "consumed": int(args.consumed)}
+
     def __repr__(self) -> str:
         return f"<loom.Instance {self.section}.{self.name} (plugin '{self.plugin}')>"
