@@ -10,11 +10,13 @@
 // Seams:
 //  - MoE: a Block's MLP is a MlpT<T> (position-wise over rows). Gpt::replace_mlp swaps it, e.g.
 //    for an MoE layer plugin; the block only calls mlp->forward/backward on its ln2 rows.
-//  - Token drop: Block::forward/backward take any [B, T', C] activations. A router that keeps
-//    a sorted subset of T' positions of each sequence gathers those rows, calls the block on
-//    them (the causal mask then applies among the kept positions, in order), and scatters
-//    the block's output back over the kept rows; the dropped rows pass through unchanged,
-//    and in backward their gradient passes through unchanged too.
+//  - Token drop: Block::forward/backward take any [B, T', C] activations. Gpt::set_router
+//    installs a RouterHookT (router_hook.hpp) that the forward and backward consult for every
+//    layer: a routed layer gathers the kept rows of each sequence, calls the block on them
+//    (the causal mask then applies among the kept positions, in order), and scatters the
+//    block's output back over the kept rows; the dropped rows pass through unchanged, and in
+//    backward their gradient passes through unchanged too. A learned (gated) router scales
+//    each kept token's update by its gate and owns a weight "h.L.router.w" per gated layer.
 #pragma once
 
 #include <cmath>
@@ -29,6 +31,7 @@
 
 #include "layers.hpp"
 #include "model.hpp"
+#include "router_hook.hpp"
 
 namespace loom::trainer {
 
@@ -309,16 +312,40 @@ class Gpt {
     rebuild_params();
   }
 
+  // Installs (or, with nullptr, removes) the router hook. Every layer the hook says
+  // has_weight gets a router weight "h.L.router.w" [C], initialised to 0, after the layer's
+  // MLP in parameters() (in its own storage, like a replaced MLP's).
+  void set_router(std::unique_ptr<RouterHookT<T>> hook) {
+    router_ = std::move(hook);
+    const size_t L = blocks_.size();
+    router_w_.assign(L, {});
+    router_g_.assign(L, {});
+    routes_.assign(L, {});
+    if (router_) {
+      for (size_t l = 0; l < L; ++l) {
+        if (router_->has_weight(static_cast<int>(l), cfg_.layers)) {
+          router_w_[l].assign(static_cast<size_t>(cfg_.dim), T(0));
+          router_g_[l].assign(static_cast<size_t>(cfg_.dim), T(0));
+        }
+      }
+    }
+    rebuild_params();
+  }
+  RouterHookT<T>* router() { return router_.get(); }
+
+  // training: a training forward (routers drop tokens; evaluation keeps what the router's
+  // plan for training = 0 says).
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int Tn) {
-    const double loss = forward(tokens, targets, B, Tn, true);
+    const double loss = forward(tokens, targets, B, Tn, true, true);
     backward(tokens, B, Tn);
     return loss;
   }
-  double forward_loss(const int32_t* tokens, const int32_t* targets, int B, int Tn) {
-    return forward(tokens, targets, B, Tn, true);
+  double forward_loss(const int32_t* tokens, const int32_t* targets, int B, int Tn,
+                      bool training = false) {
+    return forward(tokens, targets, B, Tn, true, training);
   }
   void forward_logits(const int32_t* tokens, int B, int Tn, T* out) {
-    forward(tokens, nullptr, B, Tn, false);
+    forward(tokens, nullptr, B, Tn, false, false);
     std::copy(logits_.begin(),
               logits_.begin() +
                   static_cast<std::ptrdiff_t>(static_cast<size_t>(B) * Tn * cfg_.vocab_size),
@@ -331,6 +358,7 @@ class Gpt {
         std::fill(p.grad, p.grad + p.numel, T(0));
     }
   }
+  // Every layer processing every token (no routing).
   double flops_per_token(int seq) const {
     const double C = cfg_.dim;
     double f = 6.0 * C * cfg_.vocab_size;  // tied head
@@ -338,6 +366,25 @@ class Gpt {
     f += 6.0 * cfg_.layers * static_cast<double>(seq) * C;  // causal attention
     return f;
   }
+  // The last forward: positions each layer processed per sequence (seq for an unrouted
+  // layer), their sum over layers times the batch (the layer tokens), and its forward +
+  // backward FLOPs as flops_per_token counts them, with each layer's matmuls over its kept
+  // tokens and its attention over the kept square (the head over every token).
+  const std::vector<int>& kept() const { return kept_; }
+  int64_t layer_tokens() const { return layer_tokens_; }
+  double flops() const {
+    const double C = cfg_.dim;
+    const double N = static_cast<double>(last_B_) * last_T_;
+    double f = 6.0 * C * cfg_.vocab_size * N;
+    for (size_t l = 0; l < blocks_.size() && l < kept_.size(); ++l) {
+      const double k = kept_[l];
+      f += (6.0 * 4.0 * C * C + blocks_[l]->mlp().flops_per_token()) * last_B_ * k;
+      f += 6.0 * C * last_B_ * k * k;
+    }
+    return f;
+  }
+  // Layer l's output of the last forward ([B, T, C]; l = -1: the embedding), for tests.
+  const T* layer_output(int l) const { return resid_[static_cast<size_t>(l + 1)].data(); }
 
  private:
   // xorshift-based normal generator (Box-Muller), the same on every platform.
@@ -377,6 +424,14 @@ class Gpt {
            {&p.ln1_w, &p.ln1_b, &p.qkv_w, &p.qkv_b, &p.proj_w, &p.proj_b, &p.ln2_w, &p.ln2_b})
         params_.push_back(*r);
       for (auto& r : b->mlp().parameters()) params_.push_back(r);
+      const auto l = static_cast<size_t>(&b - blocks_.data());
+      if (l < router_w_.size() && !router_w_[l].empty()) {
+        params_.push_back({"h." + std::to_string(l) + ".router.w",
+                           {static_cast<int64_t>(cfg_.dim)},
+                           router_w_[l].data(),
+                           router_g_[l].data(),
+                           router_w_[l].size()});
+      }
     }
     params_.push_back(lnf_w_);
     params_.push_back(lnf_b_);
@@ -405,7 +460,8 @@ class Gpt {
     }
   }
 
-  double forward(const int32_t* tokens, const int32_t* targets, int B, int Tn, bool loss) {
+  double forward(const int32_t* tokens, const int32_t* targets, int B, int Tn, bool loss,
+                 bool training) {
     check_inputs(tokens, targets, loss, B, Tn);
     const size_t N = static_cast<size_t>(B) * Tn;
     const int n = static_cast<int>(N);
@@ -427,8 +483,18 @@ class Gpt {
       probs_.resize(N * V);
     }
     layers::encoder_forward(resid_[0].data(), tokens, wte_.value, wpe_.value, B, Tn, C);
-    for (size_t l = 0; l < blocks_.size(); ++l)
-      blocks_[l]->forward(resid_[l].data(), resid_[l + 1].data(), B, Tn);
+    last_B_ = B;
+    last_T_ = Tn;
+    kept_.assign(blocks_.size(), Tn);
+    layer_tokens_ = 0;
+    for (size_t l = 0; l < blocks_.size(); ++l) {
+      if (router_) {
+        routed_forward(l, B, Tn, training);
+      } else {
+        blocks_[l]->forward(resid_[l].data(), resid_[l + 1].data(), B, Tn);
+      }
+      layer_tokens_ += static_cast<int64_t>(B) * kept_[l];
+    }
     layers::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + N,
                               resid_.back().data(), lnf_w_.value, lnf_b_.value, n, C);
     layers::matmul_forward<T>(logits_.data(), lnf_.data(), wte_.value, nullptr, n, C, V);
@@ -455,11 +521,135 @@ class Gpt {
     T* dy = dresid_a_.data();
     T* dx = dresid_b_.data();
     for (size_t l = blocks_.size(); l-- > 0;) {
-      blocks_[l]->backward(dy, dx, B, Tn, scratch_);
+      if (router_ && routes_[l].active) {
+        routed_backward(l, dy, dx, B, Tn);
+      } else {
+        blocks_[l]->backward(dy, dx, B, Tn, scratch_);
+      }
       std::swap(dy, dx);
     }
     layers::encoder_backward(wte_.grad, wpe_.grad, dy, tokens, B, Tn, C);
   }
+
+  // One layer under the router (see router_hook.hpp): resid_[l] -> resid_[l + 1].
+  void routed_forward(size_t l, int B, int Tn, bool training) {
+    const int C = cfg_.dim;
+    const int layer = static_cast<int>(l);
+    const RoutePlan p = router_->plan(layer, cfg_.layers, B, Tn, training);
+    if (p.kept < 1 || p.kept > Tn || (p.routed && p.kept == Tn) || (!p.routed && p.kept != Tn)) {
+      throw std::invalid_argument("loom::trainer::Model: the router planned " +
+                                  std::to_string(p.kept) + " kept positions of " +
+                                  std::to_string(Tn) + " for layer " + std::to_string(l) +
+                                  (p.routed ? " (routed)" : " (not routed)"));
+    }
+    if (p.gated && router_w_[l].empty()) {
+      throw std::invalid_argument("loom::trainer::Model: the router gates layer " +
+                                  std::to_string(l) + ", which has no router weight");
+    }
+    Route& r = routes_[l];
+    r.active = p.routed || p.gated;
+    r.gated = p.gated;
+    r.kept = p.kept;
+    T* x = resid_[l].data();
+    T* out = resid_[l + 1].data();
+    if (!r.active) {
+      blocks_[l]->forward(x, out, B, Tn);
+      return;
+    }
+    const int K = p.kept;
+    const size_t nk = static_cast<size_t>(B) * K;
+    const size_t nkc = nk * C;
+    const size_t nc = static_cast<size_t>(B) * Tn * C;
+    r.idx.resize(nk);
+    r.gates.resize(p.gated ? nk : 0);
+    r.xk.resize(nkc);
+    r.yk.resize(nkc);
+    router_->select(layer, cfg_.layers, B, Tn, C, training, x,
+                    router_w_[l].empty() ? nullptr : router_w_[l].data(), r.idx.data(),
+                    p.gated ? r.gates.data() : nullptr);
+    router_->gather(x, r.xk.data(), r.idx.data(), B, Tn, K, C);
+    blocks_[l]->forward(r.xk.data(), r.yk.data(), B, K);
+    std::copy(x, x + nc, out);
+    if (p.gated) {
+      // z = x_kept + gate * (y_kept - x_kept), row by row.
+      if (route_tmp_.size() < nkc) route_tmp_.resize(nkc);
+      T* z = route_tmp_.data();
+      const T* xk = r.xk.data();
+      const T* yk = r.yk.data();
+      const T* g = r.gates.data();
+      layers::parallel_for(nk, 16, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) {
+          for (int c = 0; c < C; ++c) {
+            const size_t o = i * C + c;
+            z[o] = xk[o] + g[i] * (yk[o] - xk[o]);
+          }
+        }
+      });
+      router_->scatter(out, z, r.idx.data(), B, Tn, K, C);
+    } else {
+      router_->scatter(out, r.yk.data(), r.idx.data(), B, Tn, K, C);
+    }
+    kept_[l] = K;
+  }
+
+  // dy: the gradient of resid_[l + 1]; writes dx, the gradient of resid_[l].
+  void routed_backward(size_t l, const T* dy, T* dx, int B, int Tn) {
+    const int C = cfg_.dim;
+    Route& r = routes_[l];
+    const int K = r.kept;
+    const size_t nk = static_cast<size_t>(B) * K;
+    const size_t nkc = nk * C;
+    const size_t nc = static_cast<size_t>(B) * Tn * C;
+    for (auto* v : {&route_dyk_, &route_dxk_, &route_tmp_}) {
+      if (v->size() < nkc) v->resize(nkc);
+    }
+    if (route_dgates_.size() < nk) route_dgates_.resize(nk);
+    T* dyk = route_dyk_.data();
+    T* dxk = route_dxk_.data();
+    router_->gather(dy, dyk, r.idx.data(), B, Tn, K, C);
+    if (r.gated) {
+      const T* xk = r.xk.data();
+      const T* yk = r.yk.data();
+      const T* g = r.gates.data();
+      T* dg = route_dgates_.data();
+      T* dyb = route_tmp_.data();
+      layers::parallel_for(nk, 16, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) {
+          T s = 0;
+          for (int c = 0; c < C; ++c) {
+            const size_t o = i * C + c;
+            s += dyk[o] * (yk[o] - xk[o]);
+            dyb[o] = g[i] * dyk[o];
+          }
+          dg[i] = s;
+        }
+      });
+      blocks_[l]->backward(dyb, dxk, B, K, scratch_);
+      layers::parallel_for(nk, 16, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) {
+          for (int c = 0; c < C; ++c) dxk[i * C + c] += (T(1) - g[i]) * dyk[i * C + c];
+        }
+      });
+    } else {
+      blocks_[l]->backward(dyk, dxk, B, K, scratch_);
+    }
+    std::copy(dy, dy + nc, dx);
+    router_->scatter(dx, dxk, r.idx.data(), B, Tn, K, C);
+    if (r.gated) {
+      router_->backward(static_cast<int>(l), cfg_.layers, B, Tn, C, resid_[l].data(),
+                        router_w_[l].data(), r.idx.data(), route_dgates_.data(), dx,
+                        router_g_[l].data());
+    }
+  }
+
+  // A routed layer's state between forward and backward.
+  struct Route {
+    bool active = false;  // the select/gather path ran
+    bool gated = false;
+    int kept = 0;
+    std::vector<int32_t> idx;
+    std::vector<T> gates, xk, yk;
+  };
 
   ModelConfig cfg_;
   std::vector<T> values_, grads_;
@@ -470,6 +660,13 @@ class Gpt {
   std::vector<T> lnf_, dlnf_, lnf_stats_, logits_, probs_, dresid_a_, dresid_b_;
   BlockScratch<T> scratch_;
   const int32_t* targets_ = nullptr;
+  std::unique_ptr<RouterHookT<T>> router_;
+  std::vector<std::vector<T>> router_w_, router_g_;  // per layer; empty: no weight
+  std::vector<Route> routes_;
+  std::vector<T> route_tmp_, route_dyk_, route_dxk_, route_dgates_;
+  std::vector<int> kept_;
+  int64_t layer_tokens_ = 0;
+  int last_B_ = 0, last_T_ = 0;
 };
 
 }  // namespace loom::trainer

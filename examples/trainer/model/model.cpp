@@ -89,8 +89,9 @@ size_t Model::num_parameters() const { return impl_->gpt.num_parameters(); }
 float Model::forward_backward(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
   return static_cast<float>(impl_->gpt.forward_backward(tokens, targets, batch, seq));
 }
-float Model::forward_loss(const int32_t* tokens, const int32_t* targets, int batch, int seq) {
-  return static_cast<float>(impl_->gpt.forward_loss(tokens, targets, batch, seq));
+float Model::forward_loss(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                          bool training) {
+  return static_cast<float>(impl_->gpt.forward_loss(tokens, targets, batch, seq, training));
 }
 void Model::forward_logits(const int32_t* tokens, int batch, int seq, float* logits) {
   if (logits == nullptr) throw std::invalid_argument("loom::trainer::Model: null logits");
@@ -98,6 +99,14 @@ void Model::forward_logits(const int32_t* tokens, int batch, int seq, float* log
 }
 void Model::zero_grad() { impl_->gpt.zero_grad(); }
 double Model::flops_per_token(int seq) const { return impl_->gpt.flops_per_token(seq); }
+const std::vector<int>& Model::kept() const { return impl_->gpt.kept(); }
+int64_t Model::layer_tokens() const { return impl_->gpt.layer_tokens(); }
+double Model::flops() const { return impl_->gpt.flops(); }
+
+void Model::set_router(std::unique_ptr<RouterHook> router) {
+  impl_->gpt.set_router(std::move(router));
+  impl_->sync();
+}
 
 void Model::replace_mlp(int layer, std::unique_ptr<Mlp> mlp) {
   if (!mlp) throw std::invalid_argument("loom::trainer::Model::replace_mlp: null mlp");

@@ -10,7 +10,8 @@
 //  - Token drop (random-LTD and friends): Block::forward/backward work on any [B, T', C]
 //    activations, where the T' rows of each sequence may be a sorted subset of the
 //    positions (the causal mask is applied in subset order). A router gathers the kept rows,
-//    runs the block, and scatters the outputs back, leaving the dropped rows unchanged.
+//    runs the block, and scatters the outputs back, leaving the dropped rows unchanged:
+//    Model::set_router installs a RouterHook (router_hook.hpp) the model consults per layer.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +19,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "router_hook.hpp"
 
 namespace loom::trainer {
 
@@ -77,12 +80,26 @@ class Model {
   // accumulates (adds) gradients into ParamTensor::grad scaled so they are
   // d(mean loss)/d(param). Throws std::invalid_argument on bad shapes or out-of-range
   // tokens/targets.
+  // forward_backward is a training forward (training = 1 for the router); forward_loss is an
+  // evaluation one unless `training`.
   float forward_backward(const int32_t* tokens, const int32_t* targets, int batch, int seq);
-  float forward_loss(const int32_t* tokens, const int32_t* targets, int batch, int seq);
+  float forward_loss(const int32_t* tokens, const int32_t* targets, int batch, int seq,
+                     bool training = false);
   // Writes the logits [batch, seq, vocab] (no grads), e.g. for sampling.
   void forward_logits(const int32_t* tokens, int batch, int seq, float* logits);
   void zero_grad();
-  double flops_per_token(int seq) const;  // fwd+bwd model FLOPs per token, for MFU
+  double flops_per_token(int seq) const;  // fwd+bwd model FLOPs per token, for MFU (no routing)
+  // The last forward: positions per sequence each layer processed (seq when not routed), the
+  // layer tokens (batch times their sum over layers) and its fwd+bwd FLOPs with routing.
+  const std::vector<int>& kept() const;
+  int64_t layer_tokens() const;
+  double flops() const;
+
+  // The token-routing seam (router_hook.hpp): installs the hook the forward and backward
+  // consult for every layer; the learned router weights "h.L.router.w" [dim] of the layers
+  // it says has_weight are appended to parameters() after their layer's MLP (own storage,
+  // initialised to 0). nullptr removes it. Call before building views of parameters().
+  void set_router(std::unique_ptr<RouterHook> router);
 
   // The MoE seam: replaces layer `layer`'s MLP. The new Mlp's parameters are appended to
   // parameters() (they live in its own storage, not in the contiguous buffer).

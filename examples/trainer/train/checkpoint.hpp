@@ -32,8 +32,9 @@ void save_safetensors(const std::string& path, const std::vector<ParamTensor>& p
 // file that `params` lacks are an error too.
 void load_safetensors(const std::string& path, const std::vector<ParamTensor>& params);
 
-// kCurriculum: a [curriculum] instance's exported state (the sampler's, the seqlen schedule's).
-enum class BlobKind : uint32_t { kOptimizer = 1, kTrainer = 2, kCurriculum = 3 };
+// kCurriculum: a [curriculum] instance's exported state (the sampler's, the seqlen schedule's);
+// kRouter: the [routing] router's.
+enum class BlobKind : uint32_t { kOptimizer = 1, kTrainer = 2, kCurriculum = 3, kRouter = 4 };
 void save_blob(const std::string& path, BlobKind kind, const std::vector<uint8_t>& payload);
 std::vector<uint8_t> load_blob(const std::string& path, BlobKind kind);
 

@@ -141,13 +141,15 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   TrainConfig c;
   c.config_path = path;
   Errors errors;
-  const std::vector<std::string> sections{"manifest", "model", "data", "curriculum", "train"};
+  const std::vector<std::string> sections{"manifest",   "model",   "data",
+                                          "curriculum", "routing", "train"};
   for (const auto& [k, v] : root) {
     const std::string name(k.str());
     if (std::find(sections.begin(), sections.end(), name) == sections.end() || !v.is_table()) {
-      errors.add(where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
-                 loom_text::did_you_mean(name, sections) +
-                 " (expected tables [manifest], [model], [data], [curriculum], [train])");
+      errors.add(
+          where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
+          loom_text::did_you_mean(name, sections) +
+          " (expected tables [manifest], [model], [data], [curriculum], [routing], [train])");
     }
   }
   auto sect = [&](const char* name) { return Reader{path, root[name].as_table(), name, &errors}; };
@@ -206,6 +208,17 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
     }
   }
 
+  Reader routing = sect("routing");
+  routing.str("router", c.router);
+  routing.finish();
+  c.router_at = routing.at("router");
+  if (routing.table != nullptr) {
+    const toml::node* n = routing.table->get("router");
+    if (n != nullptr && n->is_string() && n->as_string()->get().empty()) {
+      errors.add(routing.at("router") + ": [routing] router: empty (leave [routing] out for none)");
+    }
+  }
+
   Reader t = sect("train");
   constexpr int64_t kBig = int64_t{1} << 40;
   t.integer("steps", c.steps, 1, kBig);
@@ -216,6 +229,7 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   t.number("min_lr", c.min_lr, 0.0, 10.0);
   t.integer("warmup_steps", c.warmup_steps, 0, kBig);
   t.integer("train_tokens", c.train_tokens, 0, int64_t{1} << 62);
+  t.integer("train_layer_tokens", c.train_layer_tokens, 0, int64_t{1} << 62);
   t.str("lr_unit", c.lr_unit);
   t.str("decay", c.decay);
   t.number("clip_grad_norm", c.clip_grad_norm, 0.0, 1e30);
@@ -230,16 +244,18 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   t.boolean("mask_unused_positions", c.mask_unused_positions);
   t.finish();
   c.train_tokens_at = t.at("train_tokens");
+  c.train_layer_tokens_at = t.at("train_layer_tokens");
   const std::vector<std::string> decays{"cosine", "linear", "constant"};
   if (std::find(decays.begin(), decays.end(), c.decay) == decays.end()) {
     errors.add(t.at("decay") + ": [train] decay: '" + c.decay +
                "' is not one of cosine, linear, constant" +
                loom_text::did_you_mean(c.decay, decays));
   }
-  const std::vector<std::string> units{"steps", "tokens"};
+  const std::vector<std::string> units{"steps", "tokens", "layer_tokens"};
   if (std::find(units.begin(), units.end(), c.lr_unit) == units.end()) {
     errors.add(t.at("lr_unit") + ": [train] lr_unit: '" + c.lr_unit +
-               "' is not one of steps, tokens" + loom_text::did_you_mean(c.lr_unit, units));
+               "' is not one of steps, tokens, layer_tokens" +
+               loom_text::did_you_mean(c.lr_unit, units));
   }
   // The decay's end in tokens when train_tokens does not give it: steps x batch_size x
   // seq_len must fit the range train_tokens has.
@@ -253,6 +269,22 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
                  std::to_string(c.batch_size) + " x seq_len " + std::to_string(c.seq_len) +
                  " tokens exceed 2^62, too many for lr_unit = \"tokens\" to decay over (set "
                  "train_tokens, or fewer steps)");
+    }
+  }
+  // The decay's end in layer tokens when train_layer_tokens does not give it: layers x the
+  // decay's tokens must fit the same range.
+  if (c.lr_unit == "layer_tokens" && c.train_layer_tokens == 0) {
+    const uint64_t tokens = decay_tokens(c);
+    uint64_t p = 0;
+    if (tokens > (uint64_t{1} << 62) ||
+        __builtin_mul_overflow(tokens, static_cast<uint64_t>(std::max(1, c.model.layers)), &p) ||
+        p > (uint64_t{1} << 62)) {
+      errors.add((c.train_tokens > 0 ? t.at("train_tokens") : t.at("steps")) +
+                 ": [train] [model] layers " + std::to_string(c.model.layers) + " x " +
+                 (c.train_tokens > 0 ? "train_tokens " + std::to_string(c.train_tokens)
+                                     : "steps x batch_size x seq_len") +
+                 " layer tokens exceed 2^62, too many for lr_unit = \"layer_tokens\" to decay "
+                 "over (set train_layer_tokens, or fewer steps)");
     }
   }
   if (!c.seqlen.empty() && c.seq_len < 8) {
@@ -310,6 +342,13 @@ TrainConfig load_config(const std::string& path) {
 
 std::vector<std::string> config_warnings(const TrainConfig& c) {
   std::vector<std::string> out;
+  if (c.train_layer_tokens > 0 && c.lr_unit != "layer_tokens") {
+    out.push_back(c.train_layer_tokens_at +
+                  ": [train] train_layer_tokens: warning: " + std::to_string(c.train_layer_tokens) +
+                  " layer tokens end the run, but lr_unit = \"" + c.lr_unit +
+                  "\" decays by another measure, so a run that ends by layer tokens may stop "
+                  "before the learning rate reaches min_lr (set lr_unit = \"layer_tokens\")");
+  }
   if (c.train_tokens > 0 && c.lr_unit == "steps") {
     out.push_back(c.train_tokens_at +
                   ": [train] train_tokens: warning: " + std::to_string(c.train_tokens) +
@@ -348,6 +387,21 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   // The curriculum's instances are reported at their key in the config.
   if (!c.sampler.empty()) need("sampler", c.sampler, c.sampler_at + ": [curriculum] sampler");
   if (!c.seqlen.empty()) need("curriculum", c.seqlen, c.seqlen_at + ": [curriculum] seqlen");
+  if (!c.router.empty()) {
+    const size_t before = out.size();
+    need("router", c.router, c.router_at + ": [routing] router");
+    // A name the manifest gives an instance of another kind: say which.
+    if (out.size() > before) {
+      for (const auto& [k, v] : r.table()) {
+        const toml::table* t = v.as_table();
+        if (t != nullptr && std::string(k.str()) != "router" && t->get_as<toml::table>(c.router)) {
+          out.back() += "; [" + std::string(k.str()) + "." + c.router +
+                        "] is not a router (kind loom.router/1 instances are [router.NAME])";
+          break;
+        }
+      }
+    }
+  }
   return out;
 }
 
@@ -415,7 +469,7 @@ double lr_at(const TrainConfig& c, int64_t step) {
 }
 
 std::string curriculum_manifest(const TrainConfig& c) {
-  const std::vector<std::string> keep{"loom", "curriculum", "sampler"};
+  const std::vector<std::string> keep{"loom", "curriculum", "sampler", "router"};
   auto only_kept = [&](const toml::table& t) {
     for (const auto& [k, v] : t) {
       if (std::find(keep.begin(), keep.end(), std::string(k.str())) == keep.end()) return false;
@@ -473,6 +527,31 @@ double lr_at_tokens(const TrainConfig& c, int64_t step, uint64_t tokens, uint64_
   if (c.decay == "constant" || end <= warmup_tokens) return c.lr;
   const double done = tokens > warmup_tokens ? static_cast<double>(tokens - warmup_tokens) : 0.0;
   const double p = std::clamp(done / static_cast<double>(end - warmup_tokens), 0.0, 1.0);
+  const double f = c.decay == "cosine" ? 0.5 * (1.0 + std::cos(std::numbers::pi * p)) : 1.0 - p;
+  return c.min_lr + (c.lr - c.min_lr) * f;
+}
+
+uint64_t decay_layer_tokens(const TrainConfig& c) {
+  if (c.train_layer_tokens > 0) return static_cast<uint64_t>(c.train_layer_tokens);
+  const uint64_t tokens = decay_tokens(c);
+  uint64_t p = 0;
+  if (__builtin_mul_overflow(tokens, static_cast<uint64_t>(std::max(0, c.model.layers)), &p)) {
+    return UINT64_MAX;
+  }
+  return p;
+}
+
+double lr_at_layer_tokens(const TrainConfig& c, int64_t step, uint64_t layer_tokens,
+                          uint64_t warmup_layer_tokens) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps) {
+    return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
+  }
+  const uint64_t end = decay_layer_tokens(c);
+  if (c.decay == "constant" || end <= warmup_layer_tokens) return c.lr;
+  const double done = layer_tokens > warmup_layer_tokens
+                          ? static_cast<double>(layer_tokens - warmup_layer_tokens)
+                          : 0.0;
+  const double p = std::clamp(done / static_cast<double>(end - warmup_layer_tokens), 0.0, 1.0);
   const double f = c.decay == "cosine" ? 0.5 * (1.0 + std::cos(std::numbers::pi * p)) : 1.0 - p;
   return c.min_lr + (c.lr - c.min_lr) * f;
 }

@@ -39,6 +39,9 @@ struct TrainConfig {
   std::string seqlen;      // [curriculum.NAME] in the manifest: a sequence-length schedule
   std::string sampler_at;  // FILE:LINE:COL of those keys, for the errors found later
   std::string seqlen_at;
+  // [routing] (optional; docs/trainer.md "Token routing")
+  std::string router;     // [router.NAME] in the manifest: the middle layers' token router
+  std::string router_at;  // FILE:LINE:COL of the key
   // [train]
   int64_t steps = 1000;
   int batch_size = 16;  // sequences per global batch, split evenly over the ranks
@@ -51,8 +54,14 @@ struct TrainConfig {
   int64_t train_tokens = 0;
   // "steps": the decay follows the step; "tokens": it follows the tokens consumed (warmup
   // stays in steps). See lr_at_tokens.
+  // "layer_tokens": it follows the layer tokens consumed (the sum over layers of the tokens
+  // each processed; a router's kept counts), see lr_at_layer_tokens.
   std::string lr_unit = "steps";
-  std::string train_tokens_at;        // FILE:LINE:COL of train_tokens, for the warning below
+  std::string train_tokens_at;  // FILE:LINE:COL of train_tokens, for the warning below
+  // >0: stop once this many layer tokens (all ranks) are consumed; with lr_unit =
+  // "layer_tokens" also the decay's end (else layers * the decay's tokens).
+  int64_t train_layer_tokens = 0;
+  std::string train_layer_tokens_at;
   std::string decay = "cosine";       // "cosine" | "linear" | "constant"
   double clip_grad_norm = 1.0;        // 0: off
   int64_t eval_interval = 100;        // 0: only at the end
@@ -100,9 +109,9 @@ std::optional<SamplerIndexRef> sampler_index_ref(const TrainConfig& c);
 // index folder and both values (the caller prefixes the config key). No index: "".
 std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksum);
 
-// The manifest's [loom], [curriculum.*] and [sampler.*] tables alone, as TOML text: what
-// `loom check` opens to create and plan the curriculum's instances without the manifest's
-// comm and optimizer. Empty when the manifest does not parse.
+// The manifest's [loom], [curriculum.*], [sampler.*] and [router.*] tables alone, as TOML
+// text: what `loom check` opens to create and plan the curriculum's and the router's instances
+// without the manifest's comm and optimizer. Empty when the manifest does not parse.
 std::string curriculum_manifest(const TrainConfig& c);
 
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
@@ -119,6 +128,17 @@ uint64_t decay_tokens(const TrainConfig& c);
 // consumed when the warmup ended (after step warmup_steps). With a constant sequence length
 // this is exactly lr_at.
 double lr_at_tokens(const TrainConfig& c, int64_t step, uint64_t tokens, uint64_t warmup_tokens);
+
+// The layer tokens the decay ends at under lr_unit = "layer_tokens": train_layer_tokens, or,
+// when that is 0, the baseline's layer tokens: layers * decay_tokens (every layer processing
+// every token of train_tokens, or of steps * batch_size * seq_len). Saturates.
+uint64_t decay_layer_tokens(const TrainConfig& c);
+
+// lr_unit = "layer_tokens": lr_at_tokens over layer tokens: warmup by step, then the decay's
+// progress r = (layer_tokens - warmup) / (decay_layer_tokens - warmup), clamped to [0, 1],
+// `layer_tokens` counting this step's own. Without routing it is exactly lr_at_tokens.
+double lr_at_layer_tokens(const TrainConfig& c, int64_t step, uint64_t layer_tokens,
+                          uint64_t warmup_layer_tokens);
 
 // The sequence length a step trains at, from the seq_len a sequence-length schedule gives for
 // it: `seq_len` when scheduled >= seq_len, else `scheduled` rounded down to a multiple of 8,

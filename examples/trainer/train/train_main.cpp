@@ -5,6 +5,7 @@
 // docs/trainer.md describes the files and the numbers it prints.
 #include <loom/embed.h>
 #include <loom/kinds/curriculum.h>
+#include <loom/kinds/router.h>
 #include <loom/kinds/sampler.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <loom_cli_support.hpp>
@@ -25,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "batch.hpp"
@@ -362,6 +365,266 @@ struct Curriculum {
   }
 };
 
+// ---------------------------------------------------------------- routing
+
+// 256-byte aligned scratch that grows on demand (a router's saved and workspace buffers).
+class AlignedBytes {
+ public:
+  void* get(uint64_t n) {
+    if (n == 0) return nullptr;
+    if (n > size_) {
+      const uint64_t r = (n + 255) / 256 * 256;
+      void* q = std::aligned_alloc(256, r);
+      if (q == nullptr) throw TrainError("out of memory for " + std::to_string(r) + " bytes");
+      p_.reset(q);
+      size_ = r;
+    }
+    return p_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(void* q) const { std::free(q); }
+  };
+  std::unique_ptr<void, Free> p_;
+  uint64_t size_ = 0;
+};
+
+// A CPU DLTensor over the model's buffers, with its own shape.
+struct Tensor {
+  int64_t shape[3] = {0, 0, 0};
+  DLTensor t{};
+  Tensor(const void* data, std::initializer_list<int64_t> dims, DLDataType dtype) {
+    int i = 0;
+    for (const int64_t d : dims) shape[i++] = d;
+    t.data = const_cast<void*>(data);
+    t.device = {kDLCPU, 0};
+    t.ndim = i;
+    t.dtype = dtype;
+    t.shape = shape;
+  }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  DLTensor* get() { return &t; }
+};
+
+constexpr DLDataType kF32{kDLFloat, 32, 1};
+constexpr DLDataType kI32{kDLInt, 32, 1};
+
+// The [routing] router instance as the model's router hook (router_hook.hpp): every call
+// through libloom's checked table, on fp32 host tensors over the model's buffers. The plan of
+// each (batch, seq_len, layer, training) is asked once per step; each layer keeps its own
+// saved buffer (select -> backward), the workspace is shared. A layer holds a router weight
+// when the router is learned and routes it at the run's seq_len (step 1, training).
+class PluginRouter final : public RouterHook {
+ public:
+  PluginRouter(loom_instance* inst, std::string who, uint64_t seed, int seq_len, int channels)
+      : inst_(inst), who_(std::move(who)), seed_(seed), seq_len_(seq_len), channels_(channels) {
+    void* obj = nullptr;
+    const void* table = nullptr;
+    if (loom_instance_table(inst, LOOM_KIND_ROUTER, LOOM_ROUTER_V1_MIN_SIZE, &obj, &table) !=
+        LOOM_OK) {
+      throw ConfigError(who_ + ": " + loom_last_error());
+    }
+    obj_ = obj;
+    vt_ = static_cast<const loom_router_v1*>(table);
+    if (vt_->plan == nullptr || vt_->select == nullptr || vt_->gather == nullptr ||
+        vt_->scatter == nullptr || vt_->advance == nullptr) {
+      throw ConfigError(who_ + ": plugin '" + loom_instance_plugin(inst) +
+                        "' lacks plan, select, gather, scatter or advance");
+    }
+  }
+
+  // The step the next forwards belong to (plans are asked again for a new step), and this
+  // rank's offset in the step's global batch.
+  void set_step(int64_t step, int64_t first_sample) {
+    if (step != step_) plans_.clear();
+    step_ = step;
+    first_sample_ = first_sample;
+  }
+
+  bool has_weight(int layer, int num_layers) override {
+    const loom_router_plan_args p = ask_plan(layer, num_layers, 1, seq_len_, 1, 1);
+    if ((p.flags & LOOM_ROUTER_LEARNED) != 0 && vt_->backward == nullptr) {
+      throw ConfigError(who_ + ": plugin '" + loom_instance_plugin(inst_) +
+                        "' says it is learned but has no backward");
+    }
+    const bool w = (p.flags & LOOM_ROUTER_LEARNED) != 0 && (p.flags & LOOM_ROUTER_ROUTED) != 0;
+    if (static_cast<size_t>(layer) >= weights_.size()) {
+      weights_.resize(static_cast<size_t>(layer) + 1, -1);
+    }
+    weights_[static_cast<size_t>(layer)] = w ? 1 : 0;
+    return w;
+  }
+
+  RoutePlan plan(int layer, int num_layers, int batch, int seq, bool training) override {
+    if (static_cast<size_t>(layer) >= current_.size()) {
+      current_.resize(static_cast<size_t>(num_layers));
+      saved_.resize(static_cast<size_t>(num_layers));
+      weights_.resize(std::max(weights_.size(), static_cast<size_t>(num_layers)), -1);
+    }
+    const Key key{batch, seq, layer, training};
+    auto it =
+        std::find_if(plans_.begin(), plans_.end(), [&](const auto& e) { return e.first == key; });
+    if (it == plans_.end()) {
+      plans_.emplace_back(key, ask_plan(layer, num_layers, batch, seq, step_, training));
+      it = plans_.end() - 1;
+    }
+    const loom_router_plan_args& p = it->second;
+    current_[static_cast<size_t>(layer)] = p;
+    int8_t& w = weights_[static_cast<size_t>(layer)];
+    if (w < 0) w = has_weight(layer, num_layers) ? 1 : 0;
+    RoutePlan r;
+    r.kept = static_cast<int>(p.kept);
+    r.routed = (p.flags & LOOM_ROUTER_ROUTED) != 0;
+    r.gated = (p.flags & LOOM_ROUTER_LEARNED) != 0 && w == 1;
+    return r;
+  }
+
+  void select(int layer, int num_layers, int batch, int seq, int channels, bool training,
+              const float* x, const float* weight, int32_t* indices, float* gates) override {
+    const loom_router_plan_args& p = current_[static_cast<size_t>(layer)];
+    Tensor xt(x, {batch, seq, channels}, kF32);
+    Tensor wt(weight, {channels}, kF32);
+    Tensor it(indices, {batch, p.kept}, kI32);
+    Tensor gt(gates, {batch, p.kept}, kF32);
+    loom_router_select_args a{};
+    a.struct_size = LOOM_ROUTER_SELECT_ARGS_SIZE;
+    a.seed = seed_;
+    a.step = step_;
+    a.batch = batch;
+    a.seq_len = seq;
+    a.channels = channels;
+    a.first_sample = first_sample_;
+    a.layer = layer;
+    a.num_layers = num_layers;
+    a.training = training ? 1u : 0u;
+    a.x = xt.get();
+    a.weight = weight != nullptr ? wt.get() : nullptr;
+    a.indices = it.get();
+    a.gates = gates != nullptr ? gt.get() : nullptr;
+    a.saved = saved_[static_cast<size_t>(layer)].get(p.saved_bytes);
+    a.saved_bytes = p.saved_bytes;
+    a.workspace = workspace_.get(p.workspace_bytes);
+    a.workspace_bytes = p.workspace_bytes;
+    check(vt_->select(obj_, &a), "select", layer, step_);
+  }
+
+  void gather(const float* full, float* kept, const int32_t* indices, int batch, int seq,
+              int kept_count, int channels) override {
+    move(vt_->gather, "gather", full, kept, indices, batch, seq, kept_count, channels);
+  }
+  void scatter(float* full, const float* kept, const int32_t* indices, int batch, int seq,
+               int kept_count, int channels) override {
+    move(vt_->scatter, "scatter", full, kept, indices, batch, seq, kept_count, channels);
+  }
+
+  void backward(int layer, int, int batch, int seq, int channels, const float* x,
+                const float* weight, const int32_t* indices, const float* dgates, float* dx,
+                float* dweight) override {
+    const loom_router_plan_args& p = current_[static_cast<size_t>(layer)];
+    Tensor xt(x, {batch, seq, channels}, kF32);
+    Tensor wt(weight, {channels}, kF32);
+    Tensor it(indices, {batch, p.kept}, kI32);
+    Tensor dgt(dgates, {batch, p.kept}, kF32);
+    Tensor dxt(dx, {batch, seq, channels}, kF32);
+    Tensor dwt(dweight, {channels}, kF32);
+    loom_router_backward_args a{};
+    a.struct_size = LOOM_ROUTER_BACKWARD_ARGS_SIZE;
+    a.batch = batch;
+    a.seq_len = seq;
+    a.channels = channels;
+    a.x = xt.get();
+    a.weight = wt.get();
+    a.indices = it.get();
+    a.dgates = dgt.get();
+    a.dx = dxt.get();
+    a.dweight = dwt.get();
+    a.saved = saved_[static_cast<size_t>(layer)].get(p.saved_bytes);
+    a.saved_bytes = p.saved_bytes;
+    a.workspace = workspace_.get(p.workspace_bytes);
+    a.workspace_bytes = p.workspace_bytes;
+    check(vt_->backward(obj_, &a), "backward", layer, step_);
+  }
+
+  // The step's accounting after its optimizer step: batch = the step's sequences over all
+  // ranks. Returns the router's out arguments.
+  loom_router_advance_args advance(int64_t step, int64_t batch, int64_t seq_len, int num_layers) {
+    loom_router_advance_args a{};
+    a.struct_size = LOOM_ROUTER_ADVANCE_ARGS_SIZE;
+    a.step = step;
+    a.batch = batch;
+    a.seq_len = seq_len;
+    a.num_layers = num_layers;
+    char msg[1024] = {0};
+    if (loom_instance_take_status(inst_, vt_->advance(obj_, &a), msg, sizeof(msg)) != LOOM_OK) {
+      throw TrainError(who_ + ": advance (step " + std::to_string(step) +
+                       "): " + (msg[0] != '\0' ? std::string(msg) : loom_last_error()));
+    }
+    return a;
+  }
+
+ private:
+  using Key = std::tuple<int, int, int, bool>;
+
+  loom_router_plan_args ask_plan(int layer, int num_layers, int batch, int seq, int64_t step,
+                                 bool training) {
+    loom_router_plan_args p{};
+    p.struct_size = LOOM_ROUTER_PLAN_ARGS_SIZE;
+    p.batch = batch;
+    p.seq_len = seq;
+    p.channels = channels_;
+    p.step = std::max<int64_t>(1, step);
+    p.layer = layer;
+    p.num_layers = num_layers;
+    p.training = training ? 1u : 0u;
+    p.dtype = kF32;
+    check(vt_->plan(obj_, &p), "plan", layer, p.step);
+    if (p.kept < 1 || p.kept > seq) {
+      throw TrainError(who_ + ": plan (step " + std::to_string(p.step) + ", layer " +
+                       std::to_string(layer) + ") kept " + std::to_string(p.kept) + " of " +
+                       std::to_string(seq) + " positions (1 .. seq_len)");
+    }
+    return p;
+  }
+
+  using MoveFn = loom_status* (*)(void*, const loom_router_move_args*);
+  void move(MoveFn fn, const char* what, const float* full, const float* kept,
+            const int32_t* indices, int batch, int seq, int kept_count, int channels) {
+    Tensor ft(full, {batch, seq, channels}, kF32);
+    Tensor kt(kept, {batch, kept_count, channels}, kF32);
+    Tensor it(indices, {batch, kept_count}, kI32);
+    loom_router_move_args a{};
+    a.struct_size = LOOM_ROUTER_MOVE_ARGS_SIZE;
+    a.full = ft.get();
+    a.kept = kt.get();
+    a.indices = it.get();
+    check(fn(obj_, &a), what, -1, step_);
+  }
+
+  void check(loom_status* st, const char* what, int layer, int64_t step) {
+    if (st == nullptr) return;
+    char msg[1024] = {0};
+    if (loom_instance_take_status(inst_, st, msg, sizeof(msg)) == LOOM_OK) return;
+    throw TrainError(who_ + ": " + what + " (step " + std::to_string(step) +
+                     (layer >= 0 ? ", layer " + std::to_string(layer) : std::string()) +
+                     "): " + (msg[0] != '\0' ? std::string(msg) : loom_last_error()));
+  }
+
+  loom_instance* inst_;
+  void* obj_ = nullptr;
+  const loom_router_v1* vt_ = nullptr;
+  std::string who_;
+  uint64_t seed_;
+  int seq_len_, channels_;
+  int64_t step_ = 0, first_sample_ = 0;
+  std::vector<std::pair<Key, loom_router_plan_args>> plans_;  // this step's
+  std::vector<loom_router_plan_args> current_;                // per layer: the last plan
+  std::vector<AlignedBytes> saved_;
+  std::vector<int8_t> weights_;  // per layer: -1 not asked yet, 0/1
+  AlignedBytes workspace_;
+};
+
 // ---------------------------------------------------------------- helpers
 
 std::string human_bytes(double b) {
@@ -428,10 +691,17 @@ struct TrainerState {
   uint64_t skipped_steps = 0;
   // Tokens consumed when the lr warmup ended (lr_unit = "tokens" decays from there).
   uint64_t warmup_tokens = 0;
+  // Layer tokens (the sum over layers of the tokens each processed) consumed so far, and
+  // when the warmup ended (lr_unit = "layer_tokens").
+  uint64_t layer_tokens = 0;
+  uint64_t warmup_layer_tokens = 0;
+  bool has_layer_tokens = true;  // false: read from a file before LTS5 (not encoded)
 };
-// "LTS4"; "LTS3" (still read, as warmup_tokens 0) lacked warmup_tokens, "LTS2" (still read,
-// as 0 skipped steps) skipped_steps, "LTS1" the loss sums.
-constexpr uint32_t kTrainerStateMagic = 0x4c545334;
+// "LTS5"; "LTS4" (still read, as 0 layer tokens) lacked the layer tokens, "LTS3" (still
+// read, as warmup_tokens 0) warmup_tokens, "LTS2" (still read, as 0 skipped steps)
+// skipped_steps, "LTS1" the loss sums.
+constexpr uint32_t kTrainerStateMagic = 0x4c545335;
+constexpr uint32_t kTrainerStateMagicV4 = 0x4c545334;
 constexpr uint32_t kTrainerStateMagicV3 = 0x4c545333;
 constexpr uint32_t kTrainerStateMagicV2 = 0x4c545332;
 
@@ -451,13 +721,15 @@ std::vector<uint8_t> encode(const TrainerState& s) {
   put(b, s.acc_steps);
   put(b, s.skipped_steps);
   put(b, s.warmup_tokens);
+  put(b, s.layer_tokens);
+  put(b, s.warmup_layer_tokens);
   return b;
 }
 TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   size_t o = 0;
   const auto magic = take<uint32_t>(b, o, file);
-  if (magic != kTrainerStateMagic && magic != kTrainerStateMagicV3 &&
-      magic != kTrainerStateMagicV2) {
+  if (magic != kTrainerStateMagic && magic != kTrainerStateMagicV4 &&
+      magic != kTrainerStateMagicV3 && magic != kTrainerStateMagicV2) {
     throw CheckpointError(file + ": not a trainer state of this version of loom-train");
   }
   TrainerState s;
@@ -473,7 +745,15 @@ TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
   s.loss_acc = take<double>(b, o, file);
   s.acc_steps = take<int64_t>(b, o, file);
   if (magic != kTrainerStateMagicV2) s.skipped_steps = take<uint64_t>(b, o, file);
-  if (magic == kTrainerStateMagic) s.warmup_tokens = take<uint64_t>(b, o, file);
+  if (magic == kTrainerStateMagic || magic == kTrainerStateMagicV4) {
+    s.warmup_tokens = take<uint64_t>(b, o, file);
+  }
+  if (magic == kTrainerStateMagic) {
+    s.layer_tokens = take<uint64_t>(b, o, file);
+    s.warmup_layer_tokens = take<uint64_t>(b, o, file);
+  } else {
+    s.has_layer_tokens = false;
+  }
   if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the trainer state");
   return s;
 }
@@ -551,7 +831,9 @@ class Trainer {
   using clk = std::chrono::steady_clock;
 
   bool tokens_done() const {
-    return c_.train_tokens > 0 && st_.tokens_seen >= static_cast<uint64_t>(c_.train_tokens);
+    return (c_.train_tokens > 0 && st_.tokens_seen >= static_cast<uint64_t>(c_.train_tokens)) ||
+           (c_.train_layer_tokens > 0 &&
+            st_.layer_tokens >= static_cast<uint64_t>(c_.train_layer_tokens));
   }
 
   // What one step measured, for its log line.
@@ -559,10 +841,12 @@ class Trainer {
     float loss = 0;
     double gnorm = 0;
     double lr = 0;
-    bool owns = false;        // the optimizer did the gradient communication itself
-    bool skipped = false;     // the optimizer skipped the step: a gradient was NaN or Inf
-    int seq_len = 0;          // the step's sequence length (seq_len, or the schedule's, cut)
-    double difficulty = NAN;  // the sampler's difficulty of the step's batch
+    bool owns = false;          // the optimizer did the gradient communication itself
+    bool skipped = false;       // the optimizer skipped the step: a gradient was NaN or Inf
+    int seq_len = 0;            // the step's sequence length (seq_len, or the schedule's, cut)
+    double difficulty = NAN;    // the sampler's difficulty of the step's batch
+    uint64_t layer_tokens = 0;  // the step's, all ranks
+    std::vector<int> kept;      // positions per sequence each layer processed
   };
 
   // ---- setup
@@ -577,6 +861,7 @@ class Trainer {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     set_num_threads(c_.threads > 0 ? c_.threads : static_cast<int>(std::max(1u, hw / world_)));
     model_.emplace(c_.model, c_.seed);
+    open_router();
     numel_ = model_->num_parameters();
     build_groups();
     resume_or_start();
@@ -657,6 +942,25 @@ class Trainer {
     for (auto& w : cur_.warnings(c_)) warnings.push_back(std::move(w));
     if (root_) {
       for (const auto& w : warnings) std::cerr << "loom train: " << w << "\n";
+    }
+  }
+
+  // The [routing] router: found, checked for kind, installed as the model's router hook
+  // (which adds the learned router weights to the parameters).
+  void open_router() {
+    if (c_.router.empty()) return;
+    router_who_ = c_.router_at + ": [routing] router '" + c_.router + "'";
+    if (loom_find_instance(session_.get(), "router", c_.router.c_str(), &router_inst_) != LOOM_OK) {
+      throw ConfigError(router_who_ + ": " + loom_last_error());
+    }
+    auto hook = std::make_unique<PluginRouter>(router_inst_, router_who_, c_.seed, c_.seq_len,
+                                               c_.model.dim);
+    router_ = hook.get();
+    model_->set_router(std::move(hook));
+    for (const auto& p : model_->parameters()) {
+      if (p.name.size() > 9 && p.name.compare(p.name.size() - 9, 9, ".router.w") == 0) {
+        router_weights_ += (router_weights_.empty() ? "" : ", ") + p.name;
+      }
     }
   }
 
@@ -755,6 +1059,12 @@ class Trainer {
                             std::to_string(world_) + ")");
     }
     if (st_.seed != c_.seed) throw CheckpointError(tfile + ": written with another seed");
+    // Before LTS5 there was no routing: every layer processed every token.
+    if (!st_.has_layer_tokens) {
+      st_.layer_tokens = st_.tokens_seen * static_cast<uint64_t>(c_.model.layers);
+      st_.warmup_layer_tokens = st_.warmup_tokens * static_cast<uint64_t>(c_.model.layers);
+      st_.has_layer_tokens = true;
+    }
     load_safetensors((dir / ("model." + rs + ".safetensors")).string(), model_->parameters());
     const std::string ofile = (dir / ("optimizer." + rs + ".bin")).string();
     const auto blob = load_blob(ofile, BlobKind::kOptimizer);
@@ -773,6 +1083,23 @@ class Trainer {
         throw CheckpointError(f + ": the " + file + " '" + loom_instance_name(inst) +
                               "' refused its state: " + loom_last_error());
       }
+    }
+    const std::string rfile = (dir / ("router." + rs + ".bin")).string();
+    if (router_inst_ != nullptr) {
+      if (!fs::exists(rfile)) {
+        throw CheckpointError(dir.string() + ": has no router." + rs +
+                              ".bin: it was written by a run without [routing]; resume with the "
+                              "config it was written with");
+      }
+      const auto state = load_blob(rfile, BlobKind::kRouter);
+      if (loom_instance_import_state(router_inst_, state.data(), state.size()) != LOOM_OK) {
+        throw CheckpointError(rfile + ": the router '" + c_.router +
+                              "' refused its state: " + loom_last_error());
+      }
+    } else if (fs::exists(rfile)) {
+      throw CheckpointError(dir.string() +
+                            ": was written with a [routing] router, which this config lacks; "
+                            "resume with the config it was written with");
     }
     for (const char* file : {"sampler", "seqlen"}) {
       const bool used =
@@ -859,6 +1186,13 @@ class Trainer {
                 << loom_instance_plugin(cur_.sampler) << ") over the " << samples_ << " samples of "
                 << c_.seq_len + 1 << " tokens" << std::endl;
     }
+    if (router_ != nullptr) {
+      std::cout << "loom train: token routing by '" << c_.router << "' ("
+                << loom_instance_plugin(router_inst_) << ")"
+                << (router_weights_.empty() ? std::string()
+                                            : "; learned weights " + router_weights_)
+                << std::endl;
+    }
     if (cur_.seqlen != nullptr) {
       std::cout << "loom train: sequence length from '" << c_.seqlen << "' ("
                 << loom_instance_plugin(cur_.seqlen) << ", "
@@ -910,8 +1244,12 @@ class Trainer {
     }
     // Every rank has the same rows; the step's tokens over all ranks.
     const uint64_t step_tokens = static_cast<uint64_t>(rows) * world_ * r.seq_len;
+    // The router sees the step and this rank's first row in the step's global batch.
+    if (router_ != nullptr) router_->set_step(step, static_cast<int64_t>(rank_) * rows);
     model_->zero_grad();
     r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
+    r.kept = model_->kept();
+    r.layer_tokens = static_cast<uint64_t>(model_->layer_tokens()) * world_;
     if (step == inject_step_ && rank_ == inject_rank_ && !params.empty() && params[0].numel > 0) {
       params[0].grad[0] = std::numeric_limits<float>::quiet_NaN();
     }
@@ -944,6 +1282,9 @@ class Trainer {
     }
     r.lr = c_.lr_unit == "tokens"
                ? lr_at_tokens(c_, step, st_.tokens_seen + step_tokens, st_.warmup_tokens)
+           : c_.lr_unit == "layer_tokens"
+               ? lr_at_layer_tokens(c_, step, st_.layer_tokens + r.layer_tokens,
+                                    st_.warmup_layer_tokens)
                : lr_at(c_, step);
     // found_inf: the optimizer checks the gradients and skips a step with a NaN or an Inf
     // (every rank skips the same one); parameters and its state stay as they were.
@@ -965,7 +1306,25 @@ class Trainer {
       }
     }
     st_.tokens_seen += step_tokens;
-    if (step == c_.warmup_steps) st_.warmup_tokens = st_.tokens_seen;
+    // The router's accounting of the step (every rank; the same numbers on each), which
+    // must agree with what the model ran.
+    if (router_ != nullptr) {
+      const loom_router_advance_args a =
+          router_->advance(step, static_cast<int64_t>(rows) * world_, r.seq_len, c_.model.layers);
+      if (a.layer_tokens < 0 || static_cast<uint64_t>(a.layer_tokens) != r.layer_tokens ||
+          a.consumed_layer_tokens != st_.layer_tokens + r.layer_tokens) {
+        throw TrainError(router_who_ + ": advance (step " + std::to_string(step) + ") counted " +
+                         std::to_string(a.layer_tokens) + " layer tokens (" +
+                         std::to_string(a.consumed_layer_tokens) +
+                         " consumed), but the model ran " + std::to_string(r.layer_tokens) + " (" +
+                         std::to_string(st_.layer_tokens + r.layer_tokens) + ")");
+      }
+    }
+    st_.layer_tokens += r.layer_tokens;
+    if (step == c_.warmup_steps) {
+      st_.warmup_tokens = st_.tokens_seen;
+      st_.warmup_layer_tokens = st_.layer_tokens;
+    }
     st_.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed_);
     loss_acc_ += r.loss;
     ++acc_steps_;
@@ -1000,7 +1359,10 @@ class Trainer {
                           {"owns_communication", r.owns},
                           {"skipped_steps", st_.skipped_steps},
                           {"elapsed_s", elapsed},
-                          {"seq_len", r.seq_len}};
+                          {"seq_len", r.seq_len},
+                          {"layer_tokens", r.layer_tokens},
+                          {"consumed_layer_tokens", st_.layer_tokens}};
+      if (router_ != nullptr) j["kept"] = r.kept;
       // The sampler's difficulty (null when it is not a curriculum: NaN).
       if (cur_.sampler != nullptr) {
         j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
@@ -1041,6 +1403,8 @@ class Trainer {
     std::vector<size_t> mine;
     for (size_t w = rank_; w < windows; w += world_) mine.push_back(w);
     double sum = 0;
+    // Evaluation forwards pass training = 0 at the last step run (1 before any).
+    if (router_ != nullptr) router_->set_step(std::max<int64_t>(1, last_step_), 0);
     for (size_t b = 0; b < mine.size(); b += local_batch_) {
       const int n = static_cast<int>(std::min<size_t>(local_batch_, mine.size() - b));
       x_.resize(static_cast<size_t>(n) * c_.seq_len);
@@ -1109,6 +1473,15 @@ class Trainer {
       state.resize(m);
       save_blob((tmp / (file + "." + rs + ".bin")).string(), BlobKind::kCurriculum, state);
     }
+    if (router_inst_ != nullptr) {
+      size_t m = 0;
+      check_loom(loom_instance_export_state(router_inst_, nullptr, 0, &m), "router export_state");
+      std::vector<uint8_t> state(m);
+      check_loom(loom_instance_export_state(router_inst_, state.data(), state.size(), &m),
+                 "router export_state");
+      state.resize(m);
+      save_blob((tmp / ("router." + rs + ".bin")).string(), BlobKind::kRouter, state);
+    }
     TrainerState s = st_;
     s.step = step;
     s.grad_bytes_sent = comm_.grad_bytes_sent;
@@ -1158,6 +1531,7 @@ class Trainer {
                                 {"final_eval_ppl", std::exp(last_eval_)},
                                 {"steps", last_step_},
                                 {"tokens", st_.tokens_seen},
+                                {"layer_tokens", st_.layer_tokens},
                                 {"ranks", world_},
                                 {"optimizer", loom_instance_plugin(opt_)},
                                 {"parameters", numel_},
@@ -1218,7 +1592,11 @@ class Trainer {
   std::unique_ptr<loom_session, void (*)(loom_session*)> session_{nullptr, loom_close};
   loom_instance* opt_ = nullptr;
   Curriculum cur_;
-  uint64_t samples_ = 0;  // the dataset's fixed samples at seq_len (what the sampler draws)
+  loom_instance* router_inst_ = nullptr;  // [routing] router (nullptr: none)
+  PluginRouter* router_ = nullptr;        // its hook, owned by the model
+  std::string router_who_;
+  std::string router_weights_;  // the learned router weights' names, for the banner
+  uint64_t samples_ = 0;        // the dataset's fixed samples at seq_len (what the sampler draws)
   Comm comm_;
   int rank_ = 0, world_ = 1;
   bool root_ = true;
@@ -1304,6 +1682,9 @@ int check(const Args& args) {
       if (!c.seqlen.empty() && problem.rfind(c.seqlen_at + ": [curriculum] seqlen", 0) == 0) {
         cc.seqlen.clear();
       }
+      if (!c.router.empty() && problem.rfind(c.router_at + ": [routing] router", 0) == 0) {
+        cc.router.clear();
+      }
     }
   }
   std::optional<Dataset> ds;
@@ -1317,9 +1698,10 @@ int check(const Args& args) {
       ds.reset();
     }
   }
-  // The curriculum's instances: created (alone: the manifest's [loom], [curriculum.*] and
-  // [sampler.*]), checked for kind and role, and planned, the sampler over this dataset.
-  if (manifest_ok && ds && (!cc.sampler.empty() || !cc.seqlen.empty())) {
+  // The curriculum's and the router's instances: created (alone: the manifest's [loom],
+  // [curriculum.*], [sampler.*] and [router.*]), checked for kind and role, and planned, the
+  // sampler over this dataset, the router for every layer at seq_len.
+  if (manifest_ok && ds && (!cc.sampler.empty() || !cc.seqlen.empty() || !cc.router.empty())) {
     loom_open_options co = opts;
     co.validate_only = 0;
     const std::string text = curriculum_manifest(c);
@@ -1333,6 +1715,25 @@ int check(const Args& args) {
       cc.model = c.model;  // the vocabulary size the dataset gave
       cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len), ds->header().payload_checksum,
                1, cp);
+      // The router: its kind, and its plan of every layer at seq_len (step 1, training).
+      if (!cc.router.empty()) {
+        const std::string who = c.router_at + ": [routing] router '" + c.router + "'";
+        loom_instance* ri = nullptr;
+        if (loom_find_instance(cs, "router", c.router.c_str(), &ri) != LOOM_OK) {
+          cp.push_back(who + ": " + loom_last_error());
+        } else {
+          try {
+            PluginRouter router(ri, who, c.seed, c.seq_len, c.model.dim);
+            router.set_step(1, 0);
+            for (int l = 0; l < c.model.layers; ++l) {
+              (void)router.has_weight(l, c.model.layers);
+              (void)router.plan(l, c.model.layers, c.batch_size, c.seq_len, true);
+            }
+          } catch (const std::exception& e) {
+            cp.push_back(e.what());
+          }
+        }
+      }
       for (const auto& line : cp) std::cerr << line << "\n";
       ok = ok && cp.empty();
       if (cp.empty()) {
