@@ -126,7 +126,7 @@ def test_a_full_config_every_key_accounted_for():
     for key in ("train_batch_size", "gradient_accumulation_steps", "steps_per_print", "scheduler",
                 "fp16", "gradient_clipping", "zero_optimization", "moe",
                 "optimizer.params.lr", "optimizer.params.cuda_aware", "optimizer.params.amsgrad",
-                "data_efficiency.seed", "data_efficiency.data_routing",
+                "data_efficiency.seed", "data_efficiency.data_routing",  # disabled
                 "data_efficiency.data_sampling.num_epochs",
                 "data_efficiency.data_sampling.num_workers",
                 "data_efficiency.data_sampling.curriculum_learning.data_cluster_path"):
@@ -190,6 +190,33 @@ def test_curriculum_schedules():
     assert any("no bundled Loom metric" in n for n in conv.notes)
     # The metric 'stages' has no bundled plugin, so no [curriculum.stages]: a manifest
     # that names it as the sampler's metric still validates (the name is the index's).
+    validate(conv)
+
+
+def test_random_ltd_is_a_router():
+    conv = convert({"data_efficiency": {"enabled": True, "data_routing": {
+        "enabled": True, "random_ltd": {
+            "enabled": True, "total_layer_num": 24, "random_ltd_layer_num": 22,
+            "random_ltd_layer_id": list(range(1, 23)), "model_mask_name": "attention_mask",
+            "model_type": "decoder", "hidden_state_order": "seq_batch_dim",
+            "random_ltd_schedule": {"min_value": 128, "max_value": 2048,
+                                    "schedule_type": "fixed_linear",
+                                    "schedule_config": {"require_steps": 200000,
+                                                        "seq_per_step": 16}},
+            "layer_token_lr_schedule": {"enabled": False}}}}})
+    assert conv.instance("router.ltd") == {
+        "plugin": "random_ltd", "layers": list(range(1, 23)), "min_value": 128,
+        "max_value": 2048, "schedule_type": "fixed_linear", "require_steps": 200000,
+        "seq_per_step": 16}
+    u = unmapped(conv)
+    p = "data_efficiency.data_routing.random_ltd."
+    assert "layer count" in u[p + "total_layer_num"]
+    assert "strides" in u[p + "hidden_state_order"]
+    assert "lr_unit" in u[p + "layer_token_lr_schedule"]
+    try:
+        loom.describe_plugins("random_ltd")
+    except loom.NotFoundError:
+        pytest.skip("random_ltd is not built")
     validate(conv)
 
 

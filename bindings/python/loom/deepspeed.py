@@ -411,9 +411,7 @@ def _data_efficiency(cfg: Any, out: Conversion) -> None:
         elif k == "data_sampling":
             _data_sampling(v, out)
         elif k == "data_routing":
-            out.unmapped.append(Unmapped("data_efficiency.data_routing", "random-LTD needs a "
-                                         "loom.router/1 plugin, which this Loom does not "
-                                         "bundle yet"))
+            _data_routing(v, out)
         else:
             out.unmapped.append(Unmapped(f"data_efficiency.{k}", "not a key of DeepSpeed's "
                                          "data_efficiency"))
@@ -444,6 +442,91 @@ def _data_sampling(cfg: Any, out: Conversion) -> None:
                                             "clustering_type": "single_cluster"}))
         out.notes.append("data_sampling without a curriculum metric is [sampler.data], an "
                          "epoch-shuffled curriculum_sampler (single_cluster)")
+
+
+def _data_routing(cfg: Any, out: Conversion) -> None:
+    p = "data_efficiency.data_routing"
+    if not isinstance(cfg, dict) or not cfg.get("enabled", False):
+        out.unmapped.append(Unmapped(p, "enabled is false (or missing): nothing to map"))
+        return
+    for k, v in cfg.items():
+        if k == "enabled":
+            continue
+        if k == "random_ltd":
+            _random_ltd(f"{p}.random_ltd", v, out)
+        else:
+            out.unmapped.append(Unmapped(f"{p}.{k}", "not a key of DeepSpeed's data_routing"))
+
+
+_LTD_REASONS = {
+    "total_layer_num": "the router learns the model's layer count at its first plan",
+    "random_ltd_layer_num": "implied by layers (the list of routed layers)",
+    "model_mask_name": "the trainer applies the attention mask among the kept positions",
+    "model_type": "the trainer's model decides how routed layers attend",
+    "hidden_state_order": "the router takes [batch, seq, channels] and [seq, batch, "
+                          "channels] storage alike (free batch and position strides)",
+    "global_batch_size": "the trainer passes the batch to the router's advance",
+    "micro_batch_size": "the trainer passes the batch to the router's advance",
+    "layer_token_lr_schedule": "the learning rate by layer tokens is the trainer's "
+                               "(loom train: [train] lr_unit = \"layer_tokens\")",
+}
+
+
+def _random_ltd(p: str, cfg: Any, out: Conversion) -> None:
+    if not isinstance(cfg, dict) or not cfg.get("enabled", False):
+        out.unmapped.append(Unmapped(p, "enabled is false (or missing): nothing to map"))
+        return
+    t: Dict[str, Any] = {"plugin": "random_ltd"}
+    for k, v in cfg.items():
+        key = f"{p}.{k}"
+        if k == "enabled":
+            continue
+        if k == "random_ltd_layer_id":
+            ids = [_as_int(x) for x in v] if isinstance(v, list) else None
+            if ids is None or any(i is None or i < 0 for i in ids):
+                out.unmapped.append(Unmapped(key, "must be a list of layer indices >= 0"))
+            else:
+                t["layers"] = sorted(set(ids))
+                if len(t["layers"]) != len(ids) or t["layers"] != ids:
+                    out.notes.append(f"{key}: layers are listed sorted and once each")
+        elif k == "random_ltd_schedule":
+            if not isinstance(v, dict):
+                out.unmapped.append(Unmapped(key, "must be an object"))
+                continue
+            for sk, sv in v.items():
+                skey = f"{key}.{sk}"
+                if sk in ("min_value", "max_value"):
+                    iv = _as_int(sv)
+                    if iv is None:
+                        out.unmapped.append(Unmapped(skey, f"must be an integer, not "
+                                                     f"{json.dumps(sv)}"))
+                    else:
+                        t[sk] = iv
+                elif sk == "schedule_type":
+                    if sv == "fixed_linear":
+                        t[sk] = sv
+                    else:
+                        out.unmapped.append(Unmapped(skey, f"'{sv}': random_ltd's schedule is "
+                                                     "fixed_linear"))
+                elif sk == "schedule_config" and isinstance(sv, dict):
+                    for ck, cv in sv.items():
+                        iv = _as_int(cv)
+                        if ck in ("require_steps", "seq_per_step") and iv is not None:
+                            t[ck] = iv
+                        else:
+                            out.unmapped.append(Unmapped(
+                                f"{skey}.{ck}", "random_ltd takes require_steps and "
+                                "seq_per_step (integers)"))
+                else:
+                    out.unmapped.append(Unmapped(skey, "not a key of DeepSpeed's "
+                                                 "random_ltd_schedule"))
+        elif k in _LTD_REASONS:
+            out.unmapped.append(Unmapped(key, _LTD_REASONS[k]))
+        else:
+            out.unmapped.append(Unmapped(key, "not a key of DeepSpeed's random_ltd"))
+    out.tables.append(("router.ltd", t))
+    out.notes.append("random_ltd is [router.ltd]: the trainer routes with it ([routing] router "
+                     "= \"ltd\" in a loom train config)")
 
 
 def _metrics(p: str, cfg: Any, out: Conversion) -> bool:
