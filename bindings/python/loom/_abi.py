@@ -204,3 +204,80 @@ class SamplerV1(ctypes.Structure):
 
 
 SAMPLER_V1_SIZE = _size(SamplerV1, "next")
+
+
+ROUTER_ROUTED = 1
+ROUTER_LEARNED = 2
+
+
+class RouterPlanArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("batch", ctypes.c_int64), ("seq_len", ctypes.c_int64), ("channels", ctypes.c_int64),
+        ("step", ctypes.c_int64), ("layer", ctypes.c_int32), ("num_layers", ctypes.c_int32),
+        ("training", ctypes.c_uint32), ("dtype", DLDataType),
+        ("flags", ctypes.c_uint32), ("reserved2", ctypes.c_uint32),
+        ("kept", ctypes.c_int64), ("saved_bytes", ctypes.c_uint64),
+        ("workspace_bytes", ctypes.c_uint64),
+    ]
+
+
+ROUTER_PLAN_ARGS_SIZE = _size(RouterPlanArgs, "workspace_bytes")
+
+
+class RouterSelectArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("seed", ctypes.c_uint64), ("step", ctypes.c_int64), ("batch", ctypes.c_int64),
+        ("seq_len", ctypes.c_int64), ("channels", ctypes.c_int64),
+        ("first_sample", ctypes.c_int64), ("layer", ctypes.c_int32),
+        ("num_layers", ctypes.c_int32), ("training", ctypes.c_uint32),
+        ("reserved2", ctypes.c_uint32),
+        ("x", ctypes.c_void_p), ("weight", ctypes.c_void_p), ("indices", ctypes.c_void_p),
+        ("gates", ctypes.c_void_p), ("saved", ctypes.c_void_p), ("saved_bytes", ctypes.c_uint64),
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_uint64),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+ROUTER_SELECT_ARGS_SIZE = _size(RouterSelectArgs, "stream")
+
+
+class RouterMoveArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("full", ctypes.c_void_p), ("kept", ctypes.c_void_p), ("indices", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+ROUTER_MOVE_ARGS_SIZE = _size(RouterMoveArgs, "stream")
+
+
+class RouterAdvanceArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("step", ctypes.c_int64), ("batch", ctypes.c_int64), ("seq_len", ctypes.c_int64),
+        ("num_layers", ctypes.c_int32), ("reserved2", ctypes.c_int32),
+        ("layer_tokens", ctypes.c_int64), ("consumed_layer_tokens", ctypes.c_uint64),
+    ]
+
+
+ROUTER_ADVANCE_ARGS_SIZE = _size(RouterAdvanceArgs, "consumed_layer_tokens")
+
+_VP = ctypes.c_void_p
+
+
+class RouterV1(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("plan", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterPlanArgs))),
+        ("select", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterSelectArgs))),
+        ("gather", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterMoveArgs))),
+        ("scatter", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterMoveArgs))),
+        ("advance", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterAdvanceArgs))),
+        ("backward", _VP),
+    ]
+
+
+ROUTER_V1_SIZE = _size(RouterV1, "backward")

@@ -478,5 +478,103 @@ class Instance:
         return {"indices": list(buf[:args.count]), "difficulty": float(args.difficulty),
                 "epoch": int(args.epoch), "consumed": int(args.consumed)}
 
+    # -- loom.router/1 (the random routers: plan, select, gather, scatter, advance)
+    def router_plan(self, *, batch: int, seq_len: int, channels: int, step: int, layer: int,
+                    num_layers: int, training: bool = True,
+                    dtype: str = "float32") -> Dict[str, int]:
+        """What a router does with a layer at a step (loom.router/1 ``plan``).
+
+        Returns:
+            dict: {"kept" (positions kept per sequence), "routed" (bool: kept < seq_len),
+            "learned" (bool), "saved_bytes", "workspace_bytes"}.
+        """
+        from .tensor import DTYPES
+
+        self._require("router")
+        obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
+        if dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+        a = _abi.RouterPlanArgs()
+        a.struct_size = _abi.ROUTER_PLAN_ARGS_SIZE
+        a.batch, a.seq_len, a.channels, a.step = int(batch), int(seq_len), int(channels), int(step)
+        a.layer, a.num_layers, a.training = int(layer), int(num_layers), 1 if training else 0
+        code, bits = DTYPES[dtype]
+        a.dtype = _abi.DLDataType(code, bits, 1)
+        self._call(table.plan(obj, ctypes.byref(a)))
+        return {"kept": int(a.kept), "routed": bool(a.flags & _abi.ROUTER_ROUTED),
+                "learned": bool(a.flags & _abi.ROUTER_LEARNED),
+                "saved_bytes": int(a.saved_bytes), "workspace_bytes": int(a.workspace_bytes)}
+
+    def router_select(self, indices: Any, *, seed: int, step: int, batch: int, seq_len: int,
+                      channels: int, layer: int, num_layers: int, training: bool = True,
+                      first_sample: int = 0, x: Any = None, workspace: Optional[int] = None,
+                      workspace_bytes: int = 0, stream: Optional[int] = None) -> None:
+        """Writes the kept positions into ``indices`` (int32 [batch, kept], DLPack) for a
+        random router (loom.router/1 ``select``). ``workspace`` is the address of
+        ``workspace_bytes`` (256-byte aligned) when plan asked for any."""
+        self._require("router")
+        obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
+        bi = borrow(indices, "indices", dtypes=("int32",))
+        bx = borrow(x, "x", dtypes=("float32", "float64", "bfloat16", "float16")) \
+            if x is not None else None
+        a = _abi.RouterSelectArgs()
+        a.struct_size = _abi.ROUTER_SELECT_ARGS_SIZE
+        a.seed, a.step, a.batch, a.seq_len = int(seed), int(step), int(batch), int(seq_len)
+        a.channels, a.first_sample = int(channels), int(first_sample)
+        a.layer, a.num_layers, a.training = int(layer), int(num_layers), 1 if training else 0
+        a.x = bx.pointer if bx is not None else None
+        a.indices = bi.pointer
+        host = None
+        if workspace is None and workspace_bytes > 0:
+            host = ctypes.create_string_buffer(int(workspace_bytes) + 256)
+            workspace = (ctypes.addressof(host) + 255) // 256 * 256
+        a.workspace = workspace
+        a.workspace_bytes = int(workspace_bytes)
+        a.stream = stream
+        self._call(table.select(obj, ctypes.byref(a)))
+        del bi, bx, host
+
+    def _move(self, which: str, full: Any, kept: Any, indices: Any,
+              stream: Optional[int]) -> None:
+        self._require("router")
+        obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
+        anyf = ("float32", "float64", "bfloat16", "float16", "int64", "int32", "uint16", "uint8")
+        bf = borrow(full, "full", dtypes=anyf, layout="rows")
+        bk = borrow(kept, "kept", dtypes=anyf, layout="rows")
+        bi = borrow(indices, "indices", dtypes=("int32",))
+        a = _abi.RouterMoveArgs()
+        a.struct_size = _abi.ROUTER_MOVE_ARGS_SIZE
+        a.full, a.kept, a.indices, a.stream = bf.pointer, bk.pointer, bi.pointer, stream
+        self._call(getattr(table, which)(obj, ctypes.byref(a)))
+        del bf, bk, bi
+
+    def router_gather(self, full: Any, kept: Any, indices: Any,
+                      stream: Optional[int] = None) -> None:
+        """kept[b, j, :] = full[b, indices[b, j], :] (loom.router/1 ``gather``)."""
+        self._move("gather", full, kept, indices, stream)
+
+    def router_scatter(self, full: Any, kept: Any, indices: Any,
+                       stream: Optional[int] = None) -> None:
+        """full[b, indices[b, j], :] = kept[b, j, :]; other positions of full are left as
+        they are (loom.router/1 ``scatter``)."""
+        self._move("scatter", full, kept, indices, stream)
+
+    def router_advance(self, *, step: int, batch: int, seq_len: int,
+                       num_layers: int) -> Dict[str, int]:
+        """Accounts a finished training step (loom.router/1 ``advance``): ``batch`` is the
+        step's sequences over every rank and micro-batch.
+
+        Returns:
+            dict: {"layer_tokens" (this step), "consumed_layer_tokens" (so far)}.
+        """
+        self._require("router")
+        obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
+        a = _abi.RouterAdvanceArgs()
+        a.struct_size = _abi.ROUTER_ADVANCE_ARGS_SIZE
+        a.step, a.batch, a.seq_len, a.num_layers = int(step), int(batch), int(seq_len), int(num_layers)
+        self._call(table.advance(obj, ctypes.byref(a)))
+        return {"layer_tokens": int(a.layer_tokens),
+                "consumed_layer_tokens": int(a.consumed_layer_tokens)}
+
     def __repr__(self) -> str:
         return f"<loom.Instance {self.section}.{self.name} (plugin '{self.plugin}')>"

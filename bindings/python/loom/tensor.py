@@ -76,7 +76,8 @@ def _export(obj: Any, name: str, stream: Optional[int]) -> Any:
 
 
 def borrow(obj: Any, name: str = "tensor", *, dtypes: Iterable[str] = ("float32",),
-           devices: Iterable[str] = ("cpu", "cuda"), stream: Optional[int] = None) -> Borrowed:
+           devices: Iterable[str] = ("cpu", "cuda"), stream: Optional[int] = None,
+           layout: str = "contiguous") -> Borrowed:
     """Borrows ``obj`` through DLPack after checking it.
 
     Args:
@@ -85,6 +86,9 @@ def borrow(obj: Any, name: str = "tensor", *, dtypes: Iterable[str] = ("float32"
         dtypes: the dtype names the caller accepts ("float32", "bfloat16", "float16", ...).
         devices: the device kinds accepted ("cpu", "cuda").
         stream: passed to ``__dlpack__(stream=...)`` for device tensors (None: not passed).
+        layout: "contiguous" (compact row-major, the default) or "rows" (only the last
+            dimension must be contiguous; the others may have any stride, which the call
+            that takes such tensors checks itself).
 
     Returns:
         Borrowed: the tensor, its capsule and its ``DLTensor*``.
@@ -117,7 +121,13 @@ def borrow(obj: Any, name: str = "tensor", *, dtypes: Iterable[str] = ("float32"
     shape = tuple(t.shape[i] for i in range(t.ndim))
     if any(s < 0 for s in shape):
         raise InvalidArgumentError(f"{name}: shape {list(shape)} has a negative extent")
-    if t.strides:
+    if t.strides and layout == "rows":
+        if t.ndim and shape[-1] != 1 and t.strides[t.ndim - 1] != 1:
+            strides = [t.strides[j] for j in range(t.ndim)]
+            raise InvalidArgumentError(
+                f"{name}: its last dimension is not contiguous (shape {list(shape)}, strides "
+                f"{strides} in elements); Loom does not copy")
+    elif t.strides:
         expected = 1
         for i in reversed(range(t.ndim)):
             if shape[i] != 1 and t.strides[i] != expected:

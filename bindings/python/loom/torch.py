@@ -8,10 +8,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 import torch
 
 from . import _toml
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnimplementedError
 from .session import Instance, Session
 
-__all__ = ["Optimizer"]
+__all__ = ["Optimizer", "Router"]
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -198,3 +198,141 @@ class Optimizer(torch.optim.Optimizer):
         instance passed in)."""
         if self._session is not None:
             self._session.close()
+
+
+# ---------------------------------------------------------------- token routing
+
+def _stream(t: "torch.Tensor") -> Optional[int]:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+
+
+class _Gather(torch.autograd.Function):
+    """kept = full[b, indices[b, j]] through the router's gather; its adjoint (zeros, then
+    scatter) in backward."""
+
+    @staticmethod
+    def forward(ctx, full, indices, instance):  # type: ignore[override]
+        b, k = indices.shape
+        kept = full.new_empty((b, k, full.shape[2]))
+        instance.router_gather(full.detach(), kept, indices, _stream(full))
+        ctx.save_for_backward(indices)
+        ctx.instance = instance
+        ctx.full_shape = full.shape
+        return kept
+
+    @staticmethod
+    def backward(ctx, dkept):  # type: ignore[override]
+        (indices,) = ctx.saved_tensors
+        dfull = dkept.new_zeros(ctx.full_shape)
+        ctx.instance.router_scatter(dfull, dkept.contiguous(), indices, _stream(dkept))
+        return dfull, None, None
+
+
+class _Scatter(torch.autograd.Function):
+    """out = base with its kept positions replaced by kept, through the router's scatter;
+    in backward the base's gradient is the output's with the kept positions zeroed, and the
+    kept rows' gradient is gathered from the output's."""
+
+    @staticmethod
+    def forward(ctx, base, kept, indices, instance):  # type: ignore[override]
+        out = base.detach().clone(memory_format=torch.contiguous_format)
+        instance.router_scatter(out, kept.detach().contiguous(), indices, _stream(base))
+        ctx.save_for_backward(indices)
+        ctx.instance = instance
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        (indices,) = ctx.saved_tensors
+        dout = dout.contiguous()
+        b, k = indices.shape
+        dkept = dout.new_empty((b, k, dout.shape[2]))
+        ctx.instance.router_gather(dout, dkept, indices, _stream(dout))
+        dbase = dout.clone()
+        ctx.instance.router_scatter(dbase, dout.new_zeros((b, k, dout.shape[2])), indices,
+                                    _stream(dout))
+        return dbase, dkept, None, None
+
+
+class Router(torch.nn.Module):
+    """Runs ``layer`` on the tokens a random ``loom.router/1`` router keeps (``random_ltd``:
+    random layerwise token dropping); the other tokens bypass it unchanged.
+
+    At each call the router's plan gives the kept count for (step, layer, sequence length);
+    select draws the kept positions (a pure function of seed, step, layer and sample, so
+    data-parallel ranks and a resumed run choose the same ones); the kept rows are gathered
+    into a ``[batch, kept, channels]`` tensor, ``layer`` runs on it, and its output is
+    scattered over the kept positions of a copy of ``x``. Gradients flow through both
+    moves (scatter is gather's adjoint), to ``x`` and to ``layer``'s parameters. In
+    evaluation (``module.eval()``) every token is kept.
+
+    Args:
+        layer: the module routed; it maps ``[batch, kept, channels]`` to the same shape.
+        instance: a router instance (``session.instance("router", NAME)``).
+        layer_index: this layer's index in the model, 0 .. num_layers - 1.
+        num_layers: the model's layer count.
+        seed: the run's seed, the same on every rank.
+
+    Attributes:
+        step (int): the training step the next forward routes for (1-based); the trainer
+            sets it, or passes ``step=`` to forward.
+        first_sample (int): this rank's offset in the global batch.
+        last_indices (torch.Tensor | None): the kept positions of the last routed forward.
+    """
+
+    def __init__(self, layer: torch.nn.Module, instance: Instance, layer_index: int,
+                 num_layers: int, *, seed: int = 0) -> None:
+        super().__init__()
+        if not isinstance(instance, Instance) or instance.section != "router":
+            raise InvalidArgumentError(
+                f"loom.torch.Router needs a loom.router/1 instance, not {instance!r}")
+        if not 0 <= layer_index < num_layers:
+            raise InvalidArgumentError(
+                f"layer_index {layer_index} is outside 0 .. num_layers - 1 ({num_layers - 1})")
+        self.layer = layer
+        self.instance = instance
+        self.layer_index = int(layer_index)
+        self.num_layers = int(num_layers)
+        self.seed = int(seed)
+        self.step = 1
+        self.first_sample = 0
+        self.last_indices: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor, step: Optional[int] = None,
+                first_sample: Optional[int] = None) -> torch.Tensor:
+        """``x``: ``[batch, seq_len, channels]`` with contiguous channels."""
+        if x.dim() != 3:
+            raise InvalidArgumentError(
+                f"loom.torch.Router: x must be [batch, seq_len, channels], not shape "
+                f"{list(x.shape)}")
+        if x.dtype not in _DTYPES and x.dtype != torch.float64:
+            raise InvalidArgumentError(f"loom.torch.Router: dtype {x.dtype} is not accepted")
+        step = self.step if step is None else int(step)
+        first = self.first_sample if first_sample is None else int(first_sample)
+        b, n, c = x.shape
+        dtype = "float64" if x.dtype == torch.float64 else _DTYPES[x.dtype]
+        plan = self.instance.router_plan(batch=b, seq_len=n, channels=c, step=step,
+                                         layer=self.layer_index, num_layers=self.num_layers,
+                                         training=self.training, dtype=dtype)
+        if plan["learned"]:
+            raise UnimplementedError(
+                f"router.{self.instance.name} (plugin '{self.instance.plugin}') is a learned "
+                "router; loom.torch.Router wraps random routers only so far")
+        if not plan["routed"]:
+            self.last_indices = None
+            return self.layer(x)
+        indices = torch.empty((b, plan["kept"]), dtype=torch.int32, device=x.device)
+        workspace, holder = None, None
+        if plan["workspace_bytes"] and x.is_cuda:
+            holder = torch.empty(plan["workspace_bytes"] + 256, dtype=torch.uint8,
+                                 device=x.device)
+            workspace = (holder.data_ptr() + 255) // 256 * 256
+        self.instance.router_select(indices, seed=self.seed, step=step, batch=b, seq_len=n,
+                                    channels=c, layer=self.layer_index,
+                                    num_layers=self.num_layers, training=self.training,
+                                    first_sample=first, workspace=workspace,
+                                    workspace_bytes=plan["workspace_bytes"], stream=_stream(x))
+        del holder
+        self.last_indices = indices
+        kept = _Gather.apply(x, indices, self.instance)
+        return _Scatter.apply(x, self.layer(kept), indices, self.instance)
