@@ -244,3 +244,39 @@ def test_bad_parameters_are_refused():
     with pytest.raises(loom.InvalidArgumentError, match="not contiguous"):
         opt.step()
     assert torch.equal(t, torch.ones(5, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_params_with_fp32_masters(dtype):
+    p0, gen = _pair(4)
+    low = [x.to(dtype).requires_grad_() for x in p0]
+    ref = [x.to(dtype).float().requires_grad_() for x in p0]  # torch on the same start
+    opt = loom.torch.Optimizer(low, plugin="adam", lr=1e-2, adam_w_mode=False)
+    adam = torch.optim.Adam(ref, lr=1e-2)
+    for _ in range(50):
+        grads = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
+        for x, y, g in zip(low, ref, grads):
+            x.grad, y.grad = g, g.float()
+        opt.step()
+        adam.step()
+    masters = opt.state_dict()["loom"]["masters"]
+    assert len(masters) == len(SHAPES)
+    for i, (x, y) in enumerate(zip(low, ref)):
+        m = masters[f"0.{i}"]
+        assert m.dtype == torch.float32
+        assert _rel(m, y) < 1e-6, (i, _rel(m, y))
+        assert torch.equal(x.detach(), m.to(dtype))  # the param is its master, rounded
+
+    # Resume: masters and the plugin's state come back, bit for bit.
+    sd = opt.state_dict()
+    other = [x.detach().clone().requires_grad_() for x in low]
+    opt2 = loom.torch.Optimizer(other, plugin="adam", lr=1e-2, adam_w_mode=False)
+    opt2.load_state_dict(sd)
+    for o, ps in ((opt, low), (opt2, other)):
+        g = torch.Generator().manual_seed(8)
+        for _ in range(5):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=g).to(dtype)
+            o.step()
+    for x, y in zip(low, other):
+        assert torch.equal(x, y)

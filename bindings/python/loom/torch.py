@@ -30,9 +30,12 @@ class Optimizer(torch.optim.Optimizer):
             opt = loom.torch.Optimizer(model.parameters(), s.optimizer("main"), lr=1e-3)
 
     Parameters are updated in place through DLPack (zero-copy); they must be contiguous
-    fp32 tensors (CPU or CUDA), every one with a gradient at every step, in the same
-    groups and order (Loom keys optimizer state by position). Nothing is converted or
-    copied: another dtype or a non-contiguous tensor raises
+    tensors (CPU or CUDA), every one with a gradient at every step, in the same groups and
+    order (Loom keys optimizer state by position). fp32 parameters are updated directly;
+    for bf16 and fp16 ones the optimizer keeps an fp32 master copy (made from the parameter
+    at the first step, saved in :meth:`state_dict`), the plugin updates it and writes the
+    parameter back rounded to nearest even. Gradients are fp32, bf16 or fp16. Nothing is
+    converted or copied on the way in: another dtype or a non-contiguous tensor raises
     :class:`loom.InvalidArgumentError`.
 
     Args:
@@ -87,6 +90,8 @@ class Optimizer(torch.optim.Optimizer):
         self.instance: Instance = instance
         self.last_step_skipped = False
         self._step = 0
+        # fp32 master copies of bf16/fp16 parameters, by position (group, index).
+        self._masters: Dict[tuple, torch.Tensor] = {}
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "non_freeze": False})
 
     def _groups(self) -> tuple:
@@ -97,7 +102,7 @@ class Optimizer(torch.optim.Optimizer):
         groups: List[Dict[str, Any]] = []
         stream = None
         for gi, g in enumerate(self.param_groups):
-            params, grads = [], []
+            params, grads, masters = [], [], []
             for pi, p in enumerate(g["params"]):
                 if p.grad is None:
                     raise InvalidArgumentError(
@@ -111,6 +116,14 @@ class Optimizer(torch.optim.Optimizer):
                         "optimizers take dense ones")
                 params.append(p.detach())
                 grads.append(p.grad.detach())
+                if p.dtype in (torch.bfloat16, torch.float16):
+                    m = self._masters.get((gi, pi))
+                    if m is None or m.shape != p.shape or m.device != p.device:
+                        m = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+                        self._masters[(gi, pi)] = m
+                    masters.append(m)
+                else:
+                    masters.append(None)
                 if p.is_cuda and stream is None:
                     stream = torch.cuda.current_stream(p.device).cuda_stream
             lr = float(g["lr"])
@@ -120,6 +133,7 @@ class Optimizer(torch.optim.Optimizer):
             groups.append({
                 "params": params,
                 "grads": grads,
+                "masters": masters if any(m is not None for m in masters) else None,
                 "lr_scale": 1.0 if gi == 0 and lr0 != 0.0 else lr / base,
                 "weight_decay": None if wd is None else float(wd),
                 "non_freeze": bool(g.get("non_freeze", False)),
@@ -158,7 +172,8 @@ class Optimizer(torch.optim.Optimizer):
         into a fresh optimizer over the same parameters resumes bit for bit."""
         sd = super().state_dict()
         sd["loom"] = {"plugin": self.instance.plugin, "state": self.instance.export_state(),
-                      "step": self._step}
+                      "step": self._step,
+                      "masters": {f"{g}.{i}": m.clone() for (g, i), m in self._masters.items()}}
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -192,6 +207,11 @@ class Optimizer(torch.optim.Optimizer):
         self.instance.import_state(bytes(entry["state"]))
         super().load_state_dict({"state": state_dict.get("state", {}), "param_groups": saved})
         self._step = int(entry.get("step", 0))
+        self._masters = {}
+        for key, m in (entry.get("masters") or {}).items():
+            g, i = (int(x) for x in key.split("."))
+            p = self.param_groups[g]["params"][i]
+            self._masters[(g, i)] = m.to(device=p.device, dtype=torch.float32).contiguous()
 
     def close(self) -> None:
         """Closes the session the optimizer opened for ``plugin=`` (a no-op for an
