@@ -217,3 +217,28 @@ def test_loom_library_beside_the_package(tmp_path):
     r, _ = _run_isolated(tmp_path, {}, "import loom; print(loom.library_path())")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(dest / "loom" / "libloom.so.0")
+
+
+def test_thread_pool_size():
+    before = loom.thread_count()
+    assert before >= 1
+    try:
+        loom.set_thread_count(1)
+        assert loom.thread_count() == 1
+    finally:
+        loom.set_thread_count(0)  # back to the default
+    assert loom.thread_count() == before
+    with pytest.raises(loom.InvalidArgumentError):
+        loom.set_thread_count(-1)
+
+
+def test_help_of_the_torch_classes():
+    pytest.importorskip("torch")
+    import loom.torch
+
+    text = pydoc.render_doc(loom.torch.Optimizer, renderer=pydoc.plaintext)
+    for word in ("plugin_params", "state_dict", "master", "grad_scale", "Raises"):
+        assert word in text, word
+    text = pydoc.render_doc(loom.torch.Router, renderer=pydoc.plaintext)
+    for word in ("layer_index", "first_sample", "gather", "eval"):
+        assert word in text, word

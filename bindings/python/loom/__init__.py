@@ -6,13 +6,14 @@ Main entry points:
 - :class:`Session`: an opened manifest (``Session("run.toml")``,
   ``Session.from_string(text)``) and its :class:`Instance` objects.
 - :mod:`loom.torch`: ``loom.torch.Optimizer`` wraps an optimizer plugin as a
-  ``torch.optim.Optimizer`` (imported on demand, so torch is optional).
+  ``torch.optim.Optimizer``, ``loom.torch.Router`` a random router around a layer
+  (imported on demand, so torch is optional).
 - :mod:`loom.data`: ``loom.data.CurriculumSampler``, a sampler plugin as a batch sampler.
 - :func:`from_deepspeed`: the Loom manifest for a DeepSpeed config (also
   ``python -m loom.deepspeed ds_config.json``).
 - :mod:`loom.errors`: one exception class per Loom status code.
 
-Tensors cross zero-copy through DLPack (:mod:`loom.tensor`). libloom is found from
+A session and its instances are used from one thread at a time. Tensors cross zero-copy through DLPack (:mod:`loom.tensor`). libloom is found from
 ``LOOM_LIBRARY``, beside the package, or the install prefix (see :func:`library_path`).
 """
 from __future__ import annotations
@@ -23,12 +24,14 @@ from .errors import (AbiMismatchError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError, LoomError,
                      NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      UnimplementedError)
-from .session import Instance, Session, abi_version, describe_plugins, version
+from .session import (Instance, Session, abi_version, describe_plugins, set_thread_count,
+                      thread_count, version)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Session", "Instance", "version", "abi_version", "describe_plugins", "library_path",
+    "thread_count", "set_thread_count",
     "from_deepspeed", "LibraryNotFoundError", "LoomError", "InvalidArgumentError",
     "NotFoundError", "OutOfRangeError", "UnimplementedError", "FailedPreconditionError",
     "UnavailableError", "DeadlineExceededError", "ResourceExhaustedError", "DataLossError",

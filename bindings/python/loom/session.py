@@ -64,6 +64,20 @@ def abi_version() -> tuple:
     return (lib().loom_abi_major(), lib().loom_abi_minor())
 
 
+def thread_count() -> int:
+    """The threads of the process's pool (libloom's, which every plugin's kernels use), the
+    caller's included: LOOM_NUM_THREADS when set, else the cores divided among this
+    machine's ranks."""
+    return int(lib().loom_thread_count())
+
+
+def set_thread_count(threads: int) -> None:
+    """Resizes the process's pool for every session and plugin (0: the default above)."""
+    if not isinstance(threads, int) or threads < 0:
+        raise InvalidArgumentError(f"threads must be an integer >= 0, not {threads!r}")
+    check(lib().loom_set_thread_count(threads))
+
+
 def describe_plugins(name: Optional[str] = None,
                      plugin_path: Union[None, str, Sequence[str]] = None) -> Dict[str, Any]:
     """Plugins on the search path and their parameter schemas, as ``loom describe --json``.
