@@ -277,3 +277,14 @@ def test_converted_adam_trains_as_torch_adam():
             ref.step()
             opt.step()
     assert ((a - b).norm() / a.norm()).item() < 1e-6
+
+
+def test_a_manifest_with_deepspeed_keys_says_why():
+    with pytest.raises(loom.InvalidArgumentError) as e:
+        loom.Session.from_string('[optimizer.main]\nplugin = "adam"\nlr = 1e-3\namsgrad = false\n',
+                                 "run.toml", validate_only=True)
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith("run.toml:3:1: unknown parameter 'lr'")
+    assert lines[0].endswith("'lr' is a DeepSpeed key: Loom takes the learning rate per step "
+                             "from the trainer or its scheduler, not from the manifest")
+    assert "'amsgrad' is a DeepSpeed key: Loom's optimizers have no AMSGrad" in lines[1]
