@@ -74,8 +74,9 @@ def test_each_optimizer_type_maps_to_its_plugin(typ, plugin):
 def test_type_specific_parameters():
     conv = convert({"optimizer": {"type": "ZeroOneAdam", "params": {
         "var_freeze_step": 1000, "var_update_scaler": 16, "local_step_scaler": 1000,
-        "local_step_clipper": 16, "freeze_step": 20}}})
+        "local_step_clipper": 16.0, "freeze_step": 20}}})
     t = conv.instance("optimizer.main")
+    assert t["local_step_clipper"] == 16 and isinstance(t["local_step_clipper"], int)
     assert (t["var_freeze_step"], t["local_step_scaler"]) == (1000, 1000)
     # 0/1 Adam has no freeze_step (DeepSpeed's own test sets one that it ignores).
     assert "not a parameter of Loom's 'zero_one_adam'" in unmapped(conv)["optimizer.params.freeze_step"]
@@ -110,6 +111,8 @@ def test_keys_it_cannot_map_say_why():
     assert "not a parameter of Loom's 'lamb' (it takes betas" in u["optimizer.params.momentum"]
     assert "list of two numbers" in u["optimizer.params.betas"]
     assert "finite number" in u["optimizer.params.weight_decay"]
+    conv = convert({"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 2.5}}})
+    assert "must be an integer, not 2.5" in unmapped(conv)["optimizer.params.freeze_step"]
     assert set(conv.instance("optimizer.main")) == {"plugin"}
     validate(conv)
 

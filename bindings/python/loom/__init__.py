@@ -39,8 +39,11 @@ __all__ = [
 ]
 
 
-def from_deepspeed(config, **kwargs):
-    """The Loom manifest for a DeepSpeed config; see :func:`loom.deepspeed.convert`."""
+def from_deepspeed(config):
+    """The Loom manifest for a DeepSpeed config (a dict, or the path of its JSON file):
+    a :class:`loom.deepspeed.Conversion` with ``.manifest`` (TOML text), ``.tables``,
+    ``.unmapped`` (every key not carried, with the reason) and ``.notes``. See
+    :func:`loom.deepspeed.convert`."""
     from .deepspeed import convert
 
-    return convert(config, **kwargs)
+    return convert(config)

@@ -196,6 +196,8 @@ def _optimizer(cfg: Any, out: Conversion) -> None:
                 continue
             if k == "betas":
                 v = [float(x) for x in v]
+            elif k in _INTS:
+                v = _as_int(v)
             table[k] = v
         elif k == "amsgrad":
             if v:
@@ -262,8 +264,7 @@ def _check_value(k: str, v: Any) -> Optional[str]:
     if k in _BOOLS:
         return None if isinstance(v, bool) else f"must be true or false, not {json.dumps(v)}"
     if k in _INTS:
-        ok = isinstance(v, int) and not isinstance(v, bool)
-        return None if ok else f"must be an integer, not {json.dumps(v)}"
+        return None if _as_int(v) is not None else f"must be an integer, not {json.dumps(v)}"
     return None if _is_number(v) else f"must be a finite number, not {json.dumps(v)}"
 
 
