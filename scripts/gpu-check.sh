@@ -9,6 +9,8 @@
 #   plugins       loom --version; loom plugins (every bundled plugin loads)
 #   codec_bench   loom-bench-codec --device cuda: onebit round trip beside the copy -> codec.jsonl
 #   optim_bench   loom-bench-optim --device cuda (adam, lamb; 1M..256M)    -> optim.jsonl
+#   router_bench  loom-bench-router --device cuda (gather/scatter/select beside the D2D copy)
+#                 -> router.jsonl; anchors/router_peers.py --device cuda -> router_peers.jsonl
 #   peers         anchors/gpu_peers.py (torch fused Adam, DeepSpeed 1-bit) -> peers.json
 #   TEST          each test program in the bundle's bin/ (codec_cuda_test,
 #                 loom_optimizer_cuda_tests, loom_nccl_tests, ...): gtest JSON ->
@@ -86,6 +88,13 @@ step codec_bench 120 "$bin/loom-bench-codec" --device cuda --sizes 1M,16M,64M,25
 jsonl codec_bench codec.jsonl
 step optim_bench 150 "$bin/loom-bench-optim" --device cuda --sizes 1M,16M,64M,256M --iters 10
 jsonl optim_bench optim.jsonl
+step router_bench 60 "$bin/loom-bench-router" --device cuda --reps 3
+jsonl router_bench router.jsonl
+if [[ -f $bundle/anchors/router_peers.py ]]; then
+  # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
+  step router_peers 90 env -u OUT bash -c 'python3 "$0" --device cuda --reps 3 >"$1"' \
+    "$bundle/anchors/router_peers.py" "$out/router_peers.jsonl"
+fi
 # The peers before the tests: the targets need their figures, and the budget is shared.
 if [[ -f $bundle/anchors/gpu_peers.py ]]; then
   # Its stdout is one JSON object (stderr goes to peers.log).

@@ -5,16 +5,24 @@
 // stream and runs when the stream is drained (a synchronization point, see cudart.cpp).
 // Plain kernels (coop == false) run their threads one after another on one OS thread;
 // cooperative ones (the rewriter found __syncthreads, warp shuffles or __shared__ in them or
-// in what they call) run one OS thread per CUDA thread of a block, a std::barrier for
-// __syncthreads, blocks one after another. Launch checks: pointer arguments must be device
-// memory of the current device; 1-D launches without dynamic shared memory only.
+// in what they call) run one fiber (ucontext, its own stack) per CUDA thread of a block on
+// the launching OS thread, blocks one after another: each round resumes every unfinished
+// thread in threadIdx order until its next __syncthreads or its end, so a round is one
+// barrier phase (a thread that has returned no longer takes part, as on the GPU). Fibers,
+// not OS threads: a barrier phase costs a switch per thread in user space instead of waking
+// every thread of the block through the kernel. Launch checks: pointer arguments must be
+// device memory of the current device; 1-D launches without dynamic shared memory only.
 // EMU_CUDA_BLOCK_ORDER=reverse (read at every launch, so a test may set it between launches)
-// runs the blocks last to first: results that depend on block order (float atomics, a
-// reduction racing across blocks) then change, as they could on a GPU.
+// runs the blocks last to first, and a cooperative block's threads last to first within
+// each barrier phase: results that depend on block order (float atomics, a reduction racing
+// across blocks) or on the order of a block's threads (a missing __syncthreads) then change,
+// as they could on a GPU.
 #pragma once
 #include <math.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -38,19 +46,128 @@ inline thread_local dim3 blockIdx{0, 0, 0};
 inline dim3 blockDim;
 inline dim3 gridDim;
 
+// AddressSanitizer's fiber annotations (weak: null without ASan), so it knows which stack
+// runs after each switch.
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom,
+                                               size_t size) __attribute__((weak));
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old,
+                                                size_t* size_old) __attribute__((weak));
+
 namespace emu {
-inline std::barrier<>* g_bar = nullptr;
+
+// One CUDA thread of a cooperative block.
+struct Fiber {
+  ucontext_t ctx;
+  void* fake = nullptr;  // ASan's fake stack of this fiber while it is switched out
+  bool done = false;
+};
+
+// The cooperative launch running on this OS thread (kernels run one at a time: the runtime
+// drains streams under its lock).
+struct Coop {
+  // Per CUDA thread, a guard page below. Small on purpose: ASan clears the shadow of the
+  // whole stack at every switch into a fiber, so its size is paid per thread and barrier.
+  static constexpr size_t kStack = 64 * 1024;
+  ucontext_t main;
+  void* main_fake = nullptr;
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+  std::vector<Fiber> fibers;
+  std::vector<char*> stacks;  // kept across launches (mmap'd, reused)
+  unsigned current = 0;
+  void (*body)(void*) = nullptr;
+  void* arg = nullptr;
+  bool active = false;
+};
+inline thread_local Coop g_coop;
 inline std::vector<uint64_t> g_slots;  // warp-shuffle exchange, one slot per thread of a block
 inline const char* g_kernel = "";
+
+inline void to_main(Fiber& f, bool finished) {
+  Coop& c = g_coop;
+  if (__sanitizer_start_switch_fiber != nullptr) {
+    __sanitizer_start_switch_fiber(finished ? nullptr : &f.fake, c.main_bottom, c.main_size);
+  }
+  swapcontext(&f.ctx, &c.main);
+  if (__sanitizer_finish_switch_fiber != nullptr) {
+    __sanitizer_finish_switch_fiber(f.fake, &c.main_bottom, &c.main_size);
+  }
+}
+
+inline void fiber_entry() {
+  Coop& c = g_coop;
+  if (__sanitizer_finish_switch_fiber != nullptr) {
+    __sanitizer_finish_switch_fiber(nullptr, &c.main_bottom, &c.main_size);
+  }
+  c.body(c.arg);
+  Fiber& f = c.fibers[c.current];
+  f.done = true;
+  to_main(f, true);  // never resumed
+}
+
+// Runs body(arg) as `threads` cooperating CUDA threads (threadIdx set per fiber) to the end;
+// `reverse`: each round resumes them last to first.
+inline void run_block(unsigned threads, bool reverse, void (*body)(void*), void* arg);
+
 }  // namespace emu
 
 inline void __syncthreads() {
-  if (emu::g_bar == nullptr) {
+  emu::Coop& c = emu::g_coop;
+  if (!c.active) {
     emu::report("kernel %s called __syncthreads but was launched sequentially (emulation)",
                 emu::g_kernel);
     std::abort();
   }
-  emu::g_bar->arrive_and_wait();
+  emu::to_main(c.fibers[c.current], false);
+}
+
+inline void emu::run_block(unsigned threads, bool reverse, void (*body)(void*), void* arg) {
+  Coop& c = g_coop;
+  const size_t page = 4096;
+  while (c.stacks.size() < threads) {
+    void* m = mmap(nullptr, Coop::kStack + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      report("kernel %s: no memory for the stack of emulated thread %zu", g_kernel,
+             c.stacks.size());
+      std::abort();
+    }
+    mprotect(m, page, PROT_NONE);  // an overflow faults instead of corrupting a neighbour
+    c.stacks.push_back(static_cast<char*>(m) + page);
+  }
+  c.fibers.assign(threads, Fiber{});
+  c.body = body;
+  c.arg = arg;
+  c.active = true;
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = c.fibers[t];
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = c.stacks[t];
+    f.ctx.uc_stack.ss_size = Coop::kStack;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  bool more = true;
+  while (more) {  // one round = one barrier phase
+    more = false;
+    for (unsigned i = 0; i < threads; ++i) {
+      const unsigned t = reverse ? threads - 1 - i : i;
+      Fiber& f = c.fibers[t];
+      if (f.done) continue;
+      c.current = t;
+      threadIdx = dim3(t, 0, 0);
+      if (__sanitizer_start_switch_fiber != nullptr) {
+        __sanitizer_start_switch_fiber(&c.main_fake, c.stacks[t], Coop::kStack);
+      }
+      swapcontext(&c.main, &f.ctx);
+      if (__sanitizer_finish_switch_fiber != nullptr) {
+        __sanitizer_finish_switch_fiber(c.main_fake, nullptr, nullptr);
+      }
+      if (!f.done) more = true;
+    }
+  }
+  c.active = false;
+  threadIdx = dim3(0, 0, 0);
 }
 
 template <class T>
@@ -176,7 +293,6 @@ void launch(bool coop, const char* name, void (*k)(P...), G grid_arg, B block_ar
     gridDim = grid;
     blockDim = block;
     if (!coop) {
-      g_bar = nullptr;
       for (unsigned b = 0; b < grid.x; ++b) {
         blockIdx = dim3(reverse ? grid.x - 1 - b : b, 0, 0);
         for (unsigned t = 0; t < block.x; ++t) {
@@ -188,23 +304,15 @@ void launch(bool coop, const char* name, void (*k)(P...), G grid_arg, B block_ar
       threadIdx = dim3(0, 0, 0);
       return;
     }
-    std::barrier<> bar(static_cast<std::ptrdiff_t>(block.x));
-    g_bar = &bar;
     g_slots.assign(block.x, 0);
-    std::vector<std::thread> ts;
-    ts.reserve(block.x);
-    for (unsigned t = 0; t < block.x; ++t) {
-      ts.emplace_back([&, t] {
-        threadIdx = dim3(t, 0, 0);
-        for (unsigned b = 0; b < grid.x; ++b) {
-          blockIdx = dim3(reverse ? grid.x - 1 - b : b, 0, 0);
-          std::apply(k, args);
-          bar.arrive_and_wait();  // the block is done before the next one starts (shared memory)
-        }
-      });
+    auto body = [&]() { std::apply(k, args); };
+    for (unsigned b = 0; b < grid.x; ++b) {
+      // The block is done before the next one starts (shared memory).
+      blockIdx = dim3(reverse ? grid.x - 1 - b : b, 0, 0);
+      run_block(
+          block.x, reverse, [](void* p) { (*static_cast<decltype(body)*>(p))(); }, &body);
     }
-    for (auto& th : ts) th.join();
-    g_bar = nullptr;
+    blockIdx = dim3(0, 0, 0);
   });
 }
 
