@@ -1,6 +1,8 @@
 """One rank of a 2-process 1-bit Adam run through loom.torch.Optimizer (run by
 test_distributed.py, directly with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or under
-torchrun). Each rank has its own gradients; writes its parameters, the distance of its
+torchrun). With WORKER_MODE=torch_distributed the rank first starts torch.distributed
+(gloo, env://, on MASTER_PORT) and the optimizer opens its own session by plugin name over
+loom.torch.distributed_bootstrap(). Each rank has its own gradients; writes its parameters, the distance of its
 warmup from torch.optim.Adam over the averaged gradients, and the traffic counters, to
 OUT_DIR/rankN.json."""
 import json
@@ -40,8 +42,22 @@ def main():
     params = [p.clone().requires_grad_() for p in p0]
     ref = [p.clone().requires_grad_() for p in p0]
     out = {"rank": rank, "world": world}
-    with loom.Session.from_string(MANIFEST, "onebit.toml", log_level="error") as s:
+    mode = os.environ.get("WORKER_MODE", "host")
+    if mode == "torch_distributed":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://")
+        # The default bootstrap="auto" takes torch.distributed's group: the host's own
+        # rendezvous would find MASTER_PORT held by torch's store on rank 0.
+        opt = loom.torch.Optimizer(params, plugin="onebit_adam", freeze_step=FREEZE, lr=1e-2,
+                                   log_level="error")
+        out["session"] = opt._session.describe()
+        out["bootstrap"] = repr(opt._session._bootstrap)
+        s = opt._session
+    else:
+        s = loom.Session.from_string(MANIFEST, "onebit.toml", log_level="error")
         opt = loom.torch.Optimizer(params, s.optimizer(), lr=1e-2)
+    with s:
         adam = torch.optim.Adam(ref, lr=1e-2)
         for step in range(1, STEPS + 1):
             gens = [torch.Generator().manual_seed(1000 * step + r) for r in range(world)]

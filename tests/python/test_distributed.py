@@ -50,13 +50,12 @@ def _check(tmp_path):
     assert 0 < info["bytes_sent"] < info["uncompressed_bytes_sent"] / 2, info
 
 
-def test_two_ranks_from_launcher_variables(tmp_path):
-    _need_ucx()
+def _spawn(tmp_path, **extra):
     port = str(_free_port())
     procs = []
     for r in (0, 1):
         env = dict(_env(tmp_path), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
         procs.append(subprocess.Popen([sys.executable, WORKER], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
@@ -69,6 +68,29 @@ def test_two_ranks_from_launcher_variables(tmp_path):
             pytest.fail("a rank did not finish in 180 s")
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
     _check(tmp_path)
+
+
+def test_two_ranks_from_launcher_variables(tmp_path):
+    _need_ucx()
+    _spawn(tmp_path)
+
+
+def test_two_ranks_over_torch_distributed(tmp_path):
+    """torch.distributed (gloo) started from the launcher's variables holds MASTER_PORT on
+    rank 0; loom.torch.Optimizer(plugin="onebit_adam") takes its group as the bootstrap, so
+    the host opens no rendezvous of its own (which would find the port taken)."""
+    _need_ucx()
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    _spawn(tmp_path, WORKER_MODE="torch_distributed")
+    for r in (0, 1):
+        got = json.load(open(tmp_path / f"rank{r}.json"))
+        assert got["bootstrap"] == f"<loom.Bootstrap rank {r} of 2 (local {r})>"
+        kinds = sorted((i["section"], i["name"], i["plugin"]) for i in got["session"])
+        assert kinds == [("codec", "onebit", "onebit"), ("comm", "world", "ucx"),
+                         ("optimizer", "main", "onebit_adam")]
 
 
 def test_two_ranks_under_torchrun(tmp_path):

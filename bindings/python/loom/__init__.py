@@ -8,6 +8,8 @@ Main entry points:
 - :mod:`loom.torch`: ``loom.torch.Optimizer`` wraps an optimizer plugin as a
   ``torch.optim.Optimizer``, ``loom.torch.Router`` a random router around a layer
   (imported on demand, so torch is optional).
+- :class:`Bootstrap`: a rank's bootstrap from Python callables
+  (``loom.torch.distributed_bootstrap()`` builds one over torch.distributed).
 - :mod:`loom.data`: ``loom.data.CurriculumSampler``, a sampler plugin as a batch sampler.
 - :func:`from_deepspeed`: the Loom manifest for a DeepSpeed config (also
   ``python -m loom.deepspeed ds_config.json``).
@@ -19,6 +21,7 @@ A session and its instances are used from one thread at a time. Tensors cross ze
 from __future__ import annotations
 
 from ._lib import LibraryNotFoundError
+from .bootstrap import Bootstrap
 from ._lib import path as library_path
 from .errors import (AbiMismatchError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError, LoomError,
@@ -30,7 +33,7 @@ from .session import (Instance, Session, abi_version, describe_plugins, set_thre
 __version__ = "0.1.0"
 
 __all__ = [
-    "Session", "Instance", "version", "abi_version", "describe_plugins", "library_path",
+    "Session", "Instance", "Bootstrap", "version", "abi_version", "describe_plugins", "library_path",
     "thread_count", "set_thread_count",
     "from_deepspeed", "LibraryNotFoundError", "LoomError", "InvalidArgumentError",
     "NotFoundError", "OutOfRangeError", "UnimplementedError", "FailedPreconditionError",

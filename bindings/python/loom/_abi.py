@@ -281,3 +281,36 @@ class RouterV1(ctypes.Structure):
 
 
 ROUTER_V1_SIZE = _size(RouterV1, "backward")
+
+
+class Status(ctypes.Structure):
+    pass
+
+
+STATUS_DESTROY_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(Status))
+Status._fields_ = [
+    ("struct_size", ctypes.c_uint32),
+    ("code", ctypes.c_int32),
+    ("message", ctypes.c_char_p),
+    ("destroy", STATUS_DESTROY_FN),
+]
+STATUS_SIZE = _size(Status, "destroy")
+
+BOOTSTRAP_ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_size_t, ctypes.c_void_p)
+BOOTSTRAP_BARRIER_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+
+
+class Bootstrap(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("rank", ctypes.c_int32),
+        ("size", ctypes.c_int32),
+        ("local_rank", ctypes.c_int32),
+        ("ctx", ctypes.c_void_p),
+        ("allgather", BOOTSTRAP_ALLGATHER_FN),
+        ("barrier", BOOTSTRAP_BARRIER_FN),
+    ]
+
+
+BOOTSTRAP_SIZE = _size(Bootstrap, "barrier")

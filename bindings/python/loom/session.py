@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _abi
 from ._lib import lib
+from .bootstrap import Bootstrap
 from .errors import FailedPreconditionError, InvalidArgumentError, check
 from .tensor import Borrowed, borrow
 
@@ -33,14 +34,18 @@ def _s(raw: Optional[bytes]) -> str:
 
 
 def _options(plugin_path: Union[None, str, Sequence[str]], validate_only: bool,
-             log_level: Union[None, str, int]) -> _abi.OpenOptions:
+             log_level: Union[None, str, int], bootstrap: Any = None) -> _abi.OpenOptions:
     o = _abi.OpenOptions()
     o.struct_size = _abi.OPEN_OPTIONS_SIZE
     o.validate_only = 1 if validate_only else 0
     if plugin_path is not None and not isinstance(plugin_path, str):
         plugin_path = ":".join(os.fspath(p) for p in plugin_path)
     o.plugin_path = _b(plugin_path) if plugin_path else None
-    o.bootstrap = None
+    if bootstrap is not None and not isinstance(bootstrap, Bootstrap):
+        raise InvalidArgumentError(
+            f"bootstrap must be a loom.Bootstrap (e.g. loom.torch.distributed_bootstrap()), "
+            f"not {type(bootstrap).__name__}")
+    o.bootstrap = bootstrap.pointer if bootstrap is not None else None
     if log_level is None:
         o.log_level = -1
     elif isinstance(log_level, str):
@@ -120,6 +125,10 @@ class Session:
             (what ``loom check`` does).
         log_level: "trace", "debug", "info", "warn", "error", "off", or None for the
             manifest's ``log_level`` (``LOOM_LOG_LEVEL`` overrides either).
+        bootstrap: this rank's :class:`loom.Bootstrap` (for example
+            :func:`loom.torch.distributed_bootstrap`, over torch.distributed), or None: the
+            host picks one from the launcher's environment (a world of one outside a job).
+            The session keeps it alive while open.
 
     Raises:
         InvalidArgumentError: the manifest is invalid; the message has one
@@ -134,12 +143,14 @@ class Session:
     """
 
     def __init__(self, manifest: PathLike, *, plugin_path: Union[None, str, Sequence[str]] = None,
-                 validate_only: bool = False, log_level: Union[None, str, int] = None) -> None:
+                 validate_only: bool = False, log_level: Union[None, str, int] = None,
+                 bootstrap: Optional[Bootstrap] = None) -> None:
         self._handle = ctypes.c_void_p()
+        self._bootstrap = bootstrap
         self._instances: "weakref.WeakSet[Instance]" = weakref.WeakSet()
         self.origin = os.fspath(manifest)
         self.validate_only = bool(validate_only)
-        opts = _options(plugin_path, validate_only, log_level)
+        opts = _options(plugin_path, validate_only, log_level, bootstrap)
         check(lib().loom_open_file(os.fsencode(self.origin), ctypes.byref(opts),
                                    ctypes.byref(self._handle)))
 
@@ -147,21 +158,23 @@ class Session:
     def from_string(cls, text: str, origin: Optional[str] = None, *,
                     plugin_path: Union[None, str, Sequence[str]] = None,
                     validate_only: bool = False,
-                    log_level: Union[None, str, int] = None) -> "Session":
+                    log_level: Union[None, str, int] = None,
+                    bootstrap: Optional[Bootstrap] = None) -> "Session":
         """Opens a manifest given as TOML text.
 
         Args:
             text: the manifest.
             origin: the name messages give it, as a file name would (None: "<string>");
                 relative ``plugin_path`` entries resolve against its folder.
-            plugin_path, validate_only, log_level: as for :class:`Session`.
+            plugin_path, validate_only, log_level, bootstrap: as for :class:`Session`.
         """
         self = cls.__new__(cls)
         self._handle = ctypes.c_void_p()
+        self._bootstrap = bootstrap
         self._instances = weakref.WeakSet()
         self.origin = origin or "<string>"
         self.validate_only = bool(validate_only)
-        opts = _options(plugin_path, validate_only, log_level)
+        opts = _options(plugin_path, validate_only, log_level, bootstrap)
         check(lib().loom_open_string(text.encode("utf-8"), _b(origin), ctypes.byref(opts),
                                      ctypes.byref(self._handle)))
         return self

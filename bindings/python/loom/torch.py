@@ -7,13 +7,107 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 
 import torch
 
-from . import _toml
-from .errors import InvalidArgumentError, UnimplementedError
-from .session import Instance, Session
+import os
+import socket
 
-__all__ = ["Optimizer", "Router"]
+from . import _toml
+from .bootstrap import Bootstrap
+from .errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
+from .session import Instance, Session, describe_plugins
+
+__all__ = ["Optimizer", "Router", "distributed_bootstrap"]
+
+
+def distributed_bootstrap(group: Any = None) -> Bootstrap:
+    """A :class:`loom.Bootstrap` over an initialised torch.distributed process group, so
+    Loom's transports (``ucx``, ``nccl``) exchange their addresses through it: no
+    rendezvous of Loom's own, no second port.
+
+    Args:
+        group: a torch.distributed group with a CPU backend (gloo or mpi), or None for the
+            default group. With a NCCL default group, make a gloo one for Loom:
+            ``torch.distributed.new_group(backend="gloo")``.
+
+    The bootstrap's rank and size are the group's; its local rank is ``LOCAL_RANK`` when
+    that is set (torchrun sets it), else this rank's position among the group's ranks on
+    the same host name. Every rank of the group must open its sessions in the same order
+    (their set-up is collective over the group).
+
+    Raises:
+        FailedPreconditionError: torch.distributed is not initialised.
+        InvalidArgumentError: the group's backend cannot move CPU tensors.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise FailedPreconditionError(
+            "loom.torch.distributed_bootstrap: torch.distributed is not initialised (call "
+            "torch.distributed.init_process_group first, or open the session without a "
+            "bootstrap so the host reads the launcher's RANK, WORLD_SIZE, MASTER_ADDR, "
+            "MASTER_PORT)")
+    backend = str(dist.get_backend(group)).lower()
+    if backend not in ("gloo", "mpi"):
+        raise InvalidArgumentError(
+            f"loom.torch.distributed_bootstrap: the group's backend is {backend}, which "
+            "does not move CPU tensors; pass a gloo group: "
+            "torch.distributed.new_group(backend=\"gloo\")")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+
+    def allgather(data: bytes) -> bytes:
+        if not data:
+            return b""
+        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        parts = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(parts, mine, group=group)
+        return b"".join(bytes(p.numpy().tobytes()) for p in parts)
+
+    def barrier() -> None:
+        dist.barrier(group=group)
+
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and local.strip().isdigit() and int(local) < size:
+        local_rank = int(local)
+    else:
+        host = socket.gethostname().encode()[:255].ljust(256, b"\0")
+        names = allgather(host)
+        hosts = [names[i * 256:(i + 1) * 256] for i in range(size)]
+        local_rank = sum(1 for h in hosts[:rank] if h == host)
+    return Bootstrap(rank, size, local_rank, allgather, barrier)
+
+
+def _auto_bootstrap() -> Optional[Bootstrap]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return distributed_bootstrap()
+    return None
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _manifest(plugin: str, params: Dict[str, Any], plugin_path: Any, comm_plugin: str,
+              codec_plugin: str) -> str:
+    """The manifest of an optimizer opened by name: the optimizer's table, and a transport
+    and a codec instance when its plugin refers to them and the caller named none."""
+    tables = []
+    params = dict(params)
+    if "comm" not in params or "codec" not in params:
+        try:
+            info = describe_plugins(plugin, plugin_path)
+            specs = [q for k in info["plugins"][0]["kinds"] for q in k["params"]]
+        except Exception:  # an unknown plugin: the session's open names it
+            specs = []
+        for q in specs:
+            if q.get("type") != "ref" or q["name"] in params:
+                continue
+            if q.get("ref_kind") == "loom.comm/1":
+                tables.append(_toml.table("comm.world", {"plugin": comm_plugin}))
+                params[q["name"]] = "world"
+            elif q.get("ref_kind") == "loom.codec/1":
+                tables.append(_toml.table("codec.onebit", {"plugin": codec_plugin}))
+                params[q["name"]] = "onebit"
+    tables.append(_toml.table("optimizer.main", {"plugin": plugin, **params}))
+    return "\n".join(tables)
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -50,6 +144,14 @@ class Optimizer(torch.optim.Optimizer):
         weight_decay: the default ``weight_decay`` of a group (None: the plugin's).
         plugin_path: extra plugin folders for ``plugin``.
         log_level: the session's log level for ``plugin``.
+        bootstrap: for ``plugin``: the session's :class:`loom.Bootstrap`; "auto" (the
+            default) is :func:`distributed_bootstrap` over torch.distributed's default
+            group when it is initialised, else the host's own (the launcher's variables);
+            None is always the host's.
+        comm_plugin, codec_plugin: for a ``plugin`` that takes a transport and a codec
+            (onebit_adam, zero_one_adam, onebit_lamb) and is not given ``comm``/``codec``:
+            the plugins of the ``[comm.world]`` and ``[codec.onebit]`` instances its session
+            declares for it ("ucx" and "onebit").
         **plugin_params: manifest parameters of ``plugin`` (``betas``, ``eps``,
             ``adam_w_mode``, ...); ``loom describe PLUGIN`` lists them.
 
@@ -63,7 +165,9 @@ class Optimizer(torch.optim.Optimizer):
                  plugin: Optional[str] = None, lr: float = 1e-3,
                  weight_decay: Optional[float] = None,
                  plugin_path: Union[None, str, Sequence[str]] = None,
-                 log_level: Optional[str] = None, **plugin_params: Any) -> None:
+                 log_level: Optional[str] = None, bootstrap: Any = "auto",
+                 comm_plugin: str = "ucx", codec_plugin: str = "onebit",
+                 **plugin_params: Any) -> None:
         if (instance is None) == (plugin is None):
             raise InvalidArgumentError(
                 "loom.torch.Optimizer needs exactly one of an instance "
@@ -74,9 +178,15 @@ class Optimizer(torch.optim.Optimizer):
         if plugin is not None:
             if "plugin" in plugin_params or "lr" in plugin_params:
                 raise InvalidArgumentError("plugin parameters cannot include 'plugin' or 'lr'")
-            text = _toml.table("optimizer.main", {"plugin": plugin, **plugin_params})
+            text = _manifest(plugin, plugin_params, plugin_path, comm_plugin, codec_plugin)
+            if isinstance(bootstrap, str):
+                if bootstrap != "auto":
+                    raise InvalidArgumentError(
+                        f"bootstrap must be 'auto', None or a loom.Bootstrap, not {bootstrap!r}")
+                bootstrap = _auto_bootstrap()
             self._session = Session.from_string(text, f"<loom.torch.Optimizer {plugin}>",
-                                                plugin_path=plugin_path, log_level=log_level)
+                                                plugin_path=plugin_path, log_level=log_level,
+                                                bootstrap=bootstrap)
             instance = self._session.optimizer("main")
         elif plugin_params:
             raise InvalidArgumentError(
