@@ -268,6 +268,19 @@ ROUTER_ADVANCE_ARGS_SIZE = _size(RouterAdvanceArgs, "consumed_layer_tokens")
 _VP = ctypes.c_void_p
 
 
+class RouterBackwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("batch", ctypes.c_int64), ("seq_len", ctypes.c_int64), ("channels", ctypes.c_int64),
+        ("x", _VP), ("weight", _VP), ("indices", _VP), ("dgates", _VP), ("dx", _VP),
+        ("dweight", _VP), ("saved", _VP), ("saved_bytes", ctypes.c_uint64),
+        ("workspace", _VP), ("workspace_bytes", ctypes.c_uint64), ("stream", _VP),
+    ]
+
+
+ROUTER_BACKWARD_ARGS_SIZE = _size(RouterBackwardArgs, "stream")
+
+
 class RouterV1(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
@@ -276,7 +289,7 @@ class RouterV1(ctypes.Structure):
         ("gather", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterMoveArgs))),
         ("scatter", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterMoveArgs))),
         ("advance", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterAdvanceArgs))),
-        ("backward", _VP),
+        ("backward", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(RouterBackwardArgs))),
     ]
 
 

@@ -10,7 +10,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 from . import _abi
 from ._lib import lib
 from .bootstrap import Bootstrap
-from .errors import FailedPreconditionError, InvalidArgumentError, check
+from .errors import (FailedPreconditionError, InvalidArgumentError, UnimplementedError,
+                     check)
 from .tensor import Borrowed, borrow
 
 PathLike = Union[str, os.PathLike]
@@ -534,23 +535,35 @@ class Instance:
 
     def router_select(self, indices: Any, *, seed: int, step: int, batch: int, seq_len: int,
                       channels: int, layer: int, num_layers: int, training: bool = True,
-                      first_sample: int = 0, x: Any = None, workspace: Optional[int] = None,
-                      workspace_bytes: int = 0, stream: Optional[int] = None) -> None:
-        """Writes the kept positions into ``indices`` (int32 [batch, kept], DLPack) for a
-        random router (loom.router/1 ``select``). ``workspace`` is the address of
-        ``workspace_bytes`` (256-byte aligned) when plan asked for any."""
+                      first_sample: int = 0, x: Any = None, weight: Any = None,
+                      gates: Any = None, saved: Optional[int] = None, saved_bytes: int = 0,
+                      workspace: Optional[int] = None, workspace_bytes: int = 0,
+                      stream: Optional[int] = None) -> None:
+        """Writes the kept positions into ``indices`` (int32 [batch, kept], DLPack)
+        (loom.router/1 ``select``). A learned router also reads ``x`` ([batch, seq_len,
+        channels], channels contiguous) and ``weight`` ([channels]) and writes ``gates``
+        ([batch, kept]), all of x's dtype, and its ``saved`` buffer for backward.
+        ``saved`` and ``workspace`` are addresses of ``saved_bytes`` and
+        ``workspace_bytes`` (256-byte aligned, on x's device) when plan asked for them; a
+        host workspace is allocated here when None."""
         self._require("router")
         obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
+        floats = ("float32", "float64", "bfloat16", "float16")
         bi = borrow(indices, "indices", dtypes=("int32",))
-        bx = borrow(x, "x", dtypes=("float32", "float64", "bfloat16", "float16")) \
-            if x is not None else None
+        bx = borrow(x, "x", dtypes=floats, layout="rows") if x is not None else None
+        bw = borrow(weight, "weight", dtypes=floats) if weight is not None else None
+        bg = borrow(gates, "gates", dtypes=floats) if gates is not None else None
         a = _abi.RouterSelectArgs()
         a.struct_size = _abi.ROUTER_SELECT_ARGS_SIZE
         a.seed, a.step, a.batch, a.seq_len = int(seed), int(step), int(batch), int(seq_len)
         a.channels, a.first_sample = int(channels), int(first_sample)
         a.layer, a.num_layers, a.training = int(layer), int(num_layers), 1 if training else 0
         a.x = bx.pointer if bx is not None else None
+        a.weight = bw.pointer if bw is not None else None
         a.indices = bi.pointer
+        a.gates = bg.pointer if bg is not None else None
+        a.saved = saved
+        a.saved_bytes = int(saved_bytes)
         host = None
         if workspace is None and workspace_bytes > 0:
             host = ctypes.create_string_buffer(int(workspace_bytes) + 256)
@@ -559,7 +572,51 @@ class Instance:
         a.workspace_bytes = int(workspace_bytes)
         a.stream = stream
         self._call(table.select(obj, ctypes.byref(a)))
-        del bi, bx, host
+        del bi, bx, bw, bg, host
+
+    def router_backward(self, *, x: Any, weight: Any, indices: Any, dgates: Any, dx: Any,
+                        dweight: Any, saved: Optional[int], saved_bytes: int,
+                        workspace: Optional[int] = None, workspace_bytes: int = 0,
+                        stream: Optional[int] = None) -> None:
+        """A learned router's backward (loom.router/1 ``backward``): ADDS the gates'
+        contribution, given their gradient ``dgates`` ([batch, kept]), to ``dx`` ([batch,
+        seq_len, channels], at the kept positions) and to ``dweight`` ([channels]). ``x``,
+        ``weight``, ``indices`` and ``saved`` are what :meth:`router_select` was given and
+        wrote.
+
+        Raises:
+            UnimplementedError: the router is not a learned one (it has no backward).
+        """
+        self._require("router")
+        obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
+        if not table.backward:
+            raise UnimplementedError(
+                f"router.{self.name} (plugin '{self.plugin}') has no backward: it is not a "
+                "learned router")
+        floats = ("float32", "float64", "bfloat16", "float16")
+        bx = borrow(x, "x", dtypes=floats, layout="rows")
+        bw = borrow(weight, "weight", dtypes=floats)
+        bi = borrow(indices, "indices", dtypes=("int32",))
+        bdg = borrow(dgates, "dgates", dtypes=floats)
+        bdx = borrow(dx, "dx", dtypes=floats, layout="rows")
+        bdw = borrow(dweight, "dweight", dtypes=floats)
+        if len(bx.shape) != 3:
+            raise InvalidArgumentError(
+                f"x must be [batch, seq_len, channels], not shape {list(bx.shape)}")
+        shape = bx.shape
+        a = _abi.RouterBackwardArgs()
+        a.struct_size = _abi.ROUTER_BACKWARD_ARGS_SIZE
+        a.batch, a.seq_len, a.channels = shape[0], shape[1], shape[2]
+        a.x, a.weight, a.indices = bx.pointer, bw.pointer, bi.pointer
+        a.dgates, a.dx, a.dweight = bdg.pointer, bdx.pointer, bdw.pointer
+        a.saved, a.saved_bytes = saved, int(saved_bytes)
+        host = None
+        if workspace is None and workspace_bytes > 0:
+            host = ctypes.create_string_buffer(int(workspace_bytes) + 256)
+            workspace = (ctypes.addressof(host) + 255) // 256 * 256
+        a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
+        self._call(table.backward(obj, ctypes.byref(a)))
+        del bx, bw, bi, bdg, bdx, bdw, host
 
     def _move(self, which: str, full: Any, kept: Any, indices: Any,
               stream: Optional[int]) -> None:

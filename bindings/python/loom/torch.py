@@ -12,7 +12,7 @@ import socket
 
 from . import _toml
 from .bootstrap import Bootstrap
-from .errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
+from .errors import FailedPreconditionError, InvalidArgumentError
 from .session import Instance, Session, describe_plugins
 
 __all__ = ["Optimizer", "Router", "distributed_bootstrap"]
@@ -384,9 +384,62 @@ class _Scatter(torch.autograd.Function):
         return dbase, dkept, None, None
 
 
+def _buffer(nbytes: int, device: "torch.device") -> tuple:
+    """A 256-byte aligned scratch buffer of nbytes on device: (holder, address or None)."""
+    if nbytes <= 0:
+        return None, None
+    holder = torch.empty(int(nbytes) + 256, dtype=torch.uint8, device=device)
+    return holder, (holder.data_ptr() + 255) // 256 * 256
+
+
+class _LearnedSelect(torch.autograd.Function):
+    """A learned router's select: (gates, indices) from x and the scoring weight; in
+    backward the router's own backward turns the gates' gradient into x's and the
+    weight's."""
+
+    @staticmethod
+    def forward(ctx, x, weight, instance, args):  # type: ignore[override]
+        b, n, c = x.shape
+        k = args["kept"]
+        indices = torch.empty((b, k), dtype=torch.int32, device=x.device)
+        gates = x.new_empty((b, k))
+        saved, saved_at = _buffer(args["saved_bytes"], x.device)
+        ws, ws_at = _buffer(args["workspace_bytes"], x.device)
+        xd, wd = x.detach(), weight.detach()
+        instance.router_select(indices, seed=args["seed"], step=args["step"], batch=b,
+                               seq_len=n, channels=c, layer=args["layer"],
+                               num_layers=args["num_layers"], training=args["training"],
+                               first_sample=args["first_sample"], x=xd, weight=wd,
+                               gates=gates, saved=saved_at, saved_bytes=args["saved_bytes"],
+                               workspace=ws_at, workspace_bytes=args["workspace_bytes"],
+                               stream=_stream(x))
+        del ws
+        ctx.save_for_backward(xd, wd, indices)
+        ctx.instance, ctx.args = instance, args
+        ctx.saved, ctx.saved_at = saved, saved_at
+        ctx.mark_non_differentiable(indices)
+        return gates, indices
+
+    @staticmethod
+    def backward(ctx, dgates, _dindices):  # type: ignore[override]
+        x, weight, indices = ctx.saved_tensors
+        dx = torch.zeros_like(x, memory_format=torch.contiguous_format)
+        dw = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+        ws, ws_at = _buffer(ctx.args["workspace_bytes"], x.device)
+        ctx.instance.router_backward(x=x, weight=weight, indices=indices,
+                                     dgates=dgates.contiguous(), dx=dx, dweight=dw,
+                                     saved=ctx.saved_at, saved_bytes=ctx.args["saved_bytes"],
+                                     workspace=ws_at,
+                                     workspace_bytes=ctx.args["workspace_bytes"],
+                                     stream=_stream(x))
+        del ws
+        return dx, dw, None, None
+
+
 class Router(torch.nn.Module):
-    """Runs ``layer`` on the tokens a random ``loom.router/1`` router keeps (``random_ltd``:
-    random layerwise token dropping); the other tokens bypass it unchanged.
+    """Runs ``layer`` on the tokens a ``loom.router/1`` router keeps (``random_ltd``:
+    random layerwise token dropping; ``topk_router``: learned, Mixture-of-Depths style); the
+    other tokens bypass it unchanged.
 
     At each call the router's plan gives the kept count for (step, layer, sequence length);
     select draws the kept positions (a pure function of seed, step, layer and sample, so
@@ -394,7 +447,13 @@ class Router(torch.nn.Module):
     into a ``[batch, kept, channels]`` tensor, ``layer`` runs on it, and its output is
     scattered over the kept positions of a copy of ``x``. Gradients flow through both
     moves (scatter is gather's adjoint), to ``x`` and to ``layer``'s parameters. In
-    evaluation (``module.eval()``) every token is kept.
+    evaluation (``module.eval()``) a random router keeps every token.
+
+    A learned router scores each token with ``weight`` (a ``[channels]`` parameter of this
+    module, initialised to 0, of x's dtype: ``.double()`` the module for float64), keeps the
+    best-scoring positions and gives each a gate ``g``; a kept token becomes
+    ``x + g * (layer(x) - x)``. The router's backward gives ``weight`` and ``x`` the gates'
+    gradient. Layers the router never routes get no weight and run on every token.
 
     Args:
         layer: the module routed; it maps ``[batch, kept, channels]`` to the same shape.
@@ -402,16 +461,21 @@ class Router(torch.nn.Module):
         layer_index: this layer's index in the model, 0 .. num_layers - 1.
         num_layers: the model's layer count.
         seed: the run's seed, the same on every rank.
+        channels: a learned router's channel count (the size of ``weight``); required for
+            one, ignored otherwise.
 
     Attributes:
         step (int): the training step the next forward routes for (1-based); the trainer
             sets it, or passes ``step=`` to forward.
         first_sample (int): this rank's offset in the global batch.
         last_indices (torch.Tensor | None): the kept positions of the last routed forward.
+        last_gates (torch.Tensor | None): a learned router's gates of the last forward.
+        learned (bool): whether the router is a learned one.
+        weight (torch.nn.Parameter | None): a learned router's scoring weight.
     """
 
     def __init__(self, layer: torch.nn.Module, instance: Instance, layer_index: int,
-                 num_layers: int, *, seed: int = 0) -> None:
+                 num_layers: int, *, seed: int = 0, channels: Optional[int] = None) -> None:
         super().__init__()
         if not isinstance(instance, Instance) or instance.section != "router":
             raise InvalidArgumentError(
@@ -427,6 +491,24 @@ class Router(torch.nn.Module):
         self.step = 1
         self.first_sample = 0
         self.last_indices: Optional[torch.Tensor] = None
+        self.last_gates: Optional[torch.Tensor] = None
+        # Whether the router is learned, and routes this layer at all: a plan over a long
+        # sequence keeps a strict subset of a routed layer.
+        try:
+            probe = instance.router_plan(batch=1, seq_len=1 << 16, channels=channels or 1,
+                                         step=1, layer=self.layer_index,
+                                         num_layers=self.num_layers)
+        except Exception:  # the forward's plan reports what is wrong
+            probe = {"learned": False, "routed": False}
+        self.learned = bool(probe["learned"])
+        self.weight: Optional[torch.nn.Parameter] = None
+        if self.learned and probe["routed"]:
+            if not isinstance(channels, int) or channels < 1:
+                raise InvalidArgumentError(
+                    f"router.{instance.name} (plugin '{instance.plugin}') is a learned router: "
+                    "pass channels= (the size of its scoring weight), not "
+                    f"{channels!r}")
+            self.weight = torch.nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: torch.Tensor, step: Optional[int] = None,
                 first_sample: Optional[int] = None) -> torch.Tensor:
@@ -445,9 +527,7 @@ class Router(torch.nn.Module):
                                          layer=self.layer_index, num_layers=self.num_layers,
                                          training=self.training, dtype=dtype)
         if plan["learned"]:
-            raise UnimplementedError(
-                f"router.{self.instance.name} (plugin '{self.instance.plugin}') is a learned "
-                "router; loom.torch.Router wraps random routers only so far")
+            return self._learned(x, plan, step, first)
         if not plan["routed"]:
             self.last_indices = None
             return self.layer(x)
@@ -466,3 +546,28 @@ class Router(torch.nn.Module):
         self.last_indices = indices
         kept = _Gather.apply(x, indices, self.instance)
         return _Scatter.apply(x, self.layer(kept), indices, self.instance)
+
+    def _learned(self, x: torch.Tensor, plan: Dict[str, Any], step: int,
+                 first: int) -> torch.Tensor:
+        if self.weight is None:
+            if not plan["routed"]:
+                self.last_indices = self.last_gates = None
+                return self.layer(x)
+            raise InvalidArgumentError(
+                f"router.{self.instance.name} routes layer {self.layer_index}, but this "
+                "loom.torch.Router has no weight (construct it with channels=)")
+        if self.weight.shape != (x.shape[2],):
+            raise InvalidArgumentError(
+                f"loom.torch.Router: x has {x.shape[2]} channels, the router weight "
+                f"{list(self.weight.shape)}")
+        # A layer with a weight selects even when it keeps every position (a gate per
+        # position), so its weight has a gradient at every step.
+        args = {"kept": plan["kept"], "saved_bytes": plan["saved_bytes"],
+                "workspace_bytes": plan["workspace_bytes"], "seed": self.seed, "step": step,
+                "layer": self.layer_index, "num_layers": self.num_layers,
+                "training": self.training, "first_sample": first}
+        gates, indices = _LearnedSelect.apply(x, self.weight, self.instance, args)
+        self.last_indices, self.last_gates = indices, gates.detach()
+        kept = _Gather.apply(x, indices, self.instance)
+        update = kept + gates.unsqueeze(-1) * (self.layer(kept) - kept)
+        return _Scatter.apply(x, update, indices, self.instance)
