@@ -108,3 +108,25 @@ def test_distributed_bootstrap_needs_an_initialised_group():
         pytest.skip("torch.distributed is initialised in this process")
     with pytest.raises(loom.FailedPreconditionError, match="not initialised"):
         loom.torch.distributed_bootstrap()
+
+
+def test_optimizer_bootstrap_argument():
+    pytest.importorskip("torch")
+    import torch
+
+    import loom.torch
+
+    p = torch.zeros(3, requires_grad=True)
+    with loom.Session.from_string('[optimizer.main]\nplugin = "adam"\n') as s:
+        with pytest.raises(loom.InvalidArgumentError, match="bootstrap= goes with plugin="):
+            loom.torch.Optimizer([p], s.optimizer(), bootstrap=None)
+    with pytest.raises(loom.InvalidArgumentError, match="'auto', None or a loom.Bootstrap"):
+        loom.torch.Optimizer([p], plugin="adam", bootstrap="gloo")
+    # A world of one given explicitly: adam opens and steps as usual.
+    b = loom.Bootstrap(0, 1, 0, lambda d: d, lambda: None)
+    opt = loom.torch.Optimizer([p], plugin="adam", lr=0.1, bootstrap=b)
+    assert opt._session._bootstrap is b
+    p.grad = torch.ones(3)
+    opt.step()
+    assert torch.all(p < 0)
+    opt.close()

@@ -1,6 +1,5 @@
 """Tensors through DLPack: zero-copy, never consumed, and refused (never copied) when the
 dtype, layout or device is wrong."""
-import ctypes
 import sys
 
 import pytest

@@ -5,7 +5,7 @@ global batch, as drawn by the plugin: pass it to ``torch.utils.data.DataLoader``
 ``batch_sampler``. It derives from ``torch.utils.data.Sampler`` when torch is installed and
 works as a plain iterable otherwise.
 """
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List
 
 from .errors import InvalidArgumentError
 from .session import Instance

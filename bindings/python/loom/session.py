@@ -506,7 +506,7 @@ class Instance:
         return {"indices": list(buf[:args.count]), "difficulty": float(args.difficulty),
                 "epoch": int(args.epoch), "consumed": int(args.consumed)}
 
-    # -- loom.router/1 (the random routers: plan, select, gather, scatter, advance)
+    # -- loom.router/1 (plan, select, gather, scatter, advance; backward for learned routers)
     def router_plan(self, *, batch: int, seq_len: int, channels: int, step: int, layer: int,
                     num_layers: int, training: bool = True,
                     dtype: str = "float32") -> Dict[str, int]:

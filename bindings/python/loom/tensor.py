@@ -9,7 +9,6 @@ one or one on an unsupported device is refused with :class:`loom.InvalidArgument
 naming it.
 """
 
-import ctypes
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
 from . import _abi

@@ -188,6 +188,10 @@ class Optimizer(torch.optim.Optimizer):
                                                 plugin_path=plugin_path, log_level=log_level,
                                                 bootstrap=bootstrap)
             instance = self._session.optimizer("main")
+        elif not (isinstance(bootstrap, str) and bootstrap == "auto"):
+            raise InvalidArgumentError(
+                "bootstrap= goes with plugin=; an instance's session has its own "
+                "(loom.Session(..., bootstrap=loom.torch.distributed_bootstrap()))")
         elif plugin_params:
             raise InvalidArgumentError(
                 f"manifest parameters ({', '.join(plugin_params)}) go in the manifest of "
