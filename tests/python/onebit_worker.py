@@ -5,6 +5,7 @@ torchrun). With WORKER_MODE=torch_distributed the rank first starts torch.distri
 loom.torch.distributed_bootstrap(). Each rank has its own gradients; writes its parameters, the distance of its
 warmup from torch.optim.Adam over the averaged gradients, and the traffic counters, to
 OUT_DIR/rankN.json."""
+import io
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ import loom.torch  # noqa: E402
 
 FREEZE = 10
 STEPS = 30
+RESUME = 17  # after the freeze: the error feedback is part of the state
 SHAPES = [(7,), (33, 5), (1001,)]
 MANIFEST = f"""
 [comm.world]
@@ -54,9 +56,15 @@ def main():
         out["session"] = opt._session.describe()
         out["bootstrap"] = repr(opt._session._bootstrap)
         s = opt._session
+        # A second optimizer over a copy, interrupted at RESUME and restored from its
+        # torch.save'd state dict into a new session: it must follow the first bit for bit.
+        params2 = [p.clone().detach().requires_grad_() for p in p0]
+        opt2 = loom.torch.Optimizer(params2, plugin="onebit_adam", freeze_step=FREEZE, lr=1e-2,
+                                    log_level="error")
     else:
         s = loom.Session.from_string(MANIFEST, "onebit.toml", log_level="error")
         opt = loom.torch.Optimizer(params, s.optimizer(), lr=1e-2)
+        opt2 = None
     with s:
         adam = torch.optim.Adam(ref, lr=1e-2)
         for step in range(1, STEPS + 1):
@@ -65,6 +73,18 @@ def main():
             for p, g in zip(params, grads[rank]):
                 p.grad = g.clone()  # local gradients: the optimizer averages them itself
             opt.step()
+            if opt2 is not None:
+                for p, g in zip(params2, grads[rank]):
+                    p.grad = g.clone()
+                opt2.step()
+                if step == RESUME:
+                    buf = io.BytesIO()
+                    torch.save(opt2.state_dict(), buf)
+                    opt2.close()
+                    opt2 = loom.torch.Optimizer(params2, plugin="onebit_adam",
+                                                freeze_step=FREEZE, lr=1e-2, log_level="error")
+                    buf.seek(0)
+                    opt2.load_state_dict(torch.load(buf))
             if step <= FREEZE:
                 for p, *gs in zip(ref, *grads):
                     p.grad = sum(gs) / world
@@ -74,6 +94,10 @@ def main():
                                         for a, b in zip(params, ref))
         out["params"] = [p.detach().view(-1).tolist() for p in params]
         out["info"] = opt.comm_info()
+        if opt2 is not None:
+            out["resumed_identical"] = all(torch.equal(a, b) for a, b in zip(params, params2))
+            out["resumed_info"] = opt2.comm_info()
+            opt2.close()
     with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
 

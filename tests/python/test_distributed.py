@@ -78,7 +78,8 @@ def test_two_ranks_from_launcher_variables(tmp_path):
 def test_two_ranks_over_torch_distributed(tmp_path):
     """torch.distributed (gloo) started from the launcher's variables holds MASTER_PORT on
     rank 0; loom.torch.Optimizer(plugin="onebit_adam") takes its group as the bootstrap, so
-    the host opens no rendezvous of its own (which would find the port taken)."""
+    the host opens no rendezvous of its own (which would find the port taken). A second
+    optimizer is interrupted after the freeze and resumed from its state dict."""
     _need_ucx()
     import torch.distributed as dist
 
@@ -91,6 +92,10 @@ def test_two_ranks_over_torch_distributed(tmp_path):
         kinds = sorted((i["section"], i["name"], i["plugin"]) for i in got["session"])
         assert kinds == [("codec", "onebit", "onebit"), ("comm", "world", "ucx"),
                          ("optimizer", "main", "onebit_adam")]
+        # Interrupted after the freeze and resumed from torch.save: the same bits, and the
+        # traffic counters restored with the state.
+        assert got["resumed_identical"] is True
+        assert got["resumed_info"]["bytes_sent"] == got["info"]["bytes_sent"]
 
 
 def test_two_ranks_under_torchrun(tmp_path):
