@@ -171,7 +171,11 @@ def test_help_is_useful():
                  "instance(self, kind: str, name: str)"):
         assert word in text, word
     text = pydoc.render_doc(loom.Instance, renderer=pydoc.plaintext)
-    for word in ("step(self", "grad_scale", "export_state", "DataLossError"):
+    for word in ("step(self", "grad_scale", "export_state", "DataLossError",
+                 "router_backward", "dweight"):
+        assert word in text, word
+    text = pydoc.render_doc(loom.Bootstrap, renderer=pydoc.plaintext)
+    for word in ("allgather", "barrier", "local_rank", "DEADLINE_EXCEEDED"):
         assert word in text, word
 
 
@@ -240,5 +244,12 @@ def test_help_of_the_torch_classes():
     for word in ("plugin_params", "state_dict", "master", "grad_scale", "Raises"):
         assert word in text, word
     text = pydoc.render_doc(loom.torch.Router, renderer=pydoc.plaintext)
-    for word in ("layer_index", "first_sample", "gather", "eval"):
+    for word in ("layer_index", "first_sample", "gather", "eval", "channels", "gate",
+                 "weight"):
+        assert word in text, word
+    text = pydoc.render_doc(loom.torch.distributed_bootstrap, renderer=pydoc.plaintext)
+    for word in ("group", "gloo", "LOCAL_RANK", "FailedPreconditionError"):
+        assert word in text, word
+    text = pydoc.render_doc(loom.torch.Optimizer, renderer=pydoc.plaintext)
+    for word in ("bootstrap", "comm_plugin", "codec_plugin"):
         assert word in text, word
