@@ -31,7 +31,8 @@ def distributed_bootstrap(group: Any = None) -> Bootstrap:
     The bootstrap's rank and size are the group's; its local rank is ``LOCAL_RANK`` when
     that is set (torchrun sets it), else this rank's position among the group's ranks on
     the same host name. Every rank of the group must open its sessions in the same order
-    (their set-up is collective over the group).
+    (their set-up is collective over the group); the collectives wait as long as the
+    group's timeout (``init_process_group(timeout=...)``), not ``LOOM_BOOTSTRAP_TIMEOUT``.
 
     Raises:
         FailedPreconditionError: torch.distributed is not initialised.
