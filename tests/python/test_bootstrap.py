@@ -130,3 +130,23 @@ def test_optimizer_bootstrap_argument():
     opt.step()
     assert torch.all(p < 0)
     opt.close()
+
+
+@pytest.mark.parametrize("plugin", ["onebit_adam", "zero_one_adam", "onebit_lamb"])
+def test_the_one_bit_family_by_name_declares_its_transport_and_codec(plugin):
+    _need_ucx()
+    torch = pytest.importorskip("torch")
+    import loom.torch
+
+    p = torch.ones(5, requires_grad=True)
+    opt = loom.torch.Optimizer([p], plugin=plugin, lr=0.1, log_level="error")
+    got = sorted((i["section"], i["name"], i["plugin"]) for i in opt._session.describe())
+    assert got == [("codec", "onebit", "onebit"), ("comm", "world", "ucx"),
+                   ("optimizer", "main", plugin)]
+    assert opt.comm_info()["owns_communication"] == 1
+    p.grad = torch.ones(5)
+    opt.step()  # a world of one (no launcher, no torch.distributed)
+    assert torch.all(p < 1)
+    opt.close()
+    with pytest.raises(loom.InvalidArgumentError, match="comm.world: unknown plugin .no_such_transport."):
+        loom.torch.Optimizer([p], plugin=plugin, comm_plugin="no_such_transport")
