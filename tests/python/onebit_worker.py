@@ -45,6 +45,19 @@ def main():
     ref = [p.clone().requires_grad_() for p in p0]
     out = {"rank": rank, "world": world}
     mode = os.environ.get("WORKER_MODE", "host")
+    if mode == "torch_distributed_host_bootstrap":
+        # The contrast: torch.distributed holds MASTER_PORT, and the host's own rendezvous
+        # (bootstrap=None) cannot have it.
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://")
+        try:
+            loom.torch.Optimizer(params, plugin="onebit_adam", lr=1e-2, bootstrap=None,
+                                 log_level="off")
+        except loom.LoomError as e:
+            print(f"{type(e).__name__}: {e}", flush=True)
+            os._exit(3)
+        os._exit(0)
     if mode == "torch_distributed":
         import torch.distributed as dist
 

@@ -50,7 +50,7 @@ def _check(tmp_path):
     assert 0 < info["bytes_sent"] < info["uncompressed_bytes_sent"] / 2, info
 
 
-def _spawn(tmp_path, **extra):
+def _spawn(tmp_path, codes=(0, 0), **extra):
     port = str(_free_port())
     procs = []
     for r in (0, 1):
@@ -66,8 +66,10 @@ def _spawn(tmp_path, **extra):
             for q in procs:
                 q.kill()
             pytest.fail("a rank did not finish in 180 s")
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
-    _check(tmp_path)
+    assert [p.returncode for p in procs] == list(codes), "\n".join(outs)
+    if codes == (0, 0):
+        _check(tmp_path)
+    return outs
 
 
 def test_two_ranks_from_launcher_variables(tmp_path):
@@ -114,3 +116,18 @@ def test_two_ranks_under_torchrun(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     _check(tmp_path)
+
+
+def test_the_hosts_own_rendezvous_cannot_share_torch_distributeds_port(tmp_path):
+    """The contrast to the test above: with bootstrap=None the host's env rendezvous wants
+    MASTER_PORT, which torch.distributed's store holds on rank 0."""
+    _need_ucx()
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    outs = _spawn(tmp_path, codes=(3, 3), WORKER_MODE="torch_distributed_host_bootstrap",
+                  LOOM_BOOTSTRAP_TIMEOUT="3")
+    assert outs[0].startswith("UnavailableError: env bootstrap: rank 0 cannot listen on port")
+    assert "(MASTER_PORT): Address already in use" in outs[0]
+    assert outs[1].startswith("UnavailableError: env bootstrap: rank 1 of 2"), outs[1]
