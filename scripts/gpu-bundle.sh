@@ -13,6 +13,7 @@
 #             machine's own; NCCL comes from its PyTorch environment); deps/ucx: UCX's modules
 #   anchors/  bench/peers/gpu_peers.py, common.py, router_peers.py: the peers' figures (torch,
 #             DeepSpeed's path)
+#   python/   the loom Python package (python/loom) and its CUDA tests (python/tests)
 #   BUNDLE.txt  what was built from what
 # Then checks that every file resolves its libraries inside the bundle (or from the allowed
 # system set) and prints the bundle's size.
@@ -100,6 +101,11 @@ shopt -u nullglob
 for f in gpu_peers.py common.py router_peers.py; do
   install -m 644 "$root/bench/peers/$f" "$bundle/anchors/$f"
 done
+
+# The Python package and its CUDA tests (gpu-check.sh's python_cuda step).
+mkdir -p "$bundle/python/loom" "$bundle/python/tests"
+install -m 644 "$root"/bindings/python/loom/*.py "$bundle/python/loom/"
+install -m 644 "$root/tests/python/test_cuda.py" "$bundle/python/tests/"
 
 {
   echo "Loom GPU bundle, built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"

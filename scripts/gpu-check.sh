@@ -15,6 +15,8 @@
 #   TEST          each test program in the bundle's bin/ (codec_cuda_test,
 #                 loom_optimizer_cuda_tests, loom_nccl_tests, ...): gtest JSON ->
 #                 gtest-TEST.json (the nccl test is a world of one: one process, no mpirun)
+#   python_cuda   python/tests/test_cuda.py under pytest: loom.torch.Optimizer and Router on
+#                 CUDA tensors against torch and against the CPU
 #   summary       the ratios against Loom's performance targets -> summary.txt, summary.json
 # Every step logs to OUTDIR/NAME.log; OUTDIR/steps.tsv holds name, exit status, seconds.
 # Without a GPU (as here, on the build machine) the device steps skip or fail quickly and the
@@ -115,6 +117,13 @@ for t in "$bin"/*test*; do
   [[ $name == loom_thread_comm_tests ]] && filter=(--gtest_filter='ThreadCommCuda.*')
   step "$name" 120 "$t" "${filter[@]}" --gtest_output="json:$out/gtest-$name.json"
 done
+
+# The Python package on CUDA tensors, with the GPU machine's torch and pytest.
+if [[ -f $bundle/python/tests/test_cuda.py ]]; then
+  step python_cuda 90 env LOOM_LIBRARY="$bundle/lib/libloom.so.0" PYTHONPATH="$bundle/python" \
+    PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider -rs \
+    "$bundle/python/tests/test_cuda.py"
+fi
 
 echo "== summary"
 python3 - "$out" >"$out/summary.txt" 2>&1 <<'EOF'

@@ -11,6 +11,7 @@ packages=(
   libdlpack-dev libcli11-dev nlohmann-json3-dev
   libucx-dev libopenmpi-dev openmpi-bin libhwy-dev libopenblas-dev
   iproute2 python3 qemu-user
+  python3-pytest python3-numpy python3-torch python3-venv
   fortunes gnuplot-nox
 )
 

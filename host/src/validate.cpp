@@ -1,15 +1,43 @@
 #include "validate.hpp"
 
+#include <loom/kinds/optimizer.h>
 #include <loom_text.hpp>
 
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "status.hpp"
 
 namespace loom::host {
 namespace {
+
+// DeepSpeed optimizer keys that people carry into a manifest, and what Loom does instead
+// (python -m loom.deepspeed gives the same reasons when it converts a config).
+std::string deepspeed_hint(const std::string& kind, const std::string& key) {
+  if (kind != LOOM_KIND_OPTIMIZER) return "";
+  static const std::pair<const char*, const char*> kHints[] = {
+      {"lr",
+       "Loom takes the learning rate per step from the trainer or its scheduler, not from the "
+       "manifest"},
+      {"amsgrad", "Loom's optimizers have no AMSGrad variant (false is what they do)"},
+      {"torch_adam", "Loom's adam already follows torch.optim's arithmetic"},
+      {"max_grad_norm", "gradient clipping is the trainer's (clip before the step)"},
+      {"eps_inside_sqrt", "Loom adds eps outside the square root only (torch.optim's placement)"},
+      {"cuda_aware",
+       "the transport is the [comm] instance the optimizer's comm parameter names (ucx works "
+       "on host memory, nccl on device memory)"},
+      {"comm_backend_name",
+       "the transport is the [comm] instance the optimizer's comm parameter names (plugin "
+       "ucx or nccl)"},
+  };
+  for (const auto& [name, why] : kHints) {
+    if (key == name) return "; '" + key + "' is a DeepSpeed key: " + why;
+  }
+  return "";
+}
 
 using Type = ManifestValue::Type;
 
@@ -353,7 +381,8 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
         diags.error(entry.key_pos,
                     "unknown parameter '" + entry.key + "' for " + decl.label() + " (plugin '" +
                         decl.plugin + "')" + did_you_mean(entry.key, spec_names) +
-                        (known.empty() ? "; it takes no parameters" : "; it takes: " + known));
+                        (known.empty() ? "; it takes no parameters" : "; it takes: " + known) +
+                        deepspeed_hint(decl.kind, entry.key));
         usable[i] = false;
         continue;
       }

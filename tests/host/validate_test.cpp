@@ -10,7 +10,9 @@
 
 namespace {
 
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 class Validate : public loom_test::ManifestTest {
@@ -39,6 +41,21 @@ TEST_F(Validate, UnknownParameterSuggestsTheClosestOne) {
                         "unknown parameter 'weight_decy' for optimizer.main (plugin 'probe') (did "
                         "you mean 'weight_decay'?); it takes: tag, maximize, start_step, "
                         "weight_decay, mode, expect_numels, clip, labels, comm");
+}
+
+TEST_F(Validate, DeepSpeedKeysSayWhatLoomDoesInstead) {
+  EXPECT_EQ(check_probe("lr = 0.001"), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(error_, StartsWith(at(3, 1) + "unknown parameter 'lr' for optimizer.main"));
+  EXPECT_THAT(error_, EndsWith("comm; 'lr' is a DeepSpeed key: Loom takes the learning rate "
+                               "per step from the trainer or its scheduler, not from the "
+                               "manifest"));
+  EXPECT_EQ(check_probe("cuda_aware = false"), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(error_, HasSubstr("'cuda_aware' is a DeepSpeed key: the transport is the [comm]"));
+  // Only for optimizers, and only for DeepSpeed's keys.
+  EXPECT_EQ(check("[comm.w]\nplugin = \"probe\"\nlr = 1\n"), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(error_, Not(HasSubstr("DeepSpeed")));
+  EXPECT_EQ(check_probe("momentum = 0.9"), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(error_, Not(HasSubstr("DeepSpeed")));
 }
 
 TEST_F(Validate, WrongTypeScalar) {

@@ -1,0 +1,119 @@
+"""One rank of a 2-process 1-bit Adam run through loom.torch.Optimizer (run by
+test_distributed.py, directly with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or under
+torchrun). With WORKER_MODE=torch_distributed the rank first starts torch.distributed
+(gloo, env://, on MASTER_PORT) and the optimizer opens its own session by plugin name over
+loom.torch.distributed_bootstrap(). Each rank has its own gradients; writes its parameters, the distance of its
+warmup from torch.optim.Adam over the averaged gradients, and the traffic counters, to
+OUT_DIR/rankN.json."""
+import io
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                os.pardir, "bindings", "python"))
+
+import torch  # noqa: E402
+
+import loom  # noqa: E402
+import loom.torch  # noqa: E402
+
+FREEZE = 10
+STEPS = 30
+RESUME = 17  # after the freeze: the error feedback is part of the state
+SHAPES = [(7,), (33, 5), (1001,)]
+MANIFEST = f"""
+[comm.world]
+plugin = "ucx"
+
+[codec.onebit]
+plugin = "onebit"
+
+[optimizer.main]
+plugin = "onebit_adam"
+comm = "world"
+codec = "onebit"
+freeze_step = {FREEZE}
+"""
+
+
+def main():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    g0 = torch.Generator().manual_seed(0)
+    p0 = [torch.randn(s, generator=g0) for s in SHAPES]
+    params = [p.clone().requires_grad_() for p in p0]
+    ref = [p.clone().requires_grad_() for p in p0]
+    out = {"rank": rank, "world": world}
+    mode = os.environ.get("WORKER_MODE", "host")
+    if mode == "torch_distributed_host_bootstrap":
+        # The contrast: torch.distributed holds MASTER_PORT, and the host's own rendezvous
+        # (bootstrap=None) cannot have it.
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://")
+        try:
+            loom.torch.Optimizer(params, plugin="onebit_adam", lr=1e-2, bootstrap=None,
+                                 log_level="off")
+        except loom.LoomError as e:
+            print(f"{type(e).__name__}: {e}", flush=True)
+            os._exit(3)
+        os._exit(0)
+    if mode == "torch_distributed":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://")
+        # The default bootstrap="auto" takes torch.distributed's group: the host's own
+        # rendezvous would find MASTER_PORT held by torch's store on rank 0.
+        opt = loom.torch.Optimizer(params, plugin="onebit_adam", freeze_step=FREEZE, lr=1e-2,
+                                   log_level="error")
+        out["session"] = opt._session.describe()
+        out["bootstrap"] = repr(opt._session._bootstrap)
+        s = opt._session
+        # A second optimizer over a copy, interrupted at RESUME and restored from its
+        # torch.save'd state dict into a new session: it must follow the first bit for bit.
+        params2 = [p.clone().detach().requires_grad_() for p in p0]
+        opt2 = loom.torch.Optimizer(params2, plugin="onebit_adam", freeze_step=FREEZE, lr=1e-2,
+                                    log_level="error")
+    else:
+        s = loom.Session.from_string(MANIFEST, "onebit.toml", log_level="error")
+        opt = loom.torch.Optimizer(params, s.optimizer(), lr=1e-2)
+        opt2 = None
+    with s:
+        adam = torch.optim.Adam(ref, lr=1e-2)
+        for step in range(1, STEPS + 1):
+            gens = [torch.Generator().manual_seed(1000 * step + r) for r in range(world)]
+            grads = [[torch.randn(sh, generator=g) for sh in SHAPES] for g in gens]
+            for p, g in zip(params, grads[rank]):
+                p.grad = g.clone()  # local gradients: the optimizer averages them itself
+            opt.step()
+            if opt2 is not None:
+                for p, g in zip(params2, grads[rank]):
+                    p.grad = g.clone()
+                opt2.step()
+                if step == RESUME:
+                    buf = io.BytesIO()
+                    torch.save(opt2.state_dict(), buf)
+                    opt2.close()
+                    opt2 = loom.torch.Optimizer(params2, plugin="onebit_adam",
+                                                freeze_step=FREEZE, lr=1e-2, log_level="error")
+                    buf.seek(0)
+                    opt2.load_state_dict(torch.load(buf))
+            if step <= FREEZE:
+                for p, *gs in zip(ref, *grads):
+                    p.grad = sum(gs) / world
+                adam.step()
+            if step == FREEZE:
+                out["warmup_rel"] = max(((a - b).norm() / b.norm()).item()
+                                        for a, b in zip(params, ref))
+        out["params"] = [p.detach().view(-1).tolist() for p in params]
+        out["info"] = opt.comm_info()
+        if opt2 is not None:
+            out["resumed_identical"] = all(torch.equal(a, b) for a, b in zip(params, params2))
+            out["resumed_info"] = opt2.comm_info()
+            opt2.close()
+    with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

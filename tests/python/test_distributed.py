@@ -1,0 +1,133 @@
+"""loom.torch.Optimizer over onebit_adam on 2 processes, started as torchrun starts them
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the host's env bootstrap), and under torchrun
+itself when it is installed."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+import loom  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "onebit_worker.py")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _need_ucx():
+    try:
+        loom.describe_plugins("ucx")
+    except loom.LoomError as e:
+        pytest.skip(f"the ucx transport is not built: {e}")
+
+
+def _env(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OUT_DIR=str(tmp_path), UCX_LOG_LEVEL="error", LOOM_NUM_THREADS="1",
+               LOOM_BOOTSTRAP_TIMEOUT="60")
+    return env
+
+
+def _check(tmp_path):
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    # Warmup is Adam over the averaged gradients (uncompressed allreduce).
+    for r in ranks:
+        assert r["warmup_rel"] < 1e-6, r["warmup_rel"]
+    # After the freeze, compressed averaging keeps the ranks' parameters identical.
+    assert ranks[0]["params"] == ranks[1]["params"]
+    info = ranks[0]["info"]
+    assert info["owns_communication"] == 1
+    assert 0 < info["bytes_sent"] < info["uncompressed_bytes_sent"] / 2, info
+
+
+def _spawn(tmp_path, codes=(0, 0), **extra):
+    port = str(_free_port())
+    procs = []
+    for r in (0, 1):
+        env = dict(_env(tmp_path), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
+        procs.append(subprocess.Popen([sys.executable, WORKER], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=180)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank did not finish in 180 s")
+    assert [p.returncode for p in procs] == list(codes), "\n".join(outs)
+    if codes == (0, 0):
+        _check(tmp_path)
+    return outs
+
+
+def test_two_ranks_from_launcher_variables(tmp_path):
+    _need_ucx()
+    _spawn(tmp_path)
+
+
+def test_two_ranks_over_torch_distributed(tmp_path):
+    """torch.distributed (gloo) started from the launcher's variables holds MASTER_PORT on
+    rank 0; loom.torch.Optimizer(plugin="onebit_adam") takes its group as the bootstrap, so
+    the host opens no rendezvous of its own (which would find the port taken). A second
+    optimizer is interrupted after the freeze and resumed from its state dict."""
+    _need_ucx()
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    _spawn(tmp_path, WORKER_MODE="torch_distributed")
+    for r in (0, 1):
+        got = json.load(open(tmp_path / f"rank{r}.json"))
+        assert got["bootstrap"] == f"<loom.Bootstrap rank {r} of 2 (local {r})>"
+        kinds = sorted((i["section"], i["name"], i["plugin"]) for i in got["session"])
+        assert kinds == [("codec", "onebit", "onebit"), ("comm", "world", "ucx"),
+                         ("optimizer", "main", "onebit_adam")]
+        # Interrupted after the freeze and resumed from torch.save: the same bits, and the
+        # traffic counters restored with the state.
+        assert got["resumed_identical"] is True
+        assert got["resumed_info"]["bytes_sent"] == got["info"]["bytes_sent"]
+
+
+def test_two_ranks_under_torchrun(tmp_path):
+    _need_ucx()
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not installed")
+    probe = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "1", "--no_python",
+                            "true"], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        # Debian 12's torch 1.13 torchrun fails under Python 3.11 before starting anything.
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        pytest.skip(f"this torchrun cannot start a process ({last})")
+    r = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                        "--master_port", str(_free_port()), WORKER], env=_env(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _check(tmp_path)
+
+
+def test_the_hosts_own_rendezvous_cannot_share_torch_distributeds_port(tmp_path):
+    """The contrast to the test above: with bootstrap=None the host's env rendezvous wants
+    MASTER_PORT, which torch.distributed's store holds on rank 0."""
+    _need_ucx()
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    outs = _spawn(tmp_path, codes=(3, 3), WORKER_MODE="torch_distributed_host_bootstrap",
+                  LOOM_BOOTSTRAP_TIMEOUT="3")
+    assert outs[0].startswith("UnavailableError: env bootstrap: rank 0 cannot listen on port")
+    assert "(MASTER_PORT): Address already in use" in outs[0]
+    assert outs[1].startswith("UnavailableError: env bootstrap: rank 1 of 2"), outs[1]
