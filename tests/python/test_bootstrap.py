@@ -52,11 +52,13 @@ def test_two_ranks_in_threads_set_up_through_the_callables():
             results[rank] = e
             meet.abort()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
+    # Daemon threads, their joins checked: a stuck rank fails the test, not hangs pytest.
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    assert not any(t.is_alive() for t in threads), f"a rank is stuck after 120 s: {results}"
     assert results == [["ucx"], ["ucx"]], results
     # Two rounds: the address lengths, then the addresses.
     assert len(calls[0]) >= 2 and calls[0] == calls[1] and all(n > 0 for n in calls[0])
@@ -150,3 +152,102 @@ def test_the_one_bit_family_by_name_declares_its_transport_and_codec(plugin):
     opt.close()
     with pytest.raises(loom.InvalidArgumentError, match="comm.world: unknown plugin .no_such_transport."):
         loom.torch.Optimizer([p], plugin=plugin, comm_plugin="no_such_transport")
+
+
+class _FakeDist:
+    """torch.distributed as seen by loom.torch: initialised, with a given backend, its
+    collectives those of a world of one (recorded)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.calls = []
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_backend(self, group=None):
+        return self.backend
+
+    def get_rank(self, group=None):
+        return 0
+
+    def get_world_size(self, group=None):
+        return 1
+
+    def all_gather(self, parts, mine, group=None):
+        self.calls.append("all_gather")
+        parts[0].copy_(mine)
+
+    def barrier(self, group=None):
+        self.calls.append("barrier")
+
+
+@pytest.fixture
+def fake_dist(monkeypatch):
+    torch = pytest.importorskip("torch")
+
+    def make(backend):
+        fake = _FakeDist(backend)
+        for name in ("is_available", "is_initialized", "get_backend", "get_rank",
+                     "get_world_size", "all_gather", "barrier"):
+            monkeypatch.setattr(torch.distributed, name, getattr(fake, name))
+        return fake
+    return make
+
+
+def test_auto_bootstrap_is_not_used_for_a_plugin_without_a_transport(fake_dist, monkeypatch):
+    """Under a NCCL default group, adam by name opens (no bootstrap: its session does no
+    set-up across ranks) and no collective is run."""
+    import torch
+
+    import loom.torch
+
+    fake = fake_dist("nccl")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(loom.InvalidArgumentError, match="backend is nccl"):
+        loom.torch.distributed_bootstrap()
+    p = torch.zeros(3, requires_grad=True)
+    opt = loom.torch.Optimizer([p], plugin="adam", lr=0.1)
+    assert opt._session._bootstrap is None
+    p.grad = torch.ones(3)
+    opt.step()
+    assert torch.all(p < 0)
+    opt.close()
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize("backend", ["gloo", "cpu:gloo,cuda:nccl", "cuda:nccl,cpu:mpi"])
+def test_distributed_bootstrap_takes_a_cpu_capable_backend(fake_dist, monkeypatch, backend):
+    fake = fake_dist(backend)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    import loom.torch
+
+    b = loom.torch.distributed_bootstrap()
+    assert (b.rank, b.size, b.local_rank) == (0, 1, 0)
+    assert fake.calls == ["all_gather"]  # the host names, without LOCAL_RANK
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:nccl,cuda:nccl", "cuda:nccl"])
+def test_distributed_bootstrap_refuses_a_backend_without_cpu_tensors(fake_dist, backend):
+    fake_dist(backend)
+    import loom.torch
+
+    with pytest.raises(loom.InvalidArgumentError, match="does not move CPU tensors"):
+        loom.torch.distributed_bootstrap()
+
+
+def test_auto_bootstrap_is_used_for_the_one_bit_family(fake_dist, monkeypatch):
+    _need_ucx()
+    import torch
+
+    import loom.torch
+
+    fake = fake_dist("gloo")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    p = torch.ones(5, requires_grad=True)
+    opt = loom.torch.Optimizer([p], plugin="onebit_adam", lr=0.1, log_level="error")
+    assert isinstance(opt._session._bootstrap, loom.Bootstrap)
+    opt.close()

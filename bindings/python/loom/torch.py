@@ -24,8 +24,9 @@ def distributed_bootstrap(group: Any = None) -> Bootstrap:
     rendezvous of Loom's own, no second port.
 
     Args:
-        group: a torch.distributed group with a CPU backend (gloo or mpi), or None for the
-            default group. With a NCCL default group, make a gloo one for Loom:
+        group: a torch.distributed group with a CPU backend (gloo or mpi, or a mixed one
+            such as "cpu:gloo,cuda:nccl"), or None for the default group. With a NCCL
+            default group, make a gloo one for Loom:
             ``torch.distributed.new_group(backend="gloo")``.
 
     The bootstrap's rank and size are the group's; its local rank is ``LOCAL_RANK`` when
@@ -47,7 +48,11 @@ def distributed_bootstrap(group: Any = None) -> Bootstrap:
             "bootstrap so the host reads the launcher's RANK, WORLD_SIZE, MASTER_ADDR, "
             "MASTER_PORT)")
     backend = str(dist.get_backend(group)).lower()
-    if backend not in ("gloo", "mpi"):
+    # A mixed backend ("cpu:gloo,cuda:nccl") moves CPU tensors through its cpu: entry.
+    entries = [e.strip() for e in backend.split(",") if e.strip()]
+    cpu = [e.split(":", 1)[1].strip() for e in entries if e.startswith("cpu:")]
+    plain = [e for e in entries if ":" not in e]
+    if not (any(b in ("gloo", "mpi") for b in cpu) or any(b in ("gloo", "mpi") for b in plain)):
         raise InvalidArgumentError(
             f"loom.torch.distributed_bootstrap: the group's backend is {backend}, which "
             "does not move CPU tensors; pass a gloo group: "
@@ -60,7 +65,7 @@ def distributed_bootstrap(group: Any = None) -> Bootstrap:
         mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         parts = [torch.empty_like(mine) for _ in range(size)]
         dist.all_gather(parts, mine, group=group)
-        return b"".join(bytes(p.numpy().tobytes()) for p in parts)
+        return b"".join(bytes(p.tolist()) for p in parts)
 
     def barrier() -> None:
         dist.barrier(group=group)
@@ -87,17 +92,21 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: 
 
 
 def _manifest(plugin: str, params: Dict[str, Any], plugin_path: Any, comm_plugin: str,
-              codec_plugin: str) -> str:
+              codec_plugin: str) -> tuple:
     """The manifest of an optimizer opened by name: the optimizer's table, and a transport
-    and a codec instance when its plugin refers to them and the caller named none."""
+    and a codec instance when its plugin refers to them and the caller named none. Returns
+    (text, whether the plugin takes a transport: only then does its session need a
+    bootstrap over torch.distributed)."""
     tables = []
     params = dict(params)
+    try:
+        info = describe_plugins(plugin, plugin_path)
+        specs = [q for k in info["plugins"][0]["kinds"] for q in k["params"]]
+    except Exception:  # an unknown plugin: the session's open names it
+        specs = []
+    takes_comm = any(q.get("type") == "ref" and q.get("ref_kind") == "loom.comm/1"
+                     for q in specs)
     if "comm" not in params or "codec" not in params:
-        try:
-            info = describe_plugins(plugin, plugin_path)
-            specs = [q for k in info["plugins"][0]["kinds"] for q in k["params"]]
-        except Exception:  # an unknown plugin: the session's open names it
-            specs = []
         for q in specs:
             if q.get("type") != "ref" or q["name"] in params:
                 continue
@@ -108,7 +117,7 @@ def _manifest(plugin: str, params: Dict[str, Any], plugin_path: Any, comm_plugin
                 tables.append(_toml.table("codec.onebit", {"plugin": codec_plugin}))
                 params[q["name"]] = "onebit"
     tables.append(_toml.table("optimizer.main", {"plugin": plugin, **params}))
-    return "\n".join(tables)
+    return "\n".join(tables), takes_comm
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -146,9 +155,11 @@ class Optimizer(torch.optim.Optimizer):
         plugin_path: extra plugin folders for ``plugin``.
         log_level: the session's log level for ``plugin``.
         bootstrap: for ``plugin``: the session's :class:`loom.Bootstrap`; "auto" (the
-            default) is :func:`distributed_bootstrap` over torch.distributed's default
-            group when it is initialised, else the host's own (the launcher's variables);
-            None is always the host's.
+            default) is, for a plugin that takes a transport (the 1-bit family),
+            :func:`distributed_bootstrap` over torch.distributed's default group when it
+            is initialised, else the host's own (the launcher's variables); for any other
+            plugin no bootstrap at all (its session does no set-up across ranks). None is
+            always the host's.
         comm_plugin, codec_plugin: for a ``plugin`` that takes a transport and a codec
             (onebit_adam, zero_one_adam, onebit_lamb) and is not given ``comm``/``codec``:
             the plugins of the ``[comm.world]`` and ``[codec.onebit]`` instances its session
@@ -179,12 +190,16 @@ class Optimizer(torch.optim.Optimizer):
         if plugin is not None:
             if "plugin" in plugin_params or "lr" in plugin_params:
                 raise InvalidArgumentError("plugin parameters cannot include 'plugin' or 'lr'")
-            text = _manifest(plugin, plugin_params, plugin_path, comm_plugin, codec_plugin)
+            text, takes_comm = _manifest(plugin, plugin_params, plugin_path, comm_plugin,
+                                         codec_plugin)
             if isinstance(bootstrap, str):
                 if bootstrap != "auto":
                     raise InvalidArgumentError(
                         f"bootstrap must be 'auto', None or a loom.Bootstrap, not {bootstrap!r}")
-                bootstrap = _auto_bootstrap()
+                # Only a session with a transport sets up over the ranks; for one without
+                # (adam, lamb, ...) a bootstrap would be a collective some ranks may skip,
+                # and the default group may be NCCL.
+                bootstrap = _auto_bootstrap() if takes_comm else None
             self._session = Session.from_string(text, f"<loom.torch.Optimizer {plugin}>",
                                                 plugin_path=plugin_path, log_level=log_level,
                                                 bootstrap=bootstrap)
