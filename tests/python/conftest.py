@@ -33,3 +33,44 @@ def write(tmp_path):
         p.write_text(text, encoding="utf-8")
         return str(p)
     return _write
+
+
+def run_together(commands, timeout, what):
+    """Starts each (argv, env) of commands at once, each in a session (process group) of
+    its own, and waits for all of them up to timeout seconds in total. Returns
+    [(returncode, stdout, stderr)], stdout and stderr apart (c10d and gloo warn on stderr).
+    On timeout every group is killed (SIGKILL, so no worker outlives the test) and the test
+    fails with what each process had written."""
+    import signal
+    import subprocess
+    import time
+
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) for argv, env in commands]
+    deadline = time.monotonic() + timeout
+    results = [None] * len(procs)
+    try:
+        for i, p in enumerate(procs):
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            results[i] = (p.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        parts = []
+        for i, p in enumerate(procs):
+            if results[i] is None:
+                out, err = p.communicate()
+                results[i] = (p.returncode, out, err)
+            parts.append(f"--- process {i} (exit {results[i][0]})\nstdout:\n{results[i][1]}"
+                         f"\nstderr:\n{results[i][2]}")
+        pytest.fail(f"{what} did not finish in {timeout} s\n" + "\n".join(parts))
+    return results
+
+
+def report(results):
+    """The output of run_together's processes, for an assertion's message."""
+    return "\n".join(f"--- process {i} (exit {rc})\nstdout:\n{out}\nstderr:\n{err}"
+                     for i, (rc, out, err) in enumerate(results))

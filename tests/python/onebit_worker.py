@@ -51,6 +51,9 @@ def main():
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method="env://")
+        # Both ranks through init before either can fail and exit (rank 0's exit takes the
+        # store away, and a rank still in init would die of a connection reset).
+        dist.barrier()
         try:
             loom.torch.Optimizer(params, plugin="onebit_adam", lr=1e-2, bootstrap=None,
                                  log_level="off")

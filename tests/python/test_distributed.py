@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from conftest import report, run_together
+
 pytest.importorskip("torch")
 
 import loom  # noqa: E402
@@ -51,25 +53,19 @@ def _check(tmp_path):
 
 
 def _spawn(tmp_path, codes=(0, 0), **extra):
+    """Ranks 0 and 1 of the worker, with the launcher's variables set here. Returns their
+    stdout (the worker's results and errors; warnings go to stderr)."""
     port = str(_free_port())
-    procs = []
+    commands = []
     for r in (0, 1):
         env = dict(_env(tmp_path), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
-        procs.append(subprocess.Popen([sys.executable, WORKER], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=180)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank did not finish in 180 s")
-    assert [p.returncode for p in procs] == list(codes), "\n".join(outs)
+        commands.append(([sys.executable, WORKER], env))
+    results = run_together(commands, 180, "the two ranks")
+    assert [rc for rc, _, _ in results] == list(codes), report(results)
     if codes == (0, 0):
         _check(tmp_path)
-    return outs
+    return [out for _, out, _ in results]
 
 
 def test_two_ranks_from_launcher_variables(tmp_path):
@@ -111,10 +107,10 @@ def test_two_ranks_under_torchrun(tmp_path):
         # Debian 12's torch 1.13 torchrun fails under Python 3.11 before starting anything.
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         pytest.skip(f"this torchrun cannot start a process ({last})")
-    r = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                        "--master_port", str(_free_port()), WORKER], env=_env(tmp_path),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    results = run_together([([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                              "--master_port", str(_free_port()), WORKER], _env(tmp_path))],
+                           240, "torchrun")
+    assert results[0][0] == 0, report(results)
     _check(tmp_path)
 
 
@@ -128,6 +124,9 @@ def test_the_hosts_own_rendezvous_cannot_share_torch_distributeds_port(tmp_path)
         pytest.skip("torch.distributed with gloo is not available")
     outs = _spawn(tmp_path, codes=(3, 3), WORKER_MODE="torch_distributed_host_bootstrap",
                   LOOM_BOOTSTRAP_TIMEOUT="3")
-    assert outs[0].startswith("UnavailableError: env bootstrap: rank 0 cannot listen on port")
-    assert "(MASTER_PORT): Address already in use" in outs[0]
-    assert outs[1].startswith("UnavailableError: env bootstrap: rank 1 of 2"), outs[1]
+    errors = [[ln for ln in out.splitlines() if ln.startswith("UnavailableError:")]
+              for out in outs]
+    assert errors[0] and errors[1], outs
+    assert "env bootstrap: rank 0 cannot listen on port" in errors[0][-1], outs[0]
+    assert "(MASTER_PORT): Address already in use" in errors[0][-1], outs[0]
+    assert "env bootstrap: rank 1 of 2" in errors[1][-1], outs[1]
