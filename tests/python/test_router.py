@@ -127,3 +127,25 @@ def test_bad_arguments(session):
         r(torch.ones(16, 3))
     with pytest.raises(loom.LoomError, match="step"):
         r(torch.ones(1, 16, 3), step=0)
+
+
+def test_a_device_tensor_without_a_workspace_is_refused():
+    """router_select / router_backward make a host workspace only for host tensors; for
+    device ones (here a stand-in: only the device is read) they refuse rather than hand a
+    host buffer to device code."""
+    from loom.session import _host_workspace
+
+    class OnDevice:
+        device = ("cuda", 1)
+
+    with pytest.raises(loom.InvalidArgumentError,
+                       match=r"router_select: .*64-byte workspace .* on cuda:1; pass workspace="):
+        _host_workspace(None, 64, OnDevice(), "router_select")
+    assert _host_workspace(None, 0, OnDevice(), "router_select") == (None, None)
+    assert _host_workspace(4096, 64, OnDevice(), "router_select") == (None, 4096)
+
+    class OnHost:
+        device = ("cpu", 0)
+
+    holder, at = _host_workspace(None, 64, OnHost(), "router_backward")
+    assert at % 256 == 0 and len(holder) >= 64 + 256

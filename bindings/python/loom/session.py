@@ -271,6 +271,21 @@ class Session:
         return f"<loom.Session {self.origin}: {names}>"
 
 
+
+def _host_workspace(workspace: Optional[int], nbytes: int, like: Any, what: str) -> tuple:
+    """(holder, address): the caller's workspace, or for host tensors a 256-byte aligned
+    host buffer of nbytes made here when the caller gave none."""
+    if workspace is not None or nbytes <= 0:
+        return None, workspace
+    if like.device[0] not in ("cpu", "cuda_host"):
+        raise InvalidArgumentError(
+            f"{what}: the router asks for a {nbytes}-byte workspace and the tensors are on "
+            f"{like.device[0]}:{like.device[1]}; pass workspace= (the address of a 256-byte "
+            "aligned buffer of workspace_bytes on that device): a host buffer is made "
+            "only for host tensors")
+    host = ctypes.create_string_buffer(int(nbytes) + 256)
+    return host, (ctypes.addressof(host) + 255) // 256 * 256
+
 class Instance:
     """One instance of a session (``[KIND.NAME]``), valid until its session closes.
 
@@ -544,8 +559,13 @@ class Instance:
         channels], channels contiguous) and ``weight`` ([channels]) and writes ``gates``
         ([batch, kept]), all of x's dtype, and its ``saved`` buffer for backward.
         ``saved`` and ``workspace`` are addresses of ``saved_bytes`` and
-        ``workspace_bytes`` (256-byte aligned, on x's device) when plan asked for them; a
-        host workspace is allocated here when None."""
+        ``workspace_bytes`` (256-byte aligned, on x's device) when plan asked for them; for
+        host tensors a workspace is allocated here when None.
+
+        Raises:
+            InvalidArgumentError: device tensors, workspace_bytes > 0 and no workspace (a
+                host buffer would be handed to device code).
+        """
         self._require("router")
         obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
         floats = ("float32", "float64", "bfloat16", "float16")
@@ -564,10 +584,7 @@ class Instance:
         a.gates = bg.pointer if bg is not None else None
         a.saved = saved
         a.saved_bytes = int(saved_bytes)
-        host = None
-        if workspace is None and workspace_bytes > 0:
-            host = ctypes.create_string_buffer(int(workspace_bytes) + 256)
-            workspace = (ctypes.addressof(host) + 255) // 256 * 256
+        host, workspace = _host_workspace(workspace, workspace_bytes, bi, "router_select")
         a.workspace = workspace
         a.workspace_bytes = int(workspace_bytes)
         a.stream = stream
@@ -586,6 +603,7 @@ class Instance:
 
         Raises:
             UnimplementedError: the router is not a learned one (it has no backward).
+            InvalidArgumentError: device tensors, workspace_bytes > 0 and no workspace.
         """
         self._require("router")
         obj, table = self._table("router", _abi.ROUTER_V1_SIZE, _abi.RouterV1)
@@ -610,10 +628,7 @@ class Instance:
         a.x, a.weight, a.indices = bx.pointer, bw.pointer, bi.pointer
         a.dgates, a.dx, a.dweight = bdg.pointer, bdx.pointer, bdw.pointer
         a.saved, a.saved_bytes = saved, int(saved_bytes)
-        host = None
-        if workspace is None and workspace_bytes > 0:
-            host = ctypes.create_string_buffer(int(workspace_bytes) + 256)
-            workspace = (ctypes.addressof(host) + 255) // 256 * 256
+        host, workspace = _host_workspace(workspace, workspace_bytes, bx, "router_backward")
         a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
         self._call(table.backward(obj, ctypes.byref(a)))
         del bx, bw, bi, bdg, bdx, bdw, host
