@@ -141,6 +141,54 @@ def test_load_state_dict_refuses_and_changes_nothing():
     with pytest.raises(loom.DataLossError):
         opt.load_state_dict(damaged)
     assert opt.state_dict()["loom"] == before["loom"]
+    assert opt.param_groups[0]["lr"] == 1e-2
+
+
+def test_a_bad_state_dict_changes_neither_the_plugin_nor_torch():
+    """A state dict whose plugin blob is good but whose masters or step are not: it is
+    refused before anything is imported (the plugin's state, step, lr all as they were)."""
+    p = [torch.randn(9, requires_grad=True)]
+    opt = loom.torch.Optimizer(p, plugin="adam", lr=1e-2)
+    _train(opt, p, torch.Generator().manual_seed(2), 3)
+    before = opt.state_dict()
+    q = [p[0].detach().clone().requires_grad_()]
+    other = loom.torch.Optimizer(q, plugin="adam", lr=5e-2)
+    _train(other, q, torch.Generator().manual_seed(7), 5)
+    good = other.state_dict()
+    assert good["loom"]["state"] != before["loom"]["state"]
+    bad = [
+        ({"0.0": torch.zeros(9)}, 5, "which is torch.float32 here"),
+        ({"3.0": torch.zeros(9)}, 5, "which this optimizer does not have"),
+        ({"x": torch.zeros(9)}, 5, "not named GROUP.INDEX"),
+        ([], 5, "not a dict"),
+        ({}, -1, "not an integer >= 0"),
+        ({}, "5", "not an integer >= 0"),
+    ]
+    for masters, step, what in bad:
+        sd = dict(good, loom=dict(good["loom"], masters=masters, step=step))
+        with pytest.raises(loom.InvalidArgumentError, match=what):
+            opt.load_state_dict(sd)
+        now = opt.state_dict()
+        assert now["loom"]["state"] == before["loom"]["state"], what
+        assert now["loom"]["step"] == before["loom"]["step"] == 3
+        assert opt.param_groups[0]["lr"] == 1e-2
+    opt.load_state_dict(good)  # the same dict, whole, loads
+    assert opt.state_dict()["loom"]["state"] == good["loom"]["state"]
+    assert opt.param_groups[0]["lr"] == 5e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_a_master_of_the_wrong_shape_is_refused(dtype):
+    p = [torch.randn(6, dtype=dtype, requires_grad=True)]
+    opt = loom.torch.Optimizer(p, plugin="adam", lr=1e-2)
+    p[0].grad = torch.ones(6, dtype=dtype)
+    opt.step()
+    sd = opt.state_dict()
+    assert set(sd["loom"]["masters"]) == {"0.0"}
+    bad = dict(sd, loom=dict(sd["loom"], masters={"0.0": torch.zeros(5)}))
+    with pytest.raises(loom.InvalidArgumentError, match=r"master 0.0 is \[5\], the parameter is shape \[6\]"):
+        opt.load_state_dict(bad)
+    opt.load_state_dict(sd)
 
 
 def test_each_group_lr_is_read_at_every_step():

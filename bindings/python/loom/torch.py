@@ -307,12 +307,14 @@ class Optimizer(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`'s output: the plugin's state through its
-        import_state, then the param groups' hyperparameters.
+        """Restores :meth:`state_dict`'s output: the param groups' hyperparameters, the
+        step and the fp32 masters (all checked first), and last the plugin's state through
+        its import_state.
 
         Raises:
             InvalidArgumentError: not a loom.torch.Optimizer state dict, from another
-                plugin, or with other groups; DataLossError: a damaged blob. Nothing is
+                plugin, with other groups, or with masters that do not fit the parameters;
+                DataLossError: a damaged blob. Nothing is
                 changed when it raises.
         """
         entry = state_dict.get("loom") if isinstance(state_dict, dict) else None
@@ -334,14 +336,47 @@ class Optimizer(torch.optim.Optimizer):
                 raise InvalidArgumentError(
                     f"param group {gi}: the state dict has {len(a['params'])} params, this "
                     f"optimizer {len(b['params'])}")
-        self.instance.import_state(bytes(entry["state"]))
-        super().load_state_dict({"state": state_dict.get("state", {}), "param_groups": saved})
-        self._step = int(entry.get("step", 0))
-        self._masters = {}
-        for key, m in (entry.get("masters") or {}).items():
-            g, i = (int(x) for x in key.split("."))
+        step = entry.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"the state dict's step is {step!r}, not an integer >= 0")
+        raw = entry.get("masters")
+        raw = {} if raw is None else raw
+        if not isinstance(raw, dict):
+            raise InvalidArgumentError(
+                f"the state dict's masters are a {type(raw).__name__}, not a dict")
+        masters: Dict[tuple, torch.Tensor] = {}
+        for key, m in raw.items():
+            parts = str(key).split(".")
+            if len(parts) != 2 or not all(x.isdigit() for x in parts):
+                raise InvalidArgumentError(
+                    f"the state dict's master {key!r} is not named GROUP.INDEX")
+            g, i = int(parts[0]), int(parts[1])
+            if g >= len(self.param_groups) or i >= len(self.param_groups[g]["params"]):
+                raise InvalidArgumentError(
+                    f"the state dict has a master for param {key}, which this optimizer "
+                    "does not have")
             p = self.param_groups[g]["params"][i]
-            self._masters[(g, i)] = m.to(device=p.device, dtype=torch.float32).contiguous()
+            if p.dtype not in (torch.bfloat16, torch.float16):
+                raise InvalidArgumentError(
+                    f"the state dict has a master for param {key}, which is {p.dtype} here "
+                    "(only bf16 and fp16 parameters have one)")
+            if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(p.shape):
+                what = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+                raise InvalidArgumentError(
+                    f"the state dict's master {key} is {what}, the parameter is shape "
+                    f"{list(p.shape)}")
+            masters[(g, i)] = m.to(device=p.device, dtype=torch.float32).contiguous()
+        # torch's part next (it checks before it changes anything), the plugin's last: if
+        # its import refuses the blob, torch's part is put back.
+        old_state, old_groups = self.state, self.param_groups
+        super().load_state_dict({"state": state_dict.get("state", {}), "param_groups": saved})
+        try:
+            self.instance.import_state(bytes(entry["state"]))
+        except BaseException:
+            self.state, self.param_groups = old_state, old_groups
+            raise
+        self._step = step
+        self._masters = masters
 
     def close(self) -> None:
         """Closes the session the optimizer opened for ``plugin=`` (a no-op for an
