@@ -253,3 +253,19 @@ def test_help_of_the_torch_classes():
     text = pydoc.render_doc(loom.torch.Optimizer, renderer=pydoc.plaintext)
     for word in ("bootstrap", "comm_plugin", "codec_plugin"):
         assert word in text, word
+
+
+def test_a_checkout_looks_in_its_own_build_before_the_prefix_rule():
+    """In a repository checkout the package is four folders below an unrelated folder; the
+    checkout's build/release/lib comes before that folder's lib/."""
+    from loom import _lib
+
+    dirs = _lib.candidates()
+    here = os.path.dirname(os.path.abspath(_lib.__file__))
+    repo = os.path.abspath(os.path.join(here, os.pardir, os.pardir, os.pardir))
+    if not os.path.isfile(os.path.join(repo, "host", "include", "loom", "embed.h")):
+        pytest.skip("the package is not in a repository checkout")
+    build = os.path.join(repo, "build", "release", "lib")
+    prefix = os.path.join(os.path.abspath(os.path.join(here, *([os.pardir] * 4))), "lib")
+    assert build in dirs and prefix in dirs, dirs
+    assert dirs.index(build) < dirs.index(prefix), dirs

@@ -49,14 +49,15 @@ def candidates() -> List[str]:
     libdir = _install_config().get("libdir")
     if isinstance(libdir, str) and libdir:
         dirs.append(libdir)  # the prefix this copy was installed from
+    # A repository checkout: bindings/python/loom -> build/release/lib. Before the prefix
+    # rule below, which in a checkout would point at whatever lib/ lies four folders up.
+    repo = os.path.abspath(os.path.join(here, os.pardir, os.pardir, os.pardir))
+    if os.path.isfile(os.path.join(repo, "host", "include", "loom", "embed.h")):
+        dirs.append(os.path.join(repo, "build", "release", "lib"))
     # The package inside an installed prefix: PREFIX/lib/pythonX.Y/site-packages/loom or
     # PREFIX/share/loom/python/loom, both four folders below PREFIX.
     prefix = os.path.abspath(os.path.join(here, *([os.pardir] * 4)))
     dirs.append(os.path.join(prefix, "lib"))
-    # A repository checkout: bindings/python/loom -> build/release/lib.
-    repo = os.path.abspath(os.path.join(here, os.pardir, os.pardir, os.pardir))
-    if os.path.isfile(os.path.join(repo, "host", "include", "loom", "embed.h")):
-        dirs.append(os.path.join(repo, "build", "release", "lib"))
     seen = set()
     ordered = []
     for d in dirs:
