@@ -177,7 +177,7 @@ def test_a_bad_state_dict_changes_neither_the_plugin_nor_torch():
     assert opt.param_groups[0]["lr"] == 5e-2
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_master_of_the_wrong_shape_is_refused(dtype):
     p = [torch.randn(6, dtype=dtype, requires_grad=True)]
     opt = loom.torch.Optimizer(p, plugin="adam", lr=1e-2)
@@ -186,7 +186,8 @@ def test_a_master_of_the_wrong_shape_is_refused(dtype):
     sd = opt.state_dict()
     assert set(sd["loom"]["masters"]) == {"0.0"}
     bad = dict(sd, loom=dict(sd["loom"], masters={"0.0": torch.zeros(5)}))
-    with pytest.raises(loom.InvalidArgumentError, match=r"master 0.0 is \[5\], the parameter is shape \[6\]"):
+    with pytest.raises(loom.InvalidArgumentError,
+                       match=r"master 0.0 is \[5\], the parameter is shape \[6\]"):
         opt.load_state_dict(bad)
     opt.load_state_dict(sd)
 
