@@ -32,6 +32,10 @@ std::string deepspeed_hint(const std::string& kind, const std::string& key) {
       {"comm_backend_name",
        "the transport is the [comm] instance the optimizer's comm parameter names (plugin "
        "ucx or nccl)"},
+      {"fused", "Loom's kernels are always fused"},
+      {"foreach", "Loom's kernels are always multi-tensor"},
+      {"capturable", "not a Loom setting"},
+      {"maximize", "Loom's optimizers minimise; negate the loss instead"},
   };
   for (const auto& [name, why] : kHints) {
     if (key == name) return "; '" + key + "' is a DeepSpeed key: " + why;
