@@ -5,14 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh release
+echo "== (${SECONDS} s) release tests"
 ctest --preset release -j2
 
-echo "== host tests under AddressSanitizer + UBSan"
+echo "== (${SECONDS} s) host tests under AddressSanitizer + UBSan"
 cmake --preset debug -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build --preset debug --target loom_host_checks
 ctest --preset debug -j2 -R '^((host|cli|capi)\.|sdk\.SdkKinds\.)'
 
-echo "== plugin tests (transports, codecs, optimizers, curriculum, routers) under AddressSanitizer + UBSan"
+echo "== (${SECONDS} s) plugin tests (transports, codecs, optimizers, curriculum, routers) under AddressSanitizer + UBSan"
 cmake --build --preset debug --target loom_plugin_checks
 plugin_tests='^(comm\.|codec\.|Codecs\.|OnebitKernels\.|Ef8Kernels\.|optimizers\.|half\.|curriculum\.|data\.sampler\.|data\.index\.|routers\.)'
 # Tests under mpirun: OpenMPI and UCX leak at exit in their own code, so leak checking is
@@ -21,7 +22,7 @@ ctest --preset debug -j2 -R "$plugin_tests" -E '[Cc]uda|\.np[0-9]|no_join|nccl'
 ASAN_OPTIONS=detect_leaks=0 ctest --preset debug -j2 -E '[Cc]uda|nccl' \
   -R '^(comm|codec|optimizers)\..*(\.np[0-9]|no_join)'
 
-echo "== GPU tests under CUDA emulation (CPU)"
+echo "== (${SECONDS} s) GPU tests under CUDA emulation (CPU)"
 # The CUDA code built as C++ against an emulated CUDA runtime (tests/cuda_emulation, see
 # docs/gpu.md "Without a GPU"), with AddressSanitizer + UBSan: a verification of the host
 # logic, stream ordering, index math and pointer use, not of GPU behaviour. The test preset
@@ -38,3 +39,4 @@ if grep -qE '\*\*\*Skipped|\(Skipped\)' "$emulation_log"; then
   echo "CUDA emulation: tests were skipped (no emulated device?)" >&2
   exit 1
 fi
+echo "== (${SECONDS} s) done"
