@@ -50,7 +50,6 @@
 #include "router_core.hpp"
 
 #if defined(__x86_64__) || defined(__SSE2__)
-#include <emmintrin.h>
 #define LOOM_BENCH_STREAM 1
 #else
 #define LOOM_BENCH_STREAM 0
@@ -101,24 +100,9 @@ unsigned process_cores() {
 
 // ------------------------------------------------------------------ the roof
 #if LOOM_BENCH_STREAM
+// The roof's streaming copy is the core's own (the same stores the moves use).
 void stream_copy(char* dst, const char* src, std::size_t bytes) {
-  auto* d = reinterpret_cast<__m128i*>(dst);
-  const auto* s = reinterpret_cast<const __m128i*>(src);
-  const std::size_t n = bytes / 16;
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const __m128i a = _mm_loadu_si128(s + i);
-    const __m128i b = _mm_loadu_si128(s + i + 1);
-    const __m128i c = _mm_loadu_si128(s + i + 2);
-    const __m128i e = _mm_loadu_si128(s + i + 3);
-    _mm_stream_si128(d + i, a);
-    _mm_stream_si128(d + i + 1, b);
-    _mm_stream_si128(d + i + 2, c);
-    _mm_stream_si128(d + i + 3, e);
-  }
-  for (; i < n; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
-  std::memcpy(dst + n * 16, src + n * 16, bytes - n * 16);
-  _mm_sfence();
+  loom::routers::stream_copy_bytes(dst, src, bytes);
 }
 #endif
 

@@ -65,6 +65,24 @@ inline void stream_copy(char* dst, const char* src, std::size_t bytes) {
   for (; i < n; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
 }
 
+#endif
+
+bool stream_copy_bytes_impl(char* dst, const char* src, std::size_t bytes) {
+#if LOOM_ROUTERS_STREAM_STORES
+  const std::size_t body = bytes / 16 * 16;
+  stream_copy(dst, src, body);
+  std::memcpy(dst + body, src + body, bytes - body);
+  _mm_sfence();
+  return true;
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  return false;
+#endif
+}
+
+#if LOOM_ROUTERS_STREAM_STORES
 // Rows a gather copies at once when it streams (see stream_rows).
 constexpr std::size_t kGatherWays = 8;
 
@@ -203,5 +221,9 @@ void set_streaming_threshold(std::size_t bytes) {
 
 void gather(const loom::sdk::RouterMove& m) { move(m, true); }
 void scatter(const loom::sdk::RouterMove& m) { move(m, false); }
+
+bool stream_copy_bytes(char* dst, const char* src, std::size_t bytes) {
+  return stream_copy_bytes_impl(dst, src, bytes);
+}
 
 }  // namespace loom::routers

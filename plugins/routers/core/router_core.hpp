@@ -42,6 +42,12 @@ void scatter(const loom::sdk::RouterMove& m);
 // applies to every later call, on every thread.
 void set_streaming_threshold(std::size_t bytes);
 
+// Copies `bytes` from src to dst with the core's non-temporal 16-byte stores (dst 16-byte
+// aligned; any tail by memcpy), fenced, so the copy is complete when it returns: the copy
+// the host moves stream with, for a benchmark's roof. Returns false, copying nothing, on a
+// build without those stores (not x86-64).
+bool stream_copy_bytes(char* dst, const char* src, std::size_t bytes);
+
 // The `layers` parameter of a router: an INT_LIST of the routed layer indices, strictly
 // increasing and >= 0. Empty (the default, also when the parameter is absent): every middle
 // layer 1 .. num_layers - 2, so the first and the last layer always see the whole sequence
