@@ -7,7 +7,9 @@
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
 #include <loom/kinds/curriculum.h>
+#include <loom/kinds/moe.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/quantizer.h>
 #include <loom/kinds/router.h>
 #include <loom/kinds/sampler.h>
 
@@ -31,6 +33,8 @@ inline constexpr KindInfo kKnownKinds[] = {
     {"curriculum", LOOM_KIND_CURRICULUM, LOOM_CURRICULUM_V1_MIN_SIZE},  // since 1.3
     {"sampler", LOOM_KIND_SAMPLER, LOOM_SAMPLER_V1_MIN_SIZE},           // since 1.3
     {"router", LOOM_KIND_ROUTER, LOOM_ROUTER_V1_MIN_SIZE},              // since 1.4
+    {"moe", LOOM_KIND_MOE, LOOM_MOE_V1_MIN_SIZE},                       // since 1.5
+    {"quantizer", LOOM_KIND_QUANTIZER, LOOM_QUANTIZER_V1_MIN_SIZE},     // since 1.5
 };
 
 // The row of a section name or kind ID, or nullptr.
