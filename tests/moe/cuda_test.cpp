@@ -40,8 +40,9 @@ struct Dev {
   explicit Dev(const std::vector<T>& host) : n(host.size()) {
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)),
               cudaSuccess);
-    if (n > 0)
-      EXPECT_EQ(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    const cudaError_t rc =
+        n > 0 ? cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice) : cudaSuccess;
+    EXPECT_EQ(rc, cudaSuccess);
   }
   explicit Dev(size_t count) : Dev(std::vector<T>(count)) {}
   ~Dev() { cudaFree(p); }
@@ -49,8 +50,9 @@ struct Dev {
   Dev& operator=(const Dev&) = delete;
   std::vector<T> read() const {
     std::vector<T> out(n);
-    if (n > 0)
-      EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    const cudaError_t rc =
+        n > 0 ? cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) : cudaSuccess;
+    EXPECT_EQ(rc, cudaSuccess);
     return out;
   }
 };
