@@ -165,6 +165,9 @@ TEST(MoePlugin, BadConfigurationsAreRefusedNamingTheValues) {
   loom_moe_plan_args a = plan_args(10, 8, 16, 2);
   EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(has(m.error, "k = 3") && has(m.error, "num_experts = 2")) << m.error;
+  a = plan_args(INT64_MAX / 2, 1 << 20, 16);
+  EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_TRUE(has(m.error, "do not fit")) << m.error;
   a = plan_args(10, 8, 16, 0, DLDataType{kDLFloat, 64, 1});
   EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(has(m.error, "float64")) << m.error;

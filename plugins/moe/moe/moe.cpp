@@ -7,6 +7,7 @@
 #include <loom/sdk.hpp>
 #include <loom/sdk/moe.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -203,6 +204,7 @@ class MoeLayer : public loom::sdk::Moe {
     }
     const moe::LayerConfig c =
         config(a.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "plan: ");
+    check_fits(c);
     a.flags = (residual_ ? LOOM_MOE_RESIDUAL : 0u) | (gate_.drop_tokens ? 0u : LOOM_MOE_DROPLESS) |
               (bias_rate_ > 0.0 ? LOOM_MOE_EXPERT_BIAS : 0u);
     a.experts = c.gate.num_experts;
@@ -398,6 +400,26 @@ class MoeLayer : public loom::sdk::Moe {
     c.residual = residual_;
     c.bias_update_rate = bias_rate_;
     return c;
+  }
+
+  // Every buffer's element count must fit 64-bit byte sizes (BLAS's and cuBLAS's int
+  // dimensions are checked where the GEMMs run).
+  static void check_fits(const moe::LayerConfig& c) {
+    const auto S = static_cast<long double>(c.max_tokens);
+    const auto k = static_cast<long double>(c.gate.k);
+    const auto E = static_cast<long double>(c.gate.num_experts);
+    const auto M = static_cast<long double>(c.model_dim);
+    const auto H = static_cast<long double>(c.hidden_dim);
+    const long double rows = static_cast<long double>(c.ep_size) * S * k;
+    const long double biggest = std::max({S * E, rows * M, rows * H, S * H, E * H * M});
+    if (biggest * 8.0L > 4.0e18L) {
+      throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                             "plan: " + std::to_string(c.max_tokens) + " tokens of model_dim " +
+                                 std::to_string(c.model_dim) + " and hidden_dim " +
+                                 std::to_string(c.hidden_dim) + " with " +
+                                 std::to_string(c.gate.num_experts) + " experts and k " +
+                                 std::to_string(c.gate.k) + " do not fit 64-bit buffer sizes");
+    }
   }
 
   static moe::LayerWeights<float> weights(const loom_moe_weights* w, const loom_moe_plan_args& p,
