@@ -303,7 +303,23 @@ class MoeLayer : public loom::sdk::Moe {
 
   // rows (expert layout) = the routed rows of x, weighted when route_weights is given.
   void dispatch(const loom_moe_dispatch_args& a) {
-    require_host(a.x->device);
+    if (on_cuda(a.x->device)) {
+#if LOOM_MOE_HAVE_CUDA
+      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      run([&] {
+        moe::cuda::dispatch_alone(
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
+            static_cast<const float*>(loom::sdk::first_element(*a.x)),
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
+            a.route_weights != nullptr
+                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+                : nullptr,
+            static_cast<float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0], a.counts,
+            cuda_device(a.x->device, a.stream));
+      });
+#endif
+      return;
+    }
     Routing r = routing(a);
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
     moe::gather_rows<float>(static_cast<const float*>(loom::sdk::first_element(*a.x)), a.tokens,
@@ -319,7 +335,23 @@ class MoeLayer : public loom::sdk::Moe {
 
   // y = the rows brought back to their tokens and summed per token (weighted when given).
   void combine(const loom_moe_dispatch_args& a) {
-    require_host(a.x->device);
+    if (on_cuda(a.x->device)) {
+#if LOOM_MOE_HAVE_CUDA
+      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      run([&] {
+        moe::cuda::combine_alone(
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
+            static_cast<const float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0],
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
+            a.route_weights != nullptr
+                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+                : nullptr,
+            static_cast<float*>(loom::sdk::first_element(*a.x)),
+            cuda_device(a.x->device, a.stream));
+      });
+#endif
+      return;
+    }
     Routing r = routing(a);
     check_rows(a, r.plan.recv_rows);
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
@@ -434,13 +466,6 @@ class MoeLayer : public loom::sdk::Moe {
     out.coef_w = static_cast<const float*>(v.coef_w);
     out.coef_b = static_cast<const float*>(v.coef_b);
     return out;
-  }
-
-  static void require_host(const DLDevice& dev) {
-    if (loom::sdk::is_cpu(dev)) return;
-    throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
-                           "x is on " + loom::sdk::device_string(dev) +
-                               "; moe's dispatch and combine alone run on host memory");
   }
 
   // Host memory runs on the host path; CUDA memory on the CUDA one (CUDA builds).
