@@ -7,7 +7,6 @@
 
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -23,9 +22,6 @@ struct Session {
   loom_session* s = nullptr;
   std::string error;
   explicit Session(const std::string& params) {
-    // The bundled plugins (the build's lib/loom/plugins), whatever the caller's environment
-    // names: an empty LOOM_PLUGIN_PATH adds no folder.
-    setenv("LOOM_PLUGIN_PATH", "", 1);
     const std::string toml = "[moe.m]\nplugin = \"moe\"\n" + params + "\n";
     loom_open_options o{};
     o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
