@@ -1,9 +1,12 @@
 # Expert parallelism (plugins/moe/core/exchange.cpp) over the ucx transport, under mpirun with
 # 2 and 4 ranks: the exchange's round trip with unequal counts, reduce_gradients, bad
-# configurations and a silent rank. Included from tests/moe/CMakeLists.txt.
+# configurations and a silent rank, and the whole layer (layer.cpp) with ep 2 and 4 against
+# one rank. Included from tests/moe/CMakeLists.txt.
 if(TARGET loom_ucx AND TARGET loom_moe_core)
   find_program(LOOM_MPIRUN mpirun)
-  add_executable(loom_moe_ep_tests ${CMAKE_CURRENT_LIST_DIR}/moe_ep_exchange_test.cpp)
+  # The silent-rank test is the last of moe_ep_exchange_test.cpp, which is linked last.
+  add_executable(loom_moe_ep_tests ${CMAKE_CURRENT_LIST_DIR}/moe_ep_layer_test.cpp
+                 ${CMAKE_CURRENT_LIST_DIR}/moe_ep_exchange_test.cpp)
   target_link_libraries(loom_moe_ep_tests PRIVATE loom loom_sdk loom_moe_core GTest::gtest_main
                         loom_warnings)
   target_include_directories(loom_moe_ep_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests/comm)
