@@ -23,7 +23,9 @@
 //  {"kind":"roof", "device", "threads", "bytes", "seconds", "gb_per_s"}
 //  {"kind":"routing", "device", "tokens", "model_dim", "experts", "k", "capacity", "kept",
 //   "seconds", "gate_seconds", "dispatch_seconds", "combine_seconds", "bytes", "gb_per_s",
-//   "roof_gb_per_s", "ratio_to_roof"}
+//   "roof_gb_per_s", "ratio_to_roof", "move_bytes", "move_ratio_to_roof" (dispatch +
+//   combine alone against the same roof: the gate computes E dot products per token, so the
+//   whole is bound by arithmetic as much as by memory)}
 //  {"kind":"layer", "device", "tokens", "model_dim", "hidden", "experts", "k", "moe_seconds",
 //   "dense_seconds", "overhead"}
 //  {"kind":"skip", "device":"cuda", "reason"} for --device cuda (the core's host path only)
@@ -202,6 +204,13 @@ struct Routing {
     const auto E = static_cast<double>(o.experts), K = static_cast<double>(kept);
     return f * (S * M + S * E + 3.0 * K * M + S * M);
   }
+  // The dispatch's and the combine's share: each kept row read and written, read again, y
+  // written (the gate's read of x and its probabilities left out).
+  double move_bytes() const {
+    const auto f = static_cast<double>(sizeof(float));
+    const auto S = static_cast<double>(o.tokens), M = static_cast<double>(o.model_dim);
+    return f * (3.0 * static_cast<double>(kept) * M + S * M);
+  }
 };
 
 // ------------------------------------------------------------------ layer vs dense
@@ -360,14 +369,18 @@ void run_cpu(const Options& o) {
          {"bytes", bytes},
          {"gb_per_s", bytes / best / 1e9},
          {"roof_gb_per_s", roof_gbs},
-         {"ratio_to_roof", bytes / best / 1e9 / roof_gbs}};
+         {"ratio_to_roof", bytes / best / 1e9 / roof_gbs},
+         {"move_bytes", r.move_bytes()},
+         {"move_ratio_to_roof", r.move_bytes() / (disp + comb) / 1e9 / roof_gbs}};
   std::printf("%s\n", j.dump().c_str());
   std::fprintf(stderr,
                "routing S=%lld M=%lld E=%d k=%d C=%lld: %.3f ms (gate %.3f, dispatch %.3f, "
-               "combine %.3f); %.1f GB/s, roof %.1f GB/s, ratio %.2f\n",
+               "combine %.3f); %.1f GB/s, roof %.1f GB/s, ratio %.2f (dispatch + combine "
+               "alone %.2f)\n",
                static_cast<long long>(o.tokens), static_cast<long long>(o.model_dim), o.experts,
                o.k, static_cast<long long>(r.capacity), best * 1e3, gate * 1e3, disp * 1e3,
-               comb * 1e3, bytes / best / 1e9, roof_gbs, bytes / best / 1e9 / roof_gbs);
+               comb * 1e3, bytes / best / 1e9, roof_gbs, bytes / best / 1e9 / roof_gbs,
+               r.move_bytes() / (disp + comb) / 1e9 / roof_gbs);
   if (layer) {
     Json jl{{"kind", "layer"},
             {"device", "cpu"},
