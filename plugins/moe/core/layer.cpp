@@ -76,11 +76,14 @@ struct WorkView {
 
 int64_t num_experts(const LayerConfig& cfg) { return cfg.gate.num_experts; }
 
+// `saved` and the workspace hold regions sized by the call's tokens S first, then those sized
+// by the rows R this rank's experts received (known only after the exchange's counts), so
+// backward finds everything from S and the R recorded in the header.
 template <class T>
-SavedView<T> carve_saved(const LayerConfig& cfg, void* base) {
+SavedView<T> carve_saved(const LayerConfig& cfg, int64_t S, int64_t R, void* base) {
   Carver c{static_cast<char*>(base)};
-  const int64_t S = cfg.max_tokens, E = num_experts(cfg), k = cfg.gate.k;
-  const int64_t M = cfg.model_dim, H = cfg.hidden_dim, R = max_expert_rows(cfg);
+  const int64_t E = num_experts(cfg), k = cfg.gate.k;
+  const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
   const int64_t res = cfg.residual ? 1 : 0;
   SavedView<T> v{};
   v.hdr = c.take<SavedHeader>(1);
@@ -91,29 +94,25 @@ SavedView<T> carve_saved(const LayerConfig& cfg, void* base) {
   v.slot = c.take<int64_t>(S * k);
   v.send_counts = c.take<int64_t>(E);
   v.recv_counts = c.take<int64_t>(E);
-  v.expert_in = c.take<T>(R * M);
-  v.expert_pre = c.take<T>(R * H);
   v.out_send = c.take<T>(S * k * M);
   v.moe_out = c.take<T>(res * S * M);
   v.mlp_pre = c.take<T>(res * S * H);
   v.mlp_out = c.take<T>(res * S * M);
   v.coef = c.take<T>(res * S * 2);
+  v.expert_in = c.take<T>(R * M);
+  v.expert_pre = c.take<T>(R * H);
   v.bytes = (c.off + 255u) & ~uint64_t{255u};
   return v;
 }
 
 template <class T>
-WorkView<T> carve_work(const LayerConfig& cfg, void* base) {
+WorkView<T> carve_work(const LayerConfig& cfg, int64_t S, int64_t R, void* base) {
   Carver c{static_cast<char*>(base)};
-  const int64_t S = cfg.max_tokens, E = num_experts(cfg), k = cfg.gate.k;
-  const int64_t M = cfg.model_dim, H = cfg.hidden_dim, R = max_expert_rows(cfg);
+  const int64_t E = num_experts(cfg), k = cfg.gate.k;
+  const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
   const int64_t res = cfg.residual ? 1 : 0;
   WorkView<T> v{};
   v.rows_send = c.take<T>(S * k * M);
-  v.recv_a = c.take<T>(R * M);
-  v.recv_b = c.take<T>(R * M);
-  v.h = c.take<T>(R * H);
-  v.dh = c.take<T>(R * H);
   v.dweights = c.take<T>(S * k);
   v.dlogits = c.take<T>(S * E);
   v.h2 = c.take<T>(res * S * H);
@@ -122,6 +121,10 @@ WorkView<T> carve_work(const LayerConfig& cfg, void* base) {
   v.dmoe = c.take<T>(res * S * M);
   v.dres = c.take<T>(res * S * M);
   v.dz = c.take<T>(res * S * 2);
+  v.recv_a = c.take<T>(R * M);
+  v.recv_b = c.take<T>(R * M);
+  v.h = c.take<T>(R * H);
+  v.dh = c.take<T>(R * H);
   v.bytes = (c.off + 255u) & ~uint64_t{255u};
   return v;
 }
@@ -141,18 +144,24 @@ void check_config(const LayerConfig& cfg) {
 }
 
 template <class T>
-void check_buffers(const LayerConfig& cfg, int64_t tokens, const void* saved, uint64_t sbytes,
-                   const void* work, uint64_t wbytes) {
+void check_buffers(const LayerConfig& cfg, int64_t tokens, int64_t rows, const void* saved,
+                   uint64_t sbytes, const void* work, uint64_t wbytes) {
   check_config(cfg);
   need(tokens >= 0 && tokens <= cfg.max_tokens, "tokens " + std::to_string(tokens) +
                                                     " outside [0, the plan's tokens " +
                                                     std::to_string(cfg.max_tokens) + "]");
-  const uint64_t ns = saved_bytes(cfg, sizeof(T));
-  const uint64_t nw = workspace_bytes(cfg, sizeof(T));
-  need(saved != nullptr && sbytes >= ns,
-       "saved holds " + std::to_string(sbytes) + " bytes, the plan needs " + std::to_string(ns));
+  const uint64_t ns = carve_saved<T>(cfg, tokens, rows, nullptr).bytes;
+  const uint64_t nw = carve_work<T>(cfg, tokens, rows, nullptr).bytes;
+  const std::string why = rows > max_expert_rows(cfg)
+                              ? " (the experts received " + std::to_string(rows) +
+                                    " rows, more than this plan's " +
+                                    std::to_string(max_expert_rows(cfg)) +
+                                    ": plan with the most tokens any rank passes)"
+                              : "";
+  need(saved != nullptr && sbytes >= ns, "saved holds " + std::to_string(sbytes) +
+                                             " bytes, the call needs " + std::to_string(ns) + why);
   need(work != nullptr && wbytes >= nw, "workspace holds " + std::to_string(wbytes) +
-                                            " bytes, the plan needs " + std::to_string(nw));
+                                            " bytes, the call needs " + std::to_string(nw) + why);
 }
 
 std::vector<int64_t> local_rows(const LayerConfig& cfg, const int64_t* recv_counts) {
@@ -177,19 +186,20 @@ int64_t max_expert_rows(const LayerConfig& cfg) {
 }
 
 uint64_t saved_bytes(const LayerConfig& cfg, size_t elem) {
-  return elem == 8 ? carve_saved<double>(cfg, nullptr).bytes
-                   : carve_saved<float>(cfg, nullptr).bytes;
+  return elem == 8 ? carve_saved<double>(cfg, cfg.max_tokens, max_expert_rows(cfg), nullptr).bytes
+                   : carve_saved<float>(cfg, cfg.max_tokens, max_expert_rows(cfg), nullptr).bytes;
 }
 
 uint64_t workspace_bytes(const LayerConfig& cfg, size_t elem) {
-  return elem == 8 ? carve_work<double>(cfg, nullptr).bytes : carve_work<float>(cfg, nullptr).bytes;
+  return elem == 8 ? carve_work<double>(cfg, cfg.max_tokens, max_expert_rows(cfg), nullptr).bytes
+                   : carve_work<float>(cfg, cfg.max_tokens, max_expert_rows(cfg), nullptr).bytes;
 }
 
 template <class T>
 void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& call,
                    LayerStats& stats) {
   const int64_t S = call.tokens;
-  check_buffers<T>(cfg, S, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
+  check_buffers<T>(cfg, S, 0, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
   need(S == 0 || (call.x != nullptr && call.y != nullptr), "x and y are required");
   need(call.w.gate_w != nullptr && call.w.experts.w1 != nullptr && call.w.experts.b1 != nullptr &&
            call.w.experts.w2 != nullptr && call.w.experts.b2 != nullptr,
@@ -201,8 +211,8 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
   const int E = cfg.gate.num_experts;
   const int k = cfg.gate.k;
   const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
-  SavedView<T> sv = carve_saved<T>(cfg, call.saved);
-  WorkView<T> wv = carve_work<T>(cfg, call.workspace);
+  SavedView<T> sv = carve_saved<T>(cfg, S, 0, call.saved);
+  WorkView<T> wv = carve_work<T>(cfg, S, 0, call.workspace);
 
   std::vector<int64_t> load(static_cast<size_t>(E), 0);
   RouteOut<T> ro;
@@ -220,12 +230,11 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
 
   const int64_t send_rows = build_slots(sv.route, S, k, E, sv.send_counts, sv.slot);
   const Exchange::Plan plan = ex.plan(sv.send_counts, E);
-  if (plan.recv_rows > max_expert_rows(cfg)) {
-    throw std::runtime_error("moe: the experts of this rank received " +
-                             std::to_string(plan.recv_rows) + " rows, more than the plan's " +
-                             std::to_string(max_expert_rows(cfg)) +
-                             " (a rank passed more tokens than planned?)");
-  }
+  // the expert-layout regions, now that the rows are known
+  check_buffers<T>(cfg, S, plan.recv_rows, call.saved, call.saved_bytes, call.workspace,
+                   call.workspace_bytes);
+  sv = carve_saved<T>(cfg, S, plan.recv_rows, call.saved);
+  wv = carve_work<T>(cfg, S, plan.recv_rows, call.workspace);
   std::copy(plan.recv_counts.begin(), plan.recv_counts.end(), sv.recv_counts);
   gather_rows<T>(call.x, S, M, k, sv.slot, nullptr, wv.rows_send);
   const auto row_bytes = static_cast<int64_t>(M * sizeof(T));
@@ -276,7 +285,7 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
 template <class T>
 void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>& call) {
   const int64_t S = call.tokens;
-  check_buffers<T>(cfg, S, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
+  check_buffers<T>(cfg, S, 0, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
   need(S == 0 || (call.x != nullptr && call.dy != nullptr && call.dx != nullptr),
        "x, dy and dx are required");
   need(call.g.gate_w != nullptr && call.g.experts.w1 != nullptr && call.g.experts.b1 != nullptr &&
@@ -289,14 +298,16 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>&
   const int E = cfg.gate.num_experts;
   const int k = cfg.gate.k;
   const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
-  // const_cast: carving only computes addresses; backward never writes `saved`.
-  const SavedView<T> sv = carve_saved<T>(cfg, const_cast<void*>(call.saved));
-  WorkView<T> wv = carve_work<T>(cfg, call.workspace);
-  need(sv.hdr->magic == kSavedMagic && sv.hdr->elem == sizeof(T),
+  const auto* hdr = static_cast<const SavedHeader*>(call.saved);
+  need(hdr->magic == kSavedMagic && hdr->elem == sizeof(T),
        "saved was not written by this layer's forward");
-  need(sv.hdr->tokens == S, "backward's tokens (" + std::to_string(S) +
-                                ") differ from its forward's (" + std::to_string(sv.hdr->tokens) +
-                                ")");
+  need(hdr->tokens == S, "backward's tokens (" + std::to_string(S) +
+                             ") differ from its forward's (" + std::to_string(hdr->tokens) + ")");
+  const int64_t R = hdr->recv_rows;
+  check_buffers<T>(cfg, S, R, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
+  // const_cast: carving only computes addresses; backward never writes `saved`.
+  const SavedView<T> sv = carve_saved<T>(cfg, S, R, const_cast<void*>(call.saved));
+  WorkView<T> wv = carve_work<T>(cfg, S, R, call.workspace);
 
   const T* dmoe = call.dy;
   if (cfg.residual) {
@@ -327,7 +338,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>&
   plan.ep = cfg.ep_size;
   plan.send_counts.assign(sv.send_counts, sv.send_counts + E);
   plan.recv_counts.assign(sv.recv_counts, sv.recv_counts + E);
-  plan.recv_rows = sv.hdr->recv_rows;
+  plan.recv_rows = R;
   const auto row_bytes = static_cast<int64_t>(M * sizeof(T));
   ex.forward(plan, wv.rows_send, wv.recv_a, row_bytes, host_device(), nullptr);
   const std::vector<int64_t> rows = local_rows(cfg, sv.recv_counts);
