@@ -29,3 +29,19 @@ if(TARGET loom_ucx AND TARGET loom_moe_core)
     endforeach()
   endif()
 endif()
+
+# The exchange on CUDA memory over the thread_comm test transport (ranks as threads, one
+# device), natively and staged through the host; skips without a device, runs in the CUDA
+# emulation pass.
+if(LOOM_HAVE_CUDA AND TARGET loom_moe_core AND TARGET loom_test_plugin_thread_comm)
+  add_executable(loom_moe_ep_cuda_tests ${CMAKE_CURRENT_LIST_DIR}/moe_ep_cuda_test.cpp)
+  target_link_libraries(loom_moe_ep_cuda_tests PRIVATE loom loom_sdk loom_moe_core CUDA::cudart
+                        GTest::gtest_main loom_warnings)
+  target_include_directories(loom_moe_ep_cuda_tests PRIVATE
+                             ${PROJECT_SOURCE_DIR}/tests/plugins/thread_comm)
+  target_compile_definitions(loom_moe_ep_cuda_tests PRIVATE
+                             LOOM_TEST_PLUGIN_DIR="${LOOM_TEST_PLUGIN_DIR}")
+  add_dependencies(loom_moe_ep_cuda_tests loom_test_plugin_thread_comm)
+  gtest_discover_tests(loom_moe_ep_cuda_tests TEST_PREFIX "moe.ep." DISCOVERY_TIMEOUT 60
+                       PROPERTIES TIMEOUT 120 LABELS cuda ENVIRONMENT "LOOM_PLUGIN_PATH=")
+endif()
