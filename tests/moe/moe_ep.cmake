@@ -10,7 +10,7 @@ if(TARGET loom_ucx AND TARGET loom_moe_core)
   target_link_libraries(loom_moe_ep_tests PRIVATE loom loom_sdk loom_moe_core GTest::gtest_main
                         loom_warnings)
   target_include_directories(loom_moe_ep_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests/comm)
-  add_dependencies(loom_moe_ep_tests loom_ucx)
+  add_dependencies(loom_moe_ep_tests loom_ucx loom_moe)
   set(LOOM_MOE_EP_TEST_ENV
     "LOOM_PLUGIN_PATH="
     "LOOM_LOG_LEVEL="

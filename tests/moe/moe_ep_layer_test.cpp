@@ -9,7 +9,9 @@
 // depend on each rank's token count, which is not what is compared) and no aux loss (it is a
 // function of each rank's own batch); top-2 over 8 experts.
 #include <loom/embed.h>
+#include <loom/kinds/moe.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -252,6 +254,200 @@ TEST(MoeEpLayer, ExpertParallelTrainingMatchesOneRank) {
       moved = std::max(moved, std::fabs(p.w1[f * kH * kM + i] - p0.w1[f * kH * kM + i]));
     }
     EXPECT_GT(moved, 1e-3f);
+  }
+}
+
+// The same loop through the `moe` plugin as the trainer drives it: a manifest with a ucx
+// world and [moe.m] with ep_size and comm, the plugin's plan, forward, backward and
+// reduce_gradients over loom.moe/1.
+struct PluginLayer {
+  loom_session* s = nullptr;
+  loom_instance* inst = nullptr;
+  void* obj = nullptr;
+  const loom_moe_v1* t = nullptr;
+  CommView world;
+  std::string error;
+  PluginLayer(int ep) {
+    const std::string toml =
+        "[comm.world]\nplugin = \"ucx\"\ntimeout_s = 20.0\n\n[moe.m]\nplugin = \"moe\"\n"
+        "num_experts = " +
+        std::to_string(kE) + "\nk = " + std::to_string(kK) +
+        "\ndrop_tokens = false\ncomm = \"world\"\nep_size = " + std::to_string(ep) + "\n";
+    if (loom_open_string(toml.c_str(), "moe_ep.toml", nullptr, &s) != LOOM_OK) {
+      error = loom_last_error();
+      s = nullptr;
+      return;
+    }
+    loom_instance* w = nullptr;
+    const void* table = nullptr;
+    if (loom_find_instance(s, "comm", "world", &w) != LOOM_OK ||
+        loom_find_instance(s, LOOM_KIND_MOE, "m", &inst) != LOOM_OK ||
+        loom_instance_table(inst, LOOM_KIND_MOE, LOOM_MOE_V1_MIN_SIZE, &obj, &table) != LOOM_OK) {
+      error = loom_last_error();
+      return;
+    }
+    world = CommView(w);
+    t = static_cast<const loom_moe_v1*>(table);
+  }
+  ~PluginLayer() { loom_close(s); }
+  PluginLayer(const PluginLayer&) = delete;
+  PluginLayer& operator=(const PluginLayer&) = delete;
+  // "" when ok, else the status's message
+  std::string take(loom_status* st) {
+    if (st == nullptr) return "";
+    std::array<char, 2048> msg{};
+    loom_instance_take_status(inst, st, msg.data(), msg.size());
+    return std::string("error: ") + msg.data();
+  }
+};
+
+struct T1 {  // a contiguous float32 view
+  std::vector<int64_t> shape;
+  DLTensor t{};
+  T1(float* data, std::vector<int64_t> dims) : shape(std::move(dims)) {
+    t = DLTensor{data,
+                 {kDLCPU, 0},
+                 static_cast<int32_t>(shape.size()),
+                 {kDLFloat, 32, 1},
+                 shape.data(),
+                 nullptr,
+                 0};
+  }
+};
+
+TEST(MoeEpLayer, ThePluginWithEpSizeAndCommMatchesOneRank) {
+  const Comm probe("timeout_s = 20.0\n");
+  ASSERT_EQ(probe.rc, LOOM_OK) << probe.error;
+  const int W = probe.size, me = probe.rank;
+  const Params ref = one_rank(W);
+  const std::vector<int64_t> s = split(W);
+  int64_t n = 0, first = 0, most = 0;
+  for (int r = 0; r < W; ++r) {
+    if (r < me) first += s[static_cast<std::size_t>(r)];
+    n += s[static_cast<std::size_t>(r)];
+    most = std::max(most, s[static_cast<std::size_t>(r)]);
+  }
+  const int64_t mine = s[static_cast<std::size_t>(me)];
+  for (int ep : {1, 2, 4}) {
+    if (W % ep != 0) continue;
+    SCOPED_TRACE("plugin, ep " + std::to_string(ep) + " of " + std::to_string(W) + " ranks");
+    PluginLayer L(ep);
+    ASSERT_NE(L.t, nullptr) << L.error;
+    loom_moe_plan_args pa{};
+    pa.struct_size = LOOM_MOE_PLAN_ARGS_SIZE;
+    pa.tokens = most;
+    pa.model_dim = kM;
+    pa.hidden_dim = kH;
+    pa.num_layers = 1;
+    pa.training = 1;
+    pa.dtype = DLDataType{kDLFloat, 32, 1};
+    ASSERT_EQ(L.take(L.t->plan(L.obj, &pa)), "");
+    ASSERT_EQ(pa.ep_size, ep);
+    ASSERT_EQ(pa.ep_rank, me % ep);
+    ASSERT_EQ(pa.local_experts, kE / ep);
+    ASSERT_EQ(pa.flags & LOOM_MOE_EXPERT_PARALLEL, ep > 1 ? LOOM_MOE_EXPERT_PARALLEL : 0u);
+    const int64_t El = pa.local_experts;
+    const auto f = static_cast<std::size_t>(pa.ep_rank * El);
+    std::vector<unsigned char> saved(pa.saved_bytes + 256), work(pa.workspace_bytes + 256);
+    auto aligned = [](std::vector<unsigned char>& v) {
+      auto a = reinterpret_cast<uintptr_t>(v.data());
+      return reinterpret_cast<void*>((a + 255) / 256 * 256);
+    };
+    Params p = init_params();
+    for (int step = 1; step <= kSteps; ++step) {
+      const Batch b = global_batch(n, step);
+      std::vector<float> x(b.x.begin() + first * kM, b.x.begin() + (first + mine) * kM);
+      std::vector<float> y(x.size()), dy(x.size()), dx(x.size());
+      T1 tx(x.data(), {mine, kM}), ty(y.data(), {mine, kM}), tdy(dy.data(), {mine, kM}),
+          tdx(dx.data(), {mine, kM});
+      T1 gw(p.gate_w.data(), {kE, kM}), w1(p.w1.data() + f * kH * kM, {El, kH, kM}),
+          b1(p.b1.data() + f * kH, {El, kH}), w2(p.w2.data() + f * kM * kH, {El, kM, kH}),
+          b2(p.b2.data() + f * kM, {El, kM});
+      loom_moe_weights w{};
+      w.struct_size = LOOM_MOE_WEIGHTS_SIZE;
+      w.gate_w = &gw.t;
+      w.w1 = &w1.t;
+      w.b1 = &b1.t;
+      w.w2 = &w2.t;
+      w.b2 = &b2.t;
+      loom_moe_forward_args fa{};
+      fa.struct_size = LOOM_MOE_FORWARD_ARGS_SIZE;
+      fa.seed = 7;
+      fa.step = step;
+      fa.tokens = mine;
+      fa.first_token = first;
+      fa.model_dim = kM;
+      fa.hidden_dim = kH;
+      fa.num_layers = 1;
+      fa.training = 1;
+      fa.x = &tx.t;
+      fa.weights = &w;
+      fa.y = &ty.t;
+      fa.saved = aligned(saved);
+      fa.saved_bytes = pa.saved_bytes;
+      fa.workspace = aligned(work);
+      fa.workspace_bytes = pa.workspace_bytes;
+      ASSERT_EQ(L.take(L.t->forward(L.obj, &fa)), "");
+      for (std::size_t i = 0; i < y.size(); ++i) {
+        dy[i] = (y[i] - b.target[static_cast<std::size_t>(first * kM) + i]) *
+                static_cast<float>(W) / static_cast<float>(n);
+      }
+      Grads g;
+      g.gate_w.assign(p.gate_w.size(), 0.0f);
+      g.w1.assign(static_cast<std::size_t>(El * kH * kM), 0.0f);
+      g.b1.assign(static_cast<std::size_t>(El * kH), 0.0f);
+      g.w2.assign(static_cast<std::size_t>(El * kM * kH), 0.0f);
+      g.b2.assign(static_cast<std::size_t>(El * kM), 0.0f);
+      T1 ggw(g.gate_w.data(), {kE, kM}), gw1(g.w1.data(), {El, kH, kM}), gb1(g.b1.data(), {El, kH}),
+          gw2(g.w2.data(), {El, kM, kH}), gb2(g.b2.data(), {El, kM});
+      loom_moe_weights gr = w;
+      gr.gate_w = &ggw.t;
+      gr.w1 = &gw1.t;
+      gr.b1 = &gb1.t;
+      gr.w2 = &gw2.t;
+      gr.b2 = &gb2.t;
+      loom_moe_backward_args ba{};
+      ba.struct_size = LOOM_MOE_BACKWARD_ARGS_SIZE;
+      ba.seed = 7;
+      ba.step = step;
+      ba.tokens = mine;
+      ba.first_token = first;
+      ba.model_dim = kM;
+      ba.hidden_dim = kH;
+      ba.num_layers = 1;
+      ba.training = 1;
+      ba.aux_loss_coef = 0.0;
+      ba.x = &tx.t;
+      ba.weights = &w;
+      ba.dy = &tdy.t;
+      ba.dx = &tdx.t;
+      ba.grads = &gr;
+      ba.saved = fa.saved;
+      ba.saved_bytes = fa.saved_bytes;
+      ba.workspace = fa.workspace;
+      ba.workspace_bytes = fa.workspace_bytes;
+      ASSERT_EQ(L.take(L.t->backward(L.obj, &ba)), "");
+      const Result r = L.world.allreduce(LOOM_REDUCE_SUM, nullptr, &ggw.t);
+      ASSERT_EQ(r.code, LOOM_OK) << r.text;
+      for (float& v : g.gate_w) v /= static_cast<float>(W);
+      DLTensor* ts[] = {&gw1.t, &gb1.t, &gw2.t, &gb2.t};
+      loom_moe_reduce_args ra{};
+      ra.struct_size = LOOM_MOE_REDUCE_ARGS_SIZE;
+      ra.tensors = ts;
+      ra.count = 4;
+      ASSERT_EQ(L.take(L.t->reduce_gradients(L.obj, &ra)), "");
+      sgd(p.gate_w, g.gate_w, 0);
+      sgd(p.w1, g.w1, f * kH * kM);
+      sgd(p.b1, g.b1, f * kH);
+      sgd(p.w2, g.w2, f * kM * kH);
+      sgd(p.b2, g.b2, f * kM);
+    }
+    const auto Ls = static_cast<std::size_t>(El);
+    expect_close(p.gate_w, ref.gate_w, 0, ref.gate_w.size(), "gate_w");
+    expect_close(p.w1, ref.w1, f * kH * kM, Ls * kH * kM, "w1");
+    expect_close(p.b1, ref.b1, f * kH, Ls * kH, "b1");
+    expect_close(p.w2, ref.w2, f * kM * kH, Ls * kM * kH, "w2");
+    expect_close(p.b2, ref.b2, f * kM, Ls * kM, "b2");
   }
 }
 
