@@ -115,7 +115,9 @@ void gradient_check(const LayerConfig& c, int64_t S, double aux_coef) {
     return l;
   };
   const LayerRun<double> base = forward(c, p, S, b);
-  if (c.gate.drop_tokens) EXPECT_GT(base.stats.dropped, 0) << "the case should drop choices";
+  if (c.gate.drop_tokens) {
+    EXPECT_GT(base.stats.dropped, 0) << "the case should drop choices";
+  }
   // backward into gradients that start at 0.5 (ADDED to)
   Params<double> g(c, S);
   for (auto* v : {&g.gate_w, &g.w1, &g.b1, &g.w2, &g.b2, &g.rw1, &g.rb1, &g.rw2, &g.rb2, &g.coef_w,

@@ -79,7 +79,9 @@ void expect_matches_reference(const GateConfig& cfg, const std::vector<float>& l
   ASSERT_EQ(r.choice, ref.choice);
   ASSERT_EQ(r.route, ref.route);
   EXPECT_EQ(r.dropped, ref.dropped);
-  if (cfg.drop_tokens) EXPECT_EQ(r.capacity, ref.capacity);
+  if (cfg.drop_tokens) {
+    EXPECT_EQ(r.capacity, ref.capacity);
+  }
   for (size_t i = 0; i < r.weights.size(); ++i) EXPECT_NEAR(r.weights[i], ref.weights[i], 1e-7);
 }
 

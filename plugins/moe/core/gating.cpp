@@ -278,13 +278,11 @@ void route_tokens(const GateConfig& cfg, const T* x, int64_t tokens, int64_t mod
 }
 
 template <class T>
-void gate_backward(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
-                   const T* gate_w, const T* probs, const int32_t* choice, const int32_t* route,
-                   const T* dweights, double aux_loss_coef, T* dlogits, T* dx, T* dgate_w) {
+void gate_dlogits(const GateConfig& cfg, int64_t tokens, const T* probs, const int32_t* choice,
+                  const int32_t* route, const T* dweights, double aux_loss_coef, T* dlogits) {
   if (tokens <= 0) return;
   const int E = cfg.num_experts;
   const int k = cfg.k;
-  const int64_t M = model_dim;
   const std::vector<double> ce = aux_load_share(cfg, choice, tokens);
   std::vector<T> aux_grad(static_cast<size_t>(E));
   for (int e = 0; e < E; ++e) {
@@ -330,6 +328,16 @@ void gate_backward(const GateConfig& cfg, const T* x, int64_t tokens, int64_t mo
       for (int e = 0; e < E; ++e) dp[e] = ps[e] * (dp[e] - dot);
     }
   });
+}
+
+template <class T>
+void gate_backward(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
+                   const T* gate_w, const T* probs, const int32_t* choice, const int32_t* route,
+                   const T* dweights, double aux_loss_coef, T* dlogits, T* dx, T* dgate_w) {
+  if (tokens <= 0) return;
+  const int E = cfg.num_experts;
+  const int64_t M = model_dim;
+  gate_dlogits(cfg, tokens, probs, choice, route, dweights, aux_loss_coef, dlogits);
   // dx[s] += (dlogits[s] . gate_w) * jitter;  dgate_w[e] += sum_s dlogits[s, e] * x_gate[s]
   sdk::parallel_for(static_cast<size_t>(tokens), 16, [&](size_t lo, size_t hi) {
     for (size_t si = lo; si < hi; ++si) {

@@ -109,6 +109,11 @@ void gate_backward(const GateConfig& cfg, const T* x, int64_t tokens, int64_t mo
                    const T* gate_w, const T* probs, const int32_t* choice, const int32_t* route,
                    const T* dweights, double aux_loss_coef, T* dlogits, T* dx, T* dgate_w);
 
+// The first half of gate_backward: dlogits [S, E] (written) from dweights and the aux loss.
+template <class T>
+void gate_dlogits(const GateConfig& cfg, int64_t tokens, const T* probs, const int32_t* choice,
+                  const int32_t* route, const T* dweights, double aux_loss_coef, T* dlogits);
+
 // The jitter factor of token s (global index first_token + s), feature m.
 float jitter_at(const GateConfig& cfg, int64_t s, int64_t m);
 

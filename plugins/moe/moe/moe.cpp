@@ -17,6 +17,9 @@
 #include "exchange.hpp"
 #include "gating.hpp"
 #include "layer.hpp"
+#if LOOM_MOE_HAVE_CUDA
+#include "moe_cuda.hpp"
+#endif
 
 namespace {
 
@@ -215,7 +218,7 @@ class MoeLayer : public loom::sdk::Moe {
   }
 
   void forward(const loom_moe_forward_args& a, const loom_moe_plan_args& p) {
-    require_host(a.x->device);
+    const bool device = on_cuda(a.x->device);
     moe::LayerConfig c =
         config(p.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "forward: ");
     c.gate.seed = a.seed;
@@ -242,7 +245,15 @@ class MoeLayer : public loom::sdk::Moe {
     call.workspace_bytes = a.workspace_bytes;
     moe::LayerStats stats;
     if (a.stats != nullptr) stats.load = a.stats->load;
-    run([&] { moe::layer_forward<float>(c, *exchange_, call, stats); });
+    run([&] {
+      if (device) {
+#if LOOM_MOE_HAVE_CUDA
+        moe::cuda::layer_forward(c, *exchange_, call, stats, cuda_device(a.x->device, a.stream));
+#endif
+      } else {
+        moe::layer_forward<float>(c, *exchange_, call, stats);
+      }
+    });
     if (a.stats != nullptr) {
       a.stats->aux_loss = stats.aux_loss;
       a.stats->dropped = stats.dropped;
@@ -251,7 +262,7 @@ class MoeLayer : public loom::sdk::Moe {
   }
 
   void backward(const loom_moe_backward_args& a, const loom_moe_plan_args& p) {
-    require_host(a.x->device);
+    const bool device = on_cuda(a.x->device);
     moe::LayerConfig c =
         config(p.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "backward: ");
     c.gate.seed = a.seed;
@@ -277,7 +288,15 @@ class MoeLayer : public loom::sdk::Moe {
     call.saved_bytes = a.saved_bytes;
     call.workspace = a.workspace;
     call.workspace_bytes = a.workspace_bytes;
-    run([&] { moe::layer_backward<float>(c, *exchange_, call); });
+    run([&] {
+      if (device) {
+#if LOOM_MOE_HAVE_CUDA
+        moe::cuda::layer_backward(c, *exchange_, call, cuda_device(a.x->device, a.stream));
+#endif
+      } else {
+        moe::layer_backward<float>(c, *exchange_, call);
+      }
+    });
   }
 
   // rows (expert layout) = the routed rows of x, weighted when route_weights is given.
@@ -399,8 +418,29 @@ class MoeLayer : public loom::sdk::Moe {
     if (loom::sdk::is_cpu(dev)) return;
     throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
                            "x is on " + loom::sdk::device_string(dev) +
-                               "; this moe runs on host memory (its CUDA path is not built)");
+                               "; moe's dispatch and combine alone run on host memory");
   }
+
+  // Host memory runs on the host path; CUDA memory on the CUDA one (CUDA builds).
+  static bool on_cuda(const DLDevice& dev) {
+    if (loom::sdk::is_cpu(dev)) return false;
+    if (!loom::sdk::is_cuda(dev)) {
+      fail("x is on " + loom::sdk::device_string(dev) + "; moe runs on host or CUDA memory");
+    }
+    if (LOOM_MOE_HAVE_CUDA == 0) {
+      throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
+                             "x is on " + loom::sdk::device_string(dev) +
+                                 " but this moe was built without CUDA (or without cuBLAS)");
+    }
+    return true;
+  }
+
+#if LOOM_MOE_HAVE_CUDA
+  moe::cuda::Device cuda_device(const DLDevice& dev, void* stream) {
+    return moe::cuda::Device{dev.device_id, stream, &blas_};
+  }
+  moe::cuda::Blas blas_;
+#endif
 
   // The core's std exceptions as statuses: bad input -> INVALID_ARGUMENT, else INTERNAL.
   template <class Fn>
