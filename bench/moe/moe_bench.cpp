@@ -28,7 +28,12 @@
 //   whole is bound by arithmetic as much as by memory)}
 //  {"kind":"layer", "device", "tokens", "model_dim", "hidden", "experts", "k", "moe_seconds",
 //   "dense_seconds", "overhead"}
-//  {"kind":"skip", "device":"cuda", "reason"} for --device cuda (the core's host path only)
+//  {"kind":"skip", "device":"cuda", "reason"} without a CUDA device or a CUDA build
+// On --device cuda the same on the GPU: routing as the device layer runs it (probabilities on
+// the device, the O(S k) bookkeeping of top-k, capacity and slots on the host by the host's
+// functions, gather and combine on the device), each part ended by a stream synchronisation;
+// the roof is cudaMemcpyAsync device to device of the same bytes, timed with events; the
+// layer is the core's CUDA layer (cuBLAS) against one expert over every token.
 // bytes counts reads plus writes, so gb_per_s compares with a copy's bandwidth as STREAM
 // reports it. A summary goes to stderr.
 #include <loom/embed.h>
@@ -40,11 +45,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <loom/sdk/parallel.hpp>
 #include <loom_cli_support.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -54,6 +59,12 @@
 #include "gating.hpp"
 #include "layer.hpp"
 #include "router_core.hpp"
+
+#if LOOM_MOE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "moe_cuda.hpp"
+#endif
 
 namespace {
 
@@ -92,10 +103,16 @@ struct Floats {
   float* get() const { return p.get(); }
 };
 
+// Uniform values of standard deviation `scale` from a 64-bit LCG (cheap enough for the GPU
+// shape's expert weights, hundreds of millions of values).
 void randomize(Floats& f, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (std::size_t i = 0; i < f.n; ++i) f.get()[i] = scale * nd(rng);
+  uint64_t state = 0x9e3779b97f4a7c15ull * (seed + 1u);
+  const float half_width = scale * 1.7320508f;  // sqrt(3): unit variance
+  for (std::size_t i = 0; i < f.n; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const auto u = static_cast<float>(state >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    f.get()[i] = half_width * (2.0f * u - 1.0f);
+  }
 }
 
 // ------------------------------------------------------------------ the roof
@@ -403,6 +420,264 @@ void run_cpu(const Options& o) {
   std::fflush(stdout);
 }
 
+// ------------------------------------------------------------------ CUDA run
+#if LOOM_MOE_HAVE_CUDA
+#define LOOM_CUDA_OK(call)                                                  \
+  do {                                                                      \
+    const cudaError_t e_ = (call);                                          \
+    if (e_ != cudaSuccess) {                                                \
+      throw BenchError(std::string(#call) + ": " + cudaGetErrorString(e_)); \
+    }                                                                       \
+  } while (0)
+
+// Device memory, freed on scope exit.
+struct DevMem {
+  void* p = nullptr;
+  explicit DevMem(std::size_t bytes) {
+    LOOM_CUDA_OK(cudaMalloc(&p, std::max<std::size_t>(bytes, 256)));
+    LOOM_CUDA_OK(cudaMemset(p, 0, std::max<std::size_t>(bytes, 256)));
+  }
+  ~DevMem() { cudaFree(p); }
+  DevMem(DevMem&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+  DevMem& operator=(DevMem&&) = delete;
+  float* f() const { return static_cast<float*>(p); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+DevMem upload(const Floats& h) {
+  DevMem d(h.n * sizeof(float));
+  LOOM_CUDA_OK(cudaMemcpy(d.p, h.get(), h.n * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+void run_cuda(const Options& o) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    std::printf("{\"kind\":\"skip\",\"device\":\"cuda\",\"reason\":\"no CUDA device\"}\n");
+    std::fflush(stdout);
+    return;
+  }
+  LOOM_CUDA_OK(cudaSetDevice(0));
+  cudaStream_t stream = nullptr;
+  LOOM_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto sync = [&] { LOOM_CUDA_OK(cudaStreamSynchronize(stream)); };
+  loom::moe::cuda::Blas blas;
+  const loom::moe::cuda::Device dev{0, stream, &blas};
+  const int64_t S = o.tokens, M = o.model_dim;
+  const int E = o.experts, k = o.k;
+  // Routing as the device layer runs it: the probabilities on the device, the O(S k)
+  // bookkeeping (top-k, capacity, weights, slots) on the host by the host's functions, the
+  // rows gathered and combined on the device.
+  Routing host(o);
+  const DevMem x = upload(host.x), gate_w = upload(host.gate_w);
+  DevMem probs(static_cast<std::size_t>(S * E) * 4), rows(static_cast<std::size_t>(S * k * M) * 4),
+      y(static_cast<std::size_t>(S * M) * 4), weights(static_cast<std::size_t>(S * k) * 4),
+      slot(static_cast<std::size_t>(S * k) * 8);
+  std::vector<float> hp(static_cast<std::size_t>(S * E)), hw(static_cast<std::size_t>(S * k));
+  std::vector<int32_t> choice(static_cast<std::size_t>(S * k)), route(choice.size());
+  std::vector<int64_t> hslot(choice.size()), counts(static_cast<std::size_t>(E));
+  int64_t kept = 0, capacity = 0;
+  double gate_s = 0, dispatch_s = 0, combine_s = 0;
+  auto routing = [&] {
+    const auto t0 = Clock::now();
+    loom::moe::cuda::gate_probs(host.cfg, x.f(), S, M, gate_w.f(), probs.f(), stream);
+    LOOM_CUDA_OK(
+        cudaMemcpyAsync(hp.data(), probs.p, hp.size() * 4, cudaMemcpyDeviceToHost, stream));
+    sync();
+    loom::moe::top_k_choices<float>(host.cfg, hp.data(), S, nullptr, choice.data());
+    capacity = loom::moe::expert_capacity(host.cfg, S);
+    loom::moe::apply_capacity<float>(host.cfg, hp.data(), choice.data(), S, capacity, route.data());
+    loom::moe::combine_weights<float>(host.cfg, hp.data(), route.data(), S, hw.data());
+    (void)loom::moe::aux_loss<float>(host.cfg, hp.data(), choice.data(), S);
+    kept = loom::moe::build_slots(route.data(), S, k, E, counts.data(), hslot.data());
+    LOOM_CUDA_OK(
+        cudaMemcpyAsync(slot.p, hslot.data(), hslot.size() * 8, cudaMemcpyHostToDevice, stream));
+    LOOM_CUDA_OK(
+        cudaMemcpyAsync(weights.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice, stream));
+    sync();
+    const auto t1 = Clock::now();
+    loom::moe::cuda::gather_rows(x.f(), S, M, k, slot.as<int64_t>(), nullptr, rows.f(), stream);
+    sync();
+    const auto t2 = Clock::now();
+    loom::moe::cuda::combine_rows(rows.f(), S, M, k, slot.as<int64_t>(), weights.f(), y.f(), false,
+                                  stream);
+    sync();
+    const auto t3 = Clock::now();
+    gate_s = std::chrono::duration<double>(t1 - t0).count();
+    dispatch_s = std::chrono::duration<double>(t2 - t1).count();
+    combine_s = std::chrono::duration<double>(t3 - t2).count();
+    return std::chrono::duration<double>(t3 - t0).count();
+  };
+  routing();  // warm
+  host.kept = kept;
+  const double bytes = host.bytes();
+  const auto copy_bytes = static_cast<std::size_t>(bytes / 2.0);
+  DevMem a(copy_bytes), b(copy_bytes);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  LOOM_CUDA_OK(cudaEventCreate(&e0));
+  LOOM_CUDA_OK(cudaEventCreate(&e1));
+  auto roof_once = [&] {
+    LOOM_CUDA_OK(cudaEventRecord(e0, stream));
+    LOOM_CUDA_OK(cudaMemcpyAsync(b.p, a.p, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+    LOOM_CUDA_OK(cudaEventRecord(e1, stream));
+    LOOM_CUDA_OK(cudaEventSynchronize(e1));
+    float ms = 0;
+    LOOM_CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+    return static_cast<double>(ms) / 1e3;
+  };
+  roof_once();
+  // The layer: top-1 of layer_experts, dropless, against one expert over every token.
+  std::unique_ptr<Layer> hl = o.layer ? std::make_unique<Layer>(o) : nullptr;
+  std::vector<std::unique_ptr<DevMem>> keep;
+  auto dev_of = [&](const Floats& f) {
+    keep.push_back(std::make_unique<DevMem>(f.n * sizeof(float)));
+    LOOM_CUDA_OK(cudaMemcpy(keep.back()->p, f.get(), f.n * sizeof(float), cudaMemcpyHostToDevice));
+    return keep.back()->f();
+  };
+  double moe = 1e30, dense = 1e30;
+  std::function<double()> moe_once, dense_once;
+  if (hl) {
+    Layer& L = *hl;
+    loom::moe::LayerWeights<float> w;
+    w.gate_w = dev_of(L.gate_w);
+    w.experts = {dev_of(L.w1), dev_of(L.b1), dev_of(L.w2), dev_of(L.b2)};
+    float* dx_ = dev_of(L.dx);
+    float* dy_ = dev_of(L.dy);
+    float* x_ = dev_of(L.x);
+    float* y_ = dev_of(L.y);
+    loom::moe::LayerGrads<float> g;
+    g.gate_w = dev_of(L.g_gate);
+    g.experts = {dev_of(L.g1), dev_of(L.gb1), dev_of(L.g2), dev_of(L.gb2)};
+    const uint64_t sb = loom::moe::saved_bytes(L.cfg, 4), wb = loom::moe::workspace_bytes(L.cfg, 4);
+    keep.push_back(std::make_unique<DevMem>(sb));
+    void* saved = keep.back()->p;
+    keep.push_back(std::make_unique<DevMem>(wb));
+    void* work = keep.back()->p;
+    float* pre = dev_of(L.pre);
+    float* hh = dev_of(L.h);
+    float* dh = dev_of(L.dh);
+    float* out = dev_of(L.out);
+    moe_once = [&L, &dev, w, g, x_, y_, dy_, dx_, saved, work, sb, wb, sync] {
+      loom::moe::ForwardCall<float> fc;
+      fc.tokens = L.o.tokens;
+      fc.x = x_;
+      fc.w = w;
+      fc.y = y_;
+      fc.saved = saved;
+      fc.saved_bytes = sb;
+      fc.workspace = work;
+      fc.workspace_bytes = wb;
+      loom::moe::BackwardCall<float> bc;
+      bc.tokens = L.o.tokens;
+      bc.x = x_;
+      bc.w = w;
+      bc.dy = dy_;
+      bc.dx = dx_;
+      bc.g = g;
+      bc.aux_loss_coef = 0.01;
+      bc.saved = saved;
+      bc.saved_bytes = sb;
+      bc.workspace = work;
+      bc.workspace_bytes = wb;
+      loom::moe::LayerStats stats;
+      const auto t0 = Clock::now();
+      loom::moe::cuda::layer_forward(L.cfg, L.ex, fc, stats, dev);
+      loom::moe::cuda::layer_backward(L.cfg, L.ex, bc, dev);
+      sync();
+      return since(t0);
+    };
+    dense_once = [&L, &dev, w, g, x_, dy_, dx_, pre, hh, dh, out, sync] {
+      const int64_t n = L.o.tokens;
+      const loom::moe::ExpertWeights<float> w1 = w.experts;
+      const loom::moe::ExpertGrads<float> g1 = g.experts;
+      const auto t0 = Clock::now();
+      loom::moe::cuda::experts_forward(L.cfg.activation, 1, &n, L.o.model_dim, L.H, x_, w1, pre, hh,
+                                       out, dev);
+      loom::moe::cuda::experts_backward(L.cfg.activation, 1, &n, L.o.model_dim, L.H, x_, pre, dy_,
+                                        w1, g1, hh, dh, dx_, dev);
+      sync();
+      return since(t0);
+    };
+    moe_once();
+    dense_once();
+  }
+  double best = 1e30, gate = 1e30, disp = 1e30, comb = 1e30, roof = 1e30;
+  for (int64_t rep = 0; rep < o.reps; ++rep) {
+    roof = std::min(roof, roof_once());
+    best = std::min(best, routing());
+    gate = std::min(gate, gate_s);
+    disp = std::min(disp, dispatch_s);
+    comb = std::min(comb, combine_s);
+    if (hl) {
+      moe = std::min(moe, moe_once());
+      dense = std::min(dense, dense_once());
+    }
+  }
+  const double roof_gbs = 2.0 * static_cast<double>(copy_bytes) / roof / 1e9;
+  const double move_bytes = host.move_bytes();
+  Json jr{{"kind", "roof"},
+          {"device", "cuda"},
+          {"copy", "cudaMemcpyAsync device to device"},
+          {"bytes", 2.0 * static_cast<double>(copy_bytes)},
+          {"seconds", roof},
+          {"gb_per_s", roof_gbs}};
+  std::printf("%s\n", jr.dump().c_str());
+  Json j{{"kind", "routing"},
+         {"device", "cuda"},
+         {"tokens", S},
+         {"model_dim", M},
+         {"experts", E},
+         {"k", k},
+         {"capacity", capacity},
+         {"kept", kept},
+         {"seconds", best},
+         {"gate_seconds", gate},
+         {"dispatch_seconds", disp},
+         {"combine_seconds", comb},
+         {"bytes", bytes},
+         {"gb_per_s", bytes / best / 1e9},
+         {"roof_gb_per_s", roof_gbs},
+         {"ratio_to_roof", bytes / best / 1e9 / roof_gbs},
+         {"move_bytes", move_bytes},
+         {"move_ratio_to_roof", move_bytes / (disp + comb) / 1e9 / roof_gbs}};
+  std::printf("%s\n", j.dump().c_str());
+  std::fprintf(stderr,
+               "cuda routing S=%lld M=%lld E=%d k=%d C=%lld: %.3f ms (gate + host bookkeeping "
+               "%.3f, dispatch %.3f, combine %.3f); roof %.1f GB/s, ratio %.2f (dispatch + "
+               "combine alone %.2f)\n",
+               static_cast<long long>(S), static_cast<long long>(M), E, k,
+               static_cast<long long>(capacity), best * 1e3, gate * 1e3, disp * 1e3, comb * 1e3,
+               roof_gbs, bytes / best / 1e9 / roof_gbs,
+               move_bytes / (disp + comb) / 1e9 / roof_gbs);
+  if (hl) {
+    Json jl{{"kind", "layer"},
+            {"device", "cuda"},
+            {"tokens", S},
+            {"model_dim", M},
+            {"hidden", hl->H},
+            {"experts", o.layer_experts},
+            {"k", 1},
+            {"moe_seconds", moe},
+            {"dense_seconds", dense},
+            {"overhead", moe / dense - 1.0}};
+    std::printf("%s\n", jl.dump().c_str());
+    std::fprintf(stderr, "cuda layer fwd+bwd: MoE %.3f ms, dense %.3f ms, overhead %.1f%%\n",
+                 moe * 1e3, dense * 1e3, (moe / dense - 1.0) * 100.0);
+  }
+  std::fflush(stdout);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  keep.clear();
+  cudaStreamDestroy(stream);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -454,9 +729,13 @@ int main(int argc, char** argv) {
     const loom::sdk::PoolRegistration registration(pool);
     if (device == "cpu" || device == "all") run_cpu(o);
     if (device == "cuda" || device == "all") {
+#if LOOM_MOE_HAVE_CUDA
+      run_cuda(o);
+#else
       std::printf(
-          "{\"kind\":\"skip\",\"device\":\"cuda\",\"reason\":\"the MoE core's CUDA path is not "
-          "in this build\"}\n");
+          "{\"kind\":\"skip\",\"device\":\"cuda\",\"reason\":\"built without the MoE core's "
+          "CUDA path (LOOM_CUDA off, or no cuBLAS)\"}\n");
+#endif
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom bench moe: error: %s\n", e.what());
