@@ -28,6 +28,10 @@
 #if defined(LOOM_MOE_HAVE_CUDA) && LOOM_MOE_HAVE_CUDA
 #include <cuda_runtime.h>
 #define LOOM_MOE_EXCHANGE_CUDA 1
+namespace loom::moe::cuda {
+// exchange_cuda.cu: v[i] = v[i] / by on the stream.
+void divide_in_place(float* v, int64_t n, float by, void* stream);
+}  // namespace loom::moe::cuda
 #else
 #define LOOM_MOE_EXCHANGE_CUDA 0
 #endif
@@ -449,9 +453,9 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
   }
   if (world_ == 1) return;
   const Ref c = edp_comm();
-  const auto inv = static_cast<float>(world_);
+  const auto world = static_cast<float>(world_);
   auto scale = [&](float* v, int64_t n) {
-    for (int64_t j = 0; j < n; ++j) v[j] /= inv;
+    for (int64_t j = 0; j < n; ++j) v[j] /= world;
   };
   for (int64_t i = 0; i < count; ++i) {
     DLTensor& t = *tensors[i];
@@ -464,18 +468,20 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
       scale(data, n);
       continue;
     }
-    // Device: with a device transport and no expert parallelism, the transport's average is
-    // the answer; otherwise the sum (on the device or the host) is divided on the host.
-    const bool native = c && loom::sdk::comm_supports_device(c, t.device);
-    if (native && ep_ == 1) {
-      allreduce(c, data, n, LOOM_REDUCE_AVG, t.device, stream);
+    // Device: with a device transport (or no transport needed: W == ep) the sum and the
+    // division stay on the device; otherwise the sum is made on the host and divided there.
+    const bool native = !c || loom::sdk::comm_supports_device(c, t.device);
+    if (native) {
+#if LOOM_MOE_EXCHANGE_CUDA
+      if (c) allreduce(c, data, n, LOOM_REDUCE_SUM, t.device, stream);
+      cuda::divide_in_place(data, n, world, stream);
       continue;
+#endif
     }
-    if (native) allreduce(c, data, n, LOOM_REDUCE_SUM, t.device, stream);
     ensure(host_a_, bytes);
     to_host(host_a_.data(), data, bytes, stream);
     auto* h = reinterpret_cast<float*>(host_a_.data());
-    if (c && !native) allreduce(c, h, n, LOOM_REDUCE_SUM, kHost, nullptr);
+    if (c) allreduce(c, h, n, LOOM_REDUCE_SUM, kHost, nullptr);
     scale(h, n);
     to_device(data, h, bytes, stream);
   }
