@@ -1,7 +1,9 @@
 // The MoE exchange (plugins/moe/core/exchange.cpp) on CUDA memory, over the thread_comm test
 // transport (2 and 4 ranks as threads of this process, one device): rows and gradients on
 // the device, once with the transport taking device buffers itself and once through a copy
-// of its table that says it cannot (so the exchange stages through host memory). The same
+// of its table that says it cannot (so the exchange stages through host memory), and once
+// through a table that takes device memory only, as nccl does (so the counts travel in device
+// memory as well). The same
 // checks as the host test: the counts, the order of the rows after forward and reverse, and
 // reduce_gradients as the sum over the expert-data-parallel group divided by the world size.
 // Skips without a CUDA device; the CUDA emulation pass runs it on the CPU.
@@ -9,6 +11,7 @@
 #include <loom/embed.h>
 #include <loom/kinds/comm.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -47,6 +50,29 @@ loom_status* host_only2(void*, loom_comm_device_args* a) {
   return nullptr;
 }
 
+// The thread_comm table made to look like a device-only transport (as nccl is): it says it
+// takes CUDA memory only, and counts the calls that still pass host tensors.
+std::atomic<int> g_host_calls{0};
+const loom_comm_v1* g_real = nullptr;
+bool on_host(const DLTensor* t) { return t != nullptr && t->device.device_type == kDLCPU; }
+int32_t device_only(void*, DLDevice d) { return d.device_type == kDLCUDA ? 1 : 0; }
+loom_status* device_only2(void*, loom_comm_device_args* a) {
+  a->supported = a->device.device_type == kDLCUDA ? 1 : 0;
+  return nullptr;
+}
+loom_status* a2a_device_only(void* c, const loom_all_to_all_args* a) {
+  if (on_host(a->send) || on_host(a->recv)) ++g_host_calls;
+  return g_real->all_to_all(c, a);
+}
+loom_status* allgather_device_only(void* c, const loom_allgather_args* a) {
+  if (on_host(a->send) || on_host(a->recv)) ++g_host_calls;
+  return g_real->allgather(c, a);
+}
+loom_status* allreduce_device_only(void* c, const loom_allreduce_args* a) {
+  if (on_host(a->send) || on_host(a->recv)) ++g_host_calls;
+  return g_real->allreduce(c, a);
+}
+
 // One rank's session with a thread_comm instance.
 struct Rank {
   Rank(const std::string& world, int rank, int size) {
@@ -70,6 +96,13 @@ struct Rank {
     host_vt = *vt;
     host_vt.supports_device = &host_only;
     host_vt.supports_device2 = &host_only2;
+    device_vt = *vt;
+    device_vt.supports_device = &device_only;
+    device_vt.supports_device2 = &device_only2;
+    device_vt.all_to_all = &a2a_device_only;
+    device_vt.allgather = &allgather_device_only;
+    device_vt.allreduce = &allreduce_device_only;
+    g_real = vt;  // the same table on every rank
   }
   ~Rank() { loom_close(s); }
   Rank(const Rank&) = delete;
@@ -78,6 +111,7 @@ struct Rank {
   void* comm = nullptr;
   const loom_comm_v1* vt = nullptr;
   loom_comm_v1 host_vt{};
+  loom_comm_v1 device_vt{};
   std::string error;
 };
 
@@ -156,6 +190,16 @@ void round_trip(const loom_comm_v1* vt, void* comm, int rank, int size, int ep,
   }
   EXPECT_EQ(bad, 0) << "rows out of place after reverse, ep " << ep;
 
+  // The small sums the layer makes (loads, bounds), on host values.
+  std::vector<int64_t> load(sc);
+  ex.sum_ep(load.data(), E);
+  for (int e = 0; e < E; ++e) {
+    int64_t want_sum = 0;
+    for (int r = 0; r < ep; ++r) want_sum += rows_of(first + r, e);
+    EXPECT_EQ(load[static_cast<std::size_t>(e)], want_sum) << "sum_ep expert " << e;
+  }
+  EXPECT_EQ(ex.max_ep(100 + rank), 100 + first + ep - 1);
+
   // reduce_gradients on a device tensor
   const std::size_t n = 1001;
   std::vector<float> g(n);
@@ -184,7 +228,9 @@ TEST(MoeEpCuda, DeviceRowsAndGradientsNativeAndStagedThroughTheHost) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   int world = 0;
   for (int p : {2, 4}) {
-    for (bool native : {true, false}) {
+    // 0: the transport takes device buffers; 1: host only (staged); 2: device only (the
+    // counts go through device memory too)
+    for (int mode : {0, 1, 2}) {
       const std::string name = "moe_ep_cuda_" + std::to_string(world++);
       on_threads(p, [&](int rank) {
         ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -193,11 +239,11 @@ TEST(MoeEpCuda, DeviceRowsAndGradientsNativeAndStagedThroughTheHost) {
         {
           Rank c(name, rank, p);
           ASSERT_NE(c.vt, nullptr) << c.error;
-          const loom_comm_v1* vt = native ? c.vt : &c.host_vt;
+          const loom_comm_v1* vt = mode == 0 ? c.vt : mode == 1 ? &c.host_vt : &c.device_vt;
           // thread_comm has no split: the ep sizes that need none (1: the world is the
           // expert-data-parallel group; p: it is the expert-parallel group).
           for (int ep : {1, p}) {
-            SCOPED_TRACE("p " + std::to_string(p) + (native ? " native" : " staged") + " ep " +
+            SCOPED_TRACE("p " + std::to_string(p) + " mode " + std::to_string(mode) + " ep " +
                          std::to_string(ep));
             round_trip(vt, c.comm, rank, p, ep, s);
           }
@@ -206,6 +252,7 @@ TEST(MoeEpCuda, DeviceRowsAndGradientsNativeAndStagedThroughTheHost) {
       });
     }
   }
+  EXPECT_EQ(g_host_calls.load(), 0) << "host tensors passed to a device-only transport";
 }
 
 }  // namespace

@@ -193,6 +193,11 @@ struct Exchange::Impl {
   loom::sdk::SubComm ep_group_, edp_group_;
   int ep_ = 1, ep_rank_ = 0, world_ = 1, world_rank_ = 0;
   // Host staging (device rows through a host-only transport) and the permutation's scratch.
+  // Runs a collective of the small int64 arrays (counts, loads) on host memory, or, for a
+  // transport that moves device memory only (nccl), on a device copy of them.
+  template <class Fn>
+  void small(const int64_t* send, int64_t send_n, int64_t* recv, int64_t recv_n, Fn&& fn);
+  bool host_ok_ = true;  // the transport takes host tensors
   std::vector<char> host_a_, host_b_, host_stage_;
   void* device_scratch_ = nullptr;  // CUDA scratch of a device-capable transport
   std::size_t device_scratch_bytes_ = 0;
@@ -212,6 +217,7 @@ Exchange::Impl::Impl(const loom_comm_v1* vt, void* comm, int ep_size) : ep_(ep_s
   comm_ = Ref("comm", comm, vt);
   world_ = vt->size(comm);
   world_rank_ = vt->rank(comm);
+  host_ok_ = loom::sdk::comm_supports_device(comm_, kHost);
   if (world_ < 1 || world_rank_ < 0 || world_rank_ >= world_) {
     fail(LOOM_ERR_INTERNAL,
          "the comm reports rank " + std::to_string(world_rank_) + " of " + std::to_string(world_));
@@ -279,8 +285,11 @@ Exchange::Plan Exchange::Impl::plan(const int64_t* send_counts, int num_experts)
   if (ep_ == 1) {
     by_source = p.send_counts;
   } else {
-    all_to_all(ep_comm(), p.send_counts.data(), num_experts, by_source.data(), num_experts, nullptr,
-               nullptr, kInt64, kHost, nullptr);
+    small(p.send_counts.data(), num_experts, by_source.data(), num_experts,
+          [&](const int64_t* in, int64_t* out, DLDevice where) {
+            all_to_all(ep_comm(), in, num_experts, out, num_experts, nullptr, nullptr, kInt64,
+                       where, nullptr);
+          });
   }
   p.recv_counts.assign(E, 0);
   for (std::size_t r = 0; r < ep; ++r) {
@@ -496,15 +505,50 @@ std::vector<int64_t> Exchange::Impl::gather_ep(const int64_t* v, int64_t n) {
     std::copy(v, v + n, all.begin());
     return all;
   }
-  Flat s(v, n, kInt64, kHost);
-  Flat r(all.data(), n * ep_, kInt64, kHost);
-  loom_allgather_args a{};
-  a.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
-  a.send = &s.t;
-  a.recv = &r.t;
-  a.stream = nullptr;
-  ep_comm().call(&loom_comm_v1::allgather, &a);
+  small(v, n, all.data(), n * ep_, [&](const int64_t* in, int64_t* out, DLDevice where) {
+    Flat s(in, n, kInt64, where);
+    Flat r(out, n * ep_, kInt64, where);
+    loom_allgather_args a{};
+    a.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
+    a.send = &s.t;
+    a.recv = &r.t;
+    a.stream = nullptr;
+    ep_comm().call(&loom_comm_v1::allgather, &a);
+  });
   return all;
+}
+
+template <class Fn>
+void Exchange::Impl::small(const int64_t* send, int64_t send_n, int64_t* recv, int64_t recv_n,
+                           Fn&& fn) {
+  if (host_ok_) {
+    fn(send, recv, kHost);
+    return;
+  }
+#if LOOM_MOE_EXCHANGE_CUDA
+  // On the current device and its legacy default stream, synchronised: the values come from
+  // the host and go back to it.
+  int device = 0;
+  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  const auto sb = static_cast<std::size_t>(send_n) * sizeof(int64_t);
+  const auto rb = static_cast<std::size_t>(recv_n) * sizeof(int64_t);
+  void* d = nullptr;
+  cuda_ok(cudaMalloc(&d, std::max<std::size_t>(sb + rb, 16)), "cudaMalloc (exchange counts)");
+  struct Free {
+    void* p;
+    ~Free() { cudaFree(p); }
+  } guard{d};
+  auto* ds = static_cast<int64_t*>(d);
+  int64_t* dr = ds + send_n;
+  if (sb != 0) cuda_ok(cudaMemcpy(ds, send, sb, cudaMemcpyHostToDevice), "cudaMemcpy (counts)");
+  fn(ds, dr, DLDevice{kDLCUDA, device});
+  cuda_ok(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+  if (rb != 0) cuda_ok(cudaMemcpy(recv, dr, rb, cudaMemcpyDeviceToHost), "cudaMemcpy (counts)");
+#else
+  (void)send_n, (void)recv_n, (void)fn, (void)send, (void)recv;
+  fail(LOOM_ERR_UNIMPLEMENTED,
+       "the comm moves device memory only, and the moe plugin was built without CUDA");
+#endif
 }
 
 // The ucx transport reduces floating-point types only; int64 sums go through an allgather
