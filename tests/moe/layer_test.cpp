@@ -237,3 +237,37 @@ TEST(MoeLayer, BiasUpdateInTrainingOnlyAndFewerTokensThanPlanned) {
   // more tokens than planned is refused
   EXPECT_THROW(forward(c, p, 10, b, bias.data()), std::invalid_argument);
 }
+
+TEST(MoeLayer, NoTokensIsAValidCall) {
+  LayerConfig c = config(4, 2, true, false, 1.0);
+  Params<float> p(c, 9);
+  Buffers b(c, 4);
+  const LayerRun<float> r = forward(c, p, 0, b);
+  EXPECT_EQ(r.stats.expert_rows, 0);
+  EXPECT_EQ(r.stats.dropped, 0);
+  EXPECT_EQ(r.stats.aux_loss, 0.0);
+  Params<float> g(c, 9);
+  loom::moe::BackwardCall<float> call;
+  call.tokens = 0;
+  call.w = p.weights();
+  call.g.gate_w = g.gate_w.data();
+  call.g.experts = {g.w1.data(), g.b1.data(), g.w2.data(), g.b2.data()};
+  call.g.residual = {g.rw1.data(), g.rb1.data(), g.rw2.data(), g.rb2.data()};
+  call.g.coef_w = g.coef_w.data();
+  call.g.coef_b = g.coef_b.data();
+  call.saved = b.saved_ptr();
+  call.saved_bytes = loom::moe::saved_bytes(c, 4);
+  call.workspace = b.work_ptr();
+  call.workspace_bytes = loom::moe::workspace_bytes(c, 4);
+  Exchange ex(nullptr, nullptr, 1);
+  const std::vector<float> before = g.w1;
+  loom::moe::layer_backward<float>(c, ex, call);
+  EXPECT_EQ(g.w1, before);  // nothing to add
+  // a backward whose tokens differ from its forward's is refused
+  call.tokens = 3;
+  std::vector<float> dy(3 * 4), dx(3 * 4);
+  call.x = p.x.data();
+  call.dy = dy.data();
+  call.dx = dx.data();
+  EXPECT_THROW(loom::moe::layer_backward<float>(c, ex, call), std::invalid_argument);
+}

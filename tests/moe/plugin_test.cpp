@@ -165,6 +165,9 @@ TEST(MoePlugin, BadConfigurationsAreRefusedNamingTheValues) {
   loom_moe_plan_args a = plan_args(10, 8, 16, 2);
   EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(has(m.error, "k = 3") && has(m.error, "num_experts = 2")) << m.error;
+  a = plan_args(INT64_MAX / 2, 1 << 20, 16);
+  EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_TRUE(has(m.error, "do not fit")) << m.error;
   a = plan_args(10, 8, 16, 0, DLDataType{kDLFloat, 64, 1});
   EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(has(m.error, "float64")) << m.error;
@@ -385,4 +388,106 @@ TEST(MoePlugin, ForwardBackwardMatchTheCoreAndDispatchCombineAlone) {
   d.counts = counts.data();
   EXPECT_EQ(m.take(m.t->dispatch(m.obj, &d)), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(has(m.error, "max_expert_rows")) << m.error;
+}
+
+namespace {
+
+// forward + backward through the plugin at one thread count: y, dx and every gradient.
+std::vector<float> run_at(size_t threads) {
+  EXPECT_EQ(loom_set_thread_count(threads), 0) << loom_last_error();
+  Session s(
+      "num_experts = 6\nk = 2\ncapacity_factor = 1.0\nuse_residual = true\n"
+      "noisy_gate_policy = \"Jitter\"\nuse_rts = true");
+  Moe m(s);
+  const int64_t S = 40, M = 8, H = 6, E = 6;
+  loom_moe_plan_args p = plan_args(S, M, H);
+  EXPECT_EQ(m.take(m.t->plan(m.obj, &p)), 0) << m.error;
+  std::vector<std::vector<float>> v = {
+      moe_test::random_vec<float>(S * M, 1u),          moe_test::random_vec<float>(E * M, 2u, 1.5),
+      moe_test::random_vec<float>(E * H * M, 3u, 0.5), moe_test::random_vec<float>(E * H, 4u),
+      moe_test::random_vec<float>(E * M * H, 5u, 0.5), moe_test::random_vec<float>(E * M, 6u),
+      moe_test::random_vec<float>(H * M, 7u, 0.5),     moe_test::random_vec<float>(H, 8u),
+      moe_test::random_vec<float>(M * H, 9u, 0.5),     moe_test::random_vec<float>(M, 10u),
+      moe_test::random_vec<float>(2 * M, 11u),         moe_test::random_vec<float>(2, 12u)};
+  const std::vector<std::vector<int64_t>> dims = {
+      {S, M}, {E, M}, {E, H, M}, {E, H}, {E, M, H}, {E, M}, {H, M}, {H}, {M, H}, {M}, {2, M}, {2}};
+  std::vector<std::vector<float>> g;
+  std::vector<View> views, gviews;
+  views.reserve(12);
+  gviews.reserve(12);
+  for (size_t i = 0; i < v.size(); ++i) {
+    views.emplace_back(v[i].data(), dims[i], kF32);
+    g.emplace_back(v[i].size(), 0.0f);
+  }
+  for (size_t i = 0; i < v.size(); ++i) gviews.emplace_back(g[i].data(), dims[i], kF32);
+  auto weights = [](std::vector<View>& t) {
+    return loom_moe_weights{LOOM_MOE_WEIGHTS_SIZE,
+                            0,
+                            t[1].get(),
+                            t[2].get(),
+                            t[3].get(),
+                            t[4].get(),
+                            t[5].get(),
+                            t[6].get(),
+                            t[7].get(),
+                            t[8].get(),
+                            t[9].get(),
+                            t[10].get(),
+                            t[11].get()};
+  };
+  const loom_moe_weights w = weights(views), gw = weights(gviews);
+  std::vector<float> y(S * M), dx(S * M);
+  auto dy = moe_test::random_vec<float>(S * M, 13u);
+  View vy(y.data(), {S, M}, kF32), vdx(dx.data(), {S, M}, kF32), vdy(dy.data(), {S, M}, kF32);
+  Aligned saved(p.saved_bytes), ws(p.workspace_bytes);
+  loom_moe_forward_args f{};
+  f.struct_size = LOOM_MOE_FORWARD_ARGS_SIZE;
+  f.seed = 11;
+  f.step = 5;
+  f.tokens = S;
+  f.model_dim = M;
+  f.hidden_dim = H;
+  f.num_layers = 2;
+  f.training = 1;
+  f.x = views[0].get();
+  f.weights = &w;
+  f.y = vy.get();
+  f.saved = saved.p;
+  f.saved_bytes = p.saved_bytes;
+  f.workspace = ws.p;
+  f.workspace_bytes = p.workspace_bytes;
+  EXPECT_EQ(m.take(m.t->forward(m.obj, &f)), 0) << m.error;
+  loom_moe_backward_args b{};
+  b.struct_size = LOOM_MOE_BACKWARD_ARGS_SIZE;
+  b.seed = 11;
+  b.step = 5;
+  b.tokens = S;
+  b.model_dim = M;
+  b.hidden_dim = H;
+  b.num_layers = 2;
+  b.training = 1;
+  b.aux_loss_coef = 0.01;
+  b.x = views[0].get();
+  b.weights = &w;
+  b.dy = vdy.get();
+  b.dx = vdx.get();
+  b.grads = &gw;
+  b.saved = saved.p;
+  b.saved_bytes = p.saved_bytes;
+  b.workspace = ws.p;
+  b.workspace_bytes = p.workspace_bytes;
+  EXPECT_EQ(m.take(m.t->backward(m.obj, &b)), 0) << m.error;
+  std::vector<float> out = y;
+  out.insert(out.end(), dx.begin(), dx.end());
+  for (const auto& gi : g) out.insert(out.end(), gi.begin(), gi.end());
+  return out;
+}
+
+}  // namespace
+
+TEST(MoePlugin, BitIdenticalOnAnyThreadCount) {
+  const size_t before = loom_thread_count();
+  const std::vector<float> one = run_at(1);
+  for (size_t t : {2u, 3u}) EXPECT_EQ(run_at(t), one) << t << " threads";
+  EXPECT_EQ(loom_set_thread_count(before), 0);
 }

@@ -1,6 +1,8 @@
 // The MoE layer on CUDA (moe_cuda.hpp): the gate's probabilities, gather, experts, combine,
 // PR-MoE and every adjoint on the device; top-k, capacity, slots and the gate's dlogits on
 // the host with the host path's own functions (O(S k) and O(S E) values cross the bus).
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -287,6 +289,80 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
                                                                    call.g.coef_b, S, M);
     check_launch("coef_grad");
   }
+  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
+}
+
+namespace {
+
+struct AloneRouting {
+  std::vector<int64_t> slot;
+  int64_t send_rows = 0;
+  Exchange::Plan plan;
+};
+
+AloneRouting alone_routing(Exchange& ex, int E, int k, int64_t S, const int32_t* route_experts,
+                           int64_t row_capacity, cudaStream_t st) {
+  std::vector<int32_t> route;
+  to_host(route, route_experts, S * k, st);
+  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
+  AloneRouting r;
+  std::vector<int64_t> counts(static_cast<size_t>(E));
+  r.slot.resize(static_cast<size_t>(S * k));
+  try {
+    r.send_rows = build_slots(route.data(), S, k, E, counts.data(), r.slot.data());
+  } catch (const std::invalid_argument& e) {
+    need(false, e.what() + std::string(" (route_experts)"));
+  }
+  r.plan = ex.plan(counts.data(), E);
+  need(r.plan.recv_rows <= row_capacity,
+       "rows has " + std::to_string(row_capacity) + " rows but the routing sends " +
+           std::to_string(r.plan.recv_rows) +
+           " to this rank's experts (size it by the plan's max_expert_rows)");
+  return r;
+}
+
+}  // namespace
+
+void dispatch_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t model_dim,
+                    const float* x, const int32_t* route_experts, const float* route_weights,
+                    float* rows, int64_t row_capacity, int64_t* local_counts, const Device& dev) {
+  const loom::sdk::CudaDeviceGuard guard(dev.device);
+  const cudaStream_t st = as_stream(dev.stream);
+  const AloneRouting r = alone_routing(ex, num_experts, k, tokens, route_experts, row_capacity, st);
+  const size_t pairs = static_cast<size_t>(tokens * k);
+  loom::sdk::CudaScratch slot(std::max<size_t>(pairs, 1) * sizeof(int64_t), st);
+  loom::sdk::CudaScratch send(
+      static_cast<size_t>(std::max<int64_t>(r.send_rows, 1) * model_dim) * sizeof(float), st);
+  to_device(slot.as<int64_t>(), r.slot.data(), tokens * k, st);
+  gather_rows(x, tokens, model_dim, k, slot.as<const int64_t>(), route_weights, send.as<float>(),
+              dev.stream);
+  ex.forward(r.plan, send.as<void>(), rows, model_dim * static_cast<int64_t>(sizeof(float)),
+             DLDevice{kDLCUDA, dev.device}, dev.stream);
+  for (int le = 0; le < r.plan.local_experts; ++le) {
+    int64_t n = 0;
+    for (int src = 0; src < r.plan.ep; ++src) {
+      n += r.plan.recv_counts[static_cast<size_t>(le * r.plan.ep + src)];
+    }
+    local_counts[le] = n;
+  }
+  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
+}
+
+void combine_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t model_dim,
+                   const float* rows, int64_t row_capacity, const int32_t* route_experts,
+                   const float* route_weights, float* y, const Device& dev) {
+  const loom::sdk::CudaDeviceGuard guard(dev.device);
+  const cudaStream_t st = as_stream(dev.stream);
+  const AloneRouting r = alone_routing(ex, num_experts, k, tokens, route_experts, row_capacity, st);
+  const size_t pairs = static_cast<size_t>(tokens * k);
+  loom::sdk::CudaScratch slot(std::max<size_t>(pairs, 1) * sizeof(int64_t), st);
+  loom::sdk::CudaScratch send(
+      static_cast<size_t>(std::max<int64_t>(r.send_rows, 1) * model_dim) * sizeof(float), st);
+  to_device(slot.as<int64_t>(), r.slot.data(), tokens * k, st);
+  ex.reverse(r.plan, rows, send.as<void>(), model_dim * static_cast<int64_t>(sizeof(float)),
+             DLDevice{kDLCUDA, dev.device}, dev.stream);
+  combine_rows(send.as<const float>(), tokens, model_dim, k, slot.as<const int64_t>(),
+               route_weights, y, false, dev.stream);
   LOOM_MOE_CUDA(cudaStreamSynchronize(st));
 }
 

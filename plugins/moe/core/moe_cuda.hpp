@@ -39,6 +39,16 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
 void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<float>& call,
                     const Device& dev);
 
+// dispatch / combine alone (loom_moe_dispatch_args) on device memory: route_experts and
+// route_weights (or null) [S, k] device; rows [row_capacity, M] device in the expert layout;
+// local_counts (dispatch, host [local_experts]).
+void dispatch_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t model_dim,
+                    const float* x, const int32_t* route_experts, const float* route_weights,
+                    float* rows, int64_t row_capacity, int64_t* local_counts, const Device& dev);
+void combine_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t model_dim,
+                   const float* rows, int64_t row_capacity, const int32_t* route_experts,
+                   const float* route_weights, float* y, const Device& dev);
+
 // The kernels, for the layer and the tests (device pointers, launched on `stream`).
 void gate_probs(const GateConfig& cfg, const float* x, int64_t tokens, int64_t model_dim,
                 const float* gate_w, float* probs, void* stream);

@@ -7,6 +7,7 @@
 #include <loom/sdk.hpp>
 #include <loom/sdk/moe.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -203,6 +204,7 @@ class MoeLayer : public loom::sdk::Moe {
     }
     const moe::LayerConfig c =
         config(a.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "plan: ");
+    check_fits(c);
     a.flags = (residual_ ? LOOM_MOE_RESIDUAL : 0u) | (gate_.drop_tokens ? 0u : LOOM_MOE_DROPLESS) |
               (bias_rate_ > 0.0 ? LOOM_MOE_EXPERT_BIAS : 0u);
     a.experts = c.gate.num_experts;
@@ -301,7 +303,23 @@ class MoeLayer : public loom::sdk::Moe {
 
   // rows (expert layout) = the routed rows of x, weighted when route_weights is given.
   void dispatch(const loom_moe_dispatch_args& a) {
-    require_host(a.x->device);
+    if (on_cuda(a.x->device)) {
+#if LOOM_MOE_HAVE_CUDA
+      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      run([&] {
+        moe::cuda::dispatch_alone(
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
+            static_cast<const float*>(loom::sdk::first_element(*a.x)),
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
+            a.route_weights != nullptr
+                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+                : nullptr,
+            static_cast<float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0], a.counts,
+            cuda_device(a.x->device, a.stream));
+      });
+#endif
+      return;
+    }
     Routing r = routing(a);
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
     moe::gather_rows<float>(static_cast<const float*>(loom::sdk::first_element(*a.x)), a.tokens,
@@ -317,7 +335,23 @@ class MoeLayer : public loom::sdk::Moe {
 
   // y = the rows brought back to their tokens and summed per token (weighted when given).
   void combine(const loom_moe_dispatch_args& a) {
-    require_host(a.x->device);
+    if (on_cuda(a.x->device)) {
+#if LOOM_MOE_HAVE_CUDA
+      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      run([&] {
+        moe::cuda::combine_alone(
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
+            static_cast<const float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0],
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
+            a.route_weights != nullptr
+                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+                : nullptr,
+            static_cast<float*>(loom::sdk::first_element(*a.x)),
+            cuda_device(a.x->device, a.stream));
+      });
+#endif
+      return;
+    }
     Routing r = routing(a);
     check_rows(a, r.plan.recv_rows);
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
@@ -400,6 +434,26 @@ class MoeLayer : public loom::sdk::Moe {
     return c;
   }
 
+  // Every buffer's element count must fit 64-bit byte sizes (BLAS's and cuBLAS's int
+  // dimensions are checked where the GEMMs run).
+  static void check_fits(const moe::LayerConfig& c) {
+    const auto S = static_cast<long double>(c.max_tokens);
+    const auto k = static_cast<long double>(c.gate.k);
+    const auto E = static_cast<long double>(c.gate.num_experts);
+    const auto M = static_cast<long double>(c.model_dim);
+    const auto H = static_cast<long double>(c.hidden_dim);
+    const long double rows = static_cast<long double>(c.ep_size) * S * k;
+    const long double biggest = std::max({S * E, rows * M, rows * H, S * H, E * H * M});
+    if (biggest * 8.0L > 4.0e18L) {
+      throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                             "plan: " + std::to_string(c.max_tokens) + " tokens of model_dim " +
+                                 std::to_string(c.model_dim) + " and hidden_dim " +
+                                 std::to_string(c.hidden_dim) + " with " +
+                                 std::to_string(c.gate.num_experts) + " experts and k " +
+                                 std::to_string(c.gate.k) + " do not fit 64-bit buffer sizes");
+    }
+  }
+
   static moe::LayerWeights<float> weights(const loom_moe_weights* w, const loom_moe_plan_args& p,
                                           DLDevice device, const char* what) {
     const loom::sdk::MoeLayerView v = loom::sdk::moe_weights(w, p, device, what);
@@ -412,13 +466,6 @@ class MoeLayer : public loom::sdk::Moe {
     out.coef_w = static_cast<const float*>(v.coef_w);
     out.coef_b = static_cast<const float*>(v.coef_b);
     return out;
-  }
-
-  static void require_host(const DLDevice& dev) {
-    if (loom::sdk::is_cpu(dev)) return;
-    throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
-                           "x is on " + loom::sdk::device_string(dev) +
-                               "; moe's dispatch and combine alone run on host memory");
   }
 
   // Host memory runs on the host path; CUDA memory on the CUDA one (CUDA builds).
