@@ -37,15 +37,13 @@ void zq_cuda_dequantize(int device, const IntWeight& w, float* x, void* stream) 
 }
 
 int64_t zq_cuda_matmul(int device, const float* x, int64_t m, const IntWeight& w, const float* bias,
-                       float* y, bool int8_activations, void* workspace, uint64_t acc_offset,
-                       void* stream) {
+                       float* y, bool int8_activations, void* workspace, void* stream) {
   loom::sdk::CudaDeviceGuard guard(device);
   if (!int8_activations) {
     cuda::matmul_weight_only(x, m, w, bias, y, stream);
     return -1;
   }
   (void)workspace;
-  (void)acc_offset;
   throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
                          "zeroquant matmul: the CUDA INT8 GEMM (activation_bits 8) is not in "
                          "this build yet; use activation_bits 0 on CUDA");
@@ -68,7 +66,7 @@ int64_t zq_cuda_quantize(int, const float*, const Groups&, const IntScheme&, uin
 void zq_cuda_read_float(int, const float*, float*) { no_cuda(); }
 void zq_cuda_dequantize(int, const IntWeight&, float*, void*) { no_cuda(); }
 int64_t zq_cuda_matmul(int, const float*, int64_t, const IntWeight&, const float*, float*, bool,
-                       void*, uint64_t, void*) {
+                       void*, void*) {
   no_cuda();
 }
 
