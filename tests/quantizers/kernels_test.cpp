@@ -77,7 +77,9 @@ TEST(QuantKernels, QuantizeAndDequantizeMatchTheReferenceBitForBit) {
                         -1);
               ASSERT_EQ(p_fast, p_ref);
               ASSERT_EQ(0, std::memcmp(s_fast.data(), s_ref.data(), s_ref.size() * sizeof(float)));
-              if (!sym) ASSERT_EQ(z_fast, z_ref);
+              if (!sym) {
+                ASSERT_EQ(z_fast, z_ref);
+              }
               std::vector<float> d_ref(x.size()), d_fast(x.size(), NAN);
               loom::quant::reference_dequantize(p_ref.data(), s_ref.data(), z_ref.data(), gs, q,
                                                 packing, d_ref.data());

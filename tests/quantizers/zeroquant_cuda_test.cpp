@@ -119,15 +119,17 @@ struct Buf {
     if (cuda) {
       EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), (n == 0 ? 1 : n) * sizeof(T)),
                 cudaSuccess);
-      if (n > 0)
+      if (n > 0) {
         EXPECT_EQ(cudaMemcpy(dev, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+      }
     }
   }
   Buf(const std::vector<T>& v, bool on_cuda) : Buf(v.size(), on_cuda) {
     host = v;
-    if (cuda && !v.empty())
+    if (cuda && !v.empty()) {
       EXPECT_EQ(cudaMemcpy(dev, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
                 cudaSuccess);
+    }
   }
   ~Buf() {
     if (dev != nullptr) cudaFree(dev);
@@ -138,9 +140,10 @@ struct Buf {
   std::vector<T> read() {
     if (cuda) {
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      if (!host.empty())
+      if (!host.empty()) {
         EXPECT_EQ(cudaMemcpy(host.data(), dev, host.size() * sizeof(T), cudaMemcpyDeviceToHost),
                   cudaSuccess);
+      }
     }
     return host;
   }
