@@ -28,14 +28,21 @@ bool have_int8_gemm() { return true; }
 
 namespace {
 
+// One CPU engine for the process; a stream per thread (oneDNN streams are not for
+// concurrent use), so matmuls on several threads at once do not share one.
 struct Engine {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
 };
 
-Engine& cpu_engine() {
+struct Handles {
+  dnnl::engine& engine;
+  dnnl::stream& stream;
+};
+
+Handles cpu_engine() {
   static Engine e;
-  return e;
+  thread_local dnnl::stream stream{e.engine};
+  return {e.engine, stream};
 }
 
 }  // namespace
@@ -52,7 +59,7 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
     return;
   }
   try {
-    Engine& e = cpu_engine();
+    const Handles e = cpu_engine();
     const memory::desc acc_md({g.m, g.n}, dt::s32, memory::dims{g.n, 1});
     memory acc_mem(acc_md, e.engine, acc);
     for (int64_t gi = 0; gi < groups; ++gi) {
