@@ -82,6 +82,15 @@ inline uint64_t packed_bytes_of(const GroupedShape& s, int bits) {
   return (b + 7) / 8;
 }
 
+// Scratch the CUDA kernels take (xtc_cuda.hpp): a first-bad index per group (or row), a
+// Delta per group and the reduced index, each 256-byte aligned.
+inline uint64_t xtc_cuda_workspace_bytes(const GroupedShape& s) {
+  auto up = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  const auto groups = static_cast<uint64_t>(s.groups());
+  const auto rows = static_cast<uint64_t>(s.rows);
+  return up(8 * (groups > rows ? groups : rows)) + up(4 * groups) + 256;
+}
+
 // --- Binary: scalar reference --------------------------------------------------------------
 
 // Codes (packed, packed_bytes_of(s, 1) bytes, written whole) and scales (s.groups()). Returns
