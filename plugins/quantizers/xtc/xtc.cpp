@@ -15,7 +15,7 @@
 
 #include "binary.hpp"
 #include "ternary.hpp"
-#if LOOM_XTC_HAVE_CUDA
+#if LOOM_QUANT_HAVE_CUDA
 #include "xtc_cuda.hpp"
 #endif
 
@@ -119,7 +119,7 @@ class Xtc : public loom::sdk::Quantizer {
     auto* scales = static_cast<float*>(q.scales);
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
-#if LOOM_XTC_HAVE_CUDA
+#if LOOM_QUANT_HAVE_CUDA
       const int dev = a.x->device.device_id;
       bad = mode_ == Mode::kBinary
                 ? loom::quant::cuda::binary_quantize(w, s, q.codes, scales, a.workspace, dev,
@@ -146,7 +146,7 @@ class Xtc : public loom::sdk::Quantizer {
     const auto* scales = static_cast<const float*>(q.scales);
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
-#if LOOM_XTC_HAVE_CUDA
+#if LOOM_QUANT_HAVE_CUDA
       const int dev = a.x->device.device_id;
       if (mode_ == Mode::kBinary) {
         loom::quant::cuda::binary_dequantize(q.codes, scales, s, w, dev, a.stream);
@@ -174,7 +174,7 @@ class Xtc : public loom::sdk::Quantizer {
     auto* y = loom::sdk::data_as<float>(*a.y);
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
-#if LOOM_XTC_HAVE_CUDA
+#if LOOM_QUANT_HAVE_CUDA
       const int dev = a.x->device.device_id;
       if (mode_ == Mode::kBinary) {
         loom::quant::cuda::binary_matmul(x, m, q.codes, scales, s, bias, y, dev, a.stream);
@@ -219,7 +219,7 @@ class Xtc : public loom::sdk::Quantizer {
       fail_argument("the tensors are on " + loom::sdk::device_string(dev) +
                     "; xtc runs on host or CUDA memory");
     }
-    if (LOOM_XTC_HAVE_CUDA == 0) {
+    if (LOOM_QUANT_HAVE_CUDA == 0) {
       throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
                              "the tensors are on " + loom::sdk::device_string(dev) +
                                  " but this xtc was built without CUDA (LOOM_CUDA=OFF)");
