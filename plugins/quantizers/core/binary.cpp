@@ -19,13 +19,12 @@ namespace loom::quant {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Rows [r0, r1) (r0 a multiple of 8, so the rows' bits start on a byte): scales, then codes
-// ORed into the zeroed bytes. Returns the first non-finite element, or -1.
+// Rows [r0, r1) (r0 a multiple of 8, so the rows' bits start on a byte): per group the scale
+// and, in the same pass, the codes stored or ORed into the zeroed bytes. Returns the first
+// non-finite element, or -1.
 int64_t BinaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, uint8_t* packed,
                            float* scales, int64_t r0, int64_t r1) {
   const GroupedShape& s = *sp;
-  const D4 d;
-  const auto zero = hn::Zero(d);
   const int64_t gpr = s.groups_per_row();
   const uint64_t b0 = static_cast<uint64_t>(r0 * s.cols) / 8;
   const uint64_t b1 = (static_cast<uint64_t>(r1 * s.cols) + 7) / 8;
@@ -36,22 +35,13 @@ int64_t BinaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, 
     for (int64_t g = 0; g < gpr; ++g) {
       const int64_t c0 = g * s.group_size;
       const int64_t n = std::min(s.group_size, s.cols - c0);
-      bool finite = true;
-      const float sum = GroupAbsSum(row + c0, n, -1.0f, nullptr, &finite);
-      if (!finite && bad < 0) bad = r * s.cols + c0 + FirstNonFinite(row + c0, n);
+      const float sum =
+          BinarySumAndCodes(row + c0, n, packed, static_cast<uint64_t>(r * s.cols + c0));
+      if (!std::isfinite(sum) && bad < 0) {
+        const int64_t at = FirstNonFinite(row + c0, n);
+        if (at >= 0) bad = r * s.cols + c0 + at;
+      }
       scales[r * gpr + g] = sum / static_cast<float>(n);
-    }
-    // Codes: 1 for w >= 0, 16 at a time.
-    const uint64_t bit0 = static_cast<uint64_t>(r * s.cols);
-    int64_t c = 0;
-    for (; c + 16 <= s.cols; c += 16) {
-      const uint32_t bits = MaskBits16(
-          hn::Ge(hn::LoadU(d, row + c), zero), hn::Ge(hn::LoadU(d, row + c + 4), zero),
-          hn::Ge(hn::LoadU(d, row + c + 8), zero), hn::Ge(hn::LoadU(d, row + c + 12), zero));
-      OrBits(packed, bit0 + static_cast<uint64_t>(c), bits, 16);
-    }
-    for (; c < s.cols; ++c) {
-      if (row[c] >= 0.0f) OrBits(packed, bit0 + static_cast<uint64_t>(c), 1u, 1);
     }
   }
   return bad;

@@ -30,53 +30,47 @@ HWY_INLINE int FirstInvalid(uint32_t word, int count) {
   return i;
 }
 
-// Rows [r0, r1) (r0 a multiple of 8): per group Delta, alpha and the codes, ORed into the
-// zeroed bytes. Returns the first non-finite element, or -1.
+// Rows [r0, r1) (r0 a multiple of 8): per group Delta (one pass), then alpha and the codes
+// (a second pass), stored or ORed into the zeroed bytes. Returns the first non-finite
+// element, or -1.
 int64_t TernaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, float threshold,
                             uint8_t* packed, float* scales, int64_t r0, int64_t r1) {
   const GroupedShape& s = *sp;
-  const D4 d;
-  const auto zero = hn::Zero(d);
   const int64_t gpr = s.groups_per_row();
   const uint64_t b0 = static_cast<uint64_t>(r0 * s.cols) * 2 / 8;
   const uint64_t b1 = (static_cast<uint64_t>(r1 * s.cols) * 2 + 7) / 8;
   std::memset(packed + b0, 0, b1 - b0);
   int64_t bad = -1;
+  // Groups are taken a span at a time (about 16 KiB of weights, at most kSpan groups): the
+  // first pass streams the span from memory alone, the second then finds it in L1.
+  constexpr int64_t kSpan = 64;
+  const int64_t span = std::clamp<int64_t>(4096 / s.group_size, 1, kSpan);
+  float delta[kSpan];
   for (int64_t r = r0; r < r1; ++r) {
     const float* row = w + r * s.cols;
-    for (int64_t g = 0; g < gpr; ++g) {
-      const int64_t c0 = g * s.group_size;
-      const int64_t n = std::min(s.group_size, s.cols - c0);
-      const float* p = row + c0;
-      bool finite = true;
-      const float mean = GroupAbsSum(p, n, -1.0f, nullptr, &finite) / static_cast<float>(n);
-      if (!finite && bad < 0) bad = r * s.cols + c0 + FirstNonFinite(p, n);
-      const float delta = threshold * mean;
-      int64_t kept = 0;
-      const float kept_sum = GroupAbsSum(p, n, delta, &kept, &finite);
-      scales[r * gpr + g] = kept > 0 ? kept_sum / static_cast<float>(kept) : 0.0f;
-      const auto dv = hn::Set(d, delta);
-      const uint64_t bit0 = static_cast<uint64_t>(r * s.cols + c0) * 2;
-      int64_t i = 0;
-      for (; i + 16 <= n; i += 16) {
-        const auto v0 = hn::LoadU(d, p + i), v1 = hn::LoadU(d, p + i + 4);
-        const auto v2 = hn::LoadU(d, p + i + 8), v3 = hn::LoadU(d, p + i + 12);
-        const auto k0 = hn::Gt(hn::Abs(v0), dv), k1 = hn::Gt(hn::Abs(v1), dv);
-        const auto k2 = hn::Gt(hn::Abs(v2), dv), k3 = hn::Gt(hn::Abs(v3), dv);
-        const uint32_t plus =
-            MaskBits16(hn::And(k0, hn::Gt(v0, zero)), hn::And(k1, hn::Gt(v1, zero)),
-                       hn::And(k2, hn::Gt(v2, zero)), hn::And(k3, hn::Gt(v3, zero)));
-        const uint32_t minus =
-            MaskBits16(hn::And(k0, hn::Lt(v0, zero)), hn::And(k1, hn::Lt(v1, zero)),
-                       hn::And(k2, hn::Lt(v2, zero)), hn::And(k3, hn::Lt(v3, zero)));
-        OrBits(packed, bit0 + static_cast<uint64_t>(i) * 2, Spread16(plus) | Spread16(minus) << 1,
-               32);
-      }
-      for (; i < n; ++i) {
-        const float a = std::fabs(p[i]);
-        if (a > delta) {
-          OrBits(packed, bit0 + static_cast<uint64_t>(i) * 2, p[i] > 0.0f ? 1u : 2u, 2);
+    for (int64_t g0 = 0; g0 < gpr; g0 += span) {
+      const int64_t g1 = std::min(gpr, g0 + span);
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t c0 = g * s.group_size;
+        const int64_t n = std::min(s.group_size, s.cols - c0);
+        const float sum = AbsSum(row + c0, n);
+        if (!std::isfinite(sum) && bad < 0) {
+          const int64_t at = FirstNonFinite(row + c0, n);
+          if (at >= 0) bad = r * s.cols + c0 + at;
         }
+        delta[g - g0] = threshold * (sum / static_cast<float>(n));
+      }
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t c0 = g * s.group_size;
+        const int64_t n = std::min(s.group_size, s.cols - c0);
+        int64_t kept = 0;
+        // While this span is in L1, the next one (this row's or the next row's) is fetched.
+        const int64_t next = r * s.cols + c0 + span * s.group_size;
+        const float* ahead = next + n <= s.rows * s.cols ? w + next : nullptr;
+        const float kept_sum =
+            TernaryKeptAndCodes(row + c0, n, delta[g - g0], packed,
+                                static_cast<uint64_t>(r * s.cols + c0), &kept, ahead);
+        scales[r * gpr + g] = kept > 0 ? kept_sum / static_cast<float>(kept) : 0.0f;
       }
     }
   }
