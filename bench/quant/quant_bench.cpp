@@ -1,6 +1,7 @@
 // loom-bench-quant [--quant-shape N,K] [--group-size G] [--gemm-sizes 2048]
 //                  [--trainer-shapes] [--decode-shape N,K] [--decode-batches 1,4,16]
-//                  [--reps R] [--only quant,gemm,decode] [--plugin-path DIRS]
+//                  [--reps R] [--only quant,gemm,decode] [--device cpu|cuda|all]
+//                  [--cuda-gemm-sizes 8192] [--plugin-path DIRS]
 //
 // The quantizers through the host, as a program that loads them sees them (loom_open_string,
 // the loom.quantizer/1 table), each against its reference measured back to back in the same
@@ -16,13 +17,17 @@
 //           (M = 8 * 128 tokens, (N, K) = (384, 128), (128, 128), (512, 128), (128, 512)).
 //   decode: weight-only matmuls at batch M (the decode case): zeroquant INT4 (groups of G,
 //           float x) and xtc ternary and binary, against OpenBLAS sgemv (M = 1) or sgemm.
+//   cuda:   (--device cuda) zeroquant's W8A8 matmul on the GPU (cuBLASLt int8) against
+//           cuBLAS bf16 (bf16 inputs and output, fp32 accumulation) at M = N = K = S for
+//           each --cuda-gemm-sizes S, timed with CUDA events on one stream.
 // The CPU's ISA is printed first: the SIMD target Highway dispatches the xtc kernels to, and
 // what oneDNN (zeroquant's INT8 GEMM) says it uses. A plugin that is not installed gives a
 // "skip" line for its rows. One JSON object per line on stdout:
 //  {"kind":"isa", "highway", "onednn", "threads", "openblas_threads"}
 //  {"kind":"quant", "quantizer", "bits", "rows", "cols", "group_size", "bytes_read",
 //   "bytes_written", "seconds", "gb_per_s", "roof_gb_per_s", "ratio_to_roof"}
-//  {"kind":"gemm"|"decode", "quantizer", "m", "n", "k", "seconds", "gflops", "peer",
+//  {"kind":"gemm"|"decode", ("device":"cuda"), "quantizer", "m", "n", "k", "seconds", "gflops",
+//  "peer",
 //   "peer_seconds", "peer_gflops", "speedup"}
 //  {"kind":"skip", "what", "reason"}
 // gb_per_s counts reads plus writes. gflops counts 2 M N K. A table goes to stderr.
@@ -49,6 +54,10 @@
 #include "router_core.hpp"
 #if LOOM_QUANT_BENCH_DNNL
 #include <oneapi/dnnl/dnnl.h>
+#endif
+#if LOOM_QUANT_BENCH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
 #endif
 
 extern "C" int openblas_get_num_threads(void);
@@ -103,9 +112,10 @@ std::vector<float> random_floats(std::size_t n, uint32_t seed, float scale) {
 struct View {
   std::vector<int64_t> shape;
   DLTensor t{};
-  View(void* data, std::vector<int64_t> s, DLDataType dt) : shape(std::move(s)) {
+  View(void* data, std::vector<int64_t> s, DLDataType dt, DLDevice dev = DLDevice{kDLCPU, 0})
+      : shape(std::move(s)) {
     t.data = data;
-    t.device = DLDevice{kDLCPU, 0};
+    t.device = dev;
     t.ndim = static_cast<int32_t>(shape.size());
     t.dtype = dt;
     t.shape = shape.data();
@@ -350,6 +360,8 @@ struct Options {
   int64_t decode_n = 4096, decode_k = 4096;
   std::vector<int64_t> decode_batches = {1, 4, 16};
   std::vector<std::string> only = {"quant", "gemm", "decode"};
+  std::string device = "cpu";
+  std::vector<int64_t> cuda_gemm_sizes = {8192};
   std::string plugin_path;
   bool wants(const char* what) const {
     return std::find(only.begin(), only.end(), what) != only.end();
@@ -487,6 +499,162 @@ void run_decode(const Options& o, std::vector<std::string>& table) {
   }
 }
 
+#if LOOM_QUANT_BENCH_CUDA
+// ------------------------------------------------------------------ CUDA
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw BenchError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void cublas_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw BenchError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(st)));
+  }
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) {
+    cuda_check(cudaMalloc(&p, std::max<std::size_t>(bytes, 256)), "cudaMalloc");
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Seconds of fn() on `stream`, by CUDA events, best of reps after a warm-up.
+double cuda_best(cudaStream_t stream, int64_t reps, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  cuda_check(cudaEventCreate(&a), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&b), "cudaEventCreate");
+  fn();
+  cuda_check(cudaStreamSynchronize(stream), "warm-up");
+  double best = INFINITY;
+  for (int64_t r = 0; r < reps; ++r) {
+    cuda_check(cudaEventRecord(a, stream), "cudaEventRecord");
+    fn();
+    cuda_check(cudaEventRecord(b, stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+    best = std::min(best, static_cast<double>(ms) * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return best;
+}
+
+// zeroquant's W8A8 matmul on CUDA (cuBLASLt int8) against cuBLAS bf16 (bf16 inputs and
+// output, fp32 accumulation) at M = N = K = S, both on one stream.
+void run_cuda_gemm(const Options& o, std::vector<std::string>& table) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    emit(Json{{"kind", "skip"}, {"what", "cuda"}, {"reason", "no CUDA device"}});
+    return;
+  }
+  auto opened = open_quantizer("zeroquant_w8a8_cuda",
+                               "plugin = \"zeroquant\"\nbits = 8\ngroup_size = 0\n"
+                               "activation_bits = 8\n",
+                               o.plugin_path);
+  if (!opened->ok) return;
+  const Quantizer& q = opened->q;
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  cublasHandle_t handle = nullptr;
+  cublas_check(cublasCreate(&handle), "cublasCreate");
+  cublas_check(cublasSetStream(handle, stream), "cublasSetStream");
+  const DLDevice dev{kDLCUDA, 0};
+  for (int64_t sz : o.cuda_gemm_sizes) {
+    const int64_t m = sz, n = sz, k = sz;
+    const auto w = random_floats(static_cast<std::size_t>(n * k), 2, 0.05f);
+    const auto x = random_floats(static_cast<std::size_t>(m * k), 3, 1.0f);
+    DeviceBuffer dw(w.size() * 4), dx(x.size() * 4), dy(static_cast<std::size_t>(m * n) * 4);
+    cuda_check(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "copy W");
+    cuda_check(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "copy x");
+    // The packed weight on the device.
+    Packed p;
+    lay_out(q, n, k, m, p);
+    DeviceBuffer codes(p.layout.packed_bytes), scales(scale_bytes(p)), ws(p.layout.workspace_bytes),
+        mws(p.layout.matmul_workspace_bytes);
+    {
+      View wv(dw.p, {n, k}, kF32, dev);
+      View cv(codes.p, {static_cast<int64_t>(p.layout.packed_bytes)}, kU8, dev);
+      View sv(scales.p, {p.layout.scale_count}, p.format.scale_dtype, dev);
+      loom_quantizer_quantize_args a{};
+      a.struct_size = LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE;
+      a.role = LOOM_QUANTIZER_WEIGHT;
+      a.format = &p.format;
+      a.x = &wv.t;
+      a.packed = &cv.t;
+      a.scales = &sv.t;
+      a.workspace = p.layout.workspace_bytes > 0 ? ws.p : nullptr;
+      a.workspace_bytes = p.layout.workspace_bytes;
+      a.stream = stream;
+      q.check(q.t->quantize(q.obj, &a), "quantize (cuda)");
+    }
+    View xv(dx.p, {m, k}, kF32, dev);
+    View cv(codes.p, {static_cast<int64_t>(p.layout.packed_bytes)}, kU8, dev);
+    View sv(scales.p, {p.layout.scale_count}, p.format.scale_dtype, dev);
+    View yv(dy.p, {m, n}, kF32, dev);
+    loom_quantizer_matmul_args a{};
+    a.struct_size = LOOM_QUANTIZER_MATMUL_ARGS_SIZE;
+    a.format = &p.format;
+    a.x = &xv.t;
+    a.packed = &cv.t;
+    a.scales = &sv.t;
+    a.y = &yv.t;
+    a.workspace = p.layout.matmul_workspace_bytes > 0 ? mws.p : nullptr;
+    a.workspace_bytes = p.layout.matmul_workspace_bytes;
+    a.stream = stream;
+    const double ours =
+        cuda_best(stream, o.reps, [&] { q.check(q.t->matmul(q.obj, &a), "matmul (cuda)"); });
+    // cuBLAS bf16: y^T [n, m] = W [n, k] . x^T in column-major terms (row-major y = x W^T).
+    std::vector<uint16_t> wb(w.size()), xb(x.size());
+    for (std::size_t i = 0; i < w.size(); ++i) wb[i] = to_bf16(w[i]);
+    for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]);
+    DeviceBuffer dwb(wb.size() * 2), dxb(xb.size() * 2), dyb(static_cast<std::size_t>(m * n) * 2);
+    cuda_check(cudaMemcpy(dwb.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), "copy W bf16");
+    cuda_check(cudaMemcpy(dxb.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), "copy x bf16");
+    const float one = 1.0f, zero = 0.0f;
+    const double peer = cuda_best(stream, o.reps, [&] {
+      cublas_check(
+          cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                       static_cast<int>(k), &one, dwb.p, CUDA_R_16BF, static_cast<int>(k), dxb.p,
+                       CUDA_R_16BF, static_cast<int>(k), &zero, dyb.p, CUDA_R_16BF,
+                       static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx bf16");
+    });
+    const double flops =
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    emit(Json{{"kind", "gemm"},
+              {"device", "cuda"},
+              {"quantizer", "zeroquant_w8a8"},
+              {"m", m},
+              {"n", n},
+              {"k", k},
+              {"seconds", ours},
+              {"gflops", flops / ours / 1e9},
+              {"peer", "cublas_bf16"},
+              {"peer_seconds", peer},
+              {"peer_gflops", flops / peer / 1e9},
+              {"speedup", peer / ours}});
+    char line[256];
+    std::snprintf(
+        line, sizeof line,
+        "gemm   %-16s M%-5lld N%-5lld K%-5lld %8.1f TFLOP/s cublas_bf16 %6.1f  x%5.2f (cuda)",
+        "zeroquant_w8a8", static_cast<long long>(m), static_cast<long long>(n),
+        static_cast<long long>(k), flops / ours / 1e12, flops / peer / 1e12, peer / ours);
+    table.emplace_back(line);
+  }
+  cublasDestroy(handle);
+  cudaStreamDestroy(stream);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -528,6 +696,13 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"quant", "gemm", "decode"}))
       ->type_name("LIST");
+  app.add_option("--device", o.device, "cpu, cuda (the INT8 GEMM against cuBLAS bf16) or all")
+      ->check(CLI::IsMember({"cpu", "cuda", "all"}))
+      ->type_name("D");
+  app.add_option("--cuda-gemm-sizes", o.cuda_gemm_sizes, "Square GEMMs on CUDA, a list")
+      ->delimiter(',')
+      ->check(loom_cli::integer_in(1, 1 << 16))
+      ->type_name("LIST");
   app.add_option("--plugin-path", o.plugin_path, "Extra plugin folders, ':'-separated")
       ->type_name("DIRS");
   if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
@@ -542,9 +717,18 @@ int main(int argc, char** argv) {
               {"threads", loom_thread_count()},
               {"openblas_threads", openblas_get_num_threads()}});
     std::vector<std::string> table;
-    if (o.wants("quant")) run_quant(o, table);
-    if (o.wants("gemm")) run_gemm(o, table);
-    if (o.wants("decode")) run_decode(o, table);
+    const bool cpu = o.device == "cpu" || o.device == "all";
+    if (cpu && o.wants("quant")) run_quant(o, table);
+    if (cpu && o.wants("gemm")) run_gemm(o, table);
+    if (cpu && o.wants("decode")) run_decode(o, table);
+    if (o.device == "cuda" || o.device == "all") {
+#if LOOM_QUANT_BENCH_CUDA
+      run_cuda_gemm(o, table);
+#else
+      emit(Json{
+          {"kind", "skip"}, {"what", "cuda"}, {"reason", "built without CUDA (LOOM_CUDA off)"}});
+#endif
+    }
     std::fprintf(stderr, "\n");
     for (const auto& line : table) std::fprintf(stderr, "%s\n", line.c_str());
     std::fprintf(stderr,
