@@ -1,7 +1,8 @@
 // loom-bench-quant [--quant-shape N,K] [--group-size G] [--gemm-sizes 2048]
 //                  [--trainer-shapes] [--decode-shape N,K] [--decode-batches 1,4,16]
 //                  [--reps R] [--only quant,gemm,decode] [--device cpu|cuda|all]
-//                  [--cuda-gemm-sizes 8192] [--plugin-path DIRS]
+//                  [--cuda-gemm-sizes 8192] [--torch-peer SCRIPT [--python PATH]]
+//                  [--plugin-path DIRS]
 //
 // The quantizers through the host, as a program that loads them sees them (loom_open_string,
 // the loom.quantizer/1 table), each against its reference measured back to back in the same
@@ -20,6 +21,10 @@
 //   cuda:   (--device cuda) zeroquant's W8A8 matmul on the GPU (cuBLASLt int8) against
 //           cuBLAS bf16 (bf16 inputs and output, fp32 accumulation) at M = N = K = S for
 //           each --cuda-gemm-sizes S, timed with CUDA events on one stream.
+// With --torch-peer SCRIPT (bench/peers/quant_peers.py) the torch peer runs first on the same
+// shapes, its lines are echoed with kind "torch_peer_quant" / "torch_peer_matmul", and each
+// row gains "vs_torch": our GB/s over torch's group quantizer's, or torch's fp32 matmul time
+// over ours.
 // The CPU's ISA is printed first: the SIMD target Highway dispatches the xtc kernels to, and
 // what oneDNN (zeroquant's INT8 GEMM) says it uses. A plugin that is not installed gives a
 // "skip" line for its rows. One JSON object per line on stdout:
@@ -45,9 +50,11 @@
 #include <cstring>
 #include <functional>
 #include <loom_cli_support.hpp>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "binary.hpp"
@@ -361,6 +368,8 @@ struct Options {
   std::vector<int64_t> decode_batches = {1, 4, 16};
   std::vector<std::string> only = {"quant", "gemm", "decode"};
   std::string device = "cpu";
+  std::string peer;  // bench/peers/quant_peers.py, run first (--torch-peer)
+  std::string python = "/usr/bin/python3";
   std::vector<int64_t> cuda_gemm_sizes = {8192};
   std::string plugin_path;
   bool wants(const char* what) const {
@@ -373,6 +382,53 @@ void emit(const Json& j) {
   std::fflush(stdout);
 }
 
+// ------------------------------------------------------------------ the torch peer
+// quant_peers.py's JSON lines: group quantization by scheme, fp32 matmuls by (m, n, k).
+struct TorchPeer {
+  std::map<std::string, double> quant_gbps;                          // int8, int4, ternary
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> matmul_s;  // seconds
+};
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (int64_t x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+TorchPeer run_torch_peer(const Options& o) {
+  TorchPeer t;
+  const std::string cmd = "'" + o.python + "' '" + o.peer + "' --quant-shape " +
+                          std::to_string(o.quant_n) + "," + std::to_string(o.quant_k) +
+                          " --group-size " + std::to_string(o.group) + " --gemm-sizes " +
+                          join(o.gemm_sizes) + " --decode-shape " + std::to_string(o.decode_n) +
+                          "," + std::to_string(o.decode_k) + " --decode-batches " +
+                          join(o.decode_batches) + " --reps " + std::to_string(o.reps);
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) throw BenchError("--torch-peer: cannot run " + cmd);
+  char line[4096];
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {
+    Json j = Json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    j["kind"] = "torch_" + j.value("kind", std::string("?"));
+    emit(j);
+    if (j["kind"] == "torch_peer_quant") {
+      t.quant_gbps[j.value("scheme", std::string())] = j.value("gb_per_s", 0.0);
+    } else if (j["kind"] == "torch_peer_matmul") {
+      t.matmul_s[{j.value("m", int64_t{0}), j.value("n", int64_t{0}), j.value("k", int64_t{0})}] =
+          j.value("seconds", 0.0);
+    }
+  }
+  const int status = ::pclose(pipe);
+  if (status != 0) {
+    emit(Json{{"kind", "skip"},
+              {"what", "torch peer"},
+              {"reason", cmd + " exited with status " + std::to_string(status)}});
+  }
+  return t;
+}
+
+TorchPeer g_peer;  // filled by --torch-peer before our rows
+
 void run_quant(const Options& o, std::vector<std::string>& table) {
   const int64_t n = o.quant_n, k = o.quant_k;
   const auto w = random_floats(static_cast<std::size_t>(n * k), 1, 0.05f);
@@ -380,11 +436,12 @@ void run_quant(const Options& o, std::vector<std::string>& table) {
   struct Spec {
     const char* name;
     std::string body;
+    const char* scheme;  // the torch peer's
   };
   const Spec specs[] = {
-      {"zeroquant_int8", "plugin = \"zeroquant\"\nbits = 8\ngroup_size = " + g + "\n"},
-      {"zeroquant_int4", "plugin = \"zeroquant\"\nbits = 4\ngroup_size = " + g + "\n"},
-      {"xtc_ternary", "plugin = \"xtc\"\nmode = \"ternary\"\ngroup_size = " + g + "\n"},
+      {"zeroquant_int8", "plugin = \"zeroquant\"\nbits = 8\ngroup_size = " + g + "\n", "int8"},
+      {"zeroquant_int4", "plugin = \"zeroquant\"\nbits = 4\ngroup_size = " + g + "\n", "int4"},
+      {"xtc_ternary", "plugin = \"xtc\"\nmode = \"ternary\"\ngroup_size = " + g + "\n", "ternary"},
   };
   for (const Spec& spec : specs) {
     auto opened = open_quantizer(spec.name, spec.body, o.plugin_path);
@@ -404,23 +461,32 @@ void run_quant(const Options& o, std::vector<std::string>& table) {
                          }});
     const double gbs = static_cast<double>(read + written) / best[0] / 1e9;
     const double roof = static_cast<double>(read + written) / best[1] / 1e9;
-    emit(Json{{"kind", "quant"},
-              {"quantizer", spec.name},
-              {"bits", p.format.bits},
-              {"rows", n},
-              {"cols", k},
-              {"group_size", o.group},
-              {"bytes_read", read},
-              {"bytes_written", written},
-              {"seconds", best[0]},
-              {"gb_per_s", gbs},
-              {"roof_gb_per_s", roof},
-              {"ratio_to_roof", gbs / roof}});
+    Json row{{"kind", "quant"},
+             {"quantizer", spec.name},
+             {"bits", p.format.bits},
+             {"rows", n},
+             {"cols", k},
+             {"group_size", o.group},
+             {"bytes_read", read},
+             {"bytes_written", written},
+             {"seconds", best[0]},
+             {"gb_per_s", gbs},
+             {"roof_gb_per_s", roof},
+             {"ratio_to_roof", gbs / roof}};
+    const auto peer = g_peer.quant_gbps.find(spec.scheme);
+    const double vs_torch =
+        peer != g_peer.quant_gbps.end() && peer->second > 0 ? gbs / peer->second : std::nan("");
+    if (!std::isnan(vs_torch)) {
+      row["torch_gb_per_s"] = peer->second;
+      row["vs_torch"] = vs_torch;
+    }
+    emit(row);
     char line[256];
     std::snprintf(line, sizeof line,
-                  "quant  %-16s %5lldx%-5lld g%-4lld %8.2f GB/s  roof %8.2f  ratio %5.2f",
+                  "quant  %-16s %5lldx%-5lld g%-4lld %8.2f GB/s  roof %8.2f  ratio %5.2f  "
+                  "torch x%.1f",
                   spec.name, static_cast<long long>(n), static_cast<long long>(k),
-                  static_cast<long long>(o.group), gbs, roof, gbs / roof);
+                  static_cast<long long>(o.group), gbs, roof, gbs / roof, vs_torch);
     table.emplace_back(line);
   }
 }
@@ -443,22 +509,31 @@ void run_matmul(const char* kind, const Quantizer& q, const char* label, int64_t
   const double flops =
       2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const char* peer = m == 1 ? "openblas_sgemv" : "openblas_sgemm";
-  emit(Json{{"kind", kind},
-            {"quantizer", label},
-            {"m", m},
-            {"n", n},
-            {"k", k},
-            {"seconds", best[0]},
-            {"gflops", flops / best[0] / 1e9},
-            {"peer", peer},
-            {"peer_seconds", best[1]},
-            {"peer_gflops", flops / best[1] / 1e9},
-            {"speedup", best[1] / best[0]}});
+  Json row{{"kind", kind},
+           {"quantizer", label},
+           {"m", m},
+           {"n", n},
+           {"k", k},
+           {"seconds", best[0]},
+           {"gflops", flops / best[0] / 1e9},
+           {"peer", peer},
+           {"peer_seconds", best[1]},
+           {"peer_gflops", flops / best[1] / 1e9},
+           {"speedup", best[1] / best[0]}};
+  const auto tp = g_peer.matmul_s.find({m, n, k});
+  const double vs_torch =
+      tp != g_peer.matmul_s.end() && tp->second > 0 ? tp->second / best[0] : std::nan("");
+  if (!std::isnan(vs_torch)) {
+    row["torch_seconds"] = tp->second;
+    row["vs_torch"] = vs_torch;
+  }
+  emit(row);
   char line[256];
   std::snprintf(line, sizeof line,
-                "%-6s %-16s M%-5lld N%-5lld K%-5lld %8.1f GFLOP/s  %s %8.1f  x%5.2f", kind, label,
-                static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                flops / best[0] / 1e9, peer, flops / best[1] / 1e9, best[1] / best[0]);
+                "%-6s %-16s M%-5lld N%-5lld K%-5lld %8.1f GFLOP/s  %s %8.1f  x%5.2f  torch x%.2f",
+                kind, label, static_cast<long long>(m), static_cast<long long>(n),
+                static_cast<long long>(k), flops / best[0] / 1e9, peer, flops / best[1] / 1e9,
+                best[1] / best[0], vs_torch);
   table.emplace_back(line);
 }
 
@@ -703,6 +778,12 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(loom_cli::integer_in(1, 1 << 16))
       ->type_name("LIST");
+  app.add_option("--torch-peer", o.peer,
+                 "bench/peers/quant_peers.py: run it first on the same shapes and print ours / "
+                 "torch beside each row")
+      ->type_name("SCRIPT");
+  app.add_option("--python", o.python, "The interpreter of --torch-peer (Debian's has torch)")
+      ->type_name("PATH");
   app.add_option("--plugin-path", o.plugin_path, "Extra plugin folders, ':'-separated")
       ->type_name("DIRS");
   if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
@@ -717,6 +798,7 @@ int main(int argc, char** argv) {
               {"threads", loom_thread_count()},
               {"openblas_threads", openblas_get_num_threads()}});
     std::vector<std::string> table;
+    if (!o.peer.empty() && o.device != "cuda") g_peer = run_torch_peer(o);
     const bool cpu = o.device == "cpu" || o.device == "all";
     if (cpu && o.wants("quant")) run_quant(o, table);
     if (cpu && o.wants("gemm")) run_gemm(o, table);
