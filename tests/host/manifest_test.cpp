@@ -45,9 +45,10 @@ TEST_F(Manifest, NonAsciiOutsideStringsIsASyntaxError) {
 
 TEST_F(Manifest, UnknownSectionSuggestsTheClosestOne) {
   EXPECT_EQ(check("[optimzer.x]\nplugin = \"probe\"\n"), LOOM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_, at(1, 2) +
-                        "unknown section 'optimzer' (did you mean 'optimizer'?); known sections: "
-                        "loom, optimizer, comm, codec, curriculum, sampler, router, moe, quantizer");
+  EXPECT_EQ(error_,
+            at(1, 2) +
+                "unknown section 'optimzer' (did you mean 'optimizer'?); known sections: "
+                "loom, optimizer, comm, codec, curriculum, sampler, router, moe, quantizer");
 }
 
 TEST_F(Manifest, UnknownSectionFarFromAnyGetsNoSuggestion) {
