@@ -225,8 +225,8 @@ HWY_INLINE float TernaryKeptAndCodes(const float* HWY_RESTRICT w, int64_t n, flo
     const VM a = hn::Abs(v);
     const auto keep = hn::Gt(a, dv);
     acc = hn::Add(acc, hn::IfThenElseZero(keep, a));
-    p[slot] = MaskWord(d, hn::And(keep, hn::Gt(v, zero)));
-    m[slot] = MaskWord(d, hn::And(keep, hn::Lt(v, zero)));
+    p[slot] = MaskWord(d, keep);             // kept
+    m[slot] = MaskWord(d, hn::Lt(v, zero));  // negative
   };
   for (; i + kSumLanes <= n; i += kSumLanes) {
     if (ahead != nullptr) hwy::Prefetch(ahead + i);
@@ -236,9 +236,12 @@ HWY_INLINE float TernaryKeptAndCodes(const float* HWY_RESTRICT w, int64_t n, flo
       step(w + i + 2 * N, a2, 2);
       step(w + i + 3 * N, a3, 3);
     }
-    const uint32_t plus = Join16(N, p[0], p[1], p[2], p[3]);
-    const uint32_t minus = Join16(N, m[0], m[1], m[2], m[3]);
-    count += __builtin_popcount(plus | minus);  // kept = w > Delta or w < -Delta
+    // A kept weight is nonzero, so it is w > Delta (plus) unless negative (minus).
+    const uint32_t kept_bits = Join16(N, p[0], p[1], p[2], p[3]);
+    const uint32_t neg = Join16(N, m[0], m[1], m[2], m[3]);
+    const uint32_t plus = kept_bits & ~neg;
+    const uint32_t minus = kept_bits & neg;
+    count += __builtin_popcount(kept_bits);
     PutBits(packed, (bit0 + static_cast<uint64_t>(i)) * 2, Spread16(plus) | Spread16(minus) << 1,
             32);
   }
