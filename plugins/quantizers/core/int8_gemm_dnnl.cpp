@@ -1,0 +1,157 @@
+// int8_gemm.hpp on oneDNN (Debian's libdnnl-dev). Without it (LOOM_QUANT_HAVE_DNNL 0) the
+// GEMM is absent and have_int8_gemm() says so; the matmul around it is the same.
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+#include <vector>
+
+#include "int8_gemm.hpp"
+
+#if LOOM_QUANT_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace loom::quant {
+namespace {
+
+constexpr uint64_t align64(uint64_t v) { return (v + 63) / 64 * 64; }
+
+}  // namespace
+
+// 8-bit symmetric codes are two's complement bytes in either bit order.
+bool codes_are_int8(const IntWeight& w) { return w.q.bits == 8 && w.q.symmetric; }
+
+#if LOOM_QUANT_HAVE_DNNL
+
+bool have_int8_gemm() { return true; }
+
+namespace {
+
+struct Engine {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+
+Engine& cpu_engine() {
+  static Engine e;
+  return e;
+}
+
+}  // namespace
+
+void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+  if (g.m == 0 || g.n == 0) return;
+  const int64_t groups = g.k == 0 ? 0 : (g.k + g.group - 1) / g.group;
+  if (groups == 0) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) g.y[i * g.n + j] = g.bias != nullptr ? g.bias[j] : 0.0f;
+    }
+    return;
+  }
+  try {
+    Engine& e = cpu_engine();
+    const memory::desc acc_md({g.m, g.n}, dt::s32, memory::dims{g.n, 1});
+    memory acc_mem(acc_md, e.engine, acc);
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int64_t k0 = gi * g.group;
+      const int64_t kg = std::min(g.k, k0 + g.group) - k0;
+      const memory::desc src_md({g.m, kg}, dt::s8, memory::dims{g.k, 1});
+      const memory::desc wei_md({kg, g.n}, dt::s8, memory::dims{1, g.k});
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, acc_md), e.engine);
+      const dnnl::matmul prim(pd);
+      memory src_mem(src_md, e.engine, const_cast<int8_t*>(g.xq + k0));
+      memory wei_mem(wei_md, e.engine, const_cast<int8_t*>(g.wq + k0));
+      prim.execute(e.stream,
+                   {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, wei_mem}, {DNNL_ARG_DST, acc_mem}});
+      e.stream.wait();
+      const float* sw = g.sw;
+      if (groups > 1) {
+        for (int64_t j = 0; j < g.n; ++j) sw_col[j] = g.sw[j * groups + gi];
+        sw = sw_col;
+      }
+      int8_epilogue(acc, g.m, g.n, g.sx, sw, g.bias, gi == 0, g.y);
+    }
+  } catch (const dnnl::error& err) {
+    throw std::runtime_error(std::string("oneDNN INT8 matmul failed: ") + err.what());
+  }
+}
+
+#else
+
+bool have_int8_gemm() { return false; }
+
+void int8_gemm(const Int8Gemm&, int32_t*, float*) {
+  throw std::runtime_error(
+      "this build has no INT8 GEMM: oneDNN (libdnnl-dev) was not found when it was configured");
+}
+
+#endif
+
+bool int8_matmul_supports(const IntScheme& q, std::string* why) {
+  if (q.symmetric || q.bits <= 7) return true;
+  if (why != nullptr) {
+    *why =
+        "asymmetric 8-bit weight codes minus their zero points span -255 .. 255 and do not fit "
+        "the int8 GEMM; use symmetric codes, bits <= 7, or weight-only matmul";
+  }
+  return false;
+}
+
+Int8Workspace carve_int8_workspace(void* base, int64_t m, const IntWeight& w) {
+  auto* p = static_cast<uint8_t*>(base);
+  const auto mu = static_cast<uint64_t>(m);
+  const auto n = static_cast<uint64_t>(w.gs.rows);
+  const auto k = static_cast<uint64_t>(w.gs.cols);
+  Int8Workspace ws;
+  ws.xq = reinterpret_cast<int8_t*>(p);
+  p += align64(mu * k);
+  ws.sx = reinterpret_cast<float*>(p);
+  p += align64(mu * sizeof(float));
+  if (!codes_are_int8(w)) {
+    ws.wide = reinterpret_cast<int8_t*>(p);
+    p += align64(n * k);
+  }
+  ws.sw_col = reinterpret_cast<float*>(p);
+  p += align64(n * sizeof(float));
+  ws.acc = reinterpret_cast<int32_t*>(p);
+  return ws;
+}
+
+uint64_t int8_matmul_workspace_bytes(int64_t m, const IntWeight& w) {
+  const auto mu = static_cast<uint64_t>(m);
+  const auto n = static_cast<uint64_t>(w.gs.rows);
+  const auto k = static_cast<uint64_t>(w.gs.cols);
+  uint64_t bytes = align64(mu * k) + align64(mu * sizeof(float));
+  if (!codes_are_int8(w)) bytes += align64(n * k);
+  return bytes + align64(n * sizeof(float)) + align64(mu * n * sizeof(int32_t));
+}
+
+int64_t int8_matmul(const float* x, int64_t m, const IntWeight& w, const float* bias, float* y,
+                    void* workspace) {
+  const Int8Workspace ws = carve_int8_workspace(workspace, m, w);
+  const int64_t bad = quantize_rows_int8(x, m, w.gs.cols, ws.xq, ws.sx);
+  if (bad >= 0) return bad;
+  const int8_t* wq = reinterpret_cast<const int8_t*>(w.packed);
+  if (ws.wide != nullptr) {
+    widen_to_int8(w, ws.wide);
+    wq = ws.wide;
+  }
+  Int8Gemm g;
+  g.xq = ws.xq;
+  g.sx = ws.sx;
+  g.wq = wq;
+  g.sw = w.scales;
+  g.bias = bias;
+  g.y = y;
+  g.m = m;
+  g.n = w.gs.rows;
+  g.k = w.gs.cols;
+  g.group = w.gs.group;
+  int8_gemm(g, ws.acc, ws.sw_col);
+  return -1;
+}
+
+}  // namespace loom::quant
