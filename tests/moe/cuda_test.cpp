@@ -122,6 +122,10 @@ void compare(const LayerConfig& c, int64_t S, cudaStream_t stream) {
   f.saved_bytes = sb;
   f.workspace = align(hwork.data());
   f.workspace_bytes = wb;
+  // aux-loss-free balancing: a bias that moves some choices, updated by forward
+  std::vector<float> bias = moe_test::random_vec<float>(E, 31u, 0.05);
+  const std::vector<float> bias0 = bias;
+  if (c.bias_update_rate > 0.0) f.expert_bias = bias.data();
   loom::moe::LayerStats hs;
   hs.load = load.data();
   loom::moe::layer_forward<float>(c, ex, f, hs);
@@ -169,9 +173,15 @@ void compare(const LayerConfig& c, int64_t S, cudaStream_t stream) {
   df.workspace_bytes = wb;
   loom::moe::cuda::Blas blas;
   const loom::moe::cuda::Device dev{0, stream, &blas};
+  Dev<float> dbias(bias0);
+  if (c.bias_update_rate > 0.0) df.expert_bias = dbias.p;
   loom::moe::LayerStats ds;
   ds.load = dload.data();
   loom::moe::cuda::layer_forward(c, ex, df, ds, dev);
+  if (c.bias_update_rate > 0.0) {
+    EXPECT_NE(bias, bias0);
+    EXPECT_EQ(dbias.read(), bias);
+  }
   EXPECT_EQ(droute.read(), route);  // the same experts, the same drops
   EXPECT_EQ(dload, load);
   EXPECT_EQ(ds.dropped, hs.dropped);
@@ -245,10 +255,11 @@ TEST_F(MoeCuda, TopTwoWithCapacityJitterAndResidualMatchesTheHost) {
   compare(c, 40, stream_);
 }
 
-TEST_F(MoeCuda, TopOneRSampleMatchesTheHost) {
+TEST_F(MoeCuda, TopOneRSampleWithBiasBalancingMatchesTheHost) {
   LayerConfig c = config(5, 1, false, false);
   c.gate.noise = loom::moe::NoisePolicy::RSample;
   c.gate.use_rts = true;
+  c.bias_update_rate = 0.01;
   compare(c, 37, stream_);
 }
 

@@ -175,3 +175,65 @@ TEST(MoeExperts, BackwardMatchesFiniteDifferencesInDouble) {
   check(b2, gb2, 1.0, "b2");
   check(in, din, 0.0, "in");
 }
+
+// Segments longer than one work block (64 rows) and a hidden width of two gradient blocks:
+// forward and backward against plain loops in double.
+TEST(MoeExperts, BlockedWorkMatchesLoops) {
+  const int El = 2;
+  const int64_t M = 3, H = 66;
+  const std::vector<int64_t> rows = {70, 3};
+  const int64_t R = 73;
+  const auto act = loom::moe::Activation::Gelu;
+  const auto in = moe_test::random_vec<double>(static_cast<size_t>(R * M), 1u);
+  const auto w1 = moe_test::random_vec<double>(static_cast<size_t>(El * H * M), 2u, 0.5);
+  const auto b1 = moe_test::random_vec<double>(static_cast<size_t>(El * H), 3u, 0.5);
+  const auto w2 = moe_test::random_vec<double>(static_cast<size_t>(El * M * H), 4u, 0.5);
+  const auto b2 = moe_test::random_vec<double>(static_cast<size_t>(El * M), 5u, 0.5);
+  const auto dout = moe_test::random_vec<double>(static_cast<size_t>(R * M), 6u);
+  loom::moe::ExpertWeights<double> w{w1.data(), b1.data(), w2.data(), b2.data()};
+  std::vector<double> pre(static_cast<size_t>(R * H)), h(pre.size()), dh(pre.size());
+  std::vector<double> out(static_cast<size_t>(R * M)), din(out.size());
+  loom::moe::experts_forward<double>(act, El, rows.data(), M, H, in.data(), w, pre.data(), h.data(),
+                                     out.data());
+  std::vector<double> gw1(w1.size()), gb1(b1.size()), gw2(w2.size()), gb2(b2.size());
+  loom::moe::ExpertGrads<double> g{gw1.data(), gb1.data(), gw2.data(), gb2.data()};
+  loom::moe::experts_backward<double>(act, El, rows.data(), M, H, in.data(), pre.data(),
+                                      dout.data(), w, g, h.data(), dh.data(), din.data());
+  std::vector<double> rw1(w1.size()), rb1(b1.size()), rw2(w2.size()), rb2(b2.size());
+  int64_t off = 0;
+  for (int e = 0; e < El; ++e) {
+    for (int64_t r = off; r < off + rows[e]; ++r) {
+      std::vector<double> p(static_cast<size_t>(H)), hh(p.size()), dp(p.size());
+      for (int64_t i = 0; i < H; ++i) {
+        double acc = b1[e * H + i];
+        for (int64_t m = 0; m < M; ++m) acc += in[r * M + m] * w1[(e * H + i) * M + m];
+        p[i] = acc;
+        hh[i] = loom::moe::act_forward(act, acc);
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        double acc = b2[e * M + m];
+        for (int64_t i = 0; i < H; ++i) acc += hh[i] * w2[(e * M + m) * H + i];
+        EXPECT_NEAR(out[r * M + m], acc, 1e-12);
+        rb2[e * M + m] += dout[r * M + m];
+        for (int64_t i = 0; i < H; ++i) rw2[(e * M + m) * H + i] += dout[r * M + m] * hh[i];
+      }
+      for (int64_t i = 0; i < H; ++i) {
+        double acc = 0.0;
+        for (int64_t m = 0; m < M; ++m) acc += dout[r * M + m] * w2[(e * M + m) * H + i];
+        dp[i] = acc * loom::moe::act_grad(act, p[i]);
+        rb1[e * H + i] += dp[i];
+        for (int64_t m = 0; m < M; ++m) rw1[(e * H + i) * M + m] += dp[i] * in[r * M + m];
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < H; ++i) acc += dp[i] * w1[(e * H + i) * M + m];
+        EXPECT_NEAR(din[r * M + m], acc, 1e-12);
+      }
+    }
+    off += rows[e];
+  }
+  for (size_t i = 0; i < gw1.size(); ++i) EXPECT_NEAR(gw1[i], rw1[i], 1e-11) << "w1 " << i;
+  for (size_t i = 0; i < gb1.size(); ++i) EXPECT_NEAR(gb1[i], rb1[i], 1e-11) << "b1 " << i;
+  for (size_t i = 0; i < gw2.size(); ++i) EXPECT_NEAR(gw2[i], rw2[i], 1e-11) << "w2 " << i;
+  for (size_t i = 0; i < gb2.size(); ++i) EXPECT_NEAR(gb2[i], rb2[i], 1e-11) << "b2 " << i;
+}

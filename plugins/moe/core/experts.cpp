@@ -58,12 +58,38 @@ void add_bias(T* y, const T* b, int64_t n, int64_t width) {
   }
 }
 
+// g[c] += sum over rows r (ascending) of d[r, c], for the columns c in [c0, c1).
 template <class T>
-void add_colsum(T* g, const T* d, int64_t n, int64_t width) {
+void add_colsum_cols(T* g, const T* d, int64_t n, int64_t width, int64_t c0, int64_t c1) {
   for (int64_t r = 0; r < n; ++r) {
     const T* dr = d + r * width;
-    for (int64_t c = 0; c < width; ++c) g[c] += dr[c];
+    for (int64_t c = c0; c < c1; ++c) g[c] += dr[c];
   }
+}
+
+// Work items of a fixed size (never dependent on the thread count, so neither is the result):
+// a block of rows of one expert, or a block of one expert's weight-gradient rows.
+constexpr int64_t kRowBlock = 64;
+
+struct Block {
+  int64_t expert, begin, end;  // rows [begin, end) of the expert's segment (or of its gradient)
+};
+
+template <class Size>
+std::vector<Block> blocks(int local_experts, Size&& size_of) {
+  std::vector<Block> out;
+  for (int64_t e = 0; e < local_experts; ++e) {
+    const int64_t n = size_of(e);
+    for (int64_t b = 0; b < n; b += kRowBlock) out.push_back({e, b, std::min(n, b + kRowBlock)});
+  }
+  return out;
+}
+
+template <class Fn>
+void for_blocks(const std::vector<Block>& work, Fn&& fn) {
+  sdk::parallel_for(work.size(), 1, [&](size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i) fn(work[i]);
+  });
 }
 
 }  // namespace
@@ -76,22 +102,19 @@ void experts_forward(Activation act, int local_experts, const int64_t* rows, int
   const int64_t M = model_dim;
   const int64_t H = hidden_dim;
   const std::vector<int64_t> offs = offsets(local_experts, rows);
-  sdk::parallel_for(static_cast<size_t>(local_experts), 1, [&](size_t lo, size_t hi) {
-    for (size_t ei = lo; ei < hi; ++ei) {
-      const auto e = static_cast<int64_t>(ei);
-      const int64_t n = rows[e];
-      if (n <= 0) continue;
-      const int64_t off = offs[ei];
-      const T* a = in + off * M;
-      T* p = pre + off * H;
-      T* hh = h + off * H;
-      T* o = out + off * M;
-      gemm(false, true, n, H, M, T(1), a, M, w.w1 + e * H * M, M, T(0), p, H);
-      add_bias(p, w.b1 + e * H, n, H);
-      for (int64_t i = 0; i < n * H; ++i) hh[i] = act_forward(act, p[i]);
-      gemm(false, true, n, M, H, T(1), hh, H, w.w2 + e * M * H, H, T(0), o, M);
-      add_bias(o, w.b2 + e * M, n, M);
-    }
+  const auto work = blocks(local_experts, [&](int64_t e) { return std::max<int64_t>(rows[e], 0); });
+  for_blocks(work, [&](const Block& b) {
+    const int64_t e = b.expert, n = b.end - b.begin;
+    const int64_t off = offs[static_cast<size_t>(e)] + b.begin;
+    const T* a = in + off * M;
+    T* p = pre + off * H;
+    T* hh = h + off * H;
+    T* o = out + off * M;
+    gemm(false, true, n, H, M, T(1), a, M, w.w1 + e * H * M, M, T(0), p, H);
+    add_bias(p, w.b1 + e * H, n, H);
+    for (int64_t i = 0; i < n * H; ++i) hh[i] = act_forward(act, p[i]);
+    gemm(false, true, n, M, H, T(1), hh, H, w.w2 + e * M * H, H, T(0), o, M);
+    add_bias(o, w.b2 + e * M, n, M);
   });
 }
 
@@ -103,31 +126,38 @@ void experts_backward(Activation act, int local_experts, const int64_t* rows, in
   const int64_t M = model_dim;
   const int64_t H = hidden_dim;
   const std::vector<int64_t> offs = offsets(local_experts, rows);
-  sdk::parallel_for(static_cast<size_t>(local_experts), 1, [&](size_t lo, size_t hi) {
-    for (size_t ei = lo; ei < hi; ++ei) {
-      const auto e = static_cast<int64_t>(ei);
-      const int64_t n = rows[e];
-      if (n <= 0) continue;
-      const int64_t off = offs[ei];
-      const T* a = in + off * M;
-      const T* p = pre + off * H;
-      const T* d = dout + off * M;
-      T* hh = h + off * H;
-      T* dhh = dh + off * H;
-      for (int64_t i = 0; i < n * H; ++i) hh[i] = act_forward(act, p[i]);
-      // dh = dout . w2_e; dW2 += dout^T h; db2 += colsum(dout)
-      gemm(false, false, n, H, M, T(1), d, M, w.w2 + e * M * H, H, T(0), dhh, H);
-      gemm(true, false, M, H, n, T(1), d, M, hh, H, T(1), g.w2 + e * M * H, H);
-      add_colsum(g.b2 + e * M, d, n, M);
-      for (int64_t i = 0; i < n * H; ++i) dhh[i] *= act_grad(act, p[i]);
-      // dW1 += dpre^T in; db1 += colsum(dpre); din = dpre . w1_e
-      gemm(true, false, H, M, n, T(1), dhh, H, a, M, T(1), g.w1 + e * H * M, M);
-      add_colsum(g.b1 + e * H, dhh, n, H);
-      if (din != nullptr) {
-        gemm(false, false, n, M, H, T(1), dhh, H, w.w1 + e * H * M, M, T(0), din + off * M, M);
-      }
+  auto count = [&](int64_t e) { return std::max<int64_t>(rows[e], 0); };
+  // by rows: h = act(pre); dpre = (dout . w2_e) * act'(pre); din = dpre . w1_e
+  for_blocks(blocks(local_experts, count), [&](const Block& b) {
+    const int64_t e = b.expert, n = b.end - b.begin;
+    const int64_t off = offs[static_cast<size_t>(e)] + b.begin;
+    const T* p = pre + off * H;
+    T* hh = h + off * H;
+    T* dhh = dh + off * H;
+    for (int64_t i = 0; i < n * H; ++i) hh[i] = act_forward(act, p[i]);
+    gemm(false, false, n, H, M, T(1), dout + off * M, M, w.w2 + e * M * H, H, T(0), dhh, H);
+    for (int64_t i = 0; i < n * H; ++i) dhh[i] *= act_grad(act, p[i]);
+    if (din != nullptr) {
+      gemm(false, false, n, M, H, T(1), dhh, H, w.w1 + e * H * M, M, T(0), din + off * M, M);
     }
   });
+  // by gradient rows, over all of the expert's rows: dW2 += dout^T h, db2; dW1 += dpre^T in, db1
+  for_blocks(blocks(local_experts, [&](int64_t e) { return count(e) > 0 ? M : 0; }),
+             [&](const Block& b) {
+               const int64_t e = b.expert, n = count(e), off = offs[static_cast<size_t>(e)];
+               const int64_t r = b.end - b.begin;
+               gemm(true, false, r, H, n, T(1), dout + off * M + b.begin, M, h + off * H, H, T(1),
+                    g.w2 + e * M * H + b.begin * H, H);
+               add_colsum_cols(g.b2 + e * M, dout + off * M, n, M, b.begin, b.end);
+             });
+  for_blocks(blocks(local_experts, [&](int64_t e) { return count(e) > 0 ? H : 0; }),
+             [&](const Block& b) {
+               const int64_t e = b.expert, n = count(e), off = offs[static_cast<size_t>(e)];
+               const int64_t r = b.end - b.begin;
+               gemm(true, false, r, M, n, T(1), dh + off * H + b.begin, H, in + off * M, M, T(1),
+                    g.w1 + e * H * M + b.begin * M, M);
+               add_colsum_cols(g.b1 + e * H, dh + off * H, n, H, b.begin, b.end);
+             });
 }
 
 #define LOOM_MOE_EXPERTS_INSTANTIATE(T)                                                          \

@@ -1,6 +1,7 @@
-// The gate on CUDA: probabilities with the host's rounding (one thread per token, each logit
-// summed in feature order with one accumulator, exp_fixed, --fmad=false), and the gradients
-// the gate sends to x and gate_w (one thread per output element, sums in the host's order).
+// The gate on CUDA: probabilities with the host's rounding (one thread per logit, summed in
+// feature order with one accumulator; the softmax per token with exp_fixed; --fmad=false),
+// and the gradients the gate sends to x and gate_w (one thread per output element, sums in
+// the host's order).
 #include <loom/sdk/random.hpp>
 
 #include "cuda_util.cuh"
@@ -32,17 +33,28 @@ __device__ float jitter_of(const GateArgs& a, int64_t s, int64_t m) {
   return jitter_factor(rng.word(static_cast<uint64_t>(m)), a.eps);
 }
 
-__global__ void gate_probs_kernel(GateArgs a) {
+// One thread per (token, expert): the logit summed in feature order with one accumulator.
+__global__ void gate_logits_kernel(GateArgs a) {
+  const int64_t n = a.tokens * a.E;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t s = i / a.E, e = i % a.E;
+    const float* xs = a.x + s * a.M;
+    const float* w = a.w + e * a.M;
+    float acc = 0.0f;
+    for (int64_t m = 0; m < a.M; ++m) {
+      const float xm = a.jitter ? xs[m] * jitter_of(a, s, m) : xs[m];
+      acc = acc + xm * w[m];
+    }
+    a.probs[i] = acc;
+  }
+}
+
+// One thread per token: the max-subtracted softmax in place, summed in expert order.
+__global__ void gate_softmax_kernel(GateArgs a) {
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < a.tokens;
        s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float* p = a.probs + s * a.E;
-    const float* xs = a.x + s * a.M;
-    for (int e = 0; e < a.E; ++e) p[e] = 0.0f;
-    for (int64_t m = 0; m < a.M; ++m) {
-      float xm = xs[m];
-      if (a.jitter) xm = xm * jitter_of(a, s, m);
-      for (int e = 0; e < a.E; ++e) p[e] = p[e] + xm * a.w[e * a.M + m];
-    }
     float mx = p[0];
     for (int e = 1; e < a.E; ++e) mx = p[e] > mx ? p[e] : mx;
     float sum = 0.0f;
@@ -105,8 +117,10 @@ void gate_probs(const GateConfig& cfg, const float* x, int64_t tokens, int64_t m
   if (tokens <= 0) return;
   GateArgs a = args_of(cfg, x, tokens, model_dim, gate_w);
   a.probs = probs;
-  gate_probs_kernel<<<blocks_for(tokens), kThreads, 0, as_stream(stream)>>>(a);
-  check_launch("gate_probs");
+  gate_logits_kernel<<<blocks_for(tokens * cfg.num_experts), kThreads, 0, as_stream(stream)>>>(a);
+  check_launch("gate_logits");
+  gate_softmax_kernel<<<blocks_for(tokens), kThreads, 0, as_stream(stream)>>>(a);
+  check_launch("gate_softmax");
 }
 
 void gate_input_grads(const GateConfig& cfg, const float* x, int64_t tokens, int64_t model_dim,
