@@ -6,7 +6,7 @@
 #
 # Layout (no symbolic links; the binaries find libloom through RUNPATH $ORIGIN/../lib, and
 # libloom finds its plugins in lib/loom/plugins beside itself):
-#   bin/      loom, loom-bench-codec, loom-bench-optim, loom-bench-router, the GPU tests (codec_cuda_test,
+#   bin/      loom, loom-bench-codec, loom-bench-optim, loom-bench-router, loom-bench-quant, the GPU tests (codec_cuda_test,
 #             loom_optimizer_cuda_tests, loom_nccl_tests and any other *cuda* test program)
 #   lib/      libloom.so.0, lib/loom/plugins/*.so
 #   deps/     what `ldd` lists for those files, less the C/C++ runtime and libnccl (the GPU
@@ -35,7 +35,7 @@ grep -q "Loom: CUDA ON" "$build.configure.log" || {
 
 # The GPU tests: these three, and any other test program with "cuda" in its name (left out,
 # with a warning, when it does not build).
-bins=(loom loom-bench-codec loom-bench-optim loom-bench-router codec_cuda_test loom_optimizer_cuda_tests
+bins=(loom loom-bench-codec loom-bench-optim loom-bench-router loom-bench-quant codec_cuda_test loom_optimizer_cuda_tests
   loom_nccl_tests loom_thread_comm_tests)
 echo "== build ${bins[*]}"
 ninja -C "$build" "${bins[@]/#/bin/}"

@@ -10,6 +10,8 @@
 #   codec_bench   loom-bench-codec --device cuda: onebit round trip beside the copy -> codec.jsonl
 #   optim_bench   loom-bench-optim --device cuda (adam, lamb; 1M..256M)    -> optim.jsonl
 #   router_bench  loom-bench-router --device cuda (gather/scatter/select beside the D2D copy)
+#   quant_bench   loom-bench-quant --device cuda: zeroquant W8A8 against cuBLAS bf16 at 8192^3
+#                 -> quant.jsonl
 #                 -> router.jsonl; anchors/router_peers.py --device cuda -> router_peers.jsonl
 #   peers         anchors/gpu_peers.py (torch fused Adam, DeepSpeed 1-bit) -> peers.json
 #   TEST          each test program in the bundle's bin/ (codec_cuda_test,
@@ -92,6 +94,8 @@ step optim_bench 150 "$bin/loom-bench-optim" --device cuda --sizes 1M,16M,64M,25
 jsonl optim_bench optim.jsonl
 step router_bench 60 "$bin/loom-bench-router" --device cuda --reps 3
 jsonl router_bench router.jsonl
+step quant_bench 120 "$bin/loom-bench-quant" --device cuda --cuda-gemm-sizes 8192 --reps 5
+jsonl quant_bench quant.jsonl
 if [[ -f $bundle/anchors/router_peers.py ]]; then
   # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
   step router_peers 90 env -u OUT bash -c 'python3 "$0" --device cuda --reps 3 >"$1"' \
@@ -178,6 +182,12 @@ target("adam_speed_vs_torch_fused", torch_ms / (adam["seconds"] * 1e3) if adam a
        1.0, "torch fused Adam time / Loom adam step time, 256M params")
 target("adam_fraction_of_copy", adam["ratio_to_copy"] if adam else None, 0.85,
        "Loom adam at 28 B/param / D2D copy bandwidth, same run")
+
+w8a8 = next((r for r in rows("quant.jsonl")
+             if r.get("kind") == "gemm" and r.get("device") == "cuda" and r.get("m") == 8192), None)
+res["quant_w8a8_cuda_8192"] = w8a8
+target("int8_gemm_vs_cublas_bf16", w8a8["speedup"] if w8a8 else None, 1.6,
+       "cuBLAS bf16 GEMM time / zeroquant W8A8 matmul time (quantizing x included), 8192^3")
 
 for path in sorted(glob.glob(os.path.join(out, "gtest-*.json"))):
     name = os.path.basename(path)[len("gtest-"):-len(".json")]

@@ -1,6 +1,8 @@
 // loom-bench-quant [--quant-shape N,K] [--group-size G] [--gemm-sizes 2048]
 //                  [--trainer-shapes] [--decode-shape N,K] [--decode-batches 1,4,16]
-//                  [--reps R] [--only quant,gemm,decode] [--plugin-path DIRS]
+//                  [--reps R] [--only quant,gemm,decode] [--device cpu|cuda|all]
+//                  [--cuda-gemm-sizes 8192] [--torch-peer SCRIPT [--python PATH]]
+//                  [--plugin-path DIRS]
 //
 // The quantizers through the host, as a program that loads them sees them (loom_open_string,
 // the loom.quantizer/1 table), each against its reference measured back to back in the same
@@ -16,13 +18,21 @@
 //           (M = 8 * 128 tokens, (N, K) = (384, 128), (128, 128), (512, 128), (128, 512)).
 //   decode: weight-only matmuls at batch M (the decode case): zeroquant INT4 (groups of G,
 //           float x) and xtc ternary and binary, against OpenBLAS sgemv (M = 1) or sgemm.
+//   cuda:   (--device cuda) zeroquant's W8A8 matmul on the GPU (cuBLASLt int8) against
+//           cuBLAS bf16 (bf16 inputs and output, fp32 accumulation) at M = N = K = S for
+//           each --cuda-gemm-sizes S, timed with CUDA events on one stream.
+// With --torch-peer SCRIPT (bench/peers/quant_peers.py) the torch peer runs first on the same
+// shapes, its lines are echoed with kind "torch_peer_quant" / "torch_peer_matmul", and each
+// row gains "vs_torch": our GB/s over torch's group quantizer's, or torch's fp32 matmul time
+// over ours.
 // The CPU's ISA is printed first: the SIMD target Highway dispatches the xtc kernels to, and
 // what oneDNN (zeroquant's INT8 GEMM) says it uses. A plugin that is not installed gives a
 // "skip" line for its rows. One JSON object per line on stdout:
 //  {"kind":"isa", "highway", "onednn", "threads", "openblas_threads"}
 //  {"kind":"quant", "quantizer", "bits", "rows", "cols", "group_size", "bytes_read",
 //   "bytes_written", "seconds", "gb_per_s", "roof_gb_per_s", "ratio_to_roof"}
-//  {"kind":"gemm"|"decode", "quantizer", "m", "n", "k", "seconds", "gflops", "peer",
+//  {"kind":"gemm"|"decode", ("device":"cuda"), "quantizer", "m", "n", "k", "seconds", "gflops",
+//  "peer",
 //   "peer_seconds", "peer_gflops", "speedup"}
 //  {"kind":"skip", "what", "reason"}
 // gb_per_s counts reads plus writes. gflops counts 2 M N K. A table goes to stderr.
@@ -40,15 +50,21 @@
 #include <cstring>
 #include <functional>
 #include <loom_cli_support.hpp>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "binary.hpp"
 #include "router_core.hpp"
 #if LOOM_QUANT_BENCH_DNNL
 #include <oneapi/dnnl/dnnl.h>
+#endif
+#if LOOM_QUANT_BENCH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
 #endif
 
 extern "C" int openblas_get_num_threads(void);
@@ -103,9 +119,10 @@ std::vector<float> random_floats(std::size_t n, uint32_t seed, float scale) {
 struct View {
   std::vector<int64_t> shape;
   DLTensor t{};
-  View(void* data, std::vector<int64_t> s, DLDataType dt) : shape(std::move(s)) {
+  View(void* data, std::vector<int64_t> s, DLDataType dt, DLDevice dev = DLDevice{kDLCPU, 0})
+      : shape(std::move(s)) {
     t.data = data;
-    t.device = DLDevice{kDLCPU, 0};
+    t.device = dev;
     t.ndim = static_cast<int32_t>(shape.size());
     t.dtype = dt;
     t.shape = shape.data();
@@ -350,6 +367,10 @@ struct Options {
   int64_t decode_n = 4096, decode_k = 4096;
   std::vector<int64_t> decode_batches = {1, 4, 16};
   std::vector<std::string> only = {"quant", "gemm", "decode"};
+  std::string device = "cpu";
+  std::string peer;  // bench/peers/quant_peers.py, run first (--torch-peer)
+  std::string python = "/usr/bin/python3";
+  std::vector<int64_t> cuda_gemm_sizes = {8192};
   std::string plugin_path;
   bool wants(const char* what) const {
     return std::find(only.begin(), only.end(), what) != only.end();
@@ -361,6 +382,53 @@ void emit(const Json& j) {
   std::fflush(stdout);
 }
 
+// ------------------------------------------------------------------ the torch peer
+// quant_peers.py's JSON lines: group quantization by scheme, fp32 matmuls by (m, n, k).
+struct TorchPeer {
+  std::map<std::string, double> quant_gbps;                          // int8, int4, ternary
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> matmul_s;  // seconds
+};
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (int64_t x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+TorchPeer run_torch_peer(const Options& o) {
+  TorchPeer t;
+  const std::string cmd = "'" + o.python + "' '" + o.peer + "' --quant-shape " +
+                          std::to_string(o.quant_n) + "," + std::to_string(o.quant_k) +
+                          " --group-size " + std::to_string(o.group) + " --gemm-sizes " +
+                          join(o.gemm_sizes) + " --decode-shape " + std::to_string(o.decode_n) +
+                          "," + std::to_string(o.decode_k) + " --decode-batches " +
+                          join(o.decode_batches) + " --reps " + std::to_string(o.reps);
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) throw BenchError("--torch-peer: cannot run " + cmd);
+  char line[4096];
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {
+    Json j = Json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    j["kind"] = "torch_" + j.value("kind", std::string("?"));
+    emit(j);
+    if (j["kind"] == "torch_peer_quant") {
+      t.quant_gbps[j.value("scheme", std::string())] = j.value("gb_per_s", 0.0);
+    } else if (j["kind"] == "torch_peer_matmul") {
+      t.matmul_s[{j.value("m", int64_t{0}), j.value("n", int64_t{0}), j.value("k", int64_t{0})}] =
+          j.value("seconds", 0.0);
+    }
+  }
+  const int status = ::pclose(pipe);
+  if (status != 0) {
+    emit(Json{{"kind", "skip"},
+              {"what", "torch peer"},
+              {"reason", cmd + " exited with status " + std::to_string(status)}});
+  }
+  return t;
+}
+
+TorchPeer g_peer;  // filled by --torch-peer before our rows
+
 void run_quant(const Options& o, std::vector<std::string>& table) {
   const int64_t n = o.quant_n, k = o.quant_k;
   const auto w = random_floats(static_cast<std::size_t>(n * k), 1, 0.05f);
@@ -368,11 +436,12 @@ void run_quant(const Options& o, std::vector<std::string>& table) {
   struct Spec {
     const char* name;
     std::string body;
+    const char* scheme;  // the torch peer's
   };
   const Spec specs[] = {
-      {"zeroquant_int8", "plugin = \"zeroquant\"\nbits = 8\ngroup_size = " + g + "\n"},
-      {"zeroquant_int4", "plugin = \"zeroquant\"\nbits = 4\ngroup_size = " + g + "\n"},
-      {"xtc_ternary", "plugin = \"xtc\"\nmode = \"ternary\"\ngroup_size = " + g + "\n"},
+      {"zeroquant_int8", "plugin = \"zeroquant\"\nbits = 8\ngroup_size = " + g + "\n", "int8"},
+      {"zeroquant_int4", "plugin = \"zeroquant\"\nbits = 4\ngroup_size = " + g + "\n", "int4"},
+      {"xtc_ternary", "plugin = \"xtc\"\nmode = \"ternary\"\ngroup_size = " + g + "\n", "ternary"},
   };
   for (const Spec& spec : specs) {
     auto opened = open_quantizer(spec.name, spec.body, o.plugin_path);
@@ -392,23 +461,32 @@ void run_quant(const Options& o, std::vector<std::string>& table) {
                          }});
     const double gbs = static_cast<double>(read + written) / best[0] / 1e9;
     const double roof = static_cast<double>(read + written) / best[1] / 1e9;
-    emit(Json{{"kind", "quant"},
-              {"quantizer", spec.name},
-              {"bits", p.format.bits},
-              {"rows", n},
-              {"cols", k},
-              {"group_size", o.group},
-              {"bytes_read", read},
-              {"bytes_written", written},
-              {"seconds", best[0]},
-              {"gb_per_s", gbs},
-              {"roof_gb_per_s", roof},
-              {"ratio_to_roof", gbs / roof}});
+    Json row{{"kind", "quant"},
+             {"quantizer", spec.name},
+             {"bits", p.format.bits},
+             {"rows", n},
+             {"cols", k},
+             {"group_size", o.group},
+             {"bytes_read", read},
+             {"bytes_written", written},
+             {"seconds", best[0]},
+             {"gb_per_s", gbs},
+             {"roof_gb_per_s", roof},
+             {"ratio_to_roof", gbs / roof}};
+    const auto peer = g_peer.quant_gbps.find(spec.scheme);
+    const double vs_torch =
+        peer != g_peer.quant_gbps.end() && peer->second > 0 ? gbs / peer->second : std::nan("");
+    if (!std::isnan(vs_torch)) {
+      row["torch_gb_per_s"] = peer->second;
+      row["vs_torch"] = vs_torch;
+    }
+    emit(row);
     char line[256];
     std::snprintf(line, sizeof line,
-                  "quant  %-16s %5lldx%-5lld g%-4lld %8.2f GB/s  roof %8.2f  ratio %5.2f",
+                  "quant  %-16s %5lldx%-5lld g%-4lld %8.2f GB/s  roof %8.2f  ratio %5.2f  "
+                  "torch x%.1f",
                   spec.name, static_cast<long long>(n), static_cast<long long>(k),
-                  static_cast<long long>(o.group), gbs, roof, gbs / roof);
+                  static_cast<long long>(o.group), gbs, roof, gbs / roof, vs_torch);
     table.emplace_back(line);
   }
 }
@@ -431,22 +509,31 @@ void run_matmul(const char* kind, const Quantizer& q, const char* label, int64_t
   const double flops =
       2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const char* peer = m == 1 ? "openblas_sgemv" : "openblas_sgemm";
-  emit(Json{{"kind", kind},
-            {"quantizer", label},
-            {"m", m},
-            {"n", n},
-            {"k", k},
-            {"seconds", best[0]},
-            {"gflops", flops / best[0] / 1e9},
-            {"peer", peer},
-            {"peer_seconds", best[1]},
-            {"peer_gflops", flops / best[1] / 1e9},
-            {"speedup", best[1] / best[0]}});
+  Json row{{"kind", kind},
+           {"quantizer", label},
+           {"m", m},
+           {"n", n},
+           {"k", k},
+           {"seconds", best[0]},
+           {"gflops", flops / best[0] / 1e9},
+           {"peer", peer},
+           {"peer_seconds", best[1]},
+           {"peer_gflops", flops / best[1] / 1e9},
+           {"speedup", best[1] / best[0]}};
+  const auto tp = g_peer.matmul_s.find({m, n, k});
+  const double vs_torch =
+      tp != g_peer.matmul_s.end() && tp->second > 0 ? tp->second / best[0] : std::nan("");
+  if (!std::isnan(vs_torch)) {
+    row["torch_seconds"] = tp->second;
+    row["vs_torch"] = vs_torch;
+  }
+  emit(row);
   char line[256];
   std::snprintf(line, sizeof line,
-                "%-6s %-16s M%-5lld N%-5lld K%-5lld %8.1f GFLOP/s  %s %8.1f  x%5.2f", kind, label,
-                static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                flops / best[0] / 1e9, peer, flops / best[1] / 1e9, best[1] / best[0]);
+                "%-6s %-16s M%-5lld N%-5lld K%-5lld %8.1f GFLOP/s  %s %8.1f  x%5.2f  torch x%.2f",
+                kind, label, static_cast<long long>(m), static_cast<long long>(n),
+                static_cast<long long>(k), flops / best[0] / 1e9, peer, flops / best[1] / 1e9,
+                best[1] / best[0], vs_torch);
   table.emplace_back(line);
 }
 
@@ -486,6 +573,162 @@ void run_decode(const Options& o, std::vector<std::string>& table) {
     }
   }
 }
+
+#if LOOM_QUANT_BENCH_CUDA
+// ------------------------------------------------------------------ CUDA
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw BenchError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void cublas_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw BenchError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(st)));
+  }
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) {
+    cuda_check(cudaMalloc(&p, std::max<std::size_t>(bytes, 256)), "cudaMalloc");
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Seconds of fn() on `stream`, by CUDA events, best of reps after a warm-up.
+double cuda_best(cudaStream_t stream, int64_t reps, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  cuda_check(cudaEventCreate(&a), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&b), "cudaEventCreate");
+  fn();
+  cuda_check(cudaStreamSynchronize(stream), "warm-up");
+  double best = INFINITY;
+  for (int64_t r = 0; r < reps; ++r) {
+    cuda_check(cudaEventRecord(a, stream), "cudaEventRecord");
+    fn();
+    cuda_check(cudaEventRecord(b, stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+    best = std::min(best, static_cast<double>(ms) * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return best;
+}
+
+// zeroquant's W8A8 matmul on CUDA (cuBLASLt int8) against cuBLAS bf16 (bf16 inputs and
+// output, fp32 accumulation) at M = N = K = S, both on one stream.
+void run_cuda_gemm(const Options& o, std::vector<std::string>& table) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    emit(Json{{"kind", "skip"}, {"what", "cuda"}, {"reason", "no CUDA device"}});
+    return;
+  }
+  auto opened = open_quantizer("zeroquant_w8a8_cuda",
+                               "plugin = \"zeroquant\"\nbits = 8\ngroup_size = 0\n"
+                               "activation_bits = 8\n",
+                               o.plugin_path);
+  if (!opened->ok) return;
+  const Quantizer& q = opened->q;
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  cublasHandle_t handle = nullptr;
+  cublas_check(cublasCreate(&handle), "cublasCreate");
+  cublas_check(cublasSetStream(handle, stream), "cublasSetStream");
+  const DLDevice dev{kDLCUDA, 0};
+  for (int64_t sz : o.cuda_gemm_sizes) {
+    const int64_t m = sz, n = sz, k = sz;
+    const auto w = random_floats(static_cast<std::size_t>(n * k), 2, 0.05f);
+    const auto x = random_floats(static_cast<std::size_t>(m * k), 3, 1.0f);
+    DeviceBuffer dw(w.size() * 4), dx(x.size() * 4), dy(static_cast<std::size_t>(m * n) * 4);
+    cuda_check(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "copy W");
+    cuda_check(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "copy x");
+    // The packed weight on the device.
+    Packed p;
+    lay_out(q, n, k, m, p);
+    DeviceBuffer codes(p.layout.packed_bytes), scales(scale_bytes(p)), ws(p.layout.workspace_bytes),
+        mws(p.layout.matmul_workspace_bytes);
+    {
+      View wv(dw.p, {n, k}, kF32, dev);
+      View cv(codes.p, {static_cast<int64_t>(p.layout.packed_bytes)}, kU8, dev);
+      View sv(scales.p, {p.layout.scale_count}, p.format.scale_dtype, dev);
+      loom_quantizer_quantize_args a{};
+      a.struct_size = LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE;
+      a.role = LOOM_QUANTIZER_WEIGHT;
+      a.format = &p.format;
+      a.x = &wv.t;
+      a.packed = &cv.t;
+      a.scales = &sv.t;
+      a.workspace = p.layout.workspace_bytes > 0 ? ws.p : nullptr;
+      a.workspace_bytes = p.layout.workspace_bytes;
+      a.stream = stream;
+      q.check(q.t->quantize(q.obj, &a), "quantize (cuda)");
+    }
+    View xv(dx.p, {m, k}, kF32, dev);
+    View cv(codes.p, {static_cast<int64_t>(p.layout.packed_bytes)}, kU8, dev);
+    View sv(scales.p, {p.layout.scale_count}, p.format.scale_dtype, dev);
+    View yv(dy.p, {m, n}, kF32, dev);
+    loom_quantizer_matmul_args a{};
+    a.struct_size = LOOM_QUANTIZER_MATMUL_ARGS_SIZE;
+    a.format = &p.format;
+    a.x = &xv.t;
+    a.packed = &cv.t;
+    a.scales = &sv.t;
+    a.y = &yv.t;
+    a.workspace = p.layout.matmul_workspace_bytes > 0 ? mws.p : nullptr;
+    a.workspace_bytes = p.layout.matmul_workspace_bytes;
+    a.stream = stream;
+    const double ours =
+        cuda_best(stream, o.reps, [&] { q.check(q.t->matmul(q.obj, &a), "matmul (cuda)"); });
+    // cuBLAS bf16: y^T [n, m] = W [n, k] . x^T in column-major terms (row-major y = x W^T).
+    std::vector<uint16_t> wb(w.size()), xb(x.size());
+    for (std::size_t i = 0; i < w.size(); ++i) wb[i] = to_bf16(w[i]);
+    for (std::size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]);
+    DeviceBuffer dwb(wb.size() * 2), dxb(xb.size() * 2), dyb(static_cast<std::size_t>(m * n) * 2);
+    cuda_check(cudaMemcpy(dwb.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), "copy W bf16");
+    cuda_check(cudaMemcpy(dxb.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), "copy x bf16");
+    const float one = 1.0f, zero = 0.0f;
+    const double peer = cuda_best(stream, o.reps, [&] {
+      cublas_check(
+          cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                       static_cast<int>(k), &one, dwb.p, CUDA_R_16BF, static_cast<int>(k), dxb.p,
+                       CUDA_R_16BF, static_cast<int>(k), &zero, dyb.p, CUDA_R_16BF,
+                       static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx bf16");
+    });
+    const double flops =
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    emit(Json{{"kind", "gemm"},
+              {"device", "cuda"},
+              {"quantizer", "zeroquant_w8a8"},
+              {"m", m},
+              {"n", n},
+              {"k", k},
+              {"seconds", ours},
+              {"gflops", flops / ours / 1e9},
+              {"peer", "cublas_bf16"},
+              {"peer_seconds", peer},
+              {"peer_gflops", flops / peer / 1e9},
+              {"speedup", peer / ours}});
+    char line[256];
+    std::snprintf(
+        line, sizeof line,
+        "gemm   %-16s M%-5lld N%-5lld K%-5lld %8.1f TFLOP/s cublas_bf16 %6.1f  x%5.2f (cuda)",
+        "zeroquant_w8a8", static_cast<long long>(m), static_cast<long long>(n),
+        static_cast<long long>(k), flops / ours / 1e12, flops / peer / 1e12, peer / ours);
+    table.emplace_back(line);
+  }
+  cublasDestroy(handle);
+  cudaStreamDestroy(stream);
+}
+#endif
 
 }  // namespace
 
@@ -528,6 +771,19 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"quant", "gemm", "decode"}))
       ->type_name("LIST");
+  app.add_option("--device", o.device, "cpu, cuda (the INT8 GEMM against cuBLAS bf16) or all")
+      ->check(CLI::IsMember({"cpu", "cuda", "all"}))
+      ->type_name("D");
+  app.add_option("--cuda-gemm-sizes", o.cuda_gemm_sizes, "Square GEMMs on CUDA, a list")
+      ->delimiter(',')
+      ->check(loom_cli::integer_in(1, 1 << 16))
+      ->type_name("LIST");
+  app.add_option("--torch-peer", o.peer,
+                 "bench/peers/quant_peers.py: run it first on the same shapes and print ours / "
+                 "torch beside each row")
+      ->type_name("SCRIPT");
+  app.add_option("--python", o.python, "The interpreter of --torch-peer (Debian's has torch)")
+      ->type_name("PATH");
   app.add_option("--plugin-path", o.plugin_path, "Extra plugin folders, ':'-separated")
       ->type_name("DIRS");
   if (const int rc = loom_cli::parse(app, argc, argv, false); rc >= 0) return rc;
@@ -542,9 +798,19 @@ int main(int argc, char** argv) {
               {"threads", loom_thread_count()},
               {"openblas_threads", openblas_get_num_threads()}});
     std::vector<std::string> table;
-    if (o.wants("quant")) run_quant(o, table);
-    if (o.wants("gemm")) run_gemm(o, table);
-    if (o.wants("decode")) run_decode(o, table);
+    if (!o.peer.empty() && o.device != "cuda") g_peer = run_torch_peer(o);
+    const bool cpu = o.device == "cpu" || o.device == "all";
+    if (cpu && o.wants("quant")) run_quant(o, table);
+    if (cpu && o.wants("gemm")) run_gemm(o, table);
+    if (cpu && o.wants("decode")) run_decode(o, table);
+    if (o.device == "cuda" || o.device == "all") {
+#if LOOM_QUANT_BENCH_CUDA
+      run_cuda_gemm(o, table);
+#else
+      emit(Json{
+          {"kind", "skip"}, {"what", "cuda"}, {"reason", "built without CUDA (LOOM_CUDA off)"}});
+#endif
+    }
     std::fprintf(stderr, "\n");
     for (const auto& line : table) std::fprintf(stderr, "%s\n", line.c_str());
     std::fprintf(stderr,
