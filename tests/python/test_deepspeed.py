@@ -137,7 +137,7 @@ def test_a_full_config_every_key_accounted_for():
     metric = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity"
     assert "loom data analyze" in u[metric + ".index_to_sample_path"]
     assert "scheduler" in u["scheduler"] and "loom.torch.Optimizer" in u["scheduler"]
-    assert "moe" not in u and conv.instance("moe.main")["num_experts"] == 1
+    assert "moe" not in u and conv.instance("moe.experts")["num_experts"] == 1
 
     opt = conv.instance("optimizer.main")
     assert opt == {"plugin": "onebit_adam", "comm": "world", "codec": "onebit",
@@ -303,7 +303,7 @@ DS_MOE = {"num_experts": 8, "k": 2, "capacity_factor": 1.25, "eval_capacity_fact
 
 def test_moe_arguments_map_to_a_moe_section():
     conv = convert({"moe": DS_MOE})
-    assert conv.instance("moe.main") == {
+    assert conv.instance("moe.experts") == {
         "plugin": "moe", "num_experts": 8, "k": 2, "capacity_factor": 1.25,
         "eval_capacity_factor": 2.0, "min_capacity": 4, "noisy_gate_policy": "RSample",
         "drop_tokens": False, "use_rts": False, "use_residual": True}
@@ -315,7 +315,7 @@ def test_moe_arguments_map_to_a_moe_section():
 
 def test_moe_defaults_follow_deepspeed():
     conv = convert({"moe": {"num_experts": 4, "k": 2, "noisy_gate_policy": None}})
-    t = conv.instance("moe.main")
+    t = conv.instance("moe.experts")
     assert t["noisy_gate_policy"] == "none"
     assert t["use_rts"] is True  # DeepSpeed's default, not Loom's
     assert any("use_rts defaults to true" in n for n in conv.notes)
@@ -325,8 +325,8 @@ def test_moe_defaults_follow_deepspeed():
 
 def test_moe_expert_parallel_declares_a_comm():
     conv = convert({"moe": {"num_experts": 8, "ep_size": 4}})
-    assert conv.instance("moe.main")["ep_size"] == 4
-    assert conv.instance("moe.main")["comm"] == "world"
+    assert conv.instance("moe.experts")["ep_size"] == 4
+    assert conv.instance("moe.experts")["comm"] == "world"
     assert conv.instance("comm.world") == {"plugin": "ucx"}
 
 
@@ -441,3 +441,17 @@ def test_compression_disabled_or_malformed():
         "different_groups": {"g": {"params": {"target_bits": 9}}}}}}))
     assert "1..8" in u["compression_training.weight_quantization.different_groups.g.params."
                        "target_bits"]
+
+
+def test_everything_together_validates_with_unique_names():
+    cfg = dict(FULL, moe=DS_MOE, compression_training={
+        "weight_quantization": {"shared_parameters": {"enabled": True},
+                                "different_groups": {"main": {"params": {"target_bits": 8}},
+                                                     "world": {"params": {"target_bits": 1}}}}})
+    conv = convert(cfg)
+    headers = [h for h, _ in conv.tables]
+    names = [h.split(".", 1)[1] for h in headers]
+    assert len(names) == len(set(names)), headers
+    assert "quantizer.main_q" in headers and "quantizer.world_q" in headers
+    assert "moe.experts" in headers and "optimizer.main" in headers
+    validate(conv)

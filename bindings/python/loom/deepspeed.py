@@ -709,9 +709,9 @@ def _moe(cfg: Any, out: Conversion) -> None:
         t["comm"] = "world"
         out.notes.append(f"moe: ep_size = {ep} splits [comm.world] (ucx; nccl for device "
                          "memory) into expert-parallel groups of consecutive ranks")
-    out.tables.append(("moe.main", t))
-    out.notes.append("moe is [moe.main]: the trainer's [moe] instance = \"main\" (or "
-                     "loom.torch.MoE(session.instance(\"moe\", \"main\"), ...)); DeepSpeed's "
+    out.tables.append(("moe.experts", t))
+    out.notes.append("moe is [moe.experts]: the trainer's [moe] instance = \"experts\" (or "
+                     "loom.torch.MoE(session.instance(\"moe\", \"experts\"), ...)); DeepSpeed's "
                      "capacity C = max(ceil(k * capacity_factor * S / E), min_capacity) is the "
                      "plugin's")
 
@@ -736,6 +736,20 @@ _PRUNING = ("sparse_pruning", "row_pruning", "head_pruning", "channel_pruning",
 
 def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-" else "_" for c in str(name)) or "group"
+
+
+def _unique_name(name: str, out: Conversion) -> str:
+    """``name``, or ``name_q``, ``name_q2``, ... when an instance of any kind has it (names
+    are unique across kinds)."""
+    taken = {h.split(".", 1)[1] for h, _ in out.tables}
+    # the optimizer's table is written after compression_training when it comes later in
+    # the config: keep its name free too
+    taken |= {"main", "world", "onebit", "experts"}
+    cand, i = name, 1
+    while cand in taken:
+        cand = f"{name}_q" if i == 1 else f"{name}_q{i}"
+        i += 1
+    return cand
 
 
 def _groups_note(prefix: str, g: Any, out: Conversion) -> None:
@@ -893,7 +907,7 @@ def _weight_quantization(cfg: Any, out: Conversion, act_bits: Optional[int]) -> 
             out.unmapped.append(Unmapped(f"{gp}.params.target_bits", f"must be an integer 1..8, "
                                          f"not {json.dumps(params.get('target_bits'))}"))
             continue
-        header = f"quantizer.{_safe_name(name)}"
+        header = f"quantizer.{_unique_name(_safe_name(name), out)}"
         if bits >= 3:
             t: Dict[str, Any] = {"plugin": "zeroquant", "bits": bits, "symmetric": symmetric,
                                  "group_size": 0, "range": "deepspeed",
