@@ -202,3 +202,37 @@ def test_bad_inputs_are_clear():
     with loom.Session.from_string('[quantizer.q]\nplugin = "xtc"\n', "<t>") as s:
         with pytest.raises(loom.InvalidArgumentError, match="loom.moe/1"):
             loom.torch.MoE(s.instance("quantizer", "q"), 4)
+
+
+def test_backward_twice_with_a_retained_graph():
+    torch.manual_seed(8)
+    with session(num_experts=4, k=2) as s:
+        mod = loom.torch.MoE(s.instance("moe", "m"), 4, 8)
+        x = torch.randn(6, 4, requires_grad=True)
+        y, aux = mod(x)
+        loss = y.square().sum() + 0.1 * aux
+        loss.backward(retain_graph=True)
+        g1 = (x.grad.clone(), mod.w1.grad.clone())
+        loss.backward()
+        torch.testing.assert_close(x.grad, 2 * g1[0])
+        torch.testing.assert_close(mod.w1.grad, 2 * g1[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_matches_cpu():
+    torch.manual_seed(6)
+    with session(num_experts=4, k=2, capacity_factor=0.75) as s:
+        cpu = loom.torch.MoE(s.instance("moe", "m"), 8, 16, keep_routing=True)
+        gpu = loom.torch.MoE(s.instance("moe", "m"), 8, 16, keep_routing=True)
+        gpu.load_state_dict(cpu.state_dict())
+        gpu.cuda()
+        x = torch.randn(10, 8)
+        yc, ac = cpu(x)
+        yg, ag = gpu(x.cuda())
+        assert torch.equal(cpu.last_route_experts, gpu.last_route_experts.cpu())
+        torch.testing.assert_close(yg.cpu(), yc, atol=ATOL, rtol=RTOL)
+        (yc.sum() + 0.1 * ac).backward()
+        (yg.sum() + 0.1 * ag).backward()
+        for n, p in cpu.named_parameters():
+            torch.testing.assert_close(getattr(gpu, n).grad.cpu(), p.grad, atol=ATOL, rtol=RTOL,
+                                       msg=n)

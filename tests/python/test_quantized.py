@@ -165,3 +165,20 @@ def test_bad_inputs_are_clear():
             loom.torch.QuantizedLinear.from_linear(torch.nn.Conv1d(1, 1, 1), inst)
         with pytest.raises(loom.InvalidArgumentError, match="loom.quantizer/1"):
             loom.torch.quantize(torch.zeros(2, 2), None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("plugin,params", [("zeroquant", {"bits": 8}),
+                                           ("zeroquant", {"bits": 4, "activation_bits": 0}),
+                                           ("xtc", {"mode": '"ternary"'})])
+def test_cuda_matches_cpu(plugin, params):
+    torch.manual_seed(9)
+    lin = torch.nn.Linear(32, 8)
+    with session(plugin, **params) as s:
+        inst = s.instance("quantizer", "q")
+        qc = loom.torch.QuantizedLinear.from_linear(lin, inst)
+        qg = loom.torch.QuantizedLinear.from_linear(lin.cuda(), inst)
+        assert torch.equal(qg.qcodes.cpu(), qc.qcodes)
+        assert torch.equal(qg.qscale.cpu(), qc.qscale)
+        x = torch.randn(3, 32)
+        torch.testing.assert_close(qg(x.cuda()).cpu(), qc(x), atol=1e-5, rtol=1e-5)

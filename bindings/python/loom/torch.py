@@ -701,8 +701,7 @@ class _MoEFunction(torch.autograd.Function):
             num_experts=module.num_experts_planned, layer=module.layer_index,
             num_layers=module.num_layers, training=call["training"], aux_loss_coef=coef,
             workspace=ws_at, workspace_bytes=call["workspace_bytes"], stream=_stream(x))
-        del ws
-        ctx.saved = None  # the buffer is for one backward
+        del ws  # the saved buffer stays with ctx: a retained graph may run backward again
         return (dx, None, None) + tuple(grads[n] for n in names)
 
 
