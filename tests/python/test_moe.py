@@ -236,3 +236,29 @@ def test_cuda_matches_cpu():
         for n, p in cpu.named_parameters():
             torch.testing.assert_close(getattr(gpu, n).grad.cpu(), p.grad, atol=ATOL, rtol=RTOL,
                                        msg=n)
+
+
+def test_dispatch_and_combine_move_the_routed_rows():
+    torch.manual_seed(12)
+    S, M, E = 5, 3, 3
+    with session(num_experts=E, k=2) as s:
+        inst = s.instance("moe", "m")
+        plan = inst.moe_plan(tokens=S, model_dim=M, hidden_dim=4)
+        x = torch.randn(S, M)
+        route = torch.tensor([[0, 2], [1, -1], [2, 0], [0, 1], [-1, -1]], dtype=torch.int32)
+        w = torch.rand(S, 2)
+        rows = torch.zeros(plan["max_expert_rows"], M)
+        counts = inst.moe_dispatch(x=x, rows=rows, route_experts=route, route_weights=w,
+                                   local_experts=plan["local_experts"])
+        # grouped by expert, then token, then choice
+        want = [(int(t), j) for e in range(E) for t in range(S) for j in range(2)
+                if int(route[t, j]) == e]
+        assert counts == [sum(1 for t, j in want if int(route[t, j]) == e) for e in range(E)]
+        for r, (t, j) in enumerate(want):
+            torch.testing.assert_close(rows[r], w[t, j] * x[t])
+        y = torch.full((S, M), 7.0)
+        inst.moe_combine(rows=rows, y=y, route_experts=route)
+        ref = torch.zeros(S, M)
+        for r, (t, j) in enumerate(want):
+            ref[t] += rows[r]
+        torch.testing.assert_close(y, ref)  # written: the dropped token's row is 0

@@ -823,6 +823,61 @@ class Instance:
         self._call(table.backward(obj, ctypes.byref(a)))
         del bx, bdy, bdx, held, held_g, host
 
+    def _moe_move(self, which: str, x: Any, rows: Any, route_experts: Any,
+                  route_weights: Any, num_experts: int, counts_count: int,
+                  workspace: Optional[int], workspace_bytes: int,
+                  stream: Optional[int]) -> Optional[List[int]]:
+        obj, table = self._moe()
+        if not getattr(table, which):
+            raise UnimplementedError(f"moe.{self.name} (plugin '{self.plugin}') has no {which}")
+        bx = borrow(x, "x" if which == "dispatch" else "y", dtypes=("float32", "bfloat16"))
+        br = borrow(rows, "rows", dtypes=("float32", "bfloat16"))
+        be = borrow(route_experts, "route_experts", dtypes=("int32",))
+        bw = borrow(route_weights, "route_weights") if route_weights is not None else None
+        if len(be.shape) != 2:
+            raise InvalidArgumentError(
+                f"route_experts must be [tokens, k], not shape {list(be.shape)}")
+        a = _abi.MoeDispatchArgs()
+        a.struct_size = _abi.MOE_DISPATCH_ARGS_SIZE
+        a.tokens, a.top_k = be.shape[0], be.shape[1]
+        a.model_dim = bx.shape[1] if len(bx.shape) == 2 else 0
+        a.num_experts = int(num_experts)
+        a.x, a.rows, a.route_experts = bx.pointer, br.pointer, be.pointer
+        a.route_weights = bw.pointer if bw is not None else None
+        counts = None
+        if which == "dispatch":
+            counts = (ctypes.c_int64 * max(1, int(counts_count)))()
+            a.counts = ctypes.cast(counts, ctypes.POINTER(ctypes.c_int64))
+            a.counts_count = int(counts_count)
+        host, workspace = _host_workspace(workspace, workspace_bytes, bx, f"moe_{which}")
+        a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
+        self._call(getattr(table, which)(obj, ctypes.byref(a)))
+        del bx, br, be, bw, host
+        return list(counts[:int(counts_count)]) if counts is not None else None
+
+    def moe_dispatch(self, *, x: Any, rows: Any, route_experts: Any, route_weights: Any = None,
+                     local_experts: int, num_experts: int = 0,
+                     workspace: Optional[int] = None, workspace_bytes: int = 0,
+                     stream: Optional[int] = None) -> List[int]:
+        """The rows of x ([tokens, M]) for this rank's experts, for a caller that runs its
+        own experts (loom.moe/1 ``dispatch``): written into ``rows`` ([max_expert_rows, M]),
+        grouped by local expert (then source rank, token, choice), each scaled by its
+        choice's weight when ``route_weights`` is given. ``route_experts`` is int32
+        [tokens, k] (-1: none), as :meth:`moe_forward` returns it. Returns the rows of
+        each of the ``local_experts`` local experts."""
+        counts = self._moe_move("dispatch", x, rows, route_experts, route_weights,
+                                num_experts, local_experts, workspace, workspace_bytes, stream)
+        assert counts is not None
+        return counts
+
+    def moe_combine(self, *, rows: Any, y: Any, route_experts: Any, route_weights: Any = None,
+                    num_experts: int = 0, workspace: Optional[int] = None,
+                    workspace_bytes: int = 0, stream: Optional[int] = None) -> None:
+        """The adjoint of :meth:`moe_dispatch` (loom.moe/1 ``combine``): y[t] = the sum over
+        t's choices of (weight *) its row, brought back to its token; ``y`` written."""
+        self._moe_move("combine", y, rows, route_experts, route_weights, num_experts, 0,
+                       workspace, workspace_bytes, stream)
+
     def moe_reduce_gradients(self, tensors: Sequence[Any], stream: Optional[int] = None) -> None:
         """Averages expert gradients over the expert-data-parallel group, in place, float32
         (loom.moe/1 ``reduce_gradients``; with ep_size 1, the world average)."""
