@@ -1,8 +1,6 @@
 """loom.torch.MoE over the moe plugin against a plain torch reference of the same routing
 (top-1, top-2, capacity and drops, PR-MoE), and its gradients against torch autograd through
 that reference."""
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -963,9 +963,10 @@ def _weight_quantization(cfg: Any, out: Conversion, act_bits: Optional[int]) -> 
                              "quantizer; Loom's own \"exact\" range maps max|w| to the largest "
                              "code)")
         else:
-            out.notes.append(f"{gp} is [{header}] (xtc {t['mode']}: "
-                             f"{'BWN, alpha = mean|w|; a zero weight decodes to +alpha' if bits == 1 else 'TWN, Delta = 0.7 mean|w|'}"
-                             f"{', activations stay float' if act_bits == 8 else ''})")
+            rule = ("BWN, alpha = mean|w|; a zero weight decodes to +alpha" if bits == 1
+                    else "TWN, Delta = 0.7 mean|w|")
+            floats = ", activations stay float" if act_bits == 8 else ""
+            out.notes.append(f"{gp} is [{header}] (xtc {t['mode']}: {rule}{floats})")
 
 
 # ---------------------------------------------------------------- entry points

@@ -772,7 +772,8 @@ class Instance:
             stats.load_count = int(load_count)
         a = _abi.MoeForwardArgs()
         a.struct_size = _abi.MOE_FORWARD_ARGS_SIZE
-        a.seed, a.step, a.tokens, a.first_token = int(seed), int(step), bx.shape[0] if bx.shape else 0, int(first_token)
+        a.seed, a.step, a.first_token = int(seed), int(step), int(first_token)
+        a.tokens = bx.shape[0] if bx.shape else 0
         a.model_dim = bx.shape[1] if len(bx.shape) == 2 else 0
         a.hidden_dim, a.num_experts = int(hidden_dim), int(num_experts)
         a.layer, a.num_layers, a.training = int(layer), int(num_layers), 1 if training else 0
