@@ -1,6 +1,8 @@
 """loom.torch.MoE over the moe plugin against a plain torch reference of the same routing
 (top-1, top-2, capacity and drops, PR-MoE), and its gradients against torch autograd through
 that reference."""
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -260,3 +262,68 @@ def test_dispatch_and_combine_move_the_routed_rows():
         for r, (t, j) in enumerate(want):
             ref[t] += rows[r]
         torch.testing.assert_close(y, ref)  # written: the dropped token's row is 0
+
+
+def test_expert_parallel_on_two_processes(tmp_path):
+    # Two ranks, ep_size 2 over a ucx world (the host's env bootstrap), two experts each and
+    # unequal token counts: each rank's y, dx and gate gradient equal a one-rank layer's over
+    # its own tokens with all four experts, and its experts' gradients are the sum over both
+    # ranks' tokens (then divided by the world size by reduce_gradients).
+    import json
+    import socket
+    import sys
+
+    from conftest import report, run_together
+
+    try:
+        loom.describe_plugins("ucx")
+    except loom.LoomError as e:
+        pytest.skip(f"the ucx transport is not built: {e}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    import moe_ep_worker as W
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OUT_DIR=str(tmp_path), UCX_LOG_LEVEL="error", LOOM_NUM_THREADS="1",
+               LOOM_BOOTSTRAP_TIMEOUT="60", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=port)
+    results = run_together([([sys.executable, os.path.join(here, "moe_ep_worker.py")],
+                             dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in (0, 1)],
+                           60, "the expert-parallel MoE workers")
+    assert all(rc == 0 for rc, _, _ in results), report(results)
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    w = W.full_weights()
+    refs = []
+    with session(num_experts=W.E, k=W.K, capacity_factor=2.0) as s:
+        for r in (0, 1):
+            ref = loom.torch.MoE(s.instance("moe", "m"), W.M, W.H, seed=5)
+            with torch.no_grad():
+                for n, t in w.items():
+                    getattr(ref, n).copy_(t)
+            x, dy = W.inputs(r)
+            x.requires_grad_(True)
+            y, aux = ref(x, first_token=sum(W.TOKENS[:r]))
+            ((y * dy).sum() + 0.1 * aux).backward()
+            refs.append((y.detach(), float(aux), x.grad, {n: p.grad for n, p in
+                                                          ref.named_parameters()},
+                         ref.last_stats["load"].tolist()))
+    el = W.E // 2
+    for r, got in enumerate(ranks):
+        y, aux, dx, grads, load = refs[r]
+        assert got["plan"]["ep_size"] == 2 and got["plan"]["ep_rank"] == r
+        assert got["plan"]["local_experts"] == el and got["plan"]["expert_parallel"]
+        torch.testing.assert_close(torch.tensor(got["y"]), y, atol=ATOL, rtol=RTOL)
+        assert abs(got["aux"] - aux) < 1e-5 and got["load"] == load
+        torch.testing.assert_close(torch.tensor(got["dx"]), dx, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(torch.tensor(got["grads"]["gate_w"]), grads["gate_w"],
+                                   atol=ATOL, rtol=RTOL)
+        for n in ("w1", "b1", "w2", "b2"):
+            both = sum(refs[q][3][n][r * el:(r + 1) * el] for q in (0, 1))
+            torch.testing.assert_close(torch.tensor(got["grads"][n]), both, atol=ATOL,
+                                       rtol=RTOL, msg=n)
+            torch.testing.assert_close(torch.tensor(got["reduced"][n]), both / 2, atol=ATOL,
+                                       rtol=RTOL, msg=n)
