@@ -127,7 +127,7 @@ def test_a_full_config_every_key_accounted_for():
     conv = convert(FULL)
     u = unmapped(conv)
     for key in ("train_batch_size", "gradient_accumulation_steps", "steps_per_print", "scheduler",
-                "fp16", "gradient_clipping", "zero_optimization", "moe",
+                "fp16", "gradient_clipping", "zero_optimization",
                 "optimizer.params.lr", "optimizer.params.cuda_aware", "optimizer.params.amsgrad",
                 "data_efficiency.seed", "data_efficiency.data_routing",  # disabled
                 "data_efficiency.data_sampling.num_epochs",
@@ -137,7 +137,7 @@ def test_a_full_config_every_key_accounted_for():
     metric = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity"
     assert "loom data analyze" in u[metric + ".index_to_sample_path"]
     assert "scheduler" in u["scheduler"] and "loom.torch.Optimizer" in u["scheduler"]
-    assert "not landed" in u["moe"]
+    assert "moe" not in u and conv.instance("moe.experts")["num_experts"] == 1
 
     opt = conv.instance("optimizer.main")
     assert opt == {"plugin": "onebit_adam", "comm": "world", "codec": "onebit",
@@ -291,3 +291,167 @@ def test_a_manifest_with_deepspeed_keys_says_why():
     assert lines[0].endswith("'lr' is a DeepSpeed key: Loom takes the learning rate per step "
                              "from the trainer or its scheduler, not from the manifest")
     assert "'amsgrad' is a DeepSpeed key: Loom's optimizers have no AMSGrad" in lines[1]
+
+
+# ---------------------------------------------------------------- moe and compression_training
+
+DS_MOE = {"num_experts": 8, "k": 2, "capacity_factor": 1.25, "eval_capacity_factor": 2.0,
+          "min_capacity": 4, "noisy_gate_policy": "RSample", "drop_tokens": False,
+          "use_rts": False, "use_residual": True, "use_tutel": True, "hidden_size": 512,
+          "top2_2nd_expert_sampling": False}
+
+
+def test_moe_arguments_map_to_a_moe_section():
+    conv = convert({"moe": DS_MOE})
+    assert conv.instance("moe.experts") == {
+        "plugin": "moe", "num_experts": 8, "k": 2, "capacity_factor": 1.25,
+        "eval_capacity_factor": 2.0, "min_capacity": 4, "noisy_gate_policy": "RSample",
+        "drop_tokens": False, "use_rts": False, "use_residual": True}
+    u = unmapped(conv)
+    assert set(u) == {"moe.use_tutel", "moe.hidden_size", "moe.top2_2nd_expert_sampling"}
+    assert "second-highest probability" in u["moe.top2_2nd_expert_sampling"]
+    validate(conv)
+
+
+def test_moe_defaults_follow_deepspeed():
+    conv = convert({"moe": {"num_experts": 4, "k": 2, "noisy_gate_policy": None}})
+    t = conv.instance("moe.experts")
+    assert t["noisy_gate_policy"] == "none"
+    assert t["use_rts"] is True  # DeepSpeed's default, not Loom's
+    assert any("use_rts defaults to true" in n for n in conv.notes)
+    assert any("samples the second expert" in n for n in conv.notes)
+    validate(conv)
+
+
+def test_moe_expert_parallel_declares_a_comm():
+    conv = convert({"moe": {"num_experts": 8, "ep_size": 4}})
+    assert conv.instance("moe.experts")["ep_size"] == 4
+    assert conv.instance("moe.experts")["comm"] == "world"
+    assert conv.instance("comm.world") == {"plugin": "ucx"}
+
+
+def test_moe_bad_values_are_listed():
+    conv = convert({"moe": {"num_experts": 0, "k": 1.5, "capacity_factor": -1,
+                            "noisy_gate_policy": "Gaussian", "drop_tokens": "yes"}})
+    u = unmapped(conv)
+    assert "integer >= 1" in u["moe.num_experts"] and "integer >= 1" in u["moe.k"]
+    assert "> 0" in u["moe.capacity_factor"]
+    assert "None, Jitter or RSample" in u["moe.noisy_gate_policy"]
+    assert "true or false" in u["moe.drop_tokens"]
+    assert "must be an object" in unmapped(convert({"moe": 3}))["moe"]
+
+
+COMPRESSION = {
+    "weight_quantization": {
+        "shared_parameters": {
+            "enabled": True, "quantizer_kernel": False, "schedule_offset": 0,
+            "quantize_groups": 48, "quantize_verbose": False, "quantization_type": "symmetric",
+            "quantize_weight_in_forward": True, "rounding": "nearest",
+            "fp16_mixed_quantize": {"enabled": False, "quantize_change_ratio": 0.001}},
+        "different_groups": {
+            "wq1": {"params": {"start_bits": 8, "target_bits": 8, "quantization_period": 0},
+                    "modules": ["attention.self", "intermediate"]},
+            "wq2": {"params": {"start_bits": 12, "target_bits": 4},
+                    "modules": ["output.dense"]},
+            "wq3": {"params": {"start_bits": 2, "target_bits": 2}},
+            "wq4": {"params": {"start_bits": 1, "target_bits": 1}}}},
+    "activation_quantization": {
+        "shared_parameters": {"enabled": True, "quantization_type": "symmetric",
+                              "range_calibration": "dynamic", "schedule_offset": 0},
+        "different_groups": {"aq1": {"params": {"bits": 8}, "modules": ["attention.self"]}}},
+    "sparse_pruning": {"shared_parameters": {"enabled": True, "method": "l1"}},
+}
+
+
+def test_compression_training_maps_to_quantizer_sections():
+    conv = convert({"compression_training": COMPRESSION})
+    assert conv.instance("quantizer.wq1") == {
+        "plugin": "zeroquant", "bits": 8, "symmetric": True, "group_size": 0,
+        "range": "deepspeed", "activation_bits": 8}
+    assert conv.instance("quantizer.wq2")["bits"] == 4
+    assert conv.instance("quantizer.wq2")["activation_bits"] == 8  # W4A8
+    assert conv.instance("quantizer.wq3") == {"plugin": "xtc", "mode": "ternary",
+                                              "group_size": 0}
+    assert conv.instance("quantizer.wq4") == {"plugin": "xtc", "mode": "binary",
+                                              "group_size": 0}
+    u = unmapped(conv)
+    p = "compression_training.weight_quantization"
+    assert "48 equal contiguous chunks" in u[f"{p}.shared_parameters.quantize_groups"]
+    assert "group_size = in_features / c" in u[f"{p}.shared_parameters.quantize_groups"]
+    assert "no bit schedule" in u[f"{p}.different_groups.wq1.params.quantization_period"]
+    assert "target_bits from the start" in u[f"{p}.different_groups.wq2.params.start_bits"]
+    assert f"{p}.different_groups.wq1.params.start_bits" not in u  # start = target
+    assert "loom quantize" in u[f"{p}.different_groups.wq1.modules"]
+    assert f"{p}.shared_parameters.quantize_weight_in_forward" not in u  # true is Loom's
+    assert f"{p}.shared_parameters.rounding" not in u
+    assert "pruning" in u["compression_training.sparse_pruning"]
+    assert "when quantization starts" in u[
+        "compression_training.activation_quantization.shared_parameters.schedule_offset"]
+    validate(conv)
+
+
+def test_compression_without_activations_is_weight_only():
+    cfg = {"weight_quantization": {
+        "shared_parameters": {"enabled": True, "quantization_type": "asymmetric",
+                              "rounding": "stochastic"},
+        "different_groups": {"g": {"params": {"target_bits": 8}}}}}
+    conv = convert({"compression_training": cfg})
+    t = conv.instance("quantizer.g")
+    assert t["activation_bits"] == 0 and t["symmetric"] is False
+    assert "nearest" in unmapped(conv)[
+        "compression_training.weight_quantization.shared_parameters.rounding"]
+    validate(conv)
+
+
+def test_activation_bits_other_than_8_and_static_ranges_are_listed():
+    cfg = {"weight_quantization": {"shared_parameters": {"enabled": True},
+                                   "different_groups": {"g": {"params": {"target_bits": 8}}}},
+           "activation_quantization": {
+               "shared_parameters": {"enabled": True, "range_calibration": "static"},
+               "different_groups": {"a": {"params": {"bits": 4}}}}}
+    conv = convert({"compression_training": cfg})
+    u = unmapped(conv)
+    p = "compression_training.activation_quantization"
+    assert "INT8 activations (8)" in u[f"{p}.different_groups.a.params.bits"]
+    assert "dynamic" in u[f"{p}.shared_parameters.range_calibration"]
+    assert conv.instance("quantizer.g")["activation_bits"] == 0
+
+
+def test_asymmetric_w8a8_falls_back_to_weight_only_with_a_reason():
+    cfg = dict(COMPRESSION)
+    cfg["weight_quantization"] = {
+        "shared_parameters": {"enabled": True, "quantization_type": "asymmetric"},
+        "different_groups": {"g": {"params": {"target_bits": 8}},
+                             "t": {"params": {"target_bits": 2}}}}
+    conv = convert({"compression_training": cfg})
+    assert conv.instance("quantizer.g")["activation_bits"] == 0
+    u = unmapped(conv)
+    p = "compression_training.weight_quantization.different_groups"
+    assert "do not fit the INT8 GEMM" in u[f"{p}.g.params.target_bits"]
+    assert "symmetric by definition" in u[f"{p}.t.params.target_bits"]
+    validate(conv)
+
+
+def test_compression_disabled_or_malformed():
+    u = unmapped(convert({"compression_training": {
+        "weight_quantization": {"shared_parameters": {"enabled": False}}}}))
+    assert "nothing to map" in u["compression_training.weight_quantization"]
+    u = unmapped(convert({"compression_training": {"weight_quantization": {
+        "shared_parameters": {"enabled": True},
+        "different_groups": {"g": {"params": {"target_bits": 9}}}}}}))
+    assert "1..8" in u["compression_training.weight_quantization.different_groups.g.params."
+                       "target_bits"]
+
+
+def test_everything_together_validates_with_unique_names():
+    cfg = dict(FULL, moe=DS_MOE, compression_training={
+        "weight_quantization": {"shared_parameters": {"enabled": True},
+                                "different_groups": {"main": {"params": {"target_bits": 8}},
+                                                     "world": {"params": {"target_bits": 1}}}}})
+    conv = convert(cfg)
+    headers = [h for h, _ in conv.tables]
+    names = [h.split(".", 1)[1] for h in headers]
+    assert len(names) == len(set(names)), headers
+    assert "quantizer.main_q" in headers and "quantizer.world_q" in headers
+    assert "moe.experts" in headers and "optimizer.main" in headers
+    validate(conv)

@@ -296,6 +296,205 @@ class RouterV1(ctypes.Structure):
 ROUTER_V1_SIZE = _size(RouterV1, "backward")
 
 
+# ---- loom.moe/1 (abi/include/loom/kinds/moe.h)
+MOE_RESIDUAL = 1 << 0
+MOE_DROPLESS = 1 << 1
+MOE_EXPERT_BIAS = 1 << 2
+MOE_EXPERT_PARALLEL = 1 << 3
+MOE_ACTIVATIONS = {1: "gelu", 2: "relu", 3: "silu"}
+
+_I32, _U32, _I64, _U64 = ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
+
+
+class MoePlanArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("tokens", _I64), ("model_dim", _I64), ("hidden_dim", _I64),
+        ("num_experts", _I32), ("layer", _I32), ("num_layers", _I32), ("training", _U32),
+        ("dtype", DLDataType),
+        ("flags", _U32), ("experts", _I32), ("local_experts", _I32), ("ep_size", _I32),
+        ("ep_rank", _I32), ("top_k", _I32), ("activation", _I32), ("reserved2", _I32),
+        ("capacity", _I64), ("max_expert_rows", _I64), ("saved_bytes", _U64),
+        ("workspace_bytes", _U64),
+    ]
+
+
+MOE_PLAN_ARGS_SIZE = _size(MoePlanArgs, "workspace_bytes")
+
+MOE_WEIGHT_NAMES = ("gate_w", "w1", "b1", "w2", "b2", "res_w1", "res_b1", "res_w2", "res_b2",
+                    "coef_w", "coef_b")
+
+
+class MoeWeights(ctypes.Structure):
+    _fields_ = [("struct_size", _U32), ("reserved", _U32)] + [
+        (n, _VP) for n in MOE_WEIGHT_NAMES]
+
+
+MOE_WEIGHTS_SIZE = _size(MoeWeights, "coef_b")
+
+
+class MoeStats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("aux_loss", ctypes.c_double), ("dropped", _I64), ("expert_rows", _I64),
+        ("load", ctypes.POINTER(_I64)), ("load_count", _I64),
+    ]
+
+
+MOE_STATS_SIZE = _size(MoeStats, "load_count")
+
+
+class MoeForwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("seed", _U64), ("step", _I64), ("tokens", _I64), ("first_token", _I64),
+        ("model_dim", _I64), ("hidden_dim", _I64),
+        ("num_experts", _I32), ("layer", _I32), ("num_layers", _I32), ("training", _U32),
+        ("x", _VP), ("weights", ctypes.POINTER(MoeWeights)), ("expert_bias", _VP), ("y", _VP),
+        ("route_experts", _VP), ("route_weights", _VP), ("stats", ctypes.POINTER(MoeStats)),
+        ("saved", _VP), ("saved_bytes", _U64), ("workspace", _VP), ("workspace_bytes", _U64),
+        ("stream", _VP),
+    ]
+
+
+MOE_FORWARD_ARGS_SIZE = _size(MoeForwardArgs, "stream")
+
+
+class MoeBackwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("seed", _U64), ("step", _I64), ("tokens", _I64), ("first_token", _I64),
+        ("model_dim", _I64), ("hidden_dim", _I64),
+        ("num_experts", _I32), ("layer", _I32), ("num_layers", _I32), ("training", _U32),
+        ("aux_loss_coef", ctypes.c_double),
+        ("x", _VP), ("weights", ctypes.POINTER(MoeWeights)), ("dy", _VP), ("dx", _VP),
+        ("grads", ctypes.POINTER(MoeWeights)), ("saved", _VP), ("saved_bytes", _U64),
+        ("workspace", _VP), ("workspace_bytes", _U64), ("stream", _VP),
+    ]
+
+
+MOE_BACKWARD_ARGS_SIZE = _size(MoeBackwardArgs, "stream")
+
+
+class MoeDispatchArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("tokens", _I64), ("model_dim", _I64), ("num_experts", _I32), ("top_k", _I32),
+        ("x", _VP), ("rows", _VP), ("route_experts", _VP), ("route_weights", _VP),
+        ("counts", ctypes.POINTER(_I64)), ("counts_count", _I64),
+        ("workspace", _VP), ("workspace_bytes", _U64), ("stream", _VP),
+    ]
+
+
+MOE_DISPATCH_ARGS_SIZE = _size(MoeDispatchArgs, "stream")
+
+
+class MoeReduceArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("tensors", ctypes.POINTER(_VP)), ("count", _I64), ("stream", _VP),
+    ]
+
+
+MOE_REDUCE_ARGS_SIZE = _size(MoeReduceArgs, "stream")
+
+
+class MoeV1(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("plan", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(MoePlanArgs))),
+        ("forward", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(MoeForwardArgs))),
+        ("backward", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(MoeBackwardArgs))),
+        ("dispatch", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(MoeDispatchArgs))),
+        ("combine", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(MoeDispatchArgs))),
+        ("reduce_gradients", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(MoeReduceArgs))),
+    ]
+
+
+MOE_V1_SIZE = _size(MoeV1, "reduce_gradients")
+
+
+# ---- packed quantized data (abi/include/loom/quant_format.h)
+QUANT_INT = 1
+QUANT_BINARY = 2
+QUANT_TERNARY = 3
+QUANT_SCHEMES = {1: "int", 2: "binary", 3: "ternary"}
+QUANT_PACK_LSB_FIRST = 1
+QUANT_PACK_MSB_FIRST = 2
+QUANT_PACKINGS = {1: "lsb_first", 2: "msb_first"}
+QUANT_SYMMETRIC = 1 << 0
+
+
+class QuantFormat(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("scheme", _I32), ("bits", _U32), ("flags", _U32),
+        ("packing", _I32), ("axis", _I32), ("group_size", _I64), ("ndim", _I32),
+        ("reserved", _U32), ("shape", ctypes.POINTER(_I64)),
+        ("scale_dtype", DLDataType), ("zero_point_dtype", DLDataType),
+    ]
+
+
+QUANT_FORMAT_SIZE = _size(QuantFormat, "zero_point_dtype")
+
+# ---- loom.quantizer/1 (abi/include/loom/kinds/quantizer.h)
+QUANTIZER_WEIGHT = 1
+QUANTIZER_ACTIVATION = 2
+QUANTIZER_HAS_MATMUL = 1 << 0
+QUANTIZER_INT8_ACTIVATIONS = 1 << 1
+
+
+class QuantizerLayoutArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("role", _I32), ("ndim", _I32), ("shape", ctypes.POINTER(_I64)),
+        ("dtype", DLDataType), ("reserved2", _U32), ("matmul_rows", _I64),
+        ("format", ctypes.POINTER(QuantFormat)),
+        ("flags", _U32), ("reserved3", _U32), ("packed_bytes", _U64), ("scale_count", _I64),
+        ("zero_point_count", _I64), ("workspace_bytes", _U64),
+        ("matmul_workspace_bytes", _U64),
+    ]
+
+
+QUANTIZER_LAYOUT_ARGS_SIZE = _size(QuantizerLayoutArgs, "matmul_workspace_bytes")
+
+
+class QuantizerQuantizeArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32), ("role", _I32), ("reserved2", _U32),
+        ("format", ctypes.POINTER(QuantFormat)),
+        ("x", _VP), ("packed", _VP), ("scales", _VP), ("zero_points", _VP),
+        ("workspace", _VP), ("workspace_bytes", _U64), ("stream", _VP),
+    ]
+
+
+QUANTIZER_QUANTIZE_ARGS_SIZE = _size(QuantizerQuantizeArgs, "stream")
+
+
+class QuantizerMatmulArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("format", ctypes.POINTER(QuantFormat)),
+        ("x", _VP), ("packed", _VP), ("scales", _VP), ("zero_points", _VP), ("bias", _VP),
+        ("y", _VP), ("workspace", _VP), ("workspace_bytes", _U64), ("stream", _VP),
+    ]
+
+
+QUANTIZER_MATMUL_ARGS_SIZE = _size(QuantizerMatmulArgs, "stream")
+
+
+class QuantizerV1(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _U32), ("reserved", _U32),
+        ("layout", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(QuantizerLayoutArgs))),
+        ("quantize", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(QuantizerQuantizeArgs))),
+        ("dequantize", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(QuantizerQuantizeArgs))),
+        ("matmul", ctypes.CFUNCTYPE(_VP, _VP, ctypes.POINTER(QuantizerMatmulArgs))),
+    ]
+
+
+QUANTIZER_V1_SIZE = _size(QuantizerV1, "matmul")
+
+
 class Status(ctypes.Structure):
     pass
 

@@ -2,9 +2,11 @@
 
 ``convert(ds_config)`` (also ``loom.from_deepspeed``) maps the config's ``optimizer``
 (Adam, AdamW, Lamb, OneBitAdam, ZeroOneAdam, OneBitLamb), its legacy
-``curriculum_learning`` (sequence-length warmup) and ``data_efficiency.data_sampling``'s
-curriculum metrics onto Loom's plugins, and lists every key it cannot map with the
-reason. From the shell::
+``curriculum_learning`` (sequence-length warmup), ``data_efficiency.data_sampling``'s
+curriculum metrics and ``data_routing.random_ltd``, a ``moe`` object holding the arguments
+of DeepSpeed's MoE layer (``deepspeed.moe.layer.MoE``: num_experts, k, capacity_factor, ...)
+and ``compression_training``'s weight and activation quantization onto Loom's plugins, and
+lists every key it cannot map with the reason. From the shell::
 
     python -m loom.deepspeed ds_config.json [-o run.toml] [--check]
 
@@ -115,8 +117,6 @@ TOP_LEVEL = {
     "sparse_gradients": "Loom optimizers take dense gradients",
     "communication_data_type": "the 1-bit optimizers compress with their codec; other "
                                "allreduces are the trainer's",
-    "moe": "Loom's moe family has not landed yet",
-    "compression_training": "Loom's quantization family has not landed yet",
     "pipeline": "pipeline parallelism is the trainer's",
     "elasticity": "elastic training is the launcher's",
     "checkpoint": "checkpoints are the trainer's (Loom instances export and import state)",
@@ -613,6 +613,362 @@ def _metric(p: str, name: str, m: Any, out: Conversion, have_sampler: bool) -> b
     return True
 
 
+# ---------------------------------------------------------------- mixture of experts
+
+_MOE_REASONS = {
+    "hidden_size": "the model width is the trainer's (the layer's model_dim); the experts' "
+                   "hidden width is the trainer's [moe] hidden",
+    "expert": "the experts are the moe plugin's two-layer MLPs (activation = gelu, relu or "
+              "silu); their weights are the trainer's parameters",
+    "use_tutel": "Loom's dispatch is its own (a stable counting sort by expert, gathered rows, "
+                 "grouped GEMMs); there is no Tutel path to choose",
+    "enable_expert_tensor_parallelism": "experts are not split by tensor parallelism in Loom "
+                                        "(expert parallelism is ep_size)",
+    "top2_2nd_expert_sampling": "Loom's second choice is the second-highest probability "
+                                "(deterministic, in evaluation too); noisy_gate_policy = "
+                                "\"RSample\" adds Gumbel noise to every choice in training",
+    "enabled": "the section's presence declares the layer",
+    "layers": "which blocks are MoE is the trainer's ([moe] layers)",
+    "num_layers": "which blocks are MoE is the trainer's ([moe] layers)",
+    "aux_loss_coef": "the aux loss coefficient is the trainer's ([moe] aux_loss_coef, or "
+                     "your loss = task + coef * aux with loom.torch.MoE)",
+    "moe_loss_coeff": "the aux loss coefficient is the trainer's ([moe] aux_loss_coef, or "
+                      "your loss = task + coef * aux with loom.torch.MoE)",
+}
+_MOE_INTS = ("num_experts", "k", "min_capacity", "ep_size")
+_MOE_FLOATS = ("capacity_factor", "eval_capacity_factor")
+_MOE_BOOLS = ("drop_tokens", "use_rts", "use_residual")
+
+
+def _moe(cfg: Any, out: Conversion) -> None:
+    if not isinstance(cfg, dict):
+        out.unmapped.append(Unmapped("moe", f"must be an object holding DeepSpeed's MoE layer "
+                                     f"arguments, not {_kind(cfg)}"))
+        return
+    if cfg.get("enabled", True) is False:
+        out.unmapped.append(Unmapped("moe", "enabled is false: nothing to map"))
+        return
+    t: Dict[str, Any] = {"plugin": "moe"}
+    for k, v in cfg.items():
+        key = f"moe.{k}"
+        if k in _MOE_INTS:
+            iv = _as_int(v)
+            if iv is None or iv < (0 if k == "min_capacity" else 1):
+                out.unmapped.append(Unmapped(key, f"must be an integer >= "
+                                             f"{0 if k == 'min_capacity' else 1}, not "
+                                             f"{json.dumps(v)}"))
+            else:
+                t[k] = iv
+        elif k in _MOE_FLOATS:
+            if _is_number(v) and v > 0:
+                t[k] = float(v)
+            else:
+                out.unmapped.append(Unmapped(key, f"must be a number > 0, not {json.dumps(v)}"))
+        elif k in _MOE_BOOLS:
+            if isinstance(v, bool):
+                t[k] = v
+            else:
+                out.unmapped.append(Unmapped(key, f"must be true or false, not {json.dumps(v)}"))
+        elif k == "noisy_gate_policy":
+            if v is None or v in ("None", "none"):
+                t[k] = "none"
+            elif v in ("Jitter", "RSample"):
+                t[k] = v
+            else:
+                out.unmapped.append(Unmapped(key, f"{json.dumps(v)} is not a policy; DeepSpeed "
+                                             "and Loom take None, Jitter or RSample"))
+        elif k == "enabled":
+            continue
+        elif k in _MOE_REASONS:
+            out.unmapped.append(Unmapped(key, _MOE_REASONS[k]))
+        else:
+            out.unmapped.append(Unmapped(key, "not an argument of DeepSpeed's MoE layer"))
+    if "num_experts" not in t:
+        # DeepSpeed's MoE defaults to 1 expert; Loom's parameter to 8. Keep DeepSpeed's.
+        t["num_experts"] = 1
+        out.notes.append("moe without num_experts has one expert in DeepSpeed (its default); "
+                         "the manifest says num_experts = 1 (Loom's own default is 8)")
+    if "use_rts" not in t:
+        t["use_rts"] = True
+        out.notes.append("moe: DeepSpeed's use_rts defaults to true (random token selection "
+                         "in training); Loom's defaults to false, so the manifest sets "
+                         "use_rts = true")
+    if int(t.get("k", 1)) == 2 and cfg.get("top2_2nd_expert_sampling", True) is not False:
+        out.notes.append("moe: k = 2: DeepSpeed samples the second expert with Gumbel noise by "
+                         "default (in evaluation too); Loom takes the second-highest "
+                         "probability, deterministically")
+    e, k_, ep = int(t["num_experts"]), int(t.get("k", 1)), int(t.get("ep_size", 1))
+    if k_ > e:
+        out.notes.append(f"moe: k = {k_} is more than num_experts = {e}: loom check refuses it")
+    if ep > 1:
+        if e % ep != 0:
+            out.notes.append(f"moe: num_experts = {e} is not a multiple of ep_size = {ep}: loom "
+                             "check refuses it")
+        if not any(h == "comm.world" for h, _ in out.tables):
+            out.tables.append(("comm.world", {"plugin": "ucx"}))
+        t["comm"] = "world"
+        out.notes.append(f"moe: ep_size = {ep} splits [comm.world] (ucx; nccl for device "
+                         "memory) into expert-parallel groups of consecutive ranks")
+    out.tables.append(("moe.experts", t))
+    out.notes.append("moe is [moe.experts]: the trainer's [moe] instance = \"experts\" (or "
+                     "loom.torch.MoE(session.instance(\"moe\", \"experts\"), ...)); DeepSpeed's "
+                     "capacity C = max(ceil(k * capacity_factor * S / E), min_capacity) is the "
+                     "plugin's")
+
+
+# ---------------------------------------------------------------- compression (quantization)
+
+_QUANT_SHARED_REASONS = {
+    "schedule_offset": "when quantization starts is the trainer's (QAT from the step it "
+                       "chooses; loom quantize for a trained checkpoint)",
+    "quantizer_kernel": "Loom's quantizers always run their own kernels (the same arithmetic "
+                        "on CPU and CUDA)",
+    "quantize_verbose": "logging is the trainer's",
+    "quantize_weight_in_forward": "Loom's QAT always quantizes in the forward pass (quantize "
+                                  "then dequantize, straight-through gradient): that is true",
+    "fp16_mixed_quantize": "Loom has no blend of float and quantized weights; QAT uses the "
+                           "quantized weight from its first step",
+}
+
+_PRUNING = ("sparse_pruning", "row_pruning", "head_pruning", "channel_pruning",
+            "layer_reduction")
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-" else "_" for c in str(name)) or "group"
+
+
+def _unique_name(name: str, out: Conversion) -> str:
+    """``name``, or ``name_q``, ``name_q2``, ... when an instance of any kind has it (names
+    are unique across kinds)."""
+    taken = {h.split(".", 1)[1] for h, _ in out.tables}
+    # the optimizer's table is written after compression_training when it comes later in
+    # the config: keep its name free too
+    taken |= {"main", "world", "onebit", "experts"}
+    cand, i = name, 1
+    while cand in taken:
+        cand = f"{name}_q" if i == 1 else f"{name}_q{i}"
+        i += 1
+    return cand
+
+
+def _groups_note(prefix: str, g: Any, out: Conversion) -> None:
+    gi = _as_int(g)
+    if gi is None or gi < 1:
+        out.unmapped.append(Unmapped(prefix, f"must be an integer >= 1, not {json.dumps(g)}"))
+        return
+    out.unmapped.append(Unmapped(
+        prefix, f"{gi}: DeepSpeed splits the flattened weight into {gi} equal contiguous "
+        "chunks, i.e. blocks of whole output rows when the groups are at most the rows, and "
+        "rows cut in equal pieces along the input when there are more; Loom's groups run "
+        "along each row (group_size elements of the input features) and never span two rows. "
+        "The manifest keeps group_size = 0 (one scale per output row: as fine as DeepSpeed's "
+        "or finer); for DeepSpeed's rows * c groups set group_size = in_features / c "
+        "yourself (it depends on each matrix's shape)"))
+
+
+def _compression(cfg: Any, out: Conversion) -> None:
+    if not isinstance(cfg, dict):
+        out.unmapped.append(Unmapped("compression_training", f"must be an object, not "
+                                     f"{_kind(cfg)}"))
+        return
+    act_bits: Optional[int] = None  # 8: activations quantized; None: not
+    aq = cfg.get("activation_quantization")
+    if aq is not None:
+        act_bits = _activation_quantization(aq, out)
+    for k, v in cfg.items():
+        if k == "weight_quantization":
+            _weight_quantization(v, out, act_bits)
+        elif k == "activation_quantization":
+            continue
+        elif k in _PRUNING:
+            enabled = isinstance(v, dict) and isinstance(v.get("shared_parameters"), dict) and \
+                v["shared_parameters"].get("enabled", False)
+            out.unmapped.append(Unmapped(f"compression_training.{k}",
+                                         "pruning and layer reduction are not part of Loom"
+                                         if enabled else "not enabled: nothing to map"))
+        else:
+            out.unmapped.append(Unmapped(f"compression_training.{k}", "not a key of DeepSpeed's "
+                                         "compression_training"))
+
+
+def _activation_quantization(cfg: Any, out: Conversion) -> Optional[int]:
+    p = "compression_training.activation_quantization"
+    if not isinstance(cfg, dict):
+        out.unmapped.append(Unmapped(p, "must be an object"))
+        return None
+    shared = cfg.get("shared_parameters", {})
+    if not isinstance(shared, dict) or not shared.get("enabled", False):
+        out.unmapped.append(Unmapped(p, "enabled is false (or missing): nothing to map; the "
+                                     "zeroquant instances multiply float activations "
+                                     "(activation_bits = 0)"))
+        return None
+    ok = True
+    for k, v in shared.items():
+        key = f"{p}.shared_parameters.{k}"
+        if k == "enabled":
+            continue
+        if k == "quantization_type":
+            if v != "symmetric":
+                out.unmapped.append(Unmapped(key, f"'{v}': Loom quantizes activations "
+                                             "symmetrically only (one INT8 scale per token)"))
+                ok = False
+        elif k == "range_calibration":
+            if v != "dynamic":
+                out.unmapped.append(Unmapped(key, f"'{v}': Loom's activation scales are dynamic "
+                                             "(max|x| of each token, computed in the matmul); "
+                                             "static calibrated ranges are not kept"))
+        elif k == "schedule_offset":
+            out.unmapped.append(Unmapped(key, _QUANT_SHARED_REASONS["schedule_offset"]))
+        else:
+            out.unmapped.append(Unmapped(key, "not a key of DeepSpeed's activation "
+                                         "quantization"))
+    bits: Optional[int] = None
+    groups = cfg.get("different_groups", {})
+    if not isinstance(groups, dict):
+        out.unmapped.append(Unmapped(f"{p}.different_groups", "must be an object"))
+        groups = {}
+    for name, g in groups.items():
+        gp = f"{p}.different_groups.{name}"
+        params = g.get("params", {}) if isinstance(g, dict) else None
+        if not isinstance(params, dict):
+            out.unmapped.append(Unmapped(gp, "must be an object with params.bits"))
+            continue
+        b = _as_int(params.get("bits"))
+        if b == 8:
+            bits = 8
+        else:
+            out.unmapped.append(Unmapped(f"{gp}.params.bits", f"{json.dumps(params.get('bits'))}:"
+                                         " Loom's quantized matmul takes INT8 activations (8) "
+                                         "or float ones"))
+        for k in params:
+            if k != "bits":
+                out.unmapped.append(Unmapped(f"{gp}.params.{k}", "not a parameter of DeepSpeed's "
+                                             "activation quantization"))
+        if isinstance(g, dict) and "modules" in g:
+            out.unmapped.append(Unmapped(
+                f"{gp}.modules", f"{json.dumps(g['modules'])}: INT8 activations apply to every "
+                "matmul of a zeroquant instance (activation_bits = 8); which layers use which "
+                "instance is the trainer's and loom quantize's rules"))
+    if not ok or bits is None:
+        return None
+    out.notes.append("activation_quantization (8 bits, symmetric, dynamic) is activation_bits "
+                     "= 8 on the zeroquant instances: their matmul quantizes each token of x to "
+                     "INT8 and multiplies codes by codes (W8A8, W4A8); xtc's 1- and 2-bit "
+                     "matmul takes float activations")
+    return 8
+
+
+def _weight_quantization(cfg: Any, out: Conversion, act_bits: Optional[int]) -> None:
+    p = "compression_training.weight_quantization"
+    if not isinstance(cfg, dict):
+        out.unmapped.append(Unmapped(p, "must be an object"))
+        return
+    shared = cfg.get("shared_parameters", {})
+    if not isinstance(shared, dict) or not shared.get("enabled", False):
+        out.unmapped.append(Unmapped(p, "enabled is false (or missing): nothing to map"))
+        return
+    symmetric = True
+    for k, v in shared.items():
+        key = f"{p}.shared_parameters.{k}"
+        if k == "enabled":
+            continue
+        if k == "quantization_type":
+            if v in ("symmetric", "asymmetric"):
+                symmetric = v == "symmetric"
+            else:
+                out.unmapped.append(Unmapped(key, f"'{v}' is not symmetric or asymmetric; the "
+                                             "manifest uses symmetric"))
+        elif k == "quantize_groups":
+            _groups_note(key, v, out)
+        elif k == "rounding":
+            if v != "nearest":
+                out.unmapped.append(Unmapped(key, f"'{v}': Loom rounds to nearest (half to "
+                                             "even) only, the same on CPU and CUDA"))
+        elif k in _QUANT_SHARED_REASONS:
+            if k == "quantize_weight_in_forward" and v is True:
+                continue  # what Loom's QAT does
+            out.unmapped.append(Unmapped(key, _QUANT_SHARED_REASONS[k]))
+        else:
+            out.unmapped.append(Unmapped(key, "not a key of DeepSpeed's weight quantization"))
+    groups = cfg.get("different_groups", {})
+    if not isinstance(groups, dict) or not groups:
+        out.unmapped.append(Unmapped(f"{p}.different_groups", "missing or empty: DeepSpeed "
+                                     "needs at least one group with target_bits"))
+        return
+    for name, g in groups.items():
+        gp = f"{p}.different_groups.{name}"
+        if not isinstance(g, dict) or not isinstance(g.get("params"), dict):
+            out.unmapped.append(Unmapped(gp, "must be an object with params.target_bits"))
+            continue
+        params = g["params"]
+        bits = _as_int(params.get("target_bits"))
+        if bits is None or not 1 <= bits <= 8:
+            out.unmapped.append(Unmapped(f"{gp}.params.target_bits", f"must be an integer 1..8, "
+                                         f"not {json.dumps(params.get('target_bits'))}"))
+            continue
+        header = f"quantizer.{_unique_name(_safe_name(name), out)}"
+        if bits >= 3:
+            t: Dict[str, Any] = {"plugin": "zeroquant", "bits": bits, "symmetric": symmetric,
+                                 "group_size": 0, "range": "deepspeed",
+                                 "activation_bits": 8 if act_bits == 8 else 0}
+            if not symmetric and bits == 8 and act_bits == 8:
+                t["activation_bits"] = 0
+                out.unmapped.append(Unmapped(
+                    f"{gp}.params.target_bits", "8 bits asymmetric with INT8 activations: "
+                    "asymmetric 8-bit codes minus their zero points do not fit the INT8 GEMM, "
+                    f"so [{header}] multiplies float activations (activation_bits = 0); use "
+                    "quantization_type symmetric or at most 7 bits for W8A8"))
+            if bits not in (4, 8):
+                out.notes.append(f"{gp}: {bits}-bit codes are packed and computed exactly, "
+                                 "but only 8 and 4 bits have tuned kernels")
+        else:
+            if not symmetric:
+                out.unmapped.append(Unmapped(f"{gp}.params.target_bits",
+                                             f"{bits} bits with quantization_type asymmetric: "
+                                             "DeepSpeed refuses it (1- and 2-bit weights are "
+                                             "binary or ternary, symmetric by definition); the "
+                                             "manifest uses xtc"))
+            t = {"plugin": "xtc", "mode": "binary" if bits == 1 else "ternary", "group_size": 0}
+        for k, v in params.items():
+            key = f"{gp}.params.{k}"
+            if k == "target_bits":
+                continue
+            if k == "start_bits":
+                if _as_int(v) != bits:
+                    out.unmapped.append(Unmapped(key, f"{json.dumps(v)}: Loom quantizes at "
+                                                 "target_bits from the start (DeepSpeed's "
+                                                 "quantize-in-forward path ignores start_bits "
+                                                 "too)"))
+            elif k == "quantization_period":
+                out.unmapped.append(Unmapped(key, "Loom has no bit schedule (start_bits down to "
+                                             "target_bits); it quantizes at target_bits"))
+            else:
+                out.unmapped.append(Unmapped(key, "not a parameter of DeepSpeed's weight "
+                                             "quantization"))
+        for k, v in g.items():
+            if k == "params":
+                continue
+            if k in ("modules", "related_modules"):
+                out.unmapped.append(Unmapped(
+                    f"{gp}.{k}", f"{json.dumps(v)}: which tensors [{header}] takes is the "
+                    "trainer's and loom quantize's rules (match these names there)"))
+            else:
+                out.unmapped.append(Unmapped(f"{gp}.{k}", "not a key of a DeepSpeed "
+                                             "quantization group"))
+        out.tables.append((header, t))
+        if t["plugin"] == "zeroquant":
+            out.notes.append(f"{gp} is [{header}] (zeroquant, {bits} bits, range = "
+                             "\"deepspeed\": DeepSpeed's divisor 2^b, bit-exact to its simulated "
+                             "quantizer; Loom's own \"exact\" range maps max|w| to the largest "
+                             "code)")
+        else:
+            rule = ("BWN, alpha = mean|w|; a zero weight decodes to +alpha" if bits == 1
+                    else "TWN, Delta = 0.7 mean|w|")
+            floats = ", activations stay float" if act_bits == 8 else ""
+            out.notes.append(f"{gp} is [{header}] (xtc {t['mode']}: {rule}{floats})")
+
+
 # ---------------------------------------------------------------- entry points
 
 def convert(config: Union[Dict[str, Any], str, "os.PathLike[str]"]) -> Conversion:
@@ -648,6 +1004,10 @@ def convert(config: Union[Dict[str, Any], str, "os.PathLike[str]"]) -> Conversio
             _legacy_curriculum(v, out)
         elif k == "data_efficiency":
             _data_efficiency(v, out)
+        elif k == "moe":
+            _moe(v, out)
+        elif k == "compression_training":
+            _compression(v, out)
         elif k in TOP_LEVEL:
             out.unmapped.append(Unmapped(k, TOP_LEVEL[k]))
         else:

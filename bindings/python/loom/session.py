@@ -23,6 +23,8 @@ KINDS = {
     "curriculum": "loom.curriculum/1",
     "sampler": "loom.sampler/1",
     "router": "loom.router/1",
+    "moe": "loom.moe/1",
+    "quantizer": "loom.quantizer/1",
 }
 
 
@@ -279,7 +281,7 @@ def _host_workspace(workspace: Optional[int], nbytes: int, like: Any, what: str)
         return None, workspace
     if like.device[0] not in ("cpu", "cuda_host"):
         raise InvalidArgumentError(
-            f"{what}: the router asks for a {nbytes}-byte workspace and the tensors are on "
+            f"{what}: the plugin asks for a {nbytes}-byte workspace and the tensors are on "
             f"{like.device[0]}:{like.device[1]}; pass workspace= (the address of a 256-byte "
             "aligned buffer of workspace_bytes on that device): a host buffer is made "
             "only for host tensors")
@@ -675,5 +677,400 @@ class Instance:
         return {"layer_tokens": int(a.layer_tokens),
                 "consumed_layer_tokens": int(a.consumed_layer_tokens)}
 
+    # -- loom.moe/1 (plan, forward, backward, reduce_gradients)
+    def _moe(self) -> tuple:
+        self._require("moe")
+        return self._table("moe", _abi.MOE_V1_SIZE, _abi.MoeV1)
+
+    def moe_plan(self, *, tokens: int, model_dim: int, hidden_dim: int, num_experts: int = 0,
+                 layer: int = 0, num_layers: int = 1, training: bool = True,
+                 dtype: str = "float32") -> Dict[str, Any]:
+        """The resolved layout of a MoE layer and its buffer sizes (loom.moe/1 ``plan``).
+
+        Returns:
+            dict: {"flags", "residual", "dropless", "expert_bias", "expert_parallel" (bools
+            of the flags), "experts", "local_experts", "ep_size", "ep_rank", "top_k",
+            "activation" ("gelu", "relu", "silu"), "capacity", "max_expert_rows",
+            "saved_bytes", "workspace_bytes"}.
+        """
+        from .tensor import DTYPES
+
+        obj, table = self._moe()
+        if dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+        a = _abi.MoePlanArgs()
+        a.struct_size = _abi.MOE_PLAN_ARGS_SIZE
+        a.tokens, a.model_dim, a.hidden_dim = int(tokens), int(model_dim), int(hidden_dim)
+        a.num_experts, a.layer, a.num_layers = int(num_experts), int(layer), int(num_layers)
+        a.training = 1 if training else 0
+        code, bits = DTYPES[dtype]
+        a.dtype = _abi.DLDataType(code, bits, 1)
+        self._call(table.plan(obj, ctypes.byref(a)))
+        f = int(a.flags)
+        return {"flags": f, "residual": bool(f & _abi.MOE_RESIDUAL),
+                "dropless": bool(f & _abi.MOE_DROPLESS),
+                "expert_bias": bool(f & _abi.MOE_EXPERT_BIAS),
+                "expert_parallel": bool(f & _abi.MOE_EXPERT_PARALLEL),
+                "experts": int(a.experts), "local_experts": int(a.local_experts),
+                "ep_size": int(a.ep_size), "ep_rank": int(a.ep_rank), "top_k": int(a.top_k),
+                "activation": _abi.MOE_ACTIVATIONS.get(int(a.activation), str(a.activation)),
+                "capacity": int(a.capacity), "max_expert_rows": int(a.max_expert_rows),
+                "saved_bytes": int(a.saved_bytes), "workspace_bytes": int(a.workspace_bytes)}
+
+    @staticmethod
+    def _moe_weights(weights: Dict[str, Any], what: str) -> tuple:
+        unknown = sorted(set(weights) - set(_abi.MOE_WEIGHT_NAMES))
+        if unknown:
+            raise InvalidArgumentError(
+                f"{what}: {', '.join(unknown)} is not a MoE weight (they are "
+                f"{', '.join(_abi.MOE_WEIGHT_NAMES)})")
+        w = _abi.MoeWeights()
+        w.struct_size = _abi.MOE_WEIGHTS_SIZE
+        held = []
+        for name in _abi.MOE_WEIGHT_NAMES:
+            t = weights.get(name)
+            if t is None:
+                continue
+            b = borrow(t, f"{what}['{name}']", dtypes=("float32", "bfloat16"))
+            held.append(b)
+            setattr(w, name, b.pointer)
+        return w, held
+
+    def moe_forward(self, *, x: Any, weights: Dict[str, Any], y: Any, hidden_dim: int,
+                    seed: int = 0, step: int = 1, first_token: int = 0, num_experts: int = 0,
+                    layer: int = 0, num_layers: int = 1, training: bool = True,
+                    expert_bias: Any = None, route_experts: Any = None,
+                    route_weights: Any = None, load_count: int = 0,
+                    saved: Optional[int] = None, saved_bytes: int = 0,
+                    workspace: Optional[int] = None, workspace_bytes: int = 0,
+                    stream: Optional[int] = None) -> Dict[str, Any]:
+        """One MoE layer over this rank's tokens (loom.moe/1 ``forward``): writes ``y``
+        ([tokens, model_dim], like ``x``) and ``saved`` (the address of ``saved_bytes``
+        from :meth:`moe_plan`, 256-byte aligned, on x's device) for backward.
+
+        Args:
+            weights: {"gate_w", "w1", "b1", "w2", "b2"} (and the residual ones for PR-MoE)
+                -> tensors of the plan's shapes.
+            load_count: the layer's experts E to return the per-expert load for (0: none).
+
+        Returns:
+            dict: {"aux_loss", "dropped", "expert_rows", "load" (list of E ints, or None)}.
+        """
+        obj, table = self._moe()
+        bx = borrow(x, "x", dtypes=("float32", "bfloat16"))
+        by = borrow(y, "y", dtypes=("float32", "bfloat16"))
+        w, held = self._moe_weights(weights, "weights")
+        bb = borrow(expert_bias, "expert_bias") if expert_bias is not None else None
+        bre = (borrow(route_experts, "route_experts", dtypes=("int32",))
+               if route_experts is not None else None)
+        brw = borrow(route_weights, "route_weights") if route_weights is not None else None
+        stats = _abi.MoeStats()
+        stats.struct_size = _abi.MOE_STATS_SIZE
+        load = (ctypes.c_int64 * int(load_count))() if load_count > 0 else None
+        if load is not None:
+            stats.load = ctypes.cast(load, ctypes.POINTER(ctypes.c_int64))
+            stats.load_count = int(load_count)
+        a = _abi.MoeForwardArgs()
+        a.struct_size = _abi.MOE_FORWARD_ARGS_SIZE
+        a.seed, a.step, a.first_token = int(seed), int(step), int(first_token)
+        a.tokens = bx.shape[0] if bx.shape else 0
+        a.model_dim = bx.shape[1] if len(bx.shape) == 2 else 0
+        a.hidden_dim, a.num_experts = int(hidden_dim), int(num_experts)
+        a.layer, a.num_layers, a.training = int(layer), int(num_layers), 1 if training else 0
+        a.x, a.weights, a.y = bx.pointer, ctypes.pointer(w), by.pointer
+        a.expert_bias = bb.pointer if bb is not None else None
+        a.route_experts = bre.pointer if bre is not None else None
+        a.route_weights = brw.pointer if brw is not None else None
+        a.stats = ctypes.pointer(stats)
+        a.saved, a.saved_bytes = saved, int(saved_bytes)
+        host, workspace = _host_workspace(workspace, workspace_bytes, bx, "moe_forward")
+        a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
+        self._call(table.forward(obj, ctypes.byref(a)))
+        del bx, by, held, bb, bre, brw, host
+        return {"aux_loss": float(stats.aux_loss), "dropped": int(stats.dropped),
+                "expert_rows": int(stats.expert_rows),
+                "load": list(load) if load is not None else None}
+
+    def moe_backward(self, *, x: Any, weights: Dict[str, Any], dy: Any, dx: Any,
+                     grads: Dict[str, Any], hidden_dim: int, saved: Optional[int],
+                     saved_bytes: int, seed: int = 0, step: int = 1, first_token: int = 0,
+                     num_experts: int = 0, layer: int = 0, num_layers: int = 1,
+                     training: bool = True, aux_loss_coef: float = 0.0,
+                     workspace: Optional[int] = None, workspace_bytes: int = 0,
+                     stream: Optional[int] = None) -> None:
+        """The adjoint of the :meth:`moe_forward` whose ``saved`` is passed (loom.moe/1
+        ``backward``), with the same scalars, ``x`` and ``weights``: writes ``dx`` and ADDS
+        to every tensor of ``grads`` (same names and shapes as ``weights``). The caller's
+        loss is task + aux_loss_coef * aux_loss."""
+        obj, table = self._moe()
+        bx = borrow(x, "x", dtypes=("float32", "bfloat16"))
+        bdy = borrow(dy, "dy", dtypes=("float32", "bfloat16"))
+        bdx = borrow(dx, "dx", dtypes=("float32", "bfloat16"))
+        w, held = self._moe_weights(weights, "weights")
+        g, held_g = self._moe_weights(grads, "grads")
+        a = _abi.MoeBackwardArgs()
+        a.struct_size = _abi.MOE_BACKWARD_ARGS_SIZE
+        a.seed, a.step, a.first_token = int(seed), int(step), int(first_token)
+        a.tokens = bx.shape[0] if bx.shape else 0
+        a.model_dim = bx.shape[1] if len(bx.shape) == 2 else 0
+        a.hidden_dim, a.num_experts = int(hidden_dim), int(num_experts)
+        a.layer, a.num_layers, a.training = int(layer), int(num_layers), 1 if training else 0
+        a.aux_loss_coef = float(aux_loss_coef)
+        a.x, a.weights, a.dy, a.dx = bx.pointer, ctypes.pointer(w), bdy.pointer, bdx.pointer
+        a.grads = ctypes.pointer(g)
+        a.saved, a.saved_bytes = saved, int(saved_bytes)
+        host, workspace = _host_workspace(workspace, workspace_bytes, bx, "moe_backward")
+        a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
+        self._call(table.backward(obj, ctypes.byref(a)))
+        del bx, bdy, bdx, held, held_g, host
+
+    def _moe_move(self, which: str, x: Any, rows: Any, route_experts: Any,
+                  route_weights: Any, num_experts: int, counts_count: int,
+                  workspace: Optional[int], workspace_bytes: int,
+                  stream: Optional[int]) -> Optional[List[int]]:
+        obj, table = self._moe()
+        if not getattr(table, which):
+            raise UnimplementedError(f"moe.{self.name} (plugin '{self.plugin}') has no {which}")
+        bx = borrow(x, "x" if which == "dispatch" else "y", dtypes=("float32", "bfloat16"))
+        br = borrow(rows, "rows", dtypes=("float32", "bfloat16"))
+        be = borrow(route_experts, "route_experts", dtypes=("int32",))
+        bw = borrow(route_weights, "route_weights") if route_weights is not None else None
+        if len(be.shape) != 2:
+            raise InvalidArgumentError(
+                f"route_experts must be [tokens, k], not shape {list(be.shape)}")
+        a = _abi.MoeDispatchArgs()
+        a.struct_size = _abi.MOE_DISPATCH_ARGS_SIZE
+        a.tokens, a.top_k = be.shape[0], be.shape[1]
+        a.model_dim = bx.shape[1] if len(bx.shape) == 2 else 0
+        a.num_experts = int(num_experts)
+        a.x, a.rows, a.route_experts = bx.pointer, br.pointer, be.pointer
+        a.route_weights = bw.pointer if bw is not None else None
+        counts = None
+        if which == "dispatch":
+            counts = (ctypes.c_int64 * max(1, int(counts_count)))()
+            a.counts = ctypes.cast(counts, ctypes.POINTER(ctypes.c_int64))
+            a.counts_count = int(counts_count)
+        host, workspace = _host_workspace(workspace, workspace_bytes, bx, f"moe_{which}")
+        a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
+        self._call(getattr(table, which)(obj, ctypes.byref(a)))
+        del bx, br, be, bw, host
+        return list(counts[:int(counts_count)]) if counts is not None else None
+
+    def moe_dispatch(self, *, x: Any, rows: Any, route_experts: Any, route_weights: Any = None,
+                     local_experts: int, num_experts: int = 0,
+                     workspace: Optional[int] = None, workspace_bytes: int = 0,
+                     stream: Optional[int] = None) -> List[int]:
+        """The rows of x ([tokens, M]) for this rank's experts, for a caller that runs its
+        own experts (loom.moe/1 ``dispatch``): written into ``rows`` ([max_expert_rows, M]),
+        grouped by local expert (then source rank, token, choice), each scaled by its
+        choice's weight when ``route_weights`` is given. ``route_experts`` is int32
+        [tokens, k] (-1: none), as :meth:`moe_forward` returns it. Returns the rows of
+        each of the ``local_experts`` local experts."""
+        counts = self._moe_move("dispatch", x, rows, route_experts, route_weights,
+                                num_experts, local_experts, workspace, workspace_bytes, stream)
+        assert counts is not None
+        return counts
+
+    def moe_combine(self, *, rows: Any, y: Any, route_experts: Any, route_weights: Any = None,
+                    num_experts: int = 0, workspace: Optional[int] = None,
+                    workspace_bytes: int = 0, stream: Optional[int] = None) -> None:
+        """The adjoint of :meth:`moe_dispatch` (loom.moe/1 ``combine``): y[t] = the sum over
+        t's choices of (weight *) its row, brought back to its token; ``y`` written."""
+        self._moe_move("combine", y, rows, route_experts, route_weights, num_experts, 0,
+                       workspace, workspace_bytes, stream)
+
+    def moe_reduce_gradients(self, tensors: Sequence[Any], stream: Optional[int] = None) -> None:
+        """Averages expert gradients over the expert-data-parallel group, in place, float32
+        (loom.moe/1 ``reduce_gradients``; with ep_size 1, the world average)."""
+        obj, table = self._moe()
+        held = [borrow(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        ptrs = (ctypes.c_void_p * max(1, len(held)))(*[b.pointer for b in held])
+        a = _abi.MoeReduceArgs()
+        a.struct_size = _abi.MOE_REDUCE_ARGS_SIZE
+        a.tensors = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
+        a.count, a.stream = len(held), stream
+        self._call(table.reduce_gradients(obj, ctypes.byref(a)))
+        del held
+
+    # -- loom.quantizer/1 (layout, quantize, dequantize, matmul)
+    def _quantizer(self) -> tuple:
+        self._require("quantizer")
+        return self._table("quantizer", _abi.QUANTIZER_V1_SIZE, _abi.QuantizerV1)
+
+    def quantizer_layout(self, shape: Sequence[int], *, role: str = "weight",
+                         dtype: str = "float32", matmul_rows: int = 0) -> "QuantLayout":
+        """The packed format a quantizer produces for a 2-D ``shape`` and ``role``
+        ("weight": W [N, K], groups along K; "activation": X [M, K], one scale per row),
+        and the buffer sizes (loom.quantizer/1 ``layout``). ``matmul_rows``: the
+        activation rows to size the matmul's workspace for (0: none)."""
+        from .tensor import DTYPES
+
+        obj, table = self._quantizer()
+        roles = {"weight": _abi.QUANTIZER_WEIGHT, "activation": _abi.QUANTIZER_ACTIVATION}
+        if role not in roles:
+            raise InvalidArgumentError(f"role '{role}' is not one of weight, activation")
+        if dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+        lay = QuantLayout(shape, role, dtype)
+        a = _abi.QuantizerLayoutArgs()
+        a.struct_size = _abi.QUANTIZER_LAYOUT_ARGS_SIZE
+        a.role, a.ndim = roles[role], len(lay.shape)
+        a.shape = ctypes.cast(lay._shape, ctypes.POINTER(ctypes.c_int64))
+        code, bits = DTYPES[dtype]
+        a.dtype = _abi.DLDataType(code, bits, 1)
+        a.matmul_rows = int(matmul_rows)
+        a.format = ctypes.pointer(lay._format)
+        self._call(table.layout(obj, ctypes.byref(a)))
+        lay._fill(a, bool(table.matmul))
+        return lay
+
+    def _quant_args(self, layout: "QuantLayout", x: Any, packed: Any, scales: Any,
+                    zero_points: Any, workspace: Optional[int], workspace_bytes: int,
+                    stream: Optional[int], what: str) -> tuple:
+        if not isinstance(layout, QuantLayout):
+            raise InvalidArgumentError(f"{what}: layout must come from quantizer_layout")
+        bx = borrow(x, "x", dtypes=("float32", "bfloat16", "float16"))
+        bp = borrow(packed, "packed", dtypes=("uint8",))
+        bs = borrow(scales, "scales", dtypes=("float32", "bfloat16", "float16"))
+        bz = (borrow(zero_points, "zero_points",
+                     dtypes=("uint8", "int8", "float32", "bfloat16", "float16"))
+              if zero_points is not None else None)
+        a = _abi.QuantizerQuantizeArgs()
+        a.struct_size = _abi.QUANTIZER_QUANTIZE_ARGS_SIZE
+        a.role = layout._role
+        a.format = ctypes.pointer(layout._format)
+        a.x, a.packed, a.scales = bx.pointer, bp.pointer, bs.pointer
+        a.zero_points = bz.pointer if bz is not None else None
+        if workspace_bytes == 0:
+            workspace_bytes = layout.workspace_bytes
+        host, workspace = _host_workspace(workspace, workspace_bytes, bx, what)
+        a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
+        return a, (bx, bp, bs, bz, host)
+
+    def quantizer_quantize(self, layout: "QuantLayout", x: Any, packed: Any, scales: Any,
+                           zero_points: Any = None, *, workspace: Optional[int] = None,
+                           workspace_bytes: int = 0, stream: Optional[int] = None) -> None:
+        """x -> packed (uint8 [packed_bytes]), scales (scale_count elements of the scale
+        dtype) and zero points (asymmetric only) (loom.quantizer/1 ``quantize``)."""
+        obj, table = self._quantizer()
+        a, held = self._quant_args(layout, x, packed, scales, zero_points, workspace,
+                                   workspace_bytes, stream, "quantizer_quantize")
+        self._call(table.quantize(obj, ctypes.byref(a)))
+        del held
+
+    def quantizer_dequantize(self, layout: "QuantLayout", packed: Any, scales: Any,
+                             zero_points: Any, x: Any, *, workspace: Optional[int] = None,
+                             workspace_bytes: int = 0, stream: Optional[int] = None) -> None:
+        """The reverse of :meth:`quantizer_quantize`: writes x (loom.quantizer/1
+        ``dequantize``)."""
+        obj, table = self._quantizer()
+        a, held = self._quant_args(layout, x, packed, scales, zero_points, workspace,
+                                   workspace_bytes, stream, "quantizer_dequantize")
+        self._call(table.dequantize(obj, ctypes.byref(a)))
+        del held
+
+    def quantizer_matmul(self, layout: "QuantLayout", x: Any, packed: Any, scales: Any,
+                         zero_points: Any, y: Any, *, bias: Any = None,
+                         workspace: Optional[int] = None, workspace_bytes: int = 0,
+                         stream: Optional[int] = None) -> None:
+        """y [M, N] = x [M, K] . W^T (+ bias [N]) with W [N, K] packed in ``layout`` (a
+        weight layout) (loom.quantizer/1 ``matmul``). ``workspace_bytes``: the layout's
+        matmul_workspace_bytes for M rows or more (a host buffer is made here for host
+        tensors when no workspace is given)."""
+        obj, table = self._quantizer()
+        if not table.matmul or not layout.has_matmul:
+            raise UnimplementedError(
+                f"quantizer.{self.name} (plugin '{self.plugin}') has no matmul for this format")
+        floats = ("float32", "bfloat16", "float16")
+        bx = borrow(x, "x", dtypes=floats)
+        bp = borrow(packed, "packed", dtypes=("uint8",))
+        bs = borrow(scales, "scales", dtypes=floats)
+        bz = (borrow(zero_points, "zero_points", dtypes=("uint8", "int8") + floats)
+              if zero_points is not None else None)
+        bb = borrow(bias, "bias", dtypes=floats) if bias is not None else None
+        by = borrow(y, "y", dtypes=floats)
+        a = _abi.QuantizerMatmulArgs()
+        a.struct_size = _abi.QUANTIZER_MATMUL_ARGS_SIZE
+        a.format = ctypes.pointer(layout._format)
+        a.x, a.packed, a.scales, a.y = bx.pointer, bp.pointer, bs.pointer, by.pointer
+        a.zero_points = bz.pointer if bz is not None else None
+        a.bias = bb.pointer if bb is not None else None
+        host, workspace = _host_workspace(workspace, workspace_bytes, bx, "quantizer_matmul")
+        a.workspace, a.workspace_bytes, a.stream = workspace, int(workspace_bytes), stream
+        self._call(table.matmul(obj, ctypes.byref(a)))
+        del bx, bp, bs, bz, bb, by, host
+
     def __repr__(self) -> str:
         return f"<loom.Instance {self.section}.{self.name} (plugin '{self.plugin}')>"
+
+
+def _dtype_of(d: "_abi.DLDataType") -> Optional[str]:
+    from .tensor import DTYPES
+
+    if d.code == 0 and d.bits == 0:
+        return None
+    for name, (code, bits) in DTYPES.items():
+        if (code, bits) == (d.code, d.bits) and d.lanes == 1:
+            return name
+    return _abi.dtype_name(d.code, d.bits, d.lanes)
+
+
+class QuantLayout:
+    """What a quantizer's ``layout`` returned for one shape and role: the packed format
+    (a ``loom_quant_format`` kept alive with its shape) and the buffer sizes.
+
+    Attributes:
+        shape (tuple[int, int]), role ("weight" | "activation"), dtype (the float side),
+        scheme ("int" | "binary" | "ternary"), bits, symmetric (bool), packing
+        ("lsb_first" | "msb_first"), axis, group_size, scale_dtype, zero_point_dtype (None
+        without zero points), scale_shape (tuple), packed_bytes, scale_count,
+        zero_point_count, workspace_bytes, matmul_workspace_bytes, has_matmul,
+        int8_activations.
+    """
+
+    def __init__(self, shape: Sequence[int], role: str, dtype: str) -> None:
+        self.shape = tuple(int(v) for v in shape)
+        if len(self.shape) != 2 or any(v < 0 for v in self.shape):
+            raise InvalidArgumentError(
+                f"a quantizer takes 2-D shapes ([N, K] or [M, K]), not {list(self.shape)}")
+        self.role, self.dtype = role, dtype
+        self._role = _abi.QUANTIZER_WEIGHT if role == "weight" else _abi.QUANTIZER_ACTIVATION
+        self._shape = (ctypes.c_int64 * 2)(*self.shape)
+        self._format = _abi.QuantFormat()
+        self._format.struct_size = _abi.QUANT_FORMAT_SIZE
+
+    def _fill(self, a: "_abi.QuantizerLayoutArgs", table_has_matmul: bool) -> None:
+        f = self._format
+        self.scheme = _abi.QUANT_SCHEMES.get(int(f.scheme), str(f.scheme))
+        self.bits = int(f.bits)
+        self.symmetric = bool(f.flags & _abi.QUANT_SYMMETRIC)
+        self.packing = _abi.QUANT_PACKINGS.get(int(f.packing), str(f.packing))
+        self.axis, self.group_size = int(f.axis), int(f.group_size)
+        self.scale_dtype = _dtype_of(f.scale_dtype)
+        self.zero_point_dtype = _dtype_of(f.zero_point_dtype)
+        if self.group_size == 0:
+            self.scale_shape: tuple = (1,)
+        else:
+            dims = list(self.shape)
+            dims[self.axis] = -(-dims[self.axis] // self.group_size)
+            self.scale_shape = tuple(dims)
+        self.flags = int(a.flags)
+        self.has_matmul = table_has_matmul and bool(a.flags & _abi.QUANTIZER_HAS_MATMUL)
+        self.int8_activations = bool(a.flags & _abi.QUANTIZER_INT8_ACTIVATIONS)
+        self.packed_bytes = int(a.packed_bytes)
+        self.scale_count = int(a.scale_count)
+        self.zero_point_count = int(a.zero_point_count)
+        self.workspace_bytes = int(a.workspace_bytes)
+        self.matmul_workspace_bytes = int(a.matmul_workspace_bytes)
+
+    def describe(self) -> Dict[str, Any]:
+        """The format and sizes as a dict."""
+        keys = ("shape", "role", "dtype", "scheme", "bits", "symmetric", "packing", "axis",
+                "group_size", "scale_dtype", "zero_point_dtype", "scale_shape",
+                "packed_bytes", "scale_count", "zero_point_count", "workspace_bytes",
+                "matmul_workspace_bytes", "has_matmul", "int8_activations")
+        return {k: getattr(self, k) for k in keys}
+
+    def __repr__(self) -> str:
+        return (f"<loom.QuantLayout {self.role} {list(self.shape)}: {self.scheme}{self.bits} "
+                f"group_size {self.group_size}, {self.packed_bytes} bytes>")

@@ -25,6 +25,7 @@ DTYPES = {
     "int32": (_abi.DL_INT, 32),
     "uint16": (_abi.DL_UINT, 16),
     "uint8": (_abi.DL_UINT, 8),
+    "int8": (_abi.DL_INT, 8),
 }
 
 

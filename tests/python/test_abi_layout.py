@@ -1,0 +1,105 @@
+"""The ctypes mirrors in loom._abi against the C headers: every struct's size and every
+field's offset as a C compiler lays them out (skipped without a C compiler)."""
+import ctypes
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+from loom import _abi
+
+# (ctypes struct, C type, header)
+STRUCTS = [
+    (_abi.MoePlanArgs, "loom_moe_plan_args", "loom/kinds/moe.h"),
+    (_abi.MoeWeights, "loom_moe_weights", "loom/kinds/moe.h"),
+    (_abi.MoeStats, "loom_moe_stats", "loom/kinds/moe.h"),
+    (_abi.MoeForwardArgs, "loom_moe_forward_args", "loom/kinds/moe.h"),
+    (_abi.MoeBackwardArgs, "loom_moe_backward_args", "loom/kinds/moe.h"),
+    (_abi.MoeDispatchArgs, "loom_moe_dispatch_args", "loom/kinds/moe.h"),
+    (_abi.MoeReduceArgs, "loom_moe_reduce_args", "loom/kinds/moe.h"),
+    (_abi.MoeV1, "loom_moe_v1", "loom/kinds/moe.h"),
+    (_abi.QuantFormat, "loom_quant_format", "loom/quant_format.h"),
+    (_abi.QuantizerLayoutArgs, "loom_quantizer_layout_args", "loom/kinds/quantizer.h"),
+    (_abi.QuantizerQuantizeArgs, "loom_quantizer_quantize_args", "loom/kinds/quantizer.h"),
+    (_abi.QuantizerMatmulArgs, "loom_quantizer_matmul_args", "loom/kinds/quantizer.h"),
+    (_abi.QuantizerV1, "loom_quantizer_v1", "loom/kinds/quantizer.h"),
+    (_abi.RouterPlanArgs, "loom_router_plan_args", "loom/kinds/router.h"),
+    (_abi.RouterSelectArgs, "loom_router_select_args", "loom/kinds/router.h"),
+    (_abi.RouterBackwardArgs, "loom_router_backward_args", "loom/kinds/router.h"),
+]
+
+# The Python constants against the header's macros: (python value, C expression).
+CONSTANTS = [
+    (_abi.MOE_PLAN_ARGS_SIZE, "LOOM_MOE_PLAN_ARGS_SIZE"),
+    (_abi.MOE_WEIGHTS_SIZE, "LOOM_MOE_WEIGHTS_SIZE"),
+    (_abi.MOE_STATS_SIZE, "LOOM_MOE_STATS_SIZE"),
+    (_abi.MOE_FORWARD_ARGS_SIZE, "LOOM_MOE_FORWARD_ARGS_SIZE"),
+    (_abi.MOE_BACKWARD_ARGS_SIZE, "LOOM_MOE_BACKWARD_ARGS_SIZE"),
+    (_abi.MOE_DISPATCH_ARGS_SIZE, "LOOM_MOE_DISPATCH_ARGS_SIZE"),
+    (_abi.MOE_REDUCE_ARGS_SIZE, "LOOM_MOE_REDUCE_ARGS_SIZE"),
+    (_abi.MOE_V1_SIZE, "LOOM_MOE_V1_SIZE"),
+    (_abi.QUANT_FORMAT_SIZE, "LOOM_QUANT_FORMAT_SIZE"),
+    (_abi.QUANTIZER_LAYOUT_ARGS_SIZE, "LOOM_QUANTIZER_LAYOUT_ARGS_SIZE"),
+    (_abi.QUANTIZER_QUANTIZE_ARGS_SIZE, "LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE"),
+    (_abi.QUANTIZER_MATMUL_ARGS_SIZE, "LOOM_QUANTIZER_MATMUL_ARGS_SIZE"),
+    (_abi.QUANTIZER_V1_SIZE, "LOOM_QUANTIZER_V1_SIZE"),
+    (_abi.MOE_RESIDUAL, "LOOM_MOE_RESIDUAL"),
+    (_abi.MOE_DROPLESS, "LOOM_MOE_DROPLESS"),
+    (_abi.MOE_EXPERT_BIAS, "LOOM_MOE_EXPERT_BIAS"),
+    (_abi.MOE_EXPERT_PARALLEL, "LOOM_MOE_EXPERT_PARALLEL"),
+    (_abi.QUANT_INT, "LOOM_QUANT_INT"),
+    (_abi.QUANT_BINARY, "LOOM_QUANT_BINARY"),
+    (_abi.QUANT_TERNARY, "LOOM_QUANT_TERNARY"),
+    (_abi.QUANT_PACK_LSB_FIRST, "LOOM_QUANT_PACK_LSB_FIRST"),
+    (_abi.QUANT_PACK_MSB_FIRST, "LOOM_QUANT_PACK_MSB_FIRST"),
+    (_abi.QUANT_SYMMETRIC, "LOOM_QUANT_SYMMETRIC"),
+    (_abi.QUANTIZER_WEIGHT, "LOOM_QUANTIZER_WEIGHT"),
+    (_abi.QUANTIZER_ACTIVATION, "LOOM_QUANTIZER_ACTIVATION"),
+    (_abi.QUANTIZER_HAS_MATMUL, "LOOM_QUANTIZER_HAS_MATMUL"),
+    (_abi.QUANTIZER_INT8_ACTIVATIONS, "LOOM_QUANTIZER_INT8_ACTIVATIONS"),
+] + [(k, f"LOOM_MOE_{v.upper()}") for k, v in _abi.MOE_ACTIVATIONS.items()]
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("clang") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler to read the headers' layouts with")
+    d = tmp_path_factory.mktemp("abi")
+    headers = sorted({h for _, _, h in STRUCTS})
+    lines = ["#include <stddef.h>", "#include <stdio.h>"]
+    lines += [f"#include <{h}>" for h in headers]
+    lines.append("int main(void) {")
+    for py, c, _ in STRUCTS:
+        lines.append(f'  printf("{c} size %zu\\n", sizeof({c}));')
+        for name, _t in py._fields_:
+            lines.append(f'  printf("{c} {name} %zu\\n", offsetof({c}, {name}));')
+    for i, (_v, expr) in enumerate(CONSTANTS):
+        lines.append(f'  printf("const {i} %lld\\n", (long long)({expr}));')
+    lines.append("  return 0;\n}")
+    src = d / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = d / "layout"
+    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "abi", "include"),
+                        str(src), "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    table = {}
+    for line in out.splitlines():
+        a, b, v = line.split()
+        table[(a, b)] = int(v)
+    return table
+
+
+@pytest.mark.parametrize("py,c", [(p, c) for p, c, _ in STRUCTS], ids=[c for _, c, _ in STRUCTS])
+def test_struct_matches_header(c_layout, py, c):
+    assert ctypes.sizeof(py) == c_layout[(c, "size")], f"sizeof({c})"
+    for name, _t in py._fields_:
+        assert getattr(py, name).offset == c_layout[(c, name)], f"offsetof({c}, {name})"
+
+
+def test_constants_match_header(c_layout):
+    for i, (value, expr) in enumerate(CONSTANTS):
+        assert value == c_layout[("const", str(i))], expr
