@@ -1138,6 +1138,20 @@ class Trainer {
       st_.warmup_layer_tokens = st_.warmup_tokens * static_cast<uint64_t>(c_.model.layers);
       st_.has_layer_tokens = true;
     }
+    // The [moe] state first: a config without the layers would otherwise meet their weights.
+    const std::string mfile = (dir / ("moe." + rs + ".bin")).string();
+    if (!moe_.empty()) {
+      if (!fs::exists(mfile)) {
+        throw CheckpointError(dir.string() + ": has no moe." + rs +
+                              ".bin: it was written by a run without [moe]; resume with the "
+                              "config it was written with");
+      }
+      decode_moe(load_blob(mfile, BlobKind::kMoe), mfile);
+    } else if (fs::exists(mfile)) {
+      throw CheckpointError(dir.string() +
+                            ": was written with [moe] layers, which this config lacks; resume "
+                            "with the config it was written with");
+    }
     load_safetensors((dir / ("model." + rs + ".safetensors")).string(), model_->parameters());
     const std::string ofile = (dir / ("optimizer." + rs + ".bin")).string();
     const auto blob = load_blob(ofile, BlobKind::kOptimizer);
@@ -1173,19 +1187,6 @@ class Trainer {
       throw CheckpointError(dir.string() +
                             ": was written with a [routing] router, which this config lacks; "
                             "resume with the config it was written with");
-    }
-    const std::string mfile = (dir / ("moe." + rs + ".bin")).string();
-    if (!moe_.empty()) {
-      if (!fs::exists(mfile)) {
-        throw CheckpointError(dir.string() + ": has no moe." + rs +
-                              ".bin: it was written by a run without [moe]; resume with the "
-                              "config it was written with");
-      }
-      decode_moe(load_blob(mfile, BlobKind::kMoe), mfile);
-    } else if (fs::exists(mfile)) {
-      throw CheckpointError(dir.string() +
-                            ": was written with [moe] layers, which this config lacks; resume "
-                            "with the config it was written with");
     }
     for (const char* file : {"sampler", "seqlen"}) {
       const bool used =
