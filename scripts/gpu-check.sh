@@ -11,6 +11,8 @@
 #   optim_bench   loom-bench-optim --device cuda (adam, lamb; 1M..256M)    -> optim.jsonl
 #   router_bench  loom-bench-router --device cuda (gather/scatter/select beside the D2D copy)
 #                 -> router.jsonl; anchors/router_peers.py --device cuda -> router_peers.jsonl
+#   moe_bench     loom-bench-moe --device cuda at S=8192, M=2048, E=16, top-2 -> moe.jsonl;
+#                 anchors/moe_peers.py --device cuda (the one-hot einsum path) -> moe_peers.jsonl
 #   peers         anchors/gpu_peers.py (torch fused Adam, DeepSpeed 1-bit) -> peers.json
 #   TEST          each test program in the bundle's bin/ (codec_cuda_test,
 #                 loom_optimizer_cuda_tests, loom_nccl_tests, ...): gtest JSON ->
@@ -96,6 +98,16 @@ if [[ -f $bundle/anchors/router_peers.py ]]; then
   # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
   step router_peers 90 env -u OUT bash -c 'python3 "$0" --device cuda --reps 3 >"$1"' \
     "$bundle/anchors/router_peers.py" "$out/router_peers.jsonl"
+fi
+# The MoE layer's gate + dispatch + combine at S=8192, M=2048, E=16, top-2, and the one-hot
+# einsum formulation of the same in torch.
+moe_shape=(--tokens 8192 --model-dim 2048 --experts 16 --k 2 --reps 3)
+step moe_bench 60 "$bin/loom-bench-moe" --device cuda "${moe_shape[@]}"
+jsonl moe_bench moe.jsonl
+if [[ -f $bundle/anchors/moe_peers.py ]]; then
+  # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
+  step moe_peers 60 env -u OUT bash -c 'python3 "$0" --device cuda "${@:2}" >"$1"' \
+    "$bundle/anchors/moe_peers.py" "$out/moe_peers.jsonl" "${moe_shape[@]}"
 fi
 # The peers before the tests: the targets need their figures, and the budget is shared.
 if [[ -f $bundle/anchors/gpu_peers.py ]]; then

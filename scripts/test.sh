@@ -20,7 +20,7 @@ plugin_tests='^(comm\.|codec\.|Codecs\.|OnebitKernels\.|Ef8Kernels\.|optimizers\
 # off for those (every other sanitizer check stays on).
 ctest --preset debug -j2 -R "$plugin_tests" -E '[Cc]uda|\.np[0-9]|no_join|nccl'
 ASAN_OPTIONS=detect_leaks=0 ctest --preset debug -j2 -E '[Cc]uda|nccl' \
-  -R '^(comm|codec|optimizers)\..*(\.np[0-9]|no_join)'
+  -R '^(comm|codec|optimizers|moe)\..*(\.np[0-9]|no_join)'
 
 echo "== (${SECONDS} s) GPU tests under CUDA emulation (CPU)"
 # The CUDA code built as C++ against an emulated CUDA runtime (tests/cuda_emulation, see

@@ -23,7 +23,8 @@ class Exchange {
  public:
   // comm may be null (then ep_size must be 1). Splits the comm into the expert-parallel
   // groups (consecutive ranks) and the expert-data-parallel groups (same place), once.
-  // Collective (split). Throws std::invalid_argument / std::runtime_error on bad input.
+  // Collective (split). Throws loom::sdk::Error (a std::runtime_error) on bad input and on
+  // a transport error (a peer that does not answer within the comm's timeout included).
   Exchange(const loom_comm_v1* vt, void* comm, int ep_size);
   ~Exchange();
   Exchange(const Exchange&) = delete;

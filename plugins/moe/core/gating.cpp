@@ -47,8 +47,16 @@ void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model
                 const T* gate_w, T* probs) {
   const int64_t E = cfg.num_experts;
   const int64_t M = model_dim;
+  // gate_w transposed to [M, E]: the loop over experts innermost runs E independent sums side
+  // by side (vectorised), each still in feature order with one accumulator, so every logit
+  // rounds exactly as the plain per-expert loop (and the CUDA kernel) does.
+  std::vector<T> wt(static_cast<size_t>(M * E));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t m = 0; m < M; ++m) wt[static_cast<size_t>(m * E + e)] = gate_w[e * M + m];
+  }
   sdk::parallel_for(static_cast<size_t>(tokens), 16, [&](size_t lo, size_t hi) {
     std::vector<T> xg(static_cast<size_t>(M));
+    std::vector<T> lg(static_cast<size_t>(E));
     for (size_t si = lo; si < hi; ++si) {
       const auto s = static_cast<int64_t>(si);
       const T* xs = x + s * M;
@@ -64,12 +72,16 @@ void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model
       }
       T* ps = probs + s * E;
       T mx = -std::numeric_limits<T>::infinity();
+      T* __restrict acc = lg.data();
+      for (int64_t e = 0; e < E; ++e) acc[e] = T(0);
+      const T* __restrict w = wt.data();
+      for (int64_t m = 0; m < M; ++m, w += E) {
+        const T xm = xs[m];
+        for (int64_t e = 0; e < E; ++e) acc[e] = acc[e] + xm * w[e];
+      }
       for (int64_t e = 0; e < E; ++e) {
-        const T* w = gate_w + e * M;
-        T acc = T(0);
-        for (int64_t m = 0; m < M; ++m) acc = acc + xs[m] * w[m];
-        ps[e] = acc;
-        mx = std::max(mx, acc);
+        ps[e] = acc[e];
+        mx = std::max(mx, acc[e]);
       }
       T sum = T(0);
       for (int64_t e = 0; e < E; ++e) {

@@ -151,6 +151,11 @@ class MoeLayer : public loom::sdk::Moe {
     (void)parse_drop_policy(params.get_string("drop_policy"));
     (void)parse_noise(params.get_string("noisy_gate_policy"));
     (void)parse_activation(params.get_string("activation"));
+    const int64_t ep = params.get_int("ep_size");
+    if (ep > 1 && params.find_ref<loom_comm_v1>("comm").name().empty()) {
+      fail("ep_size = " + std::to_string(ep) +
+           " needs comm (a loom.comm instance to split the expert-parallel groups from)");
+    }
   }
 
   explicit MoeLayer(Context& ctx) : comm_(ctx.find_ref<loom_comm_v1>("comm")) {
