@@ -96,7 +96,8 @@ class MoeRun : public ::testing::Test {
   }
   // adam, and the MoE instances: [moe.top1] 4 experts top-1; [moe.pr] PR-MoE top-1;
   // [moe.bias] aux-loss-free balancing top-2; [moe.top3] k = 3 (more than a 2-expert layer
-  // has); with `comm`, a ucx comm and [moe.ep] with ep_size 2.
+  // has); [moe.dropless] 4 experts top-1 without capacity; with `comm`, a ucx comm and
+  // [moe.ep], [moe.dropless] over an expert-parallel group of 2.
   static std::string manifest(const std::string& name, bool comm, const std::string& extra = "") {
     const fs::path p = dir_ / (name + ".toml");
     std::ofstream(p) << (comm ? "[comm.world]\nplugin = \"ucx\"\n" : "")
@@ -107,8 +108,10 @@ class MoeRun : public ::testing::Test {
                      << "[moe.bias]\nplugin = \"moe\"\nnum_experts = 4\nk = 2\n"
                      << "bias_update_rate = 0.001\n"
                      << "[moe.top3]\nplugin = \"moe\"\nk = 3\n"
+                     << "[moe.dropless]\nplugin = \"moe\"\nnum_experts = 4\nk = 1\n"
+                     << "drop_tokens = false\n"
                      << (comm ? "[moe.ep]\nplugin = \"moe\"\nnum_experts = 4\nk = 1\n"
-                                "ep_size = 2\ncomm = \"world\"\n"
+                                "drop_tokens = false\nep_size = 2\ncomm = \"world\"\n"
                               : "")
                      << extra;
     return p.filename().string();
@@ -398,6 +401,62 @@ TEST_F(MoeRun, CheckReportsPlansTheInstanceRefuses) {
             std::string::npos)
       << ep.out;
   EXPECT_NE(ep.out.find("ep_size 2 cannot hold evenly"), std::string::npos) << ep.out;
+}
+
+// Dropless top-1 over 4 experts without the aux loss (the aux loss of a rank's half batch is
+// not half the whole batch's: it multiplies two means), so each token's loss does not depend
+// on which rank holds it: 2 ranks with the experts split between them (ep_size 2) follow the
+// 1-rank run's loss curve to float rounding (the gradient sums run in another order). An
+// optimizer that averages every gradient itself (onebit_adam) is refused under ep_size 2.
+TEST_F(MoeRun, ExpertParallelTwoRanksFollowOneRank) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  const std::string extra = "aux_loss_coef = 0.0\n";
+  const auto one = train(
+      1, config("ep1", manifest("m_ep1", false), "instance = \"dropless\"\nlayers = [1]\n" + extra),
+      "--fresh");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto two = train(
+      2,
+      config("ep2", manifest("m_ep2", true), "instance = \"ep\"\nlayers = [1]\n" + extra, "", true),
+      "--fresh");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("ep_size 2"), std::string::npos) << two.out;
+  const auto a = metrics("ep1", "train"), b = metrics("ep2", "train");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = a[i]["loss"], lb = b[i]["loss"];
+    worst = std::max(worst, std::fabs(la - lb) / std::fabs(la));
+    EXPECT_EQ(a[i]["moe"][0]["load"], b[i]["moe"][0]["load"]) << "step " << i + 1;
+  }
+  EXPECT_LT(worst, 1e-4);
+  const auto ea = metrics("ep1", "eval"), eb = metrics("ep2", "eval");
+  ASSERT_EQ(ea.size(), eb.size());
+  for (size_t i = 0; i < ea.size(); ++i) {
+    EXPECT_NEAR(double(ea[i]["eval_loss"]), double(eb[i]["eval_loss"]), 1e-4);
+  }
+  // Each rank saved its own two experts.
+  EXPECT_TRUE(fs::exists(dir_ / "runs/ep2/checkpoints/step_00000020/model.rank1.safetensors"));
+  const auto m1 = manifest("m_ep1bit", true,
+                           "[codec.sign]\nplugin = \"onebit\"\n"
+                           "[optimizer.compressed]\nplugin = \"onebit_adam\"\ncomm = \"world\"\n"
+                           "codec = \"sign\"\n");
+  std::string cfg = config("ep1bit", m1, "instance = \"ep\"\nlayers = [1]\n", "", true);
+  {
+    std::ifstream in(cfg);
+    std::stringstream t;
+    t << in.rdbuf();
+    std::string text = t.str();
+    text.insert(text.find("comm = "), "optimizer = \"compressed\"\n");
+    std::ofstream(cfg) << text;
+  }
+  const auto bad = train(2, cfg, "--fresh");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("ep_size 2 shards the experts over the ranks, but the optimizer "
+                         "'onebit_adam' averages every gradient over all ranks itself"),
+            std::string::npos)
+      << bad.out;
 }
 
 }  // namespace
