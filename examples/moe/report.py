@@ -1,10 +1,12 @@
 """The figures docs/RESULTS.md quotes for the Mixture-of-Experts runs, from their run folders'
 metrics.jsonl and summary.json (what `loom train` wrote for the configs beside this script):
 
-- per run (dense, top1, prmoe): its MoE layers, parameters (all of them, and those a token
+- per run (dense, top1, prmoe, prmoe_wide): its MoE layers, parameters (all of them, and those a token
   passes through: the dense ones plus, per MoE layer, the gate, k experts and the residual
   MLP), forward + backward FLOPs per token, the eval loss at every eval step (equal steps),
-  the final eval loss, the wall time of the run (summary.json's elapsed_s, evaluations
+  the final eval loss, the 10th and 50th percentile of the time per step over the log
+  intervals without an eval (the 10th: the least disturbed by other jobs' load), the wall
+  time of the run (summary.json's elapsed_s, evaluations
   included) and the eval loss at half and all of the shortest run's time to its last eval
   point (equal wall time, interpolated linearly in seconds between eval points; each eval
   point's time is the elapsed_s of the train line of the same step);
@@ -13,8 +15,10 @@ metrics.jsonl and summary.json (what `loom train` wrote for the configs beside t
   parameters of each MoE run against top1's;
 - the expert load of the MoE runs at the last step: per layer the smallest and largest share
   of the choices an expert got, and the dropped choices as a share of all;
-- expert parallelism (ep1, ep2, ep4): the largest difference of the train loss at any logged
-  step and of the eval loss at any eval step of ep2 and ep4 from ep1 (absolute and relative).
+- expert parallelism (ep1, ep2, ep4) and its controls (dp2, dp4: the same on 2 and 4 ranks
+  with every expert on every rank): the largest difference of the train loss at any logged
+  step and of the eval loss at any eval step from ep1 (absolute and relative), and of ep2
+  from dp2 and ep4 from dp4 (what splitting the experts changes at a given rank count).
 
     python3 examples/moe/report.py build/runs
 """
@@ -24,8 +28,8 @@ import sys
 import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RUNS = ("dense", "top1", "prmoe")
-EP = ("ep1", "ep2", "ep4")
+RUNS = ("dense", "top1", "prmoe", "prmoe_wide")
+EP = ("ep1", "ep2", "ep4", "dp2", "dp4")
 
 
 def load(root, name):
@@ -86,6 +90,16 @@ def shape(name, summary):
     return active, flops, desc
 
 
+def step_times(train, evals):
+    """Seconds per step of each log interval that holds no eval step, sorted."""
+    eval_steps = {e["step"] for e in evals}
+    out = []
+    for a, b in zip(train, train[1:]):
+        if not any(a["step"] < s <= b["step"] for s in eval_steps):
+            out.append((b["elapsed_s"] - a["elapsed_s"]) / (b["step"] - a["step"]))
+    return sorted(out)
+
+
 def time_at(train, step):
     for o in train:
         if o["step"] >= step:
@@ -128,13 +142,16 @@ def main():
             runs[name] = load(root, name)
     if "dense" not in runs:
         raise SystemExit(f"{root}/moe_dense: no finished run (see the configs' commands)")
-    print("## Runs (equal compute per token)\n")
-    print("| run | layers | parameters | per token | FLOPs/token | final eval | wall s |")
-    print("|---|---|---|---|---|---|---|")
+    print("## Runs\n")
+    print("| run | layers | parameters | per token | FLOPs/token | final eval | wall s | "
+          "ms/step p10 | p50 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, (train, evals, summary) in runs.items():
         active, flops, desc = shape(name, summary)
+        st = step_times(train, evals)
         print(f"| {name} | {desc} | {summary['parameters']:,} | {active:,} | {flops / 1e6:.2f}M "
-              f"| {summary['final_eval_loss']:.4f} | {summary['elapsed_s']:.1f} |")
+              f"| {summary['final_eval_loss']:.4f} | {summary['elapsed_s']:.1f} | "
+              f"{1e3 * st[len(st) // 10]:.1f} | {1e3 * st[len(st) // 2]:.1f} |")
     print("\n## Eval loss at equal steps\n")
     steps = [e["step"] for e in runs["dense"][1]]
     print("| step | " + " | ".join(runs) + " |")
@@ -181,7 +198,7 @@ def main():
     if "ep1" in eps:
         print("\n## Expert parallelism against 1 rank\n")
         base_t, base_e, _ = eps["ep1"]
-        for name in ("ep2", "ep4"):
+        for name in ("ep2", "ep4", "dp2", "dp4"):
             if name not in eps:
                 continue
             t, e, s = eps[name]
@@ -192,6 +209,13 @@ def main():
                   f"loss max |diff| {max(dt):.2e} (relative {max(rt):.2e}), eval loss max "
                   f"|diff| {max(de):.2e}; final eval {s['final_eval_loss']:.4f} vs "
                   f"{eps['ep1'][2]['final_eval_loss']:.4f}")
+        for ep, dp in (("ep2", "dp2"), ("ep4", "dp4")):
+            if ep in eps and dp in eps:
+                (a, ae, _), (b, be, _) = eps[dp], eps[ep]
+                dt = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
+                de = max(abs(x["eval_loss"] - y["eval_loss"]) for x, y in zip(ae, be))
+                print(f"- {ep} against {dp}: train loss max |diff| {dt:.2e}, eval loss max "
+                      f"|diff| {de:.2e}")
 
 
 if __name__ == "__main__":
