@@ -1,7 +1,7 @@
 """The figures docs/RESULTS.md quotes for the Mixture-of-Experts runs, from their run folders'
 metrics.jsonl and summary.json (what `loom train` wrote for the configs beside this script):
 
-- per run (dense, top1, prmoe, prmoe_wide): its MoE layers, parameters (all of them, and those a token
+- per run (dense, top1, top1_e4, prmoe, prmoe_wide): its MoE layers, parameters (all of them, and those a token
   passes through: the dense ones plus, per MoE layer, the gate, k experts and the residual
   MLP), forward + backward FLOPs per token, the eval loss at every eval step (equal steps),
   the final eval loss, the 10th and 50th percentile of the time per step over the log
@@ -28,7 +28,7 @@ import sys
 import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RUNS = ("dense", "top1", "prmoe", "prmoe_wide")
+RUNS = ("dense", "top1", "top1_e4", "prmoe", "prmoe_wide")
 EP = ("ep1", "ep2", "ep4", "dp2", "dp4")
 
 
