@@ -406,8 +406,9 @@ TEST_F(MoeRun, CheckReportsPlansTheInstanceRefuses) {
 // Dropless top-1 over 4 experts without the aux loss (the aux loss of a rank's half batch is
 // not half the whole batch's: it multiplies two means), so each token's loss does not depend
 // on which rank holds it: 2 ranks with the experts split between them (ep_size 2) follow the
-// 1-rank run's loss curve to float rounding (the gradient sums run in another order). An
-// optimizer that averages every gradient itself (onebit_adam) is refused under ep_size 2.
+// 1-rank run's loss curve to float rounding (the gradient sums run in another order), and
+// stopped and resumed it matches itself bit for bit (each rank's experts in its own files).
+// An optimizer that averages every gradient itself (onebit_adam) is refused under ep_size 2.
 TEST_F(MoeRun, ExpertParallelTwoRanksFollowOneRank) {
   if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
   const std::string extra = "aux_loss_coef = 0.0\n";
@@ -436,8 +437,28 @@ TEST_F(MoeRun, ExpertParallelTwoRanksFollowOneRank) {
   for (size_t i = 0; i < ea.size(); ++i) {
     EXPECT_NEAR(double(ea[i]["eval_loss"]), double(eb[i]["eval_loss"]), 1e-4);
   }
-  // Each rank saved its own two experts.
-  EXPECT_TRUE(fs::exists(dir_ / "runs/ep2/checkpoints/step_00000020/model.rank1.safetensors"));
+  // Each rank saves its own two experts; stopped after step 12 and resumed from step 10, the
+  // expert-parallel run matches its uninterrupted self bit for bit.
+  const std::string part = config("ep2part", manifest("m_ep2", true),
+                                  "instance = \"ep\"\nlayers = [1]\n" + extra, "", true);
+  const auto p1 = train(2, part, "--fresh --stop-after 12");
+  ASSERT_EQ(p1.code, 0) << p1.out;
+  const auto p2 = train(2, part, "--resume");
+  ASSERT_EQ(p2.code, 0) << p2.out;
+  const auto c = metrics("ep2part", "train");
+  ASSERT_EQ(c.size(), b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(b[i]["loss"], c[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(b[i]["grad_norm"], c[i]["grad_norm"]) << "step " << i + 1;
+  }
+  for (const char* f : {"model.rank0.safetensors", "model.rank1.safetensors", "moe.rank0.bin",
+                        "moe.rank1.bin", "optimizer.rank1.bin"}) {
+    const fs::path x = dir_ / "runs/ep2/checkpoints/step_00000020" / f;
+    ASSERT_TRUE(fs::exists(x)) << f;
+    EXPECT_EQ(slurp(x), slurp(dir_ / "runs/ep2part/checkpoints/step_00000020" / f)) << f;
+  }
+  EXPECT_NE(slurp(dir_ / "runs/ep2/checkpoints/step_00000020/model.rank0.safetensors"),
+            slurp(dir_ / "runs/ep2/checkpoints/step_00000020/model.rank1.safetensors"));
   const auto m1 = manifest("m_ep1bit", true,
                            "[codec.sign]\nplugin = \"onebit\"\n"
                            "[optimizer.compressed]\nplugin = \"onebit_adam\"\ncomm = \"world\"\n"
