@@ -604,6 +604,14 @@ std::string curriculum_manifest(const TrainConfig& c) {
   return out.str();
 }
 
+std::string moe_instance_comm(const TrainConfig& c) {
+  toml::parse_result r = toml::parse_file(c.manifest);
+  if (!r) return {};
+  const toml::table* t = r.table()["moe"][c.moe].as_table();
+  const auto* comm = t != nullptr ? t->get_as<std::string>("comm") : nullptr;
+  return comm != nullptr ? comm->get() : std::string();
+}
+
 std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::string& ep_size_at) {
   ep_size = 1;
   ep_size_at.clear();

@@ -132,6 +132,10 @@ std::string curriculum_manifest(const TrainConfig& c);
 // Empty when the manifest does not parse or a [moe.*] table is not laid out line by line.
 std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::string& ep_size_at);
 
+// The `comm` the manifest's [moe.NAME] (NAME = c.moe) names, "" when it names none or the
+// manifest does not parse.
+std::string moe_instance_comm(const TrainConfig& c);
+
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.
 double lr_at(const TrainConfig& c, int64_t step);

@@ -1023,6 +1023,16 @@ class Trainer {
                         "different experts; use an optimizer the trainer averages for (adam, "
                         "lamb), or ep_size = 1");
     }
+    if (moe_ep_ > 1) {
+      const std::string comm = moe_instance_comm(c_);
+      if (comm != c_.comm) {
+        throw ConfigError(moe_who_ + ": ep_size " + std::to_string(moe_ep_) +
+                          " exchanges tokens over its comm " +
+                          (comm.empty() ? std::string("(none)") : "'" + comm + "'") +
+                          ", but the trainer's ranks are [manifest] comm '" + c_.comm +
+                          "': give the instance comm = \"" + c_.comm + "\"");
+      }
+    }
     if (moe_ep_ > 1 && world_ % moe_ep_ != 0) {
       throw ConfigError(moe_who_ + ": ep_size " + std::to_string(moe_ep_) +
                         " does not divide the " + std::to_string(world_) + " ranks");
@@ -1364,9 +1374,11 @@ class Trainer {
                        " (diverged; lower lr or clip_grad_norm)");
     }
     r.owns = comm_info().owns_communication != 0;
-    if (!r.owns && world_ > 1 && !moe_.empty()) {
-      // The experts' gradients by the instance (over the expert-data-parallel group), the
-      // rest by the world average.
+    if (!r.owns && world_ > 1 && moe_ep_ > 1) {
+      // Expert parallelism: the experts' gradients by the instance (over the
+      // expert-data-parallel group), the rest by the world average. Without it every rank
+      // holds every expert and the world average is theirs too (the instance's
+      // reduce_gradients averages over its own comm, which it then need not have).
       size_t o = 0;
       for (size_t i = 0; i < params.size(); ++i) {
         if (expert_[i]) continue;

@@ -437,6 +437,20 @@ TEST_F(MoeRun, ExpertParallelTwoRanksFollowOneRank) {
   for (size_t i = 0; i < ea.size(); ++i) {
     EXPECT_NEAR(double(ea[i]["eval_loss"]), double(eb[i]["eval_loss"]), 1e-4);
   }
+  // 2 ranks with every expert on each (an instance without a comm): the trainer averages the
+  // experts' gradients over the ranks as the others' (a reduce_gradients over the instance's
+  // own world of one would leave each rank's experts trained on its half batch alone).
+  const auto dp = train(2,
+                        config("dp2", manifest("m_ep2", true),
+                               "instance = \"dropless\"\nlayers = [1]\n" + extra, "", true),
+                        "--fresh");
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  const auto d = metrics("dp2", "train");
+  ASSERT_EQ(d.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(double(a[i]["loss"]), double(d[i]["loss"]), 1e-4 * double(a[i]["loss"]))
+        << "step " << i + 1;
+  }
   // Each rank saves its own two experts; stopped after step 12 and resumed from step 10, the
   // expert-parallel run matches its uninterrupted self bit for bit.
   const std::string part = config("ep2part", manifest("m_ep2", true),
