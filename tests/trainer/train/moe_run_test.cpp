@@ -354,7 +354,9 @@ TEST_F(MoeRun, InterruptedAndResumedMatchesUninterruptedBitForBit) {
     ASSERT_EQ(a.size(), b.size()) << type;
     for (size_t i = 0; i < a.size(); ++i) {
       for (const char* k : {"step", "loss", "eval_loss", "grad_norm", "aux_loss", "moe"}) {
-        if (a[i].contains(k)) EXPECT_EQ(a[i][k], b[i][k]) << type << " " << k << " #" << i;
+        if (a[i].contains(k)) {
+          EXPECT_EQ(a[i][k], b[i][k]) << type << " " << k << " #" << i;
+        }
       }
     }
   }
