@@ -53,6 +53,9 @@ class MlpT {
   virtual void backward(const T* x, const T* dy, T* dx, int rows) = 0;  // adds into dx
   virtual std::vector<ParamRef<T>> parameters() = 0;
   virtual double flops_per_token() const = 0;
+  // Told before every model forward whether it is a training one (an MoE layer then uses its
+  // training capacity and noise); a dense MLP ignores it.
+  virtual void set_training(bool) {}
 };
 
 // fc (C -> 4C) + GELU + proj (4C -> C).
@@ -487,6 +490,7 @@ class Gpt {
     last_T_ = Tn;
     kept_.assign(blocks_.size(), Tn);
     layer_tokens_ = 0;
+    for (auto& b : blocks_) b->mlp().set_training(training);
     for (size_t l = 0; l < blocks_.size(); ++l) {
       if (router_) {
         routed_forward(l, B, Tn, training);

@@ -42,6 +42,7 @@ class MlpAdapter final : public MlpT<float> {
     return out;
   }
   double flops_per_token() const override { return m_->flops_per_token(); }
+  void set_training(bool training) override { m_->set_training(training); }
 
  private:
   std::unique_ptr<Mlp> m_;

@@ -58,6 +58,9 @@ class Mlp {
   virtual void backward(const float* x, const float* dy, float* dx, int rows) = 0;
   virtual std::vector<ParamTensor> parameters() = 0;
   virtual double flops_per_token() const = 0;  // forward+backward
+  // Called before every model forward: whether it is a training forward (forward_backward,
+  // or forward_loss with training) or an evaluation one. The default ignores it.
+  virtual void set_training(bool) {}
 };
 
 class Model {

@@ -33,8 +33,14 @@ void save_safetensors(const std::string& path, const std::vector<ParamTensor>& p
 void load_safetensors(const std::string& path, const std::vector<ParamTensor>& params);
 
 // kCurriculum: a [curriculum] instance's exported state (the sampler's, the seqlen schedule's);
-// kRouter: the [routing] router's.
-enum class BlobKind : uint32_t { kOptimizer = 1, kTrainer = 2, kCurriculum = 3, kRouter = 4 };
+// kRouter: the [routing] router's; kMoe: the [moe] layers' trainer state (expert biases).
+enum class BlobKind : uint32_t {
+  kOptimizer = 1,
+  kTrainer = 2,
+  kCurriculum = 3,
+  kRouter = 4,
+  kMoe = 5
+};
 void save_blob(const std::string& path, BlobKind kind, const std::vector<uint8_t>& payload);
 std::vector<uint8_t> load_blob(const std::string& path, BlobKind kind);
 

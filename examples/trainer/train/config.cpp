@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <loom_cli_support.hpp>
@@ -118,6 +119,87 @@ std::string joined(const std::vector<std::string>& lines) {
   return out;
 }
 
+// [moe]: instance, layers, experts (one or one per layer), hidden, aux_loss_coef.
+void read_moe(Reader m, TrainConfig& c, Errors& errors) {
+  m.str("instance", c.moe);
+  c.moe_at = m.at("instance");
+  c.moe_layers_at = m.at("layers");
+  c.moe_experts_at = m.at("experts");
+  m.integer("hidden", c.moe_hidden, 1, 1 << 20);
+  m.number("aux_loss_coef", c.moe_aux_loss_coef, 0.0, 1e6);
+  const toml::node* layers = m.node("layers");
+  const toml::node* experts = m.node("experts");
+  m.finish();
+  if (m.table == nullptr) return;
+  const toml::node* inst = m.table->get("instance");
+  if (inst == nullptr) {
+    errors.add(c.moe_at +
+               ": [moe]: no instance (the manifest's [moe.NAME]; leave [moe] out for "
+               "a dense model)");
+  } else if (inst->is_string() && inst->as_string()->get().empty()) {
+    errors.add(c.moe_at + ": [moe] instance: empty (leave [moe] out for a dense model)");
+  }
+  const toml::array* la = layers != nullptr ? layers->as_array() : nullptr;
+  const size_t count = la != nullptr ? la->size() : 0;
+  // experts: one count for every layer, or one per entry of layers (in the same order).
+  auto one = [&](const toml::node& e) {
+    if (!e.is_integer()) {
+      m.fail(e, "experts", "expected an integer expert count");
+      return 0;
+    }
+    const int64_t v = e.as_integer()->get();
+    if (v < 1 || v > 65536) {
+      m.fail(e, "experts", std::to_string(v) + " is out of range [1, 65536]");
+      return 0;
+    }
+    return static_cast<int>(v);
+  };
+  std::vector<int> per(count, 0);  // 0: the instance's num_experts
+  if (experts != nullptr && experts->is_array()) {
+    const toml::array& a = *experts->as_array();
+    if (a.size() != count) {
+      m.fail(*experts, "experts",
+             std::to_string(a.size()) + " counts for " + std::to_string(count) +
+                 " layers (give one count for every layer, or one per entry of layers)");
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      const int v = one(*a.get(i));
+      if (i < count) per[i] = v;
+    }
+  } else if (experts != nullptr) {
+    std::fill(per.begin(), per.end(), one(*experts));
+  }
+  const int L = c.model.layers;
+  if (layers == nullptr) {
+    errors.add(c.moe_layers_at +
+               ": [moe]: no layers (the indices of the MoE blocks, e.g. layers = [1, 3])");
+    return;
+  }
+  if (la == nullptr || la->empty()) {
+    m.fail(*layers, "layers", "expected a non-empty array of layer indices");
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const toml::node& e = *la->get(i);
+    if (!e.is_integer()) {
+      m.fail(e, "layers", "expected an integer layer index");
+      continue;
+    }
+    const int64_t v = e.as_integer()->get();
+    if (v < 0 || v >= L) {
+      m.fail(e, "layers",
+             std::to_string(v) + " is not a layer of the model ([model] layers " +
+                 std::to_string(L) + ": 0 .. " + std::to_string(L - 1) + ")");
+    } else if (std::find(c.moe_layers.begin(), c.moe_layers.end(), static_cast<int>(v)) !=
+               c.moe_layers.end()) {
+      m.fail(e, "layers", "layer " + std::to_string(v) + " is listed twice");
+    } else {
+      c.moe_layers.push_back(static_cast<int>(v));
+      c.moe_experts.push_back(per[i]);
+    }
+  }
+}
+
 }  // namespace
 
 ConfigError::ConfigError(std::vector<std::string> errors)
@@ -141,15 +223,15 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   TrainConfig c;
   c.config_path = path;
   Errors errors;
-  const std::vector<std::string> sections{"manifest",   "model",   "data",
-                                          "curriculum", "routing", "train"};
+  const std::vector<std::string> sections{"manifest", "model", "data", "curriculum",
+                                          "routing",  "moe",   "train"};
   for (const auto& [k, v] : root) {
     const std::string name(k.str());
     if (std::find(sections.begin(), sections.end(), name) == sections.end() || !v.is_table()) {
-      errors.add(
-          where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
-          loom_text::did_you_mean(name, sections) +
-          " (expected tables [manifest], [model], [data], [curriculum], [routing], [train])");
+      errors.add(where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
+                 loom_text::did_you_mean(name, sections) +
+                 " (expected tables [manifest], [model], [data], [curriculum], [routing], [moe], "
+                 "[train])");
     }
   }
   auto sect = [&](const char* name) { return Reader{path, root[name].as_table(), name, &errors}; };
@@ -220,6 +302,8 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
       errors.add(routing.at("router") + ": [routing] router: empty (leave [routing] out for none)");
     }
   }
+
+  read_moe(sect("moe"), c, errors);
 
   Reader t = sect("train");
   constexpr int64_t kBig = int64_t{1} << 40;
@@ -399,6 +483,7 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   // The curriculum's instances are reported at their key in the config.
   if (!c.sampler.empty()) need("sampler", c.sampler, c.sampler_at + ": [curriculum] sampler");
   if (!c.seqlen.empty()) need("curriculum", c.seqlen, c.seqlen_at + ": [curriculum] seqlen");
+  if (!c.moe.empty()) need("moe", c.moe, c.moe_at + ": [moe] instance");
   if (!c.router.empty()) {
     const size_t before = out.size();
     need("router", c.router, c.router_at + ": [routing] router");
@@ -517,6 +602,55 @@ std::string curriculum_manifest(const TrainConfig& c) {
   std::ostringstream out;
   out << toml::toml_formatter(tables);
   return out.str();
+}
+
+std::string moe_instance_comm(const TrainConfig& c) {
+  toml::parse_result r = toml::parse_file(c.manifest);
+  if (!r) return {};
+  const toml::table* t = r.table()["moe"][c.moe].as_table();
+  const auto* comm = t != nullptr ? t->get_as<std::string>("comm") : nullptr;
+  return comm != nullptr ? comm->get() : std::string();
+}
+
+std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::string& ep_size_at) {
+  ep_size = 1;
+  ep_size_at.clear();
+  toml::parse_result r = toml::parse_file(c.manifest);
+  if (!r) return {};
+  if (const toml::table* t = r.table()["moe"][c.moe].as_table()) {
+    if (const toml::node* n = t->get("ep_size"); n != nullptr && n->is_integer()) {
+      ep_size = n->as_integer()->get();
+      ep_size_at = where(c.manifest, n->source());
+    }
+  }
+  std::ifstream in(c.manifest, std::ios::binary);
+  std::string text, line, section;
+  bool kept = true;
+  auto is_key = [](const std::string& l, size_t b, const char* key) {
+    const size_t n = std::strlen(key);
+    if (l.compare(b, n, key) != 0) return false;
+    const size_t e = l.find_first_not_of(" \t", b + n);
+    return e != std::string::npos && l[e] == '=';
+  };
+  while (std::getline(in, line)) {
+    const size_t b = line.find_first_not_of(" \t");
+    if (b != std::string::npos && line[b] == '[') {
+      const size_t from = line.find_first_not_of("[ \t", b);
+      const size_t to = from == std::string::npos ? from : line.find_first_of(".] \t", from);
+      section = from == std::string::npos ? std::string() : line.substr(from, to - from);
+      kept = section == "loom" || section == "moe";
+    }
+    const bool drop = section == "moe" && b != std::string::npos &&
+                      (is_key(line, b, "comm") || is_key(line, b, "ep_size"));
+    text += (kept && !drop ? line : std::string()) + "\n";
+  }
+  toml::parse_result blanked = toml::parse(text, c.manifest);
+  if (!blanked) return {};
+  for (const auto& [k, v] : blanked.table()) {
+    const std::string name(k.str());
+    if (name != "loom" && name != "moe") return {};
+  }
+  return text;
 }
 
 uint64_t decay_tokens(const TrainConfig& c) {

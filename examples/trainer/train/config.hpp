@@ -42,6 +42,13 @@ struct TrainConfig {
   // [routing] (optional; docs/trainer.md "Token routing")
   std::string router;     // [router.NAME] in the manifest: the middle layers' token router
   std::string router_at;  // FILE:LINE:COL of the key
+  // [moe] (optional; docs/trainer.md "Mixture of Experts")
+  std::string moe;               // [moe.NAME] in the manifest: the loom.moe/1 instance
+  std::vector<int> moe_layers;   // the MoE blocks, as listed
+  std::vector<int> moe_experts;  // per entry of moe_layers; 0: the instance's num_experts
+  int moe_hidden = 0;            // each expert's hidden width; 0: 4 * [model] dim
+  double moe_aux_loss_coef = 0.01;
+  std::string moe_at, moe_layers_at, moe_experts_at;  // FILE:LINE:COL of the keys
   // [train]
   int64_t steps = 1000;
   int batch_size = 16;  // sequences per global batch, split evenly over the ranks
@@ -117,6 +124,17 @@ std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksu
 // text: what `loom check` opens to create and plan the curriculum's and the router's instances
 // without the manifest's comm and optimizer. Empty when the manifest does not parse.
 std::string curriculum_manifest(const TrainConfig& c);
+
+// The manifest's [loom] and [moe.*] tables alone, as TOML text, with each [moe.*] table's
+// `comm` and `ep_size` lines blanked: what `loom check` opens to create and plan the MoE
+// instance without a comm (the other lines keep their numbers). `ep_size` gets the
+// instance's ep_size as written (1 when absent) and `ep_size_at` where ("" when absent).
+// Empty when the manifest does not parse or a [moe.*] table is not laid out line by line.
+std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::string& ep_size_at);
+
+// The `comm` the manifest's [moe.NAME] (NAME = c.moe) names, "" when it names none or the
+// manifest does not parse.
+std::string moe_instance_comm(const TrainConfig& c);
 
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.

@@ -1,7 +1,8 @@
 // loom-plot (run as `loom plot RUN_DIR... -o FILE.png|FILE.svg`): train and eval loss curves of one
 // or several runs and their communication volume, drawn by gnuplot (Debian's gnuplot-nox) from each
 // RUN_DIR/metrics.jsonl; beside them the sampler's difficulty and the sequence length per step
-// when a run has a curriculum (a `difficulty` field, a `seq_len` that changes).
+// when a run has a curriculum (a `difficulty` field, a `seq_len` that changes), and the expert
+// load of its last MoE layer when a run has [moe] layers (a `moe` field).
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +77,10 @@ int main(int argc, char** argv) {
     double ymin = 1e30, ymax = 0, ymax_all = 0;
     // The curriculum panels: drawn when some run has a difficulty, or a seq_len that changes.
     bool has_difficulty = false, seq_len_varies = false;
+    // The expert-load panel: the first run with MoE layers, its last layer's share of the
+    // choices per expert at each logged step.
+    int moe_run = -1, moe_layer = -1;
+    size_t moe_experts = 0;
     for (size_t r = 0; r < runs.size(); ++r) {
       const fs::path m = fs::path(runs[r]) / "metrics.jsonl";
       std::ifstream in(m);
@@ -108,6 +113,25 @@ int main(int argc, char** argv) {
           } else {
             tr << "? ";
           }
+          const auto moe = j.find("moe");
+          if (moe != j.end() && moe->is_array() && !moe->empty() && moe->back().is_object() &&
+              (moe_run < 0 || moe_run == static_cast<int>(r))) {
+            const auto& l = moe->back();
+            const auto load = l.find("load");
+            if (load != l.end() && load->is_array() && !load->empty() &&
+                (moe_run < 0 || load->size() == moe_experts)) {
+              std::ofstream md(tmp / "moe.dat", moe_run < 0 ? std::ios::trunc : std::ios::app);
+              moe_run = static_cast<int>(r);
+              moe_layer = l.value("layer", -1);
+              moe_experts = load->size();
+              double total = 0;
+              for (const auto& v : *load) total += v.is_number() ? v.get<double>() : 0.0;
+              md << j.value("step", 0);
+              for (const auto& v : *load)
+                md << " " << (total > 0 && v.is_number() ? v.get<double>() / total : 0.0);
+              md << "\n";
+            }
+          }
           const auto d = j.find("difficulty");
           if (d != j.end() && d->is_number()) {
             has_difficulty = true;
@@ -134,7 +158,8 @@ int main(int argc, char** argv) {
     ymax = std::min(ymax, ymax_all * 1.02);
     ymin *= 0.97;
     if (loss_max > 0) ymax = std::max(loss_max, ymin * 1.01);
-    const int panels = 2 + (has_difficulty ? 1 : 0) + (seq_len_varies ? 1 : 0);
+    const int panels =
+        2 + (has_difficulty ? 1 : 0) + (seq_len_varies ? 1 : 0) + (moe_run >= 0 ? 1 : 0);
     terminal.replace(terminal.find("WIDTH"), 5, std::to_string(700 * panels));
     std::ostringstream g;
     g << "set terminal " << terminal << "\n"
@@ -175,6 +200,19 @@ int main(int argc, char** argv) {
     }
     if (seq_len_varies) {
       curriculum_panel(5, "sequence length (tokens)", "sequence-length warmup: seq_len per step");
+    }
+    if (moe_run >= 0) {
+      const auto mf = (tmp / "moe.dat").string();
+      g << "\nset yrange [0:*]\nset ylabel \"share of the layer's choices\"\nset key top right\n"
+        << "set title "
+        << quote("expert load: " + labels[static_cast<size_t>(moe_run)] + ", MoE layer " +
+                 std::to_string(moe_layer) +
+                 " (uniform: " + loom_cli::number(1.0 / static_cast<double>(moe_experts)) + ")")
+        << "\nplot ";
+      for (size_t e = 0; e < moe_experts; ++e) {
+        g << (e ? ", " : "") << quote(mf) << " using 1:" << e + 2 << " with lines lw 1.5 title "
+          << quote("expert " + std::to_string(e));
+      }
     }
     g << "\nunset multiplot\n";
     const fs::path script = tmp / "plot.gp";

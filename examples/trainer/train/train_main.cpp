@@ -5,6 +5,7 @@
 // docs/trainer.md describes the files and the numbers it prints.
 #include <loom/embed.h>
 #include <loom/kinds/curriculum.h>
+#include <loom/kinds/moe.h>
 #include <loom/kinds/router.h>
 #include <loom/kinds/sampler.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@
 #include "crash_report.hpp"
 #include "dataset.hpp"
 #include "model.hpp"
+#include "moe_layer.hpp"
 
 namespace fs = std::filesystem;
 using namespace loom::trainer;
@@ -863,6 +865,7 @@ class Trainer {
     double difficulty = NAN;    // the sampler's difficulty of the step's batch
     uint64_t layer_tokens = 0;  // the step's, all ranks
     std::vector<int> kept;      // positions per sequence each layer processed
+    double aux = 0;             // [moe] aux_loss_coef x the sum of the MoE layers' aux losses
   };
 
   // ---- setup
@@ -878,6 +881,7 @@ class Trainer {
     set_num_threads(c_.threads > 0 ? c_.threads : static_cast<int>(std::max(1u, hw / world_)));
     model_.emplace(c_.model, c_.seed);
     open_router();
+    open_moe();
     numel_ = model_->num_parameters();
     build_groups();
     resume_or_start();
@@ -981,6 +985,64 @@ class Trainer {
     }
   }
 
+  // The [moe] layers: each listed block's MLP becomes a MoeLayer over the instance (which
+  // plans it and makes its weights, parameters of the model from then on).
+  void open_moe() {
+    if (c_.moe.empty()) return;
+    moe_who_ = c_.moe_at + ": [moe] instance '" + c_.moe + "'";
+    if (loom_find_instance(session_.get(), "moe", c_.moe.c_str(), &moe_inst_) != LOOM_OK) {
+      throw ConfigError(moe_who_ + ": " + loom_last_error());
+    }
+    for (size_t i = 0; i < c_.moe_layers.size(); ++i) {
+      MoeLayerOptions o;
+      o.who = moe_who_;
+      o.layer = c_.moe_layers[i];
+      o.num_layers = c_.model.layers;
+      o.dim = c_.model.dim;
+      o.hidden = c_.moe_hidden > 0 ? c_.moe_hidden : 4 * c_.model.dim;
+      o.experts = c_.moe_experts[i];
+      o.tokens = static_cast<int64_t>(local_batch_) * c_.seq_len;
+      o.seed = c_.seed;
+      o.aux_loss_coef = c_.moe_aux_loss_coef;
+      auto layer = std::make_unique<MoeLayer>(moe_inst_, o);
+      if (i == 0) moe_ep_ = layer->plan().ep_size;
+      if (layer->plan().ep_size != moe_ep_) {
+        throw ConfigError(moe_who_ + ": layer " + std::to_string(o.layer) + " planned ep_size " +
+                          std::to_string(layer->plan().ep_size) + ", another " +
+                          std::to_string(moe_ep_));
+      }
+      for (const auto& n : layer->expert_parameter_names()) expert_names_.push_back(n);
+      moe_.push_back(layer.get());
+      model_->replace_mlp(o.layer, std::move(layer));
+    }
+    if (moe_ep_ > 1 && comm_info().owns_communication != 0) {
+      throw ConfigError(moe_who_ + ": ep_size " + std::to_string(moe_ep_) +
+                        " shards the experts over the ranks, but the optimizer '" +
+                        loom_instance_plugin(opt_) +
+                        "' averages every gradient over all ranks itself, which would mix "
+                        "different experts; use an optimizer the trainer averages for (adam, "
+                        "lamb), or ep_size = 1");
+    }
+    if (moe_ep_ > 1) {
+      const std::string comm = moe_instance_comm(c_);
+      if (comm != c_.comm) {
+        throw ConfigError(moe_who_ + ": ep_size " + std::to_string(moe_ep_) +
+                          " exchanges tokens over its comm " +
+                          (comm.empty() ? std::string("(none)") : "'" + comm + "'") +
+                          ", but the trainer's ranks are [manifest] comm '" + c_.comm +
+                          "': give the instance comm = \"" + c_.comm + "\"");
+      }
+    }
+    if (moe_ep_ > 1 && world_ % moe_ep_ != 0) {
+      throw ConfigError(moe_who_ + ": ep_size " + std::to_string(moe_ep_) +
+                        " does not divide the " + std::to_string(world_) + " ranks");
+    }
+  }
+
+  bool is_expert_param(const std::string& name) const {
+    return std::find(expert_names_.begin(), expert_names_.end(), name) != expert_names_.end();
+  }
+
   // Optimizer groups: matrices decay (the manifest's weight_decay), vectors do not.
   void build_groups() {
     auto& params = model_->parameters();
@@ -1008,7 +1070,11 @@ class Trainer {
         wpe_mask_t_.data = wpe_mask_.data();
         mask = &wpe_mask_t_;
       }
-      (p.shape.size() >= 2 ? decay_ : no_decay_)
+      const bool expert_bias =
+          p.name.size() > 11 && (p.name.compare(p.name.size() - 11, 11, ".experts.b1") == 0 ||
+                                 p.name.compare(p.name.size() - 11, 11, ".experts.b2") == 0);
+      expert_.push_back(is_expert_param(p.name));
+      (p.shape.size() >= 2 && !expert_bias ? decay_ : no_decay_)
           .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt_[i], &gt_[i], nullptr, mask});
     }
     if (!decay_.empty())
@@ -1081,6 +1147,20 @@ class Trainer {
       st_.layer_tokens = st_.tokens_seen * static_cast<uint64_t>(c_.model.layers);
       st_.warmup_layer_tokens = st_.warmup_tokens * static_cast<uint64_t>(c_.model.layers);
       st_.has_layer_tokens = true;
+    }
+    // The [moe] state first: a config without the layers would otherwise meet their weights.
+    const std::string mfile = (dir / ("moe." + rs + ".bin")).string();
+    if (!moe_.empty()) {
+      if (!fs::exists(mfile)) {
+        throw CheckpointError(dir.string() + ": has no moe." + rs +
+                              ".bin: it was written by a run without [moe]; resume with the "
+                              "config it was written with");
+      }
+      decode_moe(load_blob(mfile, BlobKind::kMoe), mfile);
+    } else if (fs::exists(mfile)) {
+      throw CheckpointError(dir.string() +
+                            ": was written with [moe] layers, which this config lacks; resume "
+                            "with the config it was written with");
     }
     load_safetensors((dir / ("model." + rs + ".safetensors")).string(), model_->parameters());
     const std::string ofile = (dir / ("optimizer." + rs + ".bin")).string();
@@ -1210,6 +1290,19 @@ class Trainer {
                                             : "; learned weights " + router_weights_)
                 << std::endl;
     }
+    if (!moe_.empty()) {
+      std::cout << "loom train: MoE layers by '" << c_.moe << "' ("
+                << loom_instance_plugin(moe_inst_) << "):";
+      for (size_t i = 0; i < moe_.size(); ++i) {
+        const loom_moe_plan_args& p = moe_[i]->plan();
+        std::cout << (i ? ", " : " ") << c_.moe_layers[i] << " (" << p.experts << " experts, top-"
+                  << p.top_k << (moe_[i]->residual() ? ", residual" : "") << ")";
+      }
+      std::cout << "; expert hidden " << (c_.moe_hidden > 0 ? c_.moe_hidden : 4 * c_.model.dim)
+                << ", aux_loss_coef " << c_.moe_aux_loss_coef
+                << (moe_ep_ > 1 ? ", ep_size " + std::to_string(moe_ep_) : std::string())
+                << std::endl;
+    }
     if (cur_.seqlen != nullptr) {
       std::cout << "loom train: sequence length from '" << c_.seqlen << "' ("
                 << loom_instance_plugin(cur_.seqlen) << ", "
@@ -1267,9 +1360,11 @@ class Trainer {
     const uint64_t step_tokens = static_cast<uint64_t>(rows) * world_ * r.seq_len;
     // The router sees the step and this rank's first row in the step's global batch.
     if (router_ != nullptr) router_->set_step(step, static_cast<int64_t>(rank_) * rows);
+    for (MoeLayer* m : moe_) m->set_step(step, static_cast<int64_t>(rank_) * rows * r.seq_len);
     model_->zero_grad();
     r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
     r.kept = model_->kept();
+    for (const MoeLayer* m : moe_) r.aux += c_.moe_aux_loss_coef * m->aux_loss();
     r.layer_tokens = static_cast<uint64_t>(model_->layer_tokens()) * world_;
     if (step == inject_step_ && rank_ == inject_rank_ && !params.empty() && params[0].numel > 0) {
       params[0].grad[0] = std::numeric_limits<float>::quiet_NaN();
@@ -1279,7 +1374,26 @@ class Trainer {
                        " (diverged; lower lr or clip_grad_norm)");
     }
     r.owns = comm_info().owns_communication != 0;
-    if (!r.owns && world_ > 1) {
+    if (!r.owns && world_ > 1 && moe_ep_ > 1) {
+      // Expert parallelism: the experts' gradients by the instance (over the
+      // expert-data-parallel group), the rest by the world average. Without it every rank
+      // holds every expert and the world average is theirs too (the instance's
+      // reduce_gradients averages over its own comm, which it then need not have).
+      size_t o = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (expert_[i]) continue;
+        std::memcpy(flat_.data() + o, params[i].grad, 4 * params[i].numel);
+        o += params[i].numel;
+      }
+      comm_.average(flat_.data(), o, true);
+      o = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (expert_[i]) continue;
+        std::memcpy(params[i].grad, flat_.data() + o, 4 * params[i].numel);
+        o += params[i].numel;
+      }
+      for (MoeLayer* m : moe_) m->reduce_gradients();
+    } else if (!r.owns && world_ > 1) {
       if (contiguous_) {
         comm_.average(params[0].grad, numel_, true);
       } else {
@@ -1292,9 +1406,20 @@ class Trainer {
     }
     // Global-norm clipping: of the averaged gradient when the trainer averages, of the local
     // gradient when the optimizer owns communication (each rank its own coefficient).
-    double sq = 0;
-    for (auto& p : params)
-      for (size_t i = 0; i < p.numel; ++i) sq += static_cast<double>(p.grad[i]) * p.grad[i];
+    // With expert parallelism each rank holds only its experts: their squares are summed over
+    // the world (each expert set held by world / ep_size ranks), so every rank clips by the
+    // same norm.
+    double sq = 0, sq_expert = 0;
+    for (size_t j = 0; j < params.size(); ++j) {
+      const auto& p = params[j];
+      double s = 0;
+      for (size_t i = 0; i < p.numel; ++i) s += static_cast<double>(p.grad[i]) * p.grad[i];
+      (!expert_.empty() && expert_[j] ? sq_expert : sq) += s;
+    }
+    if (moe_ep_ > 1) {
+      sq_expert = comm_.sum({sq_expert})[0] / static_cast<double>(world_ / moe_ep_);
+    }
+    sq += sq_expert;
     r.gnorm = std::sqrt(sq);
     if (c_.clip_grad_norm > 0 && r.gnorm > c_.clip_grad_norm) {
       const float s = static_cast<float>(c_.clip_grad_norm / (r.gnorm + 1e-6));
@@ -1348,6 +1473,7 @@ class Trainer {
     }
     st_.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed_);
     loss_acc_ += r.loss;
+    aux_acc_ += r.aux;
     ++acc_steps_;
     return r;
   }
@@ -1356,8 +1482,34 @@ class Trainer {
 
   // The mean loss since the last log line (over the ranks), a metrics record and a line.
   void log_step(int64_t step, const StepResult& r) {
-    const auto tot = comm_.sum({loss_acc_, static_cast<double>(acc_steps_)});
+    const auto tot = comm_.sum({loss_acc_, static_cast<double>(acc_steps_), aux_acc_});
     const double mean_loss = tot[0] / tot[1];
+    const double mean_aux = tot[2] / tot[1];
+    // The MoE layers of this step: aux loss (mean over the ranks), load per expert and dropped
+    // choices (summed over the ranks).
+    nlohmann::json moe_json = nlohmann::json::array();
+    if (!moe_.empty()) {
+      std::vector<double> v;
+      for (const MoeLayer* m : moe_) {
+        v.push_back(m->aux_loss());
+        v.push_back(static_cast<double>(m->dropped()));
+        for (const int64_t l : m->load()) v.push_back(static_cast<double>(l));
+      }
+      v = comm_.sum(v);
+      size_t o = 0;
+      for (size_t i = 0; i < moe_.size(); ++i) {
+        nlohmann::json e = {{"layer", c_.moe_layers[i]},
+                            {"experts", moe_[i]->experts()},
+                            {"aux_loss", v[o] / world_},
+                            {"dropped", static_cast<int64_t>(v[o + 1])}};
+        std::vector<int64_t> load;
+        for (int k = 0; k < moe_[i]->experts(); ++k)
+          load.push_back(static_cast<int64_t>(v[o + 2 + static_cast<size_t>(k)]));
+        e["load"] = load;
+        o += 2 + static_cast<size_t>(moe_[i]->experts());
+        moe_json.push_back(std::move(e));
+      }
+    }
     const auto now = clk::now();
     const double dt = std::chrono::duration<double>(now - t_log_).count();
     const double tps = static_cast<double>(st_.tokens_seen - log_tokens_) / std::max(dt, 1e-9);
@@ -1384,6 +1536,10 @@ class Trainer {
                           {"layer_tokens", r.layer_tokens},
                           {"consumed_layer_tokens", st_.layer_tokens}};
       if (router_ != nullptr) j["kept"] = r.kept;
+      if (!moe_.empty()) {
+        j["aux_loss"] = mean_aux;
+        j["moe"] = moe_json;
+      }
       // The sampler's difficulty (null when it is not a curriculum: NaN).
       if (cur_.sampler != nullptr) {
         j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
@@ -1416,6 +1572,7 @@ class Trainer {
         std::cout << line << std::endl;
     }
     loss_acc_ = 0;
+    aux_acc_ = 0;
     acc_steps_ = 0;
     log_from_step_ = step;
     log_tokens_ = st_.tokens_seen;
@@ -1426,13 +1583,17 @@ class Trainer {
   // when the split is small); window w goes to rank w % world.
   double evaluate() {
     const auto h = ds_->heldout();
-    const size_t windows = std::min<size_t>(static_cast<size_t>(c_.eval_batches) * c_.batch_size,
-                                            (h.size() - 1) / c_.seq_len);
+    size_t windows = std::min<size_t>(static_cast<size_t>(c_.eval_batches) * c_.batch_size,
+                                      (h.size() - 1) / c_.seq_len);
+    // Expert parallelism: every rank of a group makes the same forwards (they exchange
+    // tokens), so each rank gets the same number of windows.
+    if (moe_ep_ > 1 && windows >= static_cast<size_t>(world_)) windows -= windows % world_;
     std::vector<size_t> mine;
     for (size_t w = rank_; w < windows; w += world_) mine.push_back(w);
     double sum = 0;
     // Evaluation forwards pass training = 0 at the last step run (1 before any).
     if (router_ != nullptr) router_->set_step(std::max<int64_t>(1, last_step_), 0);
+    for (MoeLayer* m : moe_) m->set_step(std::max<int64_t>(1, last_step_), 0);
     for (size_t b = 0; b < mine.size(); b += local_batch_) {
       const int n = static_cast<int>(std::min<size_t>(local_batch_, mine.size() - b));
       x_.resize(static_cast<size_t>(n) * c_.seq_len);
@@ -1510,6 +1671,9 @@ class Trainer {
       state.resize(m);
       save_blob((tmp / ("router." + rs + ".bin")).string(), BlobKind::kRouter, state);
     }
+    if (!moe_.empty()) {
+      save_blob((tmp / ("moe." + rs + ".bin")).string(), BlobKind::kMoe, encode_moe());
+    }
     TrainerState s = st_;
     s.step = step;
     s.grad_bytes_sent = comm_.grad_bytes_sent;
@@ -1537,6 +1701,56 @@ class Trainer {
       for (size_t i = 0; i + 1 < old.size(); ++i) fs::remove_all(old[i], ec);
     }
     comm_.barrier();
+  }
+
+  // The [moe] trainer state: "LMO1", the aux-loss sum since the last metrics line (double),
+  // the layer count (uint32), then per layer its index and expert count (int32 each) and
+  // the expert bias (float32 [E], or nothing, count 0, without aux-loss-free balancing).
+  static constexpr uint32_t kMoeStateMagic = 0x314f4d4c;
+  std::vector<uint8_t> encode_moe() {
+    std::vector<uint8_t> b;
+    put(b, kMoeStateMagic);
+    put(b, aux_acc_);
+    put(b, static_cast<uint32_t>(moe_.size()));
+    for (size_t i = 0; i < moe_.size(); ++i) {
+      put(b, static_cast<int32_t>(c_.moe_layers[i]));
+      put(b, static_cast<int32_t>(moe_[i]->experts()));
+      const std::vector<float>& bias = moe_[i]->expert_bias();
+      put(b, static_cast<uint32_t>(bias.size()));
+      for (const float v : bias) put(b, v);
+    }
+    return b;
+  }
+  void decode_moe(const std::vector<uint8_t>& b, const std::string& file) {
+    size_t o = 0;
+    if (take<uint32_t>(b, o, file) != kMoeStateMagic) {
+      throw CheckpointError(file + ": not a [moe] state of this version of loom-train");
+    }
+    const auto acc = take<double>(b, o, file);
+    const auto n = take<uint32_t>(b, o, file);
+    if (n != moe_.size()) {
+      throw CheckpointError(file + ": holds " + std::to_string(n) + " MoE layers, the config " +
+                            std::to_string(moe_.size()) +
+                            "; resume with the config it was written with");
+    }
+    for (size_t i = 0; i < moe_.size(); ++i) {
+      const auto layer = take<int32_t>(b, o, file);
+      const auto experts = take<int32_t>(b, o, file);
+      const auto count = take<uint32_t>(b, o, file);
+      std::vector<float>& bias = moe_[i]->expert_bias();
+      if (layer != c_.moe_layers[i] || experts != moe_[i]->experts() || count != bias.size()) {
+        throw CheckpointError(
+            file + ": MoE layer #" + std::to_string(i) + " is layer " + std::to_string(layer) +
+            " with " + std::to_string(experts) + " experts (" + std::to_string(count) +
+            " biases), the config's layer " + std::to_string(c_.moe_layers[i]) + " with " +
+            std::to_string(moe_[i]->experts()) + " (" + std::to_string(bias.size()) +
+            "); resume with the config it was "
+            "written with");
+      }
+      for (float& v : bias) v = take<float>(b, o, file);
+    }
+    if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the [moe] state");
+    aux_acc_ = acc;
   }
 
   // The curriculum instances whose state a checkpoint holds, with their file stems.
@@ -1568,6 +1782,17 @@ class Trainer {
                                 {"uncompressed_bytes", st_.uncompressed_bytes},
                                 {"skipped_steps", st_.skipped_steps},
                                 {"elapsed_s", st_.elapsed_s}};
+      if (!moe_.empty()) {
+        nlohmann::json layers = nlohmann::json::array();
+        for (size_t i = 0; i < moe_.size(); ++i) {
+          layers.push_back({{"layer", c_.moe_layers[i]},
+                            {"experts", moe_[i]->experts()},
+                            {"top_k", moe_[i]->plan().top_k},
+                            {"residual", moe_[i]->residual()}});
+        }
+        summary["moe"] = {
+            {"layers", layers}, {"ep_size", moe_ep_}, {"aux_loss_coef", c_.moe_aux_loss_coef}};
+      }
       // The sampler's cost beside the steps it fed, timed in this process (rank 0; since
       // the start or the resume): what the sampler adds to a step.
       if (cur_.sampler != nullptr && train_step_s_ > 0) {
@@ -1623,8 +1848,15 @@ class Trainer {
   loom_instance* router_inst_ = nullptr;  // [routing] router (nullptr: none)
   PluginRouter* router_ = nullptr;        // its hook, owned by the model
   std::string router_who_;
-  std::string router_weights_;  // the learned router weights' names, for the banner
-  uint64_t samples_ = 0;        // the dataset's fixed samples at seq_len (what the sampler draws)
+  std::string router_weights_;         // the learned router weights' names, for the banner
+  loom_instance* moe_inst_ = nullptr;  // [moe] instance (nullptr: a dense model)
+  std::vector<MoeLayer*> moe_;         // the MoE layers, owned by the model, as [moe] lists them
+  std::string moe_who_;
+  int moe_ep_ = 1;                         // the instance's ep_size
+  std::vector<std::string> expert_names_;  // the expert parameters (reduce_gradients)
+  std::vector<bool> expert_;               // per parameter: an expert parameter
+  double aux_acc_ = 0;                     // like loss_acc_, of StepResult::aux
+  uint64_t samples_ = 0;  // the dataset's fixed samples at seq_len (what the sampler draws)
   Comm comm_;
   int rank_ = 0, world_ = 1;
   bool root_ = true;
@@ -1714,6 +1946,7 @@ int check(const Args& args) {
       if (!c.router.empty() && problem.rfind(c.router_at + ": [routing] router", 0) == 0) {
         cc.router.clear();
       }
+      if (!c.moe.empty() && problem.rfind(c.moe_at + ": [moe] instance", 0) == 0) cc.moe.clear();
     }
   }
   std::optional<Dataset> ds;
@@ -1770,6 +2003,54 @@ int check(const Args& args) {
       }
       loom_close(cs);
     }
+  }
+  // The MoE instance (alone: the manifest's [loom] and [moe.*], without its comm) and its
+  // plan of every [moe] layer (training and evaluation at the batch's tokens); the experts'
+  // split over the expert-parallel group is checked here, the group needing the comm.
+  if (manifest_ok && problems.empty() && !cc.moe.empty()) {
+    std::vector<std::string> mp;
+    int64_t ep_size = 1;
+    std::string ep_at;
+    const std::string text = moe_check_manifest(c, ep_size, ep_at);
+    const std::string who = c.moe_at + ": [moe] instance '" + c.moe + "'";
+    loom_open_options mo = opts;
+    mo.validate_only = 0;
+    loom_session* ms = nullptr;
+    if (text.empty()) {
+      mp.push_back(who + ": " + c.manifest +
+                   " could not be read as tables, one key per line, to plan the MoE layers");
+    } else if (loom_open_string(text.c_str(), c.manifest.c_str(), &mo, &ms) != LOOM_OK) {
+      mp.push_back(loom_last_error());
+    } else {
+      loom_instance* mi = nullptr;
+      if (loom_find_instance(ms, "moe", c.moe.c_str(), &mi) != LOOM_OK) {
+        mp.push_back(who + ": " + loom_last_error());
+      } else {
+        const int hidden = c.moe_hidden > 0 ? c.moe_hidden : 4 * c.model.dim;
+        const int64_t tokens = static_cast<int64_t>(c.batch_size) * c.seq_len;
+        for (size_t i = 0; i < c.moe_layers.size(); ++i) {
+          try {
+            for (const bool training : {true, false}) {
+              const loom_moe_plan_args p =
+                  MoeLayer::plan_layer(mi, who, c.moe_layers[i], c.model.layers, c.model.dim,
+                                       hidden, c.moe_experts[i], tokens, training);
+              if (training && ep_size > 1 && p.experts % ep_size != 0) {
+                mp.push_back(c.moe_experts_at + ": [moe] experts: layer " +
+                             std::to_string(c.moe_layers[i]) + " has " + std::to_string(p.experts) +
+                             " experts, which the expert-parallel group of " + ep_at + " ep_size " +
+                             std::to_string(ep_size) + " cannot hold evenly (a multiple of " +
+                             std::to_string(ep_size) + " is needed)");
+              }
+            }
+          } catch (const std::exception& e) {
+            mp.push_back(e.what());
+          }
+        }
+      }
+      loom_close(ms);
+    }
+    for (const auto& line : mp) std::cerr << line << "\n";
+    ok = ok && mp.empty();
   }
   if (problems.empty()) {
     for (const auto& w : config_warnings(c)) std::cerr << w << "\n";
