@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "moe_math.hpp"
@@ -42,53 +43,127 @@ float jitter_at(const GateConfig& cfg, int64_t s, int64_t m) {
   return jitter_factor(rng.word(static_cast<uint64_t>(m)), cfg.jitter_eps);
 }
 
+namespace {
+
+// The gate's logits are computed kTokenBlock tokens at a time, kLanes experts at a time: for
+// each feature m one row of the transposed weight (experts innermost) is loaded once and
+// multiplied into kTokenBlock x kLanes independent accumulators, so the additions of
+// different logits overlap instead of waiting on one another. Every logit is still its own
+// sum in feature order from 0 with one accumulator, the product and the sum rounded apart
+// (no contraction), so each rounds exactly as the plain per-expert loop and the CUDA kernel.
+constexpr int64_t kTokenBlock = 4;
+constexpr int64_t kLanes = 8;
+
+// acc[t][l] = sum_m xs[t][m] * w[m * ldw + l], t < kTokenBlock, l < kLanes.
+template <class T>
+inline void logits_block(const T* const* xs, int64_t M, const T* __restrict w, int64_t ldw,
+                         T (*__restrict acc)[kLanes]) {
+  T a[kTokenBlock][kLanes];
+  for (auto& row : a) {
+    for (T& v : row) v = T(0);
+  }
+  const T* __restrict x0 = xs[0];
+  const T* __restrict x1 = xs[1];
+  const T* __restrict x2 = xs[2];
+  const T* __restrict x3 = xs[3];
+  for (int64_t m = 0; m < M; ++m, w += ldw) {
+    T wl[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) wl[l] = w[l];
+    const T v0 = x0[m], v1 = x1[m], v2 = x2[m], v3 = x3[m];
+    for (int64_t l = 0; l < kLanes; ++l) a[0][l] = a[0][l] + v0 * wl[l];
+    for (int64_t l = 0; l < kLanes; ++l) a[1][l] = a[1][l] + v1 * wl[l];
+    for (int64_t l = 0; l < kLanes; ++l) a[2][l] = a[2][l] + v2 * wl[l];
+    for (int64_t l = 0; l < kLanes; ++l) a[3][l] = a[3][l] + v3 * wl[l];
+  }
+  for (int64_t t = 0; t < kTokenBlock; ++t) {
+    for (int64_t l = 0; l < kLanes; ++l) acc[t][l] = a[t][l];
+  }
+}
+static_assert(kTokenBlock == 4, "logits_block names its four token rows");
+
+// exp_fixed (moe_math.hpp) bit for bit, without the library calls: floor by truncation and
+// a correction, the power of two built from its exponent bits (n stays in [-125, 127] for the
+// clamped argument, so p * 2^n is exact or rounds once, as ldexpf does).
+inline float exp_fixed_fast(float x) {
+  const bool keep = x > -87.0f;
+  float xc = keep ? x : -87.0f;  // NaN too: the result is 0 then
+  xc = xc > 88.0f ? 88.0f : xc;
+  const float y = xc * 1.44269504f + 0.5f;
+  float n = static_cast<float>(static_cast<int32_t>(y));
+  n = n > y ? n - 1.0f : n;
+  float r = xc - n * 0.693145752f;
+  r = r - n * 1.42860677e-06f;
+  float p = 1.98412698e-04f;
+  p = p * r + 1.38888889e-03f;
+  p = p * r + 8.33333333e-03f;
+  p = p * r + 4.16666667e-02f;
+  p = p * r + 1.66666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const auto bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale = 0.0f;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return keep ? p * scale : 0.0f;
+}
+inline double exp_fixed_fast(double x) { return exp_fixed(x); }
+
+}  // namespace
+
 template <class T>
 void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
                 const T* gate_w, T* probs) {
   const int64_t E = cfg.num_experts;
   const int64_t M = model_dim;
-  // gate_w transposed to [M, E]: the loop over experts innermost runs E independent sums side
-  // by side (vectorised), each still in feature order with one accumulator, so every logit
-  // rounds exactly as the plain per-expert loop (and the CUDA kernel) does.
-  std::vector<T> wt(static_cast<size_t>(M * E));
+  // gate_w [E, M] transposed to [M, Ep], experts innermost, padded with zero columns to a
+  // multiple of kLanes (the padded logits are computed and dropped).
+  const int64_t Ep = (E + kLanes - 1) / kLanes * kLanes;
+  std::vector<T> wt(static_cast<size_t>(M * Ep), T(0));
   for (int64_t e = 0; e < E; ++e) {
-    for (int64_t m = 0; m < M; ++m) wt[static_cast<size_t>(m * E + e)] = gate_w[e * M + m];
+    for (int64_t m = 0; m < M; ++m) wt[static_cast<size_t>(m * Ep + e)] = gate_w[e * M + m];
   }
-  sdk::parallel_for(static_cast<size_t>(tokens), 16, [&](size_t lo, size_t hi) {
-    std::vector<T> xg(static_cast<size_t>(M));
-    std::vector<T> lg(static_cast<size_t>(E));
-    for (size_t si = lo; si < hi; ++si) {
-      const auto s = static_cast<int64_t>(si);
-      const T* xs = x + s * M;
-      if (cfg.jitter()) {
-        const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
-                                  kPurposeJitter);
-        for (int64_t m = 0; m < M; ++m) {
-          xg[static_cast<size_t>(m)] =
-              xs[m] *
-              static_cast<T>(jitter_factor(rng.word(static_cast<uint64_t>(m)), cfg.jitter_eps));
+  const auto blocks = static_cast<size_t>((tokens + kTokenBlock - 1) / kTokenBlock);
+  sdk::parallel_for(blocks, 4, [&](size_t lo, size_t hi) {
+    std::vector<T> xg(cfg.jitter() ? static_cast<size_t>(kTokenBlock * M) : 0);
+    std::vector<T> lg(static_cast<size_t>(kTokenBlock * Ep));
+    for (size_t bi = lo; bi < hi; ++bi) {
+      const int64_t s0 = static_cast<int64_t>(bi) * kTokenBlock;
+      const int64_t nt = std::min(kTokenBlock, tokens - s0);
+      const T* xs[kTokenBlock];
+      for (int64_t t = 0; t < kTokenBlock; ++t) {
+        // a short last block repeats its last token (its logits are dropped)
+        const int64_t s = s0 + std::min(t, nt - 1);
+        xs[t] = x + s * M;
+        if (cfg.jitter() && t < nt) {
+          const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
+                                    kPurposeJitter);
+          T* g = xg.data() + t * M;
+          for (int64_t m = 0; m < M; ++m) {
+            g[m] = xs[t][m] * static_cast<T>(jitter_factor(rng.word(static_cast<uint64_t>(m)),
+                                                           cfg.jitter_eps));
+          }
+          xs[t] = g;
+        } else if (cfg.jitter()) {
+          xs[t] = xs[nt - 1];
         }
-        xs = xg.data();
       }
-      T* ps = probs + s * E;
-      T mx = -std::numeric_limits<T>::infinity();
-      T* __restrict acc = lg.data();
-      for (int64_t e = 0; e < E; ++e) acc[e] = T(0);
-      const T* __restrict w = wt.data();
-      for (int64_t m = 0; m < M; ++m, w += E) {
-        const T xm = xs[m];
-        for (int64_t e = 0; e < E; ++e) acc[e] = acc[e] + xm * w[e];
+      for (int64_t c = 0; c < Ep; c += kLanes) {
+        T acc[kTokenBlock][kLanes];
+        logits_block(xs, M, wt.data() + c, Ep, acc);
+        for (int64_t t = 0; t < kTokenBlock; ++t) {
+          for (int64_t l = 0; l < kLanes; ++l) lg[static_cast<size_t>(t * Ep + c + l)] = acc[t][l];
+        }
       }
-      for (int64_t e = 0; e < E; ++e) {
-        ps[e] = acc[e];
-        mx = std::max(mx, acc[e]);
+      for (int64_t t = 0; t < nt; ++t) {
+        const T* lt = lg.data() + t * Ep;
+        T* ps = probs + (s0 + t) * E;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t e = 0; e < E; ++e) mx = std::max(mx, lt[e]);
+        for (int64_t e = 0; e < E; ++e) ps[e] = exp_fixed_fast(lt[e] - mx);
+        T sum = T(0);
+        for (int64_t e = 0; e < E; ++e) sum = sum + ps[e];
+        for (int64_t e = 0; e < E; ++e) ps[e] = ps[e] / sum;
       }
-      T sum = T(0);
-      for (int64_t e = 0; e < E; ++e) {
-        ps[e] = exp_fixed(ps[e] - mx);
-        sum = sum + ps[e];
-      }
-      for (int64_t e = 0; e < E; ++e) ps[e] = ps[e] / sum;
     }
   });
 }
