@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "moe_math.hpp"
 
@@ -47,39 +48,71 @@ namespace {
 
 // The gate's logits are computed kTokenBlock tokens at a time, kLanes experts at a time: for
 // each feature m one row of the transposed weight (experts innermost) is loaded once and
-// multiplied into kTokenBlock x kLanes independent accumulators, so the additions of
-// different logits overlap instead of waiting on one another. Every logit is still its own
-// sum in feature order from 0 with one accumulator, the product and the sum rounded apart
-// (no contraction), so each rounds exactly as the plain per-expert loop and the CUDA kernel.
-constexpr int64_t kTokenBlock = 4;
+// multiplied into tokens x kLanes independent accumulators, so the additions of different
+// logits overlap instead of waiting on one another. Every logit is still its own sum in
+// feature order from 0 with one accumulator, the product and the sum rounded apart (no
+// contraction: this file is built with -ffp-contract=off and the AVX2 clone enables no FMA),
+// so each rounds exactly as the plain per-expert loop and the CUDA kernel.
+constexpr int64_t kTokenBlock = 8;
 constexpr int64_t kLanes = 8;
 
-// acc[t][l] = sum_m xs[t][m] * w[m * ldw + l], t < kTokenBlock, l < kLanes.
-template <class T>
-inline void logits_block(const T* const* xs, int64_t M, const T* __restrict w, int64_t ldw,
-                         T (*__restrict acc)[kLanes]) {
-  T a[kTokenBlock][kLanes];
+// acc[t][l] = sum_m xs[t][m] * w[m * ldw + l] for t < B, l < kLanes, each sum in m order.
+template <class T, int B>
+[[gnu::always_inline]] inline void logits_kernel(const T* const* xs, int64_t M,
+                                                 const T* __restrict w, int64_t ldw,
+                                                 T (*__restrict acc)[kLanes]) {
+  T a[B][kLanes];
   for (auto& row : a) {
     for (T& v : row) v = T(0);
   }
-  const T* __restrict x0 = xs[0];
-  const T* __restrict x1 = xs[1];
-  const T* __restrict x2 = xs[2];
-  const T* __restrict x3 = xs[3];
   for (int64_t m = 0; m < M; ++m, w += ldw) {
     T wl[kLanes];
     for (int64_t l = 0; l < kLanes; ++l) wl[l] = w[l];
-    const T v0 = x0[m], v1 = x1[m], v2 = x2[m], v3 = x3[m];
-    for (int64_t l = 0; l < kLanes; ++l) a[0][l] = a[0][l] + v0 * wl[l];
-    for (int64_t l = 0; l < kLanes; ++l) a[1][l] = a[1][l] + v1 * wl[l];
-    for (int64_t l = 0; l < kLanes; ++l) a[2][l] = a[2][l] + v2 * wl[l];
-    for (int64_t l = 0; l < kLanes; ++l) a[3][l] = a[3][l] + v3 * wl[l];
+    for (int t = 0; t < B; ++t) {
+      const T v = xs[t][m];
+      for (int64_t l = 0; l < kLanes; ++l) a[t][l] = a[t][l] + v * wl[l];
+    }
   }
-  for (int64_t t = 0; t < kTokenBlock; ++t) {
+  for (int t = 0; t < B; ++t) {
     for (int64_t l = 0; l < kLanes; ++l) acc[t][l] = a[t][l];
   }
 }
-static_assert(kTokenBlock == 4, "logits_block names its four token rows");
+
+// The baseline build (SSE2: two registers per token) runs four tokens at a time, so the
+// accumulators fit the sixteen registers; AVX2 (one register per token) eight.
+template <class T>
+void logits_block_base(const T* const* xs, int64_t M, const T* w, int64_t ldw, T (*acc)[kLanes]) {
+  logits_kernel<T, 4>(xs, M, w, ldw, acc);
+  logits_kernel<T, 4>(xs + 4, M, w, ldw, acc + 4);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define LOOM_MOE_GATE_AVX2 1
+[[gnu::target("avx2")]] void logits_block_avx2(const float* const* xs, int64_t M, const float* w,
+                                               int64_t ldw, float (*acc)[kLanes]) {
+  logits_kernel<float, 8>(xs, M, w, ldw, acc);
+}
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") != 0;
+  return yes;
+}
+#else
+#define LOOM_MOE_GATE_AVX2 0
+#endif
+
+template <class T>
+void logits_block(const T* const* xs, int64_t M, const T* w, int64_t ldw, T (*acc)[kLanes]) {
+#if LOOM_MOE_GATE_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (have_avx2()) {
+      logits_block_avx2(xs, M, w, ldw, acc);
+      return;
+    }
+  }
+#endif
+  logits_block_base(xs, M, w, ldw, acc);
+}
+static_assert(kTokenBlock == 8, "logits_block runs eight tokens");
 
 // exp_fixed (moe_math.hpp) bit for bit, without the library calls: floor by truncation and
 // a correction, the power of two built from its exponent bits (n stays in [-125, 127] for the
