@@ -66,14 +66,50 @@ void combine_rows(const T* rows, int64_t tokens, int64_t model_dim, int k, const
   sdk::parallel_for(static_cast<size_t>(tokens), 32, [&](size_t lo, size_t hi) {
     for (size_t si = lo; si < hi; ++si) {
       const auto s = static_cast<int64_t>(si);
-      T* ys = y + s * M;
-      if (!accumulate) std::fill(ys, ys + M, T(0));
+      T* __restrict ys = y + s * M;
+      // the kept pairs in choice order; one or two (the common top-1/top-2 cases) are summed
+      // in one pass over y, in the same order and with the same roundings as pass by pass
+      const T* src[2] = {nullptr, nullptr};
+      T w[2] = {T(1), T(1)};
+      int kept = 0;
       for (int j = 0; j < k; ++j) {
         const int64_t r = slot[s * k + j];
         if (r < 0) continue;
-        const T* src = rows + r * M;
-        const T w = weights == nullptr ? T(1) : weights[s * k + j];
-        for (int64_t m = 0; m < M; ++m) ys[m] = ys[m] + w * src[m];
+        if (kept == 2) {
+          kept = 3;
+          break;
+        }
+        src[kept] = rows + r * M;
+        if (weights != nullptr) w[kept] = weights[s * k + j];
+        ++kept;
+      }
+      const T init = T(0);
+      if (kept == 1) {
+        const T* __restrict a = src[0];
+        const T wa = w[0];
+        if (accumulate) {
+          for (int64_t m = 0; m < M; ++m) ys[m] = ys[m] + wa * a[m];
+        } else {
+          for (int64_t m = 0; m < M; ++m) ys[m] = init + wa * a[m];
+        }
+      } else if (kept == 2) {
+        const T* __restrict a = src[0];
+        const T* __restrict b = src[1];
+        const T wa = w[0], wb = w[1];
+        if (accumulate) {
+          for (int64_t m = 0; m < M; ++m) ys[m] = (ys[m] + wa * a[m]) + wb * b[m];
+        } else {
+          for (int64_t m = 0; m < M; ++m) ys[m] = (init + wa * a[m]) + wb * b[m];
+        }
+      } else {
+        if (!accumulate) std::fill(ys, ys + M, T(0));
+        for (int j = 0; j < k; ++j) {
+          const int64_t r = slot[s * k + j];
+          if (r < 0) continue;
+          const T* __restrict a = rows + r * M;
+          const T wj = weights == nullptr ? T(1) : weights[s * k + j];
+          for (int64_t m = 0; m < M; ++m) ys[m] = ys[m] + wj * a[m];
+        }
       }
     }
   });

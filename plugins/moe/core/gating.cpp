@@ -141,11 +141,37 @@ inline float exp_fixed_fast(float x) {
 }
 inline double exp_fixed_fast(double x) { return exp_fixed(x); }
 
-}  // namespace
-
+// Top-k of one token's scores (probabilities + bias + Gumbel noise under RSample), ties to
+// the lower index; score and taken are scratch of E entries.
 template <class T>
-void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
-                const T* gate_w, T* probs) {
+void top_k_token(const GateConfig& cfg, const T* ps, int64_t s, const float* bias, int32_t* out,
+                 T* score, char* taken) {
+  const int E = cfg.num_experts;
+  const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s), kPurposeGumbel);
+  for (int e = 0; e < E; ++e) {
+    T v = ps[e];
+    if (bias != nullptr) v = v + static_cast<T>(bias[e]);
+    if (cfg.rsample()) v = v + static_cast<T>(gumbel(rng.word(static_cast<uint64_t>(e))));
+    score[e] = v;
+    taken[e] = 0;
+  }
+  for (int j = 0; j < cfg.k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      if (taken[e] != 0) continue;
+      // strictly greater: ties go to the lower index
+      if (best < 0 || score[e] > score[best]) best = e;
+    }
+    taken[best] = 1;
+    out[j] = best;
+  }
+}
+
+// The gate's probabilities and, when choice is not null, the top-k of each token in the same
+// pass over the pool (one pass: the pool's start-up is paid once).
+template <class T>
+void gate_pass(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
+               const T* gate_w, T* probs, const float* bias, int32_t* choice) {
   const int64_t E = cfg.num_experts;
   const int64_t M = model_dim;
   // gate_w [E, M] transposed to [M, Ep], experts innermost, padded with zero columns to a
@@ -159,6 +185,8 @@ void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model
   sdk::parallel_for(blocks, 4, [&](size_t lo, size_t hi) {
     std::vector<T> xg(cfg.jitter() ? static_cast<size_t>(kTokenBlock * M) : 0);
     std::vector<T> lg(static_cast<size_t>(kTokenBlock * Ep));
+    std::vector<T> score(choice != nullptr ? static_cast<size_t>(E) : 0);
+    std::vector<char> taken(choice != nullptr ? static_cast<size_t>(E) : 0);
     for (size_t bi = lo; bi < hi; ++bi) {
       const int64_t s0 = static_cast<int64_t>(bi) * kTokenBlock;
       const int64_t nt = std::min(kTokenBlock, tokens - s0);
@@ -196,9 +224,20 @@ void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model
         T sum = T(0);
         for (int64_t e = 0; e < E; ++e) sum = sum + ps[e];
         for (int64_t e = 0; e < E; ++e) ps[e] = ps[e] / sum;
+        if (choice != nullptr) {
+          top_k_token(cfg, ps, s0 + t, bias, choice + (s0 + t) * cfg.k, score.data(), taken.data());
+        }
       }
     }
   });
+}
+
+}  // namespace
+
+template <class T>
+void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
+                const T* gate_w, T* probs) {
+  gate_pass<T>(cfg, x, tokens, model_dim, gate_w, probs, nullptr, nullptr);
 }
 
 template <class T>
@@ -211,28 +250,7 @@ void top_k_choices(const GateConfig& cfg, const T* probs, int64_t tokens, const 
     std::vector<char> taken(static_cast<size_t>(E));
     for (size_t si = lo; si < hi; ++si) {
       const auto s = static_cast<int64_t>(si);
-      const T* ps = probs + s * E;
-      const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
-                                kPurposeGumbel);
-      for (int e = 0; e < E; ++e) {
-        T v = ps[e];
-        if (bias != nullptr) v = v + static_cast<T>(bias[e]);
-        if (cfg.rsample()) v = v + static_cast<T>(gumbel(rng.word(static_cast<uint64_t>(e))));
-        score[static_cast<size_t>(e)] = v;
-        taken[static_cast<size_t>(e)] = 0;
-      }
-      for (int j = 0; j < k; ++j) {
-        int best = -1;
-        for (int e = 0; e < E; ++e) {
-          if (taken[static_cast<size_t>(e)] != 0) continue;
-          // strictly greater: ties go to the lower index
-          if (best < 0 || score[static_cast<size_t>(e)] > score[static_cast<size_t>(best)]) {
-            best = e;
-          }
-        }
-        taken[static_cast<size_t>(best)] = 1;
-        choice[s * k + j] = best;
-      }
+      top_k_token(cfg, probs + s * E, s, bias, choice + s * k, score.data(), taken.data());
     }
   });
 }
@@ -373,8 +391,7 @@ void route_tokens(const GateConfig& cfg, const T* x, int64_t tokens, int64_t mod
   }
   const int E = cfg.num_experts;
   const int k = cfg.k;
-  gate_probs(cfg, x, tokens, model_dim, gate_w, out.probs);
-  top_k_choices(cfg, out.probs, tokens, bias, out.choice);
+  gate_pass(cfg, x, tokens, model_dim, gate_w, out.probs, bias, out.choice);
   out.capacity = expert_capacity(cfg, tokens);
   out.dropped = apply_capacity(cfg, out.probs, out.choice, tokens, out.capacity, out.route);
   combine_weights(cfg, out.probs, out.route, tokens, out.weights);
