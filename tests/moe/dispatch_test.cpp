@@ -282,3 +282,32 @@ TEST(MoeDispatch, CombineIsBitIdenticalToThePassByPassLoop) {
     }
   }
 }
+
+// A gather of 4 MiB streams its rows (non-temporal stores): the rows must still be exact
+// copies, dropped pairs leave their rows alone, and a weighted gather (never streamed) scales.
+TEST(MoeDispatch, LargeGatherStreamsExactRows) {
+  const int64_t S = 1024, M = 512;
+  const int k = 2, E = 4;
+  std::vector<int32_t> route(static_cast<size_t>(S * k));
+  for (size_t i = 0; i < route.size(); ++i)
+    route[i] = (i % 97 == 5) ? -1 : static_cast<int>(i * 7 % E);
+  std::vector<int64_t> counts(E), slot(route.size());
+  const int64_t R = loom::moe::build_slots(route.data(), S, k, E, counts.data(), slot.data());
+  std::vector<float> x(static_cast<size_t>(S * M));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 1009) - 504.5f;
+  std::vector<float> rows(static_cast<size_t>(S * k * M), 7.0f);
+  loom::moe::gather_rows<float>(x.data(), S, M, k, slot.data(), nullptr, rows.data());
+  std::vector<float> w(route.size(), 0.5f);
+  std::vector<float> scaled(static_cast<size_t>(R * M));
+  loom::moe::gather_rows<float>(x.data(), S, M, k, slot.data(), w.data(), scaled.data());
+  for (int64_t s = 0; s < S; ++s) {
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = slot[static_cast<size_t>(s * k + j)];
+      if (r < 0) continue;
+      ASSERT_EQ(std::memcmp(rows.data() + r * M, x.data() + s * M, M * sizeof(float)), 0)
+          << "token " << s << " choice " << j;
+      ASSERT_EQ(scaled[static_cast<size_t>(r * M + 3)], 0.5f * x[static_cast<size_t>(s * M + 3)]);
+    }
+  }
+  for (size_t i = static_cast<size_t>(R * M); i < rows.size(); ++i) ASSERT_EQ(rows[i], 7.0f);
+}
