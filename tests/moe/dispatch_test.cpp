@@ -2,6 +2,8 @@
 // (forward and backward) against naive loops.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <vector>
@@ -236,4 +238,76 @@ TEST(MoeExperts, BlockedWorkMatchesLoops) {
   for (size_t i = 0; i < gb1.size(); ++i) EXPECT_NEAR(gb1[i], rb1[i], 1e-11) << "b1 " << i;
   for (size_t i = 0; i < gw2.size(); ++i) EXPECT_NEAR(gw2[i], rw2[i], 1e-11) << "w2 " << i;
   for (size_t i = 0; i < gb2.size(); ++i) EXPECT_NEAR(gb2[i], rb2[i], 1e-11) << "b2 " << i;
+}
+
+// The combine sums one or two kept pairs in a single pass over y: bit for bit the pass-by-pass
+// loop (y = 0 or y, then y = y + w_j * row in choice order), for k = 1, 2, 3 with drops, with
+// and without weights, overwrite and accumulate, signed zeros included.
+TEST(MoeDispatch, CombineIsBitIdenticalToThePassByPassLoop) {
+  const int64_t S = 6, M = 13;
+  for (int k = 1; k <= 3; ++k) {
+    std::vector<int32_t> route(static_cast<size_t>(S * k));
+    for (size_t i = 0; i < route.size(); ++i)
+      route[i] = (i % 4 == 3) ? -1 : static_cast<int>(i % 3);
+    std::vector<int64_t> counts(3), slot(route.size());
+    const int64_t R = loom::moe::build_slots(route.data(), S, k, 3, counts.data(), slot.data());
+    std::vector<float> rows(static_cast<size_t>(R * M)), w(route.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i] = (i % 7 == 0) ? -0.0f : static_cast<float>(i % 11) * 0.37f - 1.3f;
+    }
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.29f * static_cast<float>(i % 5);
+    for (const bool weighted : {true, false}) {
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> y(static_cast<size_t>(S * M), -0.0f);
+        for (size_t i = 0; i < y.size(); i += 3) y[i] = 0.25f;
+        std::vector<float> want = y;
+        loom::moe::combine_rows<float>(rows.data(), S, M, k, slot.data(),
+                                       weighted ? w.data() : nullptr, y.data(), accumulate);
+        for (int64_t s = 0; s < S; ++s) {
+          float* ys = want.data() + s * M;
+          if (!accumulate) std::fill(ys, ys + M, 0.0f);
+          for (int j = 0; j < k; ++j) {
+            const int64_t r = slot[static_cast<size_t>(s * k + j)];
+            if (r < 0) continue;
+            const float wj = weighted ? w[static_cast<size_t>(s * k + j)] : 1.0f;
+            for (int64_t m = 0; m < M; ++m) {
+              const float p = wj * rows[static_cast<size_t>(r * M + m)];
+              ys[m] = ys[m] + p;
+            }
+          }
+        }
+        ASSERT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0)
+            << "k " << k << " weighted " << weighted << " accumulate " << accumulate;
+      }
+    }
+  }
+}
+
+// A gather of 4 MiB streams its rows (non-temporal stores): the rows must still be exact
+// copies, dropped pairs leave their rows alone, and a weighted gather (never streamed) scales.
+TEST(MoeDispatch, LargeGatherStreamsExactRows) {
+  const int64_t S = 1024, M = 512;
+  const int k = 2, E = 4;
+  std::vector<int32_t> route(static_cast<size_t>(S * k));
+  for (size_t i = 0; i < route.size(); ++i)
+    route[i] = (i % 97 == 5) ? -1 : static_cast<int>(i * 7 % E);
+  std::vector<int64_t> counts(E), slot(route.size());
+  const int64_t R = loom::moe::build_slots(route.data(), S, k, E, counts.data(), slot.data());
+  std::vector<float> x(static_cast<size_t>(S * M));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 1009) - 504.5f;
+  std::vector<float> rows(static_cast<size_t>(S * k * M), 7.0f);
+  loom::moe::gather_rows<float>(x.data(), S, M, k, slot.data(), nullptr, rows.data());
+  std::vector<float> w(route.size(), 0.5f);
+  std::vector<float> scaled(static_cast<size_t>(R * M));
+  loom::moe::gather_rows<float>(x.data(), S, M, k, slot.data(), w.data(), scaled.data());
+  for (int64_t s = 0; s < S; ++s) {
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = slot[static_cast<size_t>(s * k + j)];
+      if (r < 0) continue;
+      ASSERT_EQ(std::memcmp(rows.data() + r * M, x.data() + s * M, M * sizeof(float)), 0)
+          << "token " << s << " choice " << j;
+      ASSERT_EQ(scaled[static_cast<size_t>(r * M + 3)], 0.5f * x[static_cast<size_t>(s * M + 3)]);
+    }
+  }
+  for (size_t i = static_cast<size_t>(R * M); i < rows.size(); ++i) ASSERT_EQ(rows[i], 7.0f);
 }

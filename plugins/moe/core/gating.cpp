@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "moe_math.hpp"
 
@@ -42,55 +44,200 @@ float jitter_at(const GateConfig& cfg, int64_t s, int64_t m) {
   return jitter_factor(rng.word(static_cast<uint64_t>(m)), cfg.jitter_eps);
 }
 
+namespace {
+
+// The gate's logits are computed kTokenBlock tokens at a time, kLanes experts at a time: for
+// each feature m one row of the transposed weight (experts innermost) is loaded once and
+// multiplied into tokens x kLanes independent accumulators, so the additions of different
+// logits overlap instead of waiting on one another. Every logit is still its own sum in
+// feature order from 0 with one accumulator, the product and the sum rounded apart (no
+// contraction: this file is built with -ffp-contract=off and the AVX2 clone enables no FMA),
+// so each rounds exactly as the plain per-expert loop and the CUDA kernel.
+constexpr int64_t kTokenBlock = 8;
+constexpr int64_t kLanes = 8;
+
+// acc[t][l] = sum_m xs[t][m] * w[m * ldw + l] for t < B, l < kLanes, each sum in m order.
+template <class T, int B>
+[[gnu::always_inline]] inline void logits_kernel(const T* const* xs, int64_t M,
+                                                 const T* __restrict w, int64_t ldw,
+                                                 T (*__restrict acc)[kLanes]) {
+  T a[B][kLanes];
+  for (auto& row : a) {
+    for (T& v : row) v = T(0);
+  }
+  for (int64_t m = 0; m < M; ++m, w += ldw) {
+    T wl[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) wl[l] = w[l];
+    for (int t = 0; t < B; ++t) {
+      const T v = xs[t][m];
+      for (int64_t l = 0; l < kLanes; ++l) a[t][l] = a[t][l] + v * wl[l];
+    }
+  }
+  for (int t = 0; t < B; ++t) {
+    for (int64_t l = 0; l < kLanes; ++l) acc[t][l] = a[t][l];
+  }
+}
+
+// The baseline build (SSE2: two registers per token) runs four tokens at a time, so the
+// accumulators fit the sixteen registers; AVX2 (one register per token) eight.
+template <class T>
+void logits_block_base(const T* const* xs, int64_t M, const T* w, int64_t ldw, T (*acc)[kLanes]) {
+  logits_kernel<T, 4>(xs, M, w, ldw, acc);
+  logits_kernel<T, 4>(xs + 4, M, w, ldw, acc + 4);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define LOOM_MOE_GATE_AVX2 1
+[[gnu::target("avx2")]] void logits_block_avx2(const float* const* xs, int64_t M, const float* w,
+                                               int64_t ldw, float (*acc)[kLanes]) {
+  logits_kernel<float, 8>(xs, M, w, ldw, acc);
+}
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") != 0;
+  return yes;
+}
+#else
+#define LOOM_MOE_GATE_AVX2 0
+#endif
+
+template <class T>
+void logits_block(const T* const* xs, int64_t M, const T* w, int64_t ldw, T (*acc)[kLanes]) {
+#if LOOM_MOE_GATE_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (have_avx2()) {
+      logits_block_avx2(xs, M, w, ldw, acc);
+      return;
+    }
+  }
+#endif
+  logits_block_base(xs, M, w, ldw, acc);
+}
+static_assert(kTokenBlock == 8, "logits_block runs eight tokens");
+
+// exp_fixed (moe_math.hpp) bit for bit, without the library calls: floor by truncation and
+// a correction, the power of two built from its exponent bits (n stays in [-125, 127] for the
+// clamped argument, so p * 2^n is exact or rounds once, as ldexpf does).
+inline float exp_fixed_fast(float x) {
+  const bool keep = x > -87.0f;
+  float xc = keep ? x : -87.0f;  // NaN too: the result is 0 then
+  xc = xc > 88.0f ? 88.0f : xc;
+  const float y = xc * 1.44269504f + 0.5f;
+  float n = static_cast<float>(static_cast<int32_t>(y));
+  n = n > y ? n - 1.0f : n;
+  float r = xc - n * 0.693145752f;
+  r = r - n * 1.42860677e-06f;
+  float p = 1.98412698e-04f;
+  p = p * r + 1.38888889e-03f;
+  p = p * r + 8.33333333e-03f;
+  p = p * r + 4.16666667e-02f;
+  p = p * r + 1.66666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const auto bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale = 0.0f;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return keep ? p * scale : 0.0f;
+}
+inline double exp_fixed_fast(double x) { return exp_fixed(x); }
+
+// Top-k of one token's scores (probabilities + bias + Gumbel noise under RSample), ties to
+// the lower index; score and taken are scratch of E entries.
+template <class T>
+void top_k_token(const GateConfig& cfg, const T* ps, int64_t s, const float* bias, int32_t* out,
+                 T* score, char* taken) {
+  const int E = cfg.num_experts;
+  const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s), kPurposeGumbel);
+  for (int e = 0; e < E; ++e) {
+    T v = ps[e];
+    if (bias != nullptr) v = v + static_cast<T>(bias[e]);
+    if (cfg.rsample()) v = v + static_cast<T>(gumbel(rng.word(static_cast<uint64_t>(e))));
+    score[e] = v;
+    taken[e] = 0;
+  }
+  for (int j = 0; j < cfg.k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      if (taken[e] != 0) continue;
+      // strictly greater: ties go to the lower index
+      if (best < 0 || score[e] > score[best]) best = e;
+    }
+    taken[best] = 1;
+    out[j] = best;
+  }
+}
+
+// The gate's probabilities and, when choice is not null, the top-k of each token in the same
+// pass over the pool (one pass: the pool's start-up is paid once).
+template <class T>
+void gate_pass(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
+               const T* gate_w, T* probs, const float* bias, int32_t* choice) {
+  const int64_t E = cfg.num_experts;
+  const int64_t M = model_dim;
+  // gate_w [E, M] transposed to [M, Ep], experts innermost, padded with zero columns to a
+  // multiple of kLanes (the padded logits are computed and dropped).
+  const int64_t Ep = (E + kLanes - 1) / kLanes * kLanes;
+  std::vector<T> wt(static_cast<size_t>(M * Ep), T(0));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t m = 0; m < M; ++m) wt[static_cast<size_t>(m * Ep + e)] = gate_w[e * M + m];
+  }
+  const auto blocks = static_cast<size_t>((tokens + kTokenBlock - 1) / kTokenBlock);
+  sdk::parallel_for(blocks, 4, [&](size_t lo, size_t hi) {
+    std::vector<T> xg(cfg.jitter() ? static_cast<size_t>(kTokenBlock * M) : 0);
+    std::vector<T> lg(static_cast<size_t>(kTokenBlock * Ep));
+    std::vector<T> score(choice != nullptr ? static_cast<size_t>(E) : 0);
+    std::vector<char> taken(choice != nullptr ? static_cast<size_t>(E) : 0);
+    for (size_t bi = lo; bi < hi; ++bi) {
+      const int64_t s0 = static_cast<int64_t>(bi) * kTokenBlock;
+      const int64_t nt = std::min(kTokenBlock, tokens - s0);
+      const T* xs[kTokenBlock];
+      for (int64_t t = 0; t < kTokenBlock; ++t) {
+        // a short last block repeats its last token (its logits are dropped)
+        const int64_t s = s0 + std::min(t, nt - 1);
+        xs[t] = x + s * M;
+        if (cfg.jitter() && t < nt) {
+          const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
+                                    kPurposeJitter);
+          T* g = xg.data() + t * M;
+          for (int64_t m = 0; m < M; ++m) {
+            g[m] = xs[t][m] * static_cast<T>(jitter_factor(rng.word(static_cast<uint64_t>(m)),
+                                                           cfg.jitter_eps));
+          }
+          xs[t] = g;
+        } else if (cfg.jitter()) {
+          xs[t] = xs[nt - 1];
+        }
+      }
+      for (int64_t c = 0; c < Ep; c += kLanes) {
+        T acc[kTokenBlock][kLanes];
+        logits_block(xs, M, wt.data() + c, Ep, acc);
+        for (int64_t t = 0; t < kTokenBlock; ++t) {
+          for (int64_t l = 0; l < kLanes; ++l) lg[static_cast<size_t>(t * Ep + c + l)] = acc[t][l];
+        }
+      }
+      for (int64_t t = 0; t < nt; ++t) {
+        const T* lt = lg.data() + t * Ep;
+        T* ps = probs + (s0 + t) * E;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t e = 0; e < E; ++e) mx = std::max(mx, lt[e]);
+        for (int64_t e = 0; e < E; ++e) ps[e] = exp_fixed_fast(lt[e] - mx);
+        T sum = T(0);
+        for (int64_t e = 0; e < E; ++e) sum = sum + ps[e];
+        for (int64_t e = 0; e < E; ++e) ps[e] = ps[e] / sum;
+        if (choice != nullptr) {
+          top_k_token(cfg, ps, s0 + t, bias, choice + (s0 + t) * cfg.k, score.data(), taken.data());
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
 template <class T>
 void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
                 const T* gate_w, T* probs) {
-  const int64_t E = cfg.num_experts;
-  const int64_t M = model_dim;
-  // gate_w transposed to [M, E]: the loop over experts innermost runs E independent sums side
-  // by side (vectorised), each still in feature order with one accumulator, so every logit
-  // rounds exactly as the plain per-expert loop (and the CUDA kernel) does.
-  std::vector<T> wt(static_cast<size_t>(M * E));
-  for (int64_t e = 0; e < E; ++e) {
-    for (int64_t m = 0; m < M; ++m) wt[static_cast<size_t>(m * E + e)] = gate_w[e * M + m];
-  }
-  sdk::parallel_for(static_cast<size_t>(tokens), 16, [&](size_t lo, size_t hi) {
-    std::vector<T> xg(static_cast<size_t>(M));
-    std::vector<T> lg(static_cast<size_t>(E));
-    for (size_t si = lo; si < hi; ++si) {
-      const auto s = static_cast<int64_t>(si);
-      const T* xs = x + s * M;
-      if (cfg.jitter()) {
-        const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
-                                  kPurposeJitter);
-        for (int64_t m = 0; m < M; ++m) {
-          xg[static_cast<size_t>(m)] =
-              xs[m] *
-              static_cast<T>(jitter_factor(rng.word(static_cast<uint64_t>(m)), cfg.jitter_eps));
-        }
-        xs = xg.data();
-      }
-      T* ps = probs + s * E;
-      T mx = -std::numeric_limits<T>::infinity();
-      T* __restrict acc = lg.data();
-      for (int64_t e = 0; e < E; ++e) acc[e] = T(0);
-      const T* __restrict w = wt.data();
-      for (int64_t m = 0; m < M; ++m, w += E) {
-        const T xm = xs[m];
-        for (int64_t e = 0; e < E; ++e) acc[e] = acc[e] + xm * w[e];
-      }
-      for (int64_t e = 0; e < E; ++e) {
-        ps[e] = acc[e];
-        mx = std::max(mx, acc[e]);
-      }
-      T sum = T(0);
-      for (int64_t e = 0; e < E; ++e) {
-        ps[e] = exp_fixed(ps[e] - mx);
-        sum = sum + ps[e];
-      }
-      for (int64_t e = 0; e < E; ++e) ps[e] = ps[e] / sum;
-    }
-  });
+  gate_pass<T>(cfg, x, tokens, model_dim, gate_w, probs, nullptr, nullptr);
 }
 
 template <class T>
@@ -103,28 +250,7 @@ void top_k_choices(const GateConfig& cfg, const T* probs, int64_t tokens, const 
     std::vector<char> taken(static_cast<size_t>(E));
     for (size_t si = lo; si < hi; ++si) {
       const auto s = static_cast<int64_t>(si);
-      const T* ps = probs + s * E;
-      const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
-                                kPurposeGumbel);
-      for (int e = 0; e < E; ++e) {
-        T v = ps[e];
-        if (bias != nullptr) v = v + static_cast<T>(bias[e]);
-        if (cfg.rsample()) v = v + static_cast<T>(gumbel(rng.word(static_cast<uint64_t>(e))));
-        score[static_cast<size_t>(e)] = v;
-        taken[static_cast<size_t>(e)] = 0;
-      }
-      for (int j = 0; j < k; ++j) {
-        int best = -1;
-        for (int e = 0; e < E; ++e) {
-          if (taken[static_cast<size_t>(e)] != 0) continue;
-          // strictly greater: ties go to the lower index
-          if (best < 0 || score[static_cast<size_t>(e)] > score[static_cast<size_t>(best)]) {
-            best = e;
-          }
-        }
-        taken[static_cast<size_t>(best)] = 1;
-        choice[s * k + j] = best;
-      }
+      top_k_token(cfg, probs + s * E, s, bias, choice + s * k, score.data(), taken.data());
     }
   });
 }
@@ -265,8 +391,7 @@ void route_tokens(const GateConfig& cfg, const T* x, int64_t tokens, int64_t mod
   }
   const int E = cfg.num_experts;
   const int k = cfg.k;
-  gate_probs(cfg, x, tokens, model_dim, gate_w, out.probs);
-  top_k_choices(cfg, out.probs, tokens, bias, out.choice);
+  gate_pass(cfg, x, tokens, model_dim, gate_w, out.probs, bias, out.choice);
   out.capacity = expert_capacity(cfg, tokens);
   out.dropped = apply_capacity(cfg, out.probs, out.choice, tokens, out.capacity, out.route);
   combine_weights(cfg, out.probs, out.route, tokens, out.weights);
