@@ -42,6 +42,23 @@ struct TrainConfig {
   // [routing] (optional; docs/trainer.md "Token routing")
   std::string router;     // [router.NAME] in the manifest: the middle layers' token router
   std::string router_at;  // FILE:LINE:COL of the key
+  // [quantization] (optional; docs/trainer.md "Quantization")
+  std::string quantizer;                   // [quantizer.NAME] in the manifest ("": no quantization)
+  std::string quantizer_at;                // FILE:LINE:COL of the key
+  std::vector<std::string> quant_tensors;  // name patterns (default: the blocks' linears)
+  std::string quant_tensors_at;
+  std::vector<int> quant_layers;  // blocks whose weights are quantized (empty: all)
+  std::string quant_layers_at;
+  bool qat = false;     // train with fake-quantized weights (straight-through gradients)
+  std::string weights;  // fp32 safetensors the model starts from ("": the seed's init)
+  std::string weights_at;
+  std::string teacher;  // fp32 safetensors of the teacher (LKD, KD); "": `weights`
+  std::string teacher_at;
+  int64_t lkd_steps = 0;  // ZeroQuant's layer-by-layer distillation: steps per block
+  double lkd_lr = 1e-4;
+  bool kd = false;  // XTC's distillation during QAT: CE + kd_weight * soft CE + hidden MSE
+  double kd_weight = 1.0;
+  double hidden_weight = 1.0;
   // [train]
   int64_t steps = 1000;
   int batch_size = 16;  // sequences per global batch, split evenly over the ranks
@@ -117,6 +134,11 @@ std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksu
 // text: what `loom check` opens to create and plan the curriculum's and the router's instances
 // without the manifest's comm and optimizer. Empty when the manifest does not parse.
 std::string curriculum_manifest(const TrainConfig& c);
+
+// The names of the model's parameters [quantization] selects (its tensors and layers), and
+// the problems of its patterns (one per pattern that matches nothing, at the tensors key).
+std::vector<std::string> quantized_tensor_names(const TrainConfig& c,
+                                                std::vector<std::string>* problems = nullptr);
 
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.

@@ -36,6 +36,7 @@
 #include "crash_report.hpp"
 #include "dataset.hpp"
 #include "model.hpp"
+#include "quantization.hpp"
 
 namespace fs = std::filesystem;
 using namespace loom::trainer;
@@ -804,6 +805,7 @@ struct Args {
   std::string run_dir;
   bool no_plot = false;
   bool check = false;
+  bool eval_only = false;
   std::string plugin_path;
 };
 
@@ -818,6 +820,8 @@ class Trainer {
 
   int run() {
     setup();
+    if (args_.eval_only) return eval_only();
+    if (quant_ && c_.lkd_steps > 0 && st_.step == 0) distill_layers();
     for (int64_t step = st_.step + 1; step <= c_.steps && !tokens_done(); ++step) {
       const auto step_start = clk::now();
       const StepResult r = train_step(step);
@@ -863,6 +867,7 @@ class Trainer {
     double difficulty = NAN;    // the sampler's difficulty of the step's batch
     uint64_t layer_tokens = 0;  // the step's, all ranks
     std::vector<int> kept;      // positions per sequence each layer processed
+    std::optional<DistillationTerms> kd;  // [quantization] kd: the loss's terms
   };
 
   // ---- setup
@@ -878,8 +883,13 @@ class Trainer {
     set_num_threads(c_.threads > 0 ? c_.threads : static_cast<int>(std::max(1u, hw / world_)));
     model_.emplace(c_.model, c_.seed);
     open_router();
+    open_quantization();
     numel_ = model_->num_parameters();
     build_groups();
+    if (args_.eval_only) {
+      eval_weights();
+      return;
+    }
     resume_or_start();
     open_metrics();
     choose_progress();
@@ -979,6 +989,133 @@ class Trainer {
         router_weights_ += (router_weights_.empty() ? "" : ", ") + p.name;
       }
     }
+  }
+
+  // [quantization]: the quantizer instance, the tensors it takes, the fp32 weights the model
+  // starts from and the teacher.
+  void open_quantization() {
+    if (c_.quantizer.empty()) return;
+    quant_who_ = c_.quantizer_at + ": [quantization] quantizer '" + c_.quantizer + "'";
+    loom_instance* qi = nullptr;
+    if (loom_find_instance(session_.get(), "quantizer", c_.quantizer.c_str(), &qi) != LOOM_OK) {
+      throw ConfigError(quant_who_ + ": " + loom_last_error());
+    }
+    quant_ = plugin_quantizer(qi, quant_who_);
+    quant_plugin_ = loom_instance_plugin(qi);
+    quant_names_ = quantized_tensor_names(c_);
+    if (!c_.weights.empty()) {
+      try {
+        load_safetensors(c_.weights, model_->parameters());
+      } catch (const std::exception& e) {
+        throw ConfigError(c_.weights_at + ": [quantization] weights: " + e.what());
+      }
+    }
+    if (!c_.teacher.empty()) {
+      teacher_.emplace(c_.model, c_.seed);
+      try {
+        load_safetensors(c_.teacher, teacher_->parameters());
+      } catch (const std::exception& e) {
+        throw ConfigError((c_.teacher_at.empty() ? c_.weights_at : c_.teacher_at) +
+                          ": [quantization] teacher: " + e.what());
+      }
+    }
+    // Every tensor packs (the quantizer refuses a shape it cannot take, naming it) before
+    // anything runs.
+    QuantizedEval probe(*model_, *quant_, quant_names_);
+  }
+
+  // --eval-only without [quantization] weights: the run directory's latest checkpoint.
+  void eval_weights() {
+    run_dir_ = c_.run_dir;
+    metrics_path_ = run_dir_ / "metrics.jsonl";
+    if (!c_.weights.empty()) return;
+    const fs::path latest = run_dir_ / "checkpoints" / "latest";
+    if (!fs::exists(latest)) {
+      throw TrainError("--eval-only: no weights to evaluate: " + c_.config_path +
+                       " has no [quantization] weights and " + run_dir_.string() +
+                       " holds no checkpoint");
+    }
+    std::string name = read_text(latest);
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    load_safetensors(
+        (run_dir_ / "checkpoints" / name / ("model.rank" + std::to_string(rank_) + ".safetensors"))
+            .string(),
+        model_->parameters());
+  }
+
+  // A batch for the layer-by-layer distillation: the same rows on every rank (the blocks'
+  // weights stay identical across ranks).
+  void lkd_batch(int64_t i, std::vector<int32_t>& tokens, int& b, int& t) {
+    std::vector<int32_t> targets;
+    fill_batch(*ds_, c_, i + 1, 0, local_batch_, tokens, targets);
+    b = local_batch_;
+    t = c_.seq_len;
+  }
+
+  // ZeroQuant's layer-by-layer distillation before training (or before --eval-only).
+  void distill_layers() {
+    const auto t0 = clk::now();
+    const auto res = layerwise_distill(
+        *model_, *teacher_, *quant_, quant_names_, c_.lkd_steps, c_.lkd_lr,
+        [this](int64_t i, std::vector<int32_t>& tok, int& b, int& t) { lkd_batch(i, tok, b, t); });
+    const double secs = std::chrono::duration<double>(clk::now() - t0).count();
+    if (!root_) return;
+    for (const auto& r : res) {
+      std::printf("lkd layer %d: block MSE %.6g -> %.6g (%lld steps)\n", r.layer, r.mse_before,
+                  r.mse_after, static_cast<long long>(c_.lkd_steps));
+      nlohmann::json j = {{"type", "lkd"},
+                          {"step", 0},
+                          {"layer", r.layer},
+                          {"mse_before", r.mse_before},
+                          {"mse_after", r.mse_after},
+                          {"lkd_steps", c_.lkd_steps}};
+      lkd_log_.push_back(j);
+      if (metrics_.is_open()) metrics_ << j.dump() << "\n";
+    }
+    std::printf("lkd: %d blocks in %.1f s\n", c_.model.layers, secs);
+    std::fflush(stdout);
+  }
+
+  // --eval-only: the weights evaluated in fp32 and, with [quantization], through the
+  // quantizer's matmuls (after LKD when lkd_steps is set); eval.json in the run directory.
+  int eval_only() {
+    nlohmann::json out = {{"config", c_.config_path}};
+    if (!c_.weights.empty()) out["weights"] = c_.weights;
+    fs::path ckpt = run_dir_;
+    const double fp32 = evaluate(false);
+    out["fp32_eval_loss"] = fp32;
+    out["fp32_eval_ppl"] = std::exp(fp32);
+    if (root_) std::printf("fp32 eval loss: %.4f (perplexity %.2f)\n", fp32, std::exp(fp32));
+    if (quant_) {
+      if (c_.lkd_steps > 0) distill_layers();
+      const double q = evaluate(true);
+      out["eval_loss"] = q;
+      out["eval_ppl"] = std::exp(q);
+      out["quantizer"] = c_.quantizer;
+      out["plugin"] = quant_plugin_;
+      out["quantized_tensors"] = quant_names_;
+      out["packed_bytes"] = quant_packed_bytes_;
+      out["float_bytes"] = quant_float_bytes_;
+      out["quantized_matmuls"] = quant_calls_;
+      if (!lkd_log_.empty()) out["lkd"] = lkd_log_;
+      if (root_) {
+        std::printf("quantized eval loss (%s, %s): %.4f (perplexity %.2f, %+.2f%% vs fp32)\n",
+                    c_.quantizer.c_str(), quant_plugin_.c_str(), q, std::exp(q),
+                    100.0 * (std::exp(q) / std::exp(fp32) - 1.0));
+        std::printf("quantized tensors: %zu, %s packed (%s as float32)\n", quant_names_.size(),
+                    human_bytes(static_cast<double>(quant_packed_bytes_)).c_str(),
+                    human_bytes(static_cast<double>(quant_float_bytes_)).c_str());
+      }
+    }
+    if (root_) {
+      std::error_code ec;
+      fs::create_directories(run_dir_, ec);
+      const std::string text = out.dump(2) + "\n";
+      write_file_atomic((run_dir_ / "eval.json").string(), text.data(), text.size());
+      std::printf("eval: %s\n", (run_dir_ / "eval.json").string().c_str());
+    }
+    comm_.barrier();
+    return 0;
   }
 
   // Optimizer groups: matrices decay (the manifest's weight_decay), vectors do not.
@@ -1268,7 +1405,29 @@ class Trainer {
     // The router sees the step and this rank's first row in the step's global batch.
     if (router_ != nullptr) router_->set_step(step, static_cast<int64_t>(rank_) * rows);
     model_->zero_grad();
-    r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
+    if (quant_ && c_.qat) {
+      // Quantization-aware: the forward and backward see dequantize(quantize(W)), the
+      // gradient lands on the float weights (straight-through).
+      Distillation d;
+      if (c_.kd) {
+        tlogits_.resize(static_cast<size_t>(rows) * r.seq_len * c_.model.vocab_size);
+        teacher_->forward_logits(bx, rows, r.seq_len, tlogits_.data());
+        d.teacher_logits = tlogits_.data();
+        d.logit_weight = c_.kd_weight;
+        for (int l = 0; l < c_.model.layers; ++l)
+          d.teacher_hidden.push_back(teacher_->layer_output(l));
+        d.hidden_weight = c_.hidden_weight;
+        model_->set_distillation(&d);
+      }
+      {
+        FakeQuantScope fq(*model_, *quant_, quant_names_);
+        r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
+      }
+      model_->set_distillation(nullptr);
+      if (c_.kd) r.kd = model_->distillation_terms();
+    } else {
+      r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
+    }
     r.kept = model_->kept();
     r.layer_tokens = static_cast<uint64_t>(model_->layer_tokens()) * world_;
     if (step == inject_step_ && rank_ == inject_rank_ && !params.empty() && params[0].numel > 0) {
@@ -1384,6 +1543,11 @@ class Trainer {
                           {"layer_tokens", r.layer_tokens},
                           {"consumed_layer_tokens", st_.layer_tokens}};
       if (router_ != nullptr) j["kept"] = r.kept;
+      if (r.kd) {
+        j["kd_ce"] = r.kd->ce;
+        j["kd_soft_ce"] = r.kd->soft_ce;
+        j["kd_hidden_mse"] = r.kd->hidden_mse;
+      }
       // The sampler's difficulty (null when it is not a curriculum: NaN).
       if (cur_.sampler != nullptr) {
         j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
@@ -1424,7 +1588,10 @@ class Trainer {
 
   // Eval: the first eval_batches * batch_size windows of seq_len + 1 heldout tokens (fewer
   // when the split is small); window w goes to rank w % world.
-  double evaluate() {
+  double evaluate() { return evaluate(quant_ != nullptr); }
+  double evaluate(bool quantized) {
+    std::optional<QuantizedEval> qe;
+    if (quantized) qe.emplace(*model_, *quant_, quant_names_);
     const auto h = ds_->heldout();
     const size_t windows = std::min<size_t>(static_cast<size_t>(c_.eval_batches) * c_.batch_size,
                                             (h.size() - 1) / c_.seq_len);
@@ -1445,6 +1612,11 @@ class Trainer {
         }
       }
       sum += static_cast<double>(model_->forward_loss(x_.data(), y_.data(), n, c_.seq_len)) * n;
+    }
+    if (qe) {
+      quant_packed_bytes_ = qe->packed_bytes();
+      quant_float_bytes_ = qe->float_bytes();
+      quant_calls_ = qe->matmul_calls();
     }
     const auto tot = comm_.sum({sum, static_cast<double>(mine.size())});
     return tot[0] / std::max(1.0, tot[1]);
@@ -1551,6 +1723,8 @@ class Trainer {
 
   void finish() {
     if (std::isnan(last_eval_)) last_eval_ = evaluate();  // resumed at the end: report again
+    // [quantization]: the float weights' loss beside the quantized one (every rank).
+    const double fp32_eval = quant_ ? evaluate(false) : NAN;
     const auto ci = comm_info();
     const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
     const uint64_t rounds = comm_.grad_rounds + ci.rounds;
@@ -1568,6 +1742,17 @@ class Trainer {
                                 {"uncompressed_bytes", st_.uncompressed_bytes},
                                 {"skipped_steps", st_.skipped_steps},
                                 {"elapsed_s", st_.elapsed_s}};
+      if (quant_) {
+        summary["quantizer"] = c_.quantizer;
+        summary["quantizer_plugin"] = quant_plugin_;
+        summary["quantized_tensors"] = quant_names_;
+        summary["qat"] = c_.qat;
+        summary["kd"] = c_.kd;
+        summary["lkd_steps"] = c_.lkd_steps;
+        summary["packed_bytes"] = quant_packed_bytes_;
+        summary["float_bytes"] = quant_float_bytes_;
+        summary["final_fp32_eval_loss"] = fp32_eval;
+      }
       // The sampler's cost beside the steps it fed, timed in this process (rank 0; since
       // the start or the resume): what the sampler adds to a step.
       if (cur_.sampler != nullptr && train_step_s_ > 0) {
@@ -1620,6 +1805,14 @@ class Trainer {
   std::unique_ptr<loom_session, void (*)(loom_session*)> session_{nullptr, loom_close};
   loom_instance* opt_ = nullptr;
   Curriculum cur_;
+  std::unique_ptr<WeightQuantizer> quant_;  // [quantization] (nullptr: none)
+  std::string quant_who_, quant_plugin_;
+  std::vector<std::string> quant_names_;
+  std::optional<Model> teacher_;  // the fp32 teacher of LKD and KD
+  std::vector<float> tlogits_;
+  std::vector<nlohmann::json> lkd_log_;
+  uint64_t quant_packed_bytes_ = 0, quant_float_bytes_ = 0;
+  int64_t quant_calls_ = 0;
   loom_instance* router_inst_ = nullptr;  // [routing] router (nullptr: none)
   PluginRouter* router_ = nullptr;        // its hook, owned by the model
   std::string router_who_;
@@ -1714,6 +1907,10 @@ int check(const Args& args) {
       if (!c.router.empty() && problem.rfind(c.router_at + ": [routing] router", 0) == 0) {
         cc.router.clear();
       }
+      if (!c.quantizer.empty() &&
+          problem.rfind(c.quantizer_at + ": [quantization] quantizer", 0) == 0) {
+        cc.quantizer.clear();
+      }
     }
   }
   std::optional<Dataset> ds;
@@ -1730,7 +1927,8 @@ int check(const Args& args) {
   // The curriculum's and the router's instances: created (alone: the manifest's [loom],
   // [curriculum.*], [sampler.*] and [router.*]), checked for kind and role, and planned, the
   // sampler over this dataset, the router for every layer at seq_len.
-  if (manifest_ok && ds && (!cc.sampler.empty() || !cc.seqlen.empty() || !cc.router.empty())) {
+  if (manifest_ok && ds &&
+      (!cc.sampler.empty() || !cc.seqlen.empty() || !cc.router.empty() || !cc.quantizer.empty())) {
     loom_open_options co = opts;
     co.validate_only = 0;
     const std::string text = curriculum_manifest(c);
@@ -1757,6 +1955,32 @@ int check(const Args& args) {
             for (int l = 0; l < c.model.layers; ++l) {
               (void)router.has_weight(l, c.model.layers);
               (void)router.plan(l, c.model.layers, c.batch_size, c.seq_len, true);
+            }
+          } catch (const std::exception& e) {
+            cp.push_back(e.what());
+          }
+        }
+      }
+      // The quantizer: its kind, and every selected tensor's shape packed (it refuses a
+      // shape its parameters cannot take, naming the tensor).
+      if (!cc.quantizer.empty()) {
+        const std::string who = c.quantizer_at + ": [quantization] quantizer '" + c.quantizer + "'";
+        loom_instance* qi = nullptr;
+        if (loom_find_instance(cs, "quantizer", c.quantizer.c_str(), &qi) != LOOM_OK) {
+          cp.push_back(who + ": " + loom_last_error());
+        } else {
+          try {
+            auto q = plugin_quantizer(qi, who);
+            const int64_t C = c.model.dim;
+            for (const auto& name : quantized_tensor_names(c)) {
+              int64_t rows = C, cols = C;
+              if (name == "wte") rows = c.model.vocab_size;
+              if (name == "wpe") rows = c.model.context;
+              if (name.find("attn.qkv.w") != std::string::npos) rows = 3 * C;
+              if (name.find("mlp.fc.w") != std::string::npos) rows = 4 * C;
+              if (name.find("mlp.proj.w") != std::string::npos) cols = 4 * C;
+              std::vector<float> zeros(static_cast<size_t>(rows * cols), 0.0f);
+              (void)q->pack(name, zeros.data(), rows, cols);
             }
           } catch (const std::exception& e) {
             cp.push_back(e.what());
@@ -1802,6 +2026,9 @@ int main(int argc, char** argv) {
       ->type_name("STEP");
   app.add_option("--run-dir", a.run_dir, "Override [train] run_dir")->type_name("DIR");
   app.add_flag("--no-plot", a.no_plot, "Do not draw the plot at the end");
+  app.add_flag("--eval-only", a.eval_only,
+               "Evaluate the weights ([quantization] weights, else the run's latest checkpoint) "
+               "in fp32 and quantized, write RUN_DIR/eval.json, and exit");
   app.add_flag("--check", a.check,
                "Validate the config, its manifest and dataset, and exit (what loom check does)");
   app.add_option("--plugin-path", a.plugin_path,
