@@ -142,17 +142,22 @@ TensorEntry parse_entry(const std::string& name, const nlohmann::ordered_json& v
   if (!s.is_array()) bad(file, what + ": shape must be an array, not " + kind_phrase(s));
   uint64_t numel = 1;
   bool overflow = false;
+  bool empty = false;
   for (const auto& x : s) {
     const auto n = as_count(x);
     if (!n || *n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       bad(file, what + ": shape must hold non-negative integers, not " + x.dump());
     }
     t.shape.push_back(static_cast<int64_t>(*n));
+    if (*n == 0) empty = true;
     if (*n != 0 && numel > std::numeric_limits<uint64_t>::max() / *n) overflow = true;
     numel *= *n;
   }
   const uint32_t esize = dtype_size(t.dtype);
-  if (numel == 0) overflow = false;  // a zero dimension makes the whole product 0
+  if (empty) {  // a zero dimension makes the whole product 0, whatever came before
+    overflow = false;
+    numel = 0;
+  }
   if (overflow || numel > std::numeric_limits<uint64_t>::max() / esize) {
     bad(file, what + " has shape " + shape_text(t.shape) + ", too large to address");
   }
