@@ -263,6 +263,7 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   }
   q.boolean("qat", c.qat);
   q.str("weights", c.weights);
+  q.str("checkpoint", c.checkpoint);
   q.str("teacher", c.teacher);
   q.integer("lkd_steps", c.lkd_steps, 0, int64_t{1} << 30);
   q.number("lkd_lr", c.lkd_lr, 0.0, 10.0);
@@ -274,9 +275,21 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   c.quant_tensors_at = q.at("tensors");
   c.quant_layers_at = q.at("layers");
   c.weights_at = q.at("weights");
+  c.checkpoint_at = q.at("checkpoint");
   c.teacher_at = q.at("teacher");
   if (q.table != nullptr) {
-    if (q.table->get("quantizer") == nullptr) {
+    if (!c.checkpoint.empty()) {
+      // A quantized file is evaluated as it is: the file names its quantizers.
+      for (const char* key :
+           {"quantizer", "tensors", "layers", "qat", "weights", "teacher", "lkd_steps", "kd"}) {
+        if (q.table->get(key) != nullptr) {
+          errors.add(q.at(key) + ": [quantization] " + key +
+                     ": not with checkpoint (a quantized file is evaluated as it is, with the "
+                     "quantizers it names)");
+        }
+      }
+      c.checkpoint = resolve(dir, c.checkpoint);
+    } else if (q.table->get("quantizer") == nullptr) {
       errors.add(q.at("quantizer") +
                  ": [quantization] quantizer is required (the manifest's [quantizer.NAME])");
     } else if (c.quantizer.empty() && q.table->get("quantizer")->is_string()) {

@@ -52,6 +52,8 @@ struct TrainConfig {
   bool qat = false;     // train with fake-quantized weights (straight-through gradients)
   std::string weights;  // fp32 safetensors the model starts from ("": the seed's init)
   std::string weights_at;
+  std::string checkpoint;  // a `loom quantize` output, evaluated as it is (--eval-only)
+  std::string checkpoint_at;
   std::string teacher;  // fp32 safetensors of the teacher (LKD, KD); "": `weights`
   std::string teacher_at;
   int64_t lkd_steps = 0;  // ZeroQuant's layer-by-layer distillation: steps per block

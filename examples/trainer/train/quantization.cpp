@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 namespace loom::trainer {
@@ -70,6 +71,39 @@ class PluginQuantizer final : public WeightQuantizer {
     vt_ = static_cast<const loom_quantizer_v1*>(table);
   }
 
+  // A packed weight as a file holds it: its format and buffers, copied.
+  std::unique_ptr<PackedWeight> adopt(const loom_tensor_info& t) {
+    auto p = std::make_unique<PluginPacked>();
+    if (t.tensor.ndim != 2) throw std::runtime_error(who_ + ": " + t.name + " is not a matrix");
+    p->rows = p->shape[0] = t.tensor.shape[0];
+    p->cols = p->shape[1] = t.tensor.shape[1];
+    const loom_quantizer_layout_args la = layout(*p, 1, t.name);
+    if ((la.flags & LOOM_QUANTIZER_HAS_MATMUL) == 0) {
+      throw std::runtime_error(who_ + ": plugin '" + loom_instance_plugin(inst_) +
+                               "' has no matmul for the weight " + t.name);
+    }
+    p->flags = la.flags;
+    p->format = t.format;
+    p->format.shape = p->shape;
+    auto count = [](const DLTensor& d) {
+      uint64_t n = d.data == nullptr ? 0 : 1;
+      for (int32_t i = 0; i < d.ndim; ++i) n *= static_cast<uint64_t>(d.shape[i]);
+      return n;
+    };
+    const uint64_t nc = count(t.codes), ns = count(t.scales), nz = count(t.zero_points);
+    const auto* c = static_cast<const uint8_t*>(t.codes.data);
+    const auto* sc = static_cast<const uint8_t*>(t.scales.data);
+    const auto* z = static_cast<const uint8_t*>(t.zero_points.data);
+    p->packed.assign(c, c + nc);
+    p->scales.assign(sc, sc + ns * dtype_bytes(t.scales.dtype));
+    if (nz > 0) p->zeros.assign(z, z + nz * dtype_bytes(t.zero_points.dtype));
+    p->packed_len = static_cast<int64_t>(nc);
+    p->scale_count = static_cast<int64_t>(ns);
+    p->zero_count = static_cast<int64_t>(nz);
+    p->bytes = p->packed.size() + p->scales.size() + p->zeros.size();
+    return p;
+  }
+
   std::unique_ptr<PackedWeight> pack(const std::string& name, const float* w, int64_t rows,
                                      int64_t cols) override {
     auto p = std::make_unique<PluginPacked>();
@@ -78,6 +112,7 @@ class PluginQuantizer final : public WeightQuantizer {
     p->shape[0] = rows;
     p->shape[1] = cols;
     loom_quantizer_layout_args la = layout(*p, 1, name);
+    p->format = laid_;
     if ((la.flags & LOOM_QUANTIZER_HAS_MATMUL) == 0) {
       throw std::runtime_error(who_ + ": plugin '" + loom_instance_plugin(inst_) +
                                "' has no matmul for the weight " + name +
@@ -167,9 +202,11 @@ class PluginQuantizer final : public WeightQuantizer {
     la.shape = p.shape;
     la.dtype = kF32;
     la.matmul_rows = rows;
-    p.format = loom_quant_format{};
-    p.format.struct_size = LOOM_QUANT_FORMAT_SIZE;
-    la.format = &p.format;
+    // The format this instance gives the shape (pack keeps it; a weight read from a file
+    // keeps the file's, which the plugin checks against this one).
+    laid_ = loom_quant_format{};
+    laid_.struct_size = LOOM_QUANT_FORMAT_SIZE;
+    la.format = &laid_;
     check(vt_->layout(obj_, &la), "layout" + (name.empty() ? std::string() : " of " + name) + " [" +
                                       std::to_string(p.shape[0]) + ", " +
                                       std::to_string(p.shape[1]) + "]");
@@ -188,6 +225,7 @@ class PluginQuantizer final : public WeightQuantizer {
   void* obj_ = nullptr;
   const loom_quantizer_v1* vt_ = nullptr;
   Scratch ws_, mws_;
+  loom_quant_format laid_{};
 };
 
 // "h.L.rest" -> L, else -1.
@@ -303,42 +341,61 @@ FakeQuantScope::~FakeQuantScope() {
 
 QuantizedEval::QuantizedEval(Model& model, WeightQuantizer& q,
                              const std::vector<std::string>& names)
-    : model_(model), q_(q) {
+    : model_(model) {
   auto& params = model.parameters();
   packed_.resize(key(model.config().layers, LinearSlot::kQkv));
-  const LinearSlot slots[] = {LinearSlot::kQkv, LinearSlot::kAttnProj, LinearSlot::kMlpFc,
-                              LinearSlot::kMlpProj};
+  quantizer_.assign(packed_.size(), nullptr);
   try {
     for (const auto& n : names) {
       ParamTensor* p = find_param(params, n);
       auto w = q.pack(n, p->value, p->shape[0], p->shape[1]);
-      packed_bytes_ += w->bytes;
       float_bytes_ += 4 * p->numel;
       if (n == "wte" || n == "wpe") {
         // A lookup table: its rows are read decoded (the head multiplies with wte's codes).
         swapped_.push_back({p->value, std::vector<float>(p->value, p->value + p->numel)});
         q.unpack(*w, p->value);
-        if (n == "wte") packed_[key(-1, LinearSlot::kHead)] = std::move(w);
-        continue;
       }
-      const int l = block_of(n);
-      bool placed = false;
-      for (const LinearSlot s : slots) {
-        if (l >= 0 && n == "h." + std::to_string(l) + "." + linear_suffix(s)) {
-          packed_[key(l, s)] = std::move(w);
-          placed = true;
-        }
-      }
-      if (!placed) {
-        throw std::invalid_argument("loom::trainer: " + n +
-                                    " is not a linear weight the quantized evaluation runs");
-      }
+      place(n, &q, std::move(w));
     }
   } catch (...) {
     for (auto& [v, orig] : swapped_) std::copy(orig.begin(), orig.end(), v);
     throw;
   }
   model_.set_linear_hook(this);
+}
+
+QuantizedEval::QuantizedEval(Model& model, std::vector<Entry> entries) : model_(model) {
+  packed_.resize(key(model.config().layers, LinearSlot::kQkv));
+  quantizer_.assign(packed_.size(), nullptr);
+  for (auto& e : entries) {
+    float_bytes_ += 4 * static_cast<uint64_t>(e.packed->rows * e.packed->cols);
+    place(e.name, e.quantizer, std::move(e.packed));
+  }
+  model_.set_linear_hook(this);
+}
+
+void QuantizedEval::place(const std::string& n, WeightQuantizer* q,
+                          std::unique_ptr<PackedWeight> w) {
+  packed_bytes_ += w->bytes;
+  if (n == "wpe") return;  // a lookup table only
+  if (n == "wte") {
+    quantizer_[key(-1, LinearSlot::kHead)] = q;
+    packed_[key(-1, LinearSlot::kHead)] = std::move(w);
+    return;
+  }
+  const LinearSlot slots[] = {LinearSlot::kQkv, LinearSlot::kAttnProj, LinearSlot::kMlpFc,
+                              LinearSlot::kMlpProj};
+  const int l = block_of(n);
+  for (const LinearSlot s : slots) {
+    if (l >= 0 && l < model_.config().layers &&
+        n == "h." + std::to_string(l) + "." + linear_suffix(s)) {
+      quantizer_[key(l, s)] = q;
+      packed_[key(l, s)] = std::move(w);
+      return;
+    }
+  }
+  throw std::invalid_argument("loom::trainer: " + n +
+                              " is not a linear weight the quantized evaluation runs");
 }
 
 QuantizedEval::~QuantizedEval() {
@@ -353,7 +410,8 @@ bool QuantizedEval::handles(int layer, LinearSlot slot) {
 
 void QuantizedEval::forward(int layer, LinearSlot slot, const float* x, float* y, int rows, int in,
                             int out, const float* bias) {
-  const PackedWeight& w = *packed_[key(layer, slot)];
+  const size_t k = key(layer, slot);
+  const PackedWeight& w = *packed_[k];
   if (w.rows != out || w.cols != in) {
     throw std::invalid_argument(
         "loom::trainer: the packed weight of layer " + std::to_string(layer) + " " +
@@ -361,7 +419,76 @@ void QuantizedEval::forward(int layer, LinearSlot slot, const float* x, float* y
         "], the matmul needs [" + std::to_string(out) + ", " + std::to_string(in) + "]");
   }
   ++calls_;
-  q_.matmul(w, x, y, rows, bias);
+  quantizer_[k]->matmul(w, x, y, rows, bias);
+}
+
+QuantizedCheckpoint load_quantized_checkpoint(
+    const std::string& path, Model& model, loom_session* session,
+    std::vector<std::pair<std::string, std::unique_ptr<WeightQuantizer>>>& quantizers,
+    const std::string& who) {
+  loom_tensor_file* f = nullptr;
+  if (loom_tensor_file_open(path.c_str(), &f) != LOOM_OK) {
+    throw std::runtime_error(who + ": " + loom_last_error());
+  }
+  std::unique_ptr<loom_tensor_file, void (*)(loom_tensor_file*)> file(f, loom_tensor_file_close);
+  QuantizedCheckpoint out;
+  std::error_code ec;
+  out.file_bytes = std::filesystem::file_size(path, ec);
+  auto& params = model.parameters();
+  std::vector<bool> seen(params.size(), false);
+  const size_t n = loom_tensor_file_count(f);
+  for (size_t i = 0; i < n; ++i) {
+    loom_tensor_info t{};
+    t.struct_size = LOOM_TENSOR_INFO_SIZE;
+    if (loom_tensor_file_info(f, i, &t) != LOOM_OK) {
+      throw std::runtime_error(who + ": " + loom_last_error());
+    }
+    const std::string name = t.name;
+    size_t k = 0;
+    while (k < params.size() && params[k].name != name) ++k;
+    if (k == params.size()) {
+      throw std::runtime_error(who + ": " + path + " holds " + name + ", which the model lacks");
+    }
+    ParamTensor& p = params[k];
+    bool same = static_cast<size_t>(t.tensor.ndim) == p.shape.size();
+    for (size_t d = 0; same && d < p.shape.size(); ++d) same = t.tensor.shape[d] == p.shape[d];
+    if (!same) {
+      throw std::runtime_error(who + ": " + path + ": " + name +
+                               " has another shape than the model's (a checkpoint of another "
+                               "[model])");
+    }
+    if (loom_tensor_file_read_f32(f, i, p.value, p.numel) != LOOM_OK) {
+      throw std::runtime_error(who + ": " + loom_last_error());
+    }
+    seen[k] = true;
+    if (t.quantized == 0) continue;
+    const std::string inst = t.quantizer != nullptr ? t.quantizer : "";
+    WeightQuantizer* q = nullptr;
+    for (auto& [qn, qp] : quantizers) {
+      if (qn == inst) q = qp.get();
+    }
+    if (q == nullptr) {
+      loom_instance* qi = nullptr;
+      if (loom_find_instance(session, "quantizer", inst.c_str(), &qi) != LOOM_OK) {
+        throw std::runtime_error(who + ": " + path + ": " + name + " was quantized by [quantizer." +
+                                 inst +
+                                 "], which the manifest lacks (evaluate with the manifest loom "
+                                 "quantize used): " +
+                                 loom_last_error());
+      }
+      quantizers.emplace_back(inst, plugin_quantizer(qi, who + ": [quantizer." + inst + "]"));
+      q = quantizers.back().second.get();
+    }
+    out.entries.push_back({name, q, static_cast<PluginQuantizer*>(q)->adopt(t)});
+    out.names.push_back(name);
+    out.instances.push_back(inst);
+  }
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (!seen[k]) {
+      throw std::runtime_error(who + ": " + path + " lacks the model's tensor " + params[k].name);
+    }
+  }
+  return out;
 }
 
 AdamW::AdamW(std::vector<ParamTensor> params, double lr, double weight_decay)

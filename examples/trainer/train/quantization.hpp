@@ -15,6 +15,7 @@
 #include "model.hpp"
 
 struct loom_instance;
+struct loom_session;
 
 namespace loom::trainer {
 
@@ -85,7 +86,16 @@ class FakeQuantScope {
 // selected wte or wpe read their decoded rows. The destructor restores the model.
 class QuantizedEval final : public LinearHook {
  public:
+  // A weight already packed (read from a file) and the quantizer whose matmul takes it.
+  struct Entry {
+    std::string name;
+    WeightQuantizer* quantizer;
+    std::unique_ptr<PackedWeight> packed;
+  };
   QuantizedEval(Model& model, WeightQuantizer& q, const std::vector<std::string>& names);
+  // The packed weights given; the embedding tables among them must already hold their
+  // decoded values (load_quantized_checkpoint does that).
+  QuantizedEval(Model& model, std::vector<Entry> entries);
   ~QuantizedEval() override;
   QuantizedEval(const QuantizedEval&) = delete;
   QuantizedEval& operator=(const QuantizedEval&) = delete;
@@ -102,13 +112,30 @@ class QuantizedEval final : public LinearHook {
   static size_t key(int layer, LinearSlot slot) {
     return static_cast<size_t>(layer + 1) * 8 + static_cast<size_t>(slot);
   }
+  void place(const std::string& name, WeightQuantizer* q, std::unique_ptr<PackedWeight> w);
   Model& model_;
-  WeightQuantizer& q_;
   std::vector<std::unique_ptr<PackedWeight>> packed_;           // by key(); null: float
+  std::vector<WeightQuantizer*> quantizer_;                     // by key()
   std::vector<std::pair<float*, std::vector<float>>> swapped_;  // embedding tables decoded
   uint64_t packed_bytes_ = 0, float_bytes_ = 0;
   int64_t calls_ = 0;
 };
+
+// A safetensors file written by `loom quantize`, read through libloom's tensor-file C API: its
+// plain tensors go into the model's parameters; each quantized one is decoded into its
+// parameter (the float path and the embedding lookups) and kept packed, with the session's
+// quantizer instance the file names (`quantizers` caches them by name), for QuantizedEval.
+// Every parameter must be in the file, with its shape. Errors name the file (and `who`).
+struct QuantizedCheckpoint {
+  std::vector<QuantizedEval::Entry> entries;
+  std::vector<std::string> names;      // the quantized tensors
+  std::vector<std::string> instances;  // their quantizer instances, in the same order
+  uint64_t file_bytes = 0;
+};
+QuantizedCheckpoint load_quantized_checkpoint(
+    const std::string& path, Model& model, loom_session* session,
+    std::vector<std::pair<std::string, std::unique_ptr<WeightQuantizer>>>& quantizers,
+    const std::string& who);
 
 // AdamW over a set of float tensors (decoupled weight decay on 2-D tensors only), for LKD.
 class AdamW {

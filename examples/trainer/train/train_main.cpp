@@ -806,6 +806,7 @@ struct Args {
   bool no_plot = false;
   bool check = false;
   bool eval_only = false;
+  std::string weights;  // --weights (with --eval-only)
   std::string plugin_path;
 };
 
@@ -819,6 +820,12 @@ class Trainer {
   explicit Trainer(const Args& args) : args_(args) {}
 
   int run() {
+    if (!args_.eval_only && !load_config(args_.config).checkpoint.empty()) {
+      const TrainConfig c = load_config(args_.config);
+      throw ConfigError(c.checkpoint_at +
+                        ": [quantization] checkpoint: a quantized file is evaluated, not trained: "
+                        "run loom train with --eval-only");
+    }
     setup();
     if (args_.eval_only) return eval_only();
     if (quant_ && c_.lkd_steps > 0 && st_.step == 0) distill_layers();
@@ -916,6 +923,19 @@ class Trainer {
       }
     }
     if (args_.no_plot) c_.plot.clear();
+    // --weights: the fp32 weights [quantization] quantizes, or (without a quantizer) a file
+    // evaluated as it is, quantized by loom quantize or plain.
+    if (!args_.weights.empty()) {
+      if (!args_.eval_only) throw ConfigError("--weights is for --eval-only");
+      const std::string w = fs::absolute(args_.weights).lexically_normal().string();
+      if (!c_.quantizer.empty()) {
+        c_.weights = w;
+        c_.weights_at = "--weights";
+      } else {
+        c_.checkpoint = w;
+        c_.checkpoint_at = "--weights";
+      }
+    }
     // The plot is drawn at the end: a folder that is not there should fail now, not then.
     const fs::path plot_dir = fs::path(c_.plot).parent_path();
     std::error_code plot_ec;
@@ -1028,7 +1048,7 @@ class Trainer {
   void eval_weights() {
     run_dir_ = c_.run_dir;
     metrics_path_ = run_dir_ / "metrics.jsonl";
-    if (!c_.weights.empty()) return;
+    if (!c_.weights.empty() || !c_.checkpoint.empty()) return;
     const fs::path latest = run_dir_ / "checkpoints" / "latest";
     if (!fs::exists(latest)) {
       throw TrainError("--eval-only: no weights to evaluate: " + c_.config_path +
@@ -1081,13 +1101,23 @@ class Trainer {
   int eval_only() {
     nlohmann::json out = {{"config", c_.config_path}};
     if (!c_.weights.empty()) out["weights"] = c_.weights;
-    fs::path ckpt = run_dir_;
+    if (!c_.checkpoint.empty()) return eval_checkpoint(out);
     const double fp32 = evaluate(false);
     out["fp32_eval_loss"] = fp32;
     out["fp32_eval_ppl"] = std::exp(fp32);
     if (root_) std::printf("fp32 eval loss: %.4f (perplexity %.2f)\n", fp32, std::exp(fp32));
     if (quant_) {
-      if (c_.lkd_steps > 0) distill_layers();
+      if (c_.lkd_steps > 0) {
+        distill_layers();
+        // The distilled fp32 weights, for loom quantize.
+        if (root_) {
+          std::error_code ec;
+          fs::create_directories(run_dir_, ec);
+          save_safetensors((run_dir_ / "lkd.safetensors").string(), model_->parameters());
+          out["lkd_weights"] = (run_dir_ / "lkd.safetensors").string();
+          std::printf("lkd weights: %s\n", (run_dir_ / "lkd.safetensors").string().c_str());
+        }
+      }
       const double q = evaluate(true);
       out["eval_loss"] = q;
       out["eval_ppl"] = std::exp(q);
@@ -1108,6 +1138,47 @@ class Trainer {
       }
     }
     if (root_) {
+      std::error_code ec;
+      fs::create_directories(run_dir_, ec);
+      const std::string text = out.dump(2) + "\n";
+      write_file_atomic((run_dir_ / "eval.json").string(), text.data(), text.size());
+      std::printf("eval: %s\n", (run_dir_ / "eval.json").string().c_str());
+    }
+    comm_.barrier();
+    return 0;
+  }
+
+  // --eval-only with [quantization] checkpoint: a `loom quantize` file, its quantized
+  // tensors through the quantizer instances it names (the manifest's), the rest float; and
+  // beside it the same weights decoded, through the float matmuls.
+  int eval_checkpoint(nlohmann::json& out) {
+    std::vector<std::pair<std::string, std::unique_ptr<WeightQuantizer>>> qs;
+    QuantizedCheckpoint ck =
+        load_quantized_checkpoint(c_.checkpoint, *model_, session_.get(), qs,
+                                  c_.checkpoint_at + ": [quantization] checkpoint");
+    out["checkpoint"] = c_.checkpoint;
+    out["file_bytes"] = ck.file_bytes;
+    out["quantized_tensors"] = ck.names;
+    out["quantizers"] = ck.instances;
+    const double deq = evaluate(false);
+    out["dequantized_eval_loss"] = deq;
+    out["dequantized_eval_ppl"] = std::exp(deq);
+    double q = 0;
+    {
+      QuantizedEval qe(*model_, std::move(ck.entries));
+      q = evaluate(false);
+      out["packed_bytes"] = qe.packed_bytes();
+      out["float_bytes"] = qe.float_bytes();
+      out["quantized_matmuls"] = qe.matmul_calls();
+    }
+    out["eval_loss"] = q;
+    out["eval_ppl"] = std::exp(q);
+    if (root_) {
+      std::printf("dequantized weights, float matmuls: eval loss %.4f (perplexity %.2f)\n", deq,
+                  std::exp(deq));
+      std::printf("quantized matmuls: eval loss %.4f (perplexity %.2f)\n", q, std::exp(q));
+      std::printf("%s: %s, %zu quantized tensors\n", c_.checkpoint.c_str(),
+                  human_bytes(static_cast<double>(ck.file_bytes)).c_str(), ck.names.size());
       std::error_code ec;
       fs::create_directories(run_dir_, ec);
       const std::string text = out.dump(2) + "\n";
@@ -2029,6 +2100,10 @@ int main(int argc, char** argv) {
   app.add_flag("--eval-only", a.eval_only,
                "Evaluate the weights ([quantization] weights, else the run's latest checkpoint) "
                "in fp32 and quantized, write RUN_DIR/eval.json, and exit");
+  app.add_option("--weights", a.weights,
+                 "With --eval-only: the weights to evaluate (a loom quantize output, or fp32 "
+                 "weights the config's [quantization] quantizer quantizes)")
+      ->type_name("FILE");
   app.add_flag("--check", a.check,
                "Validate the config, its manifest and dataset, and exit (what loom check does)");
   app.add_option("--plugin-path", a.plugin_path,

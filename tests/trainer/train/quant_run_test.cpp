@@ -52,7 +52,8 @@ class QuantRun : public ::testing::Test {
     ASSERT_EQ(r.code, 0) << r.out;
     std::ofstream(dir_ / "m.toml") << "[optimizer.main]\nplugin = \"adam\"\n"
                                    << "[quantizer.q8]\nplugin = \"trainer_quant\"\nbits = 8\n"
-                                   << "[quantizer.q3]\nplugin = \"trainer_quant\"\nbits = 3\n";
+                                   << "[quantizer.q3]\nplugin = \"trainer_quant\"\nbits = 3\n"
+                                   << "[[quantize]]\ntensors = [\"h.*.w\"]\nquantizer = \"q8\"\n";
     // The fp32 model the others start from.
     r = train(config("fp32", ""), "--fresh");
     ASSERT_EQ(r.code, 0) << r.out;
@@ -133,6 +134,39 @@ TEST_F(QuantRun, EvalOnlyRunsTheQuantizersMatmulsAndInt8StaysWithinOnePercent) {
     EXPECT_LT(double(l["mse_after"]), double(l["mse_before"])) << l;
   }
   EXPECT_NE(r.out.find("lkd layer 1: block MSE"), std::string::npos) << r.out;
+}
+
+// loom quantize writes the blocks' matrices as q8 codes (the manifest's [[quantize]] rule; 2-D
+// only, the biases and LayerNorms stay float); --weights evaluates that file through the C API
+// and the same instance's matmul: the loss of the in-memory q8 evaluation, to the bit.
+TEST_F(QuantRun, AQuantizedFileEvaluatesAsTheInMemoryQuantization) {
+  auto r = sh(std::string(LOOM_CLI_EXE) + " quantize " + (dir_ / "m.toml").string() + " " +
+              (dir_ / "runs/fp32/checkpoints/step_00000012/model.rank0.safetensors").string() +
+              " " + (dir_ / "q8.safetensors").string() + " --plugin-path " + LOOM_TEST_PLUGIN_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = train(config("e8f", ""), "--eval-only --weights " + (dir_ / "q8.safetensors").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = train(config("e8m", "quantizer = \"q8\"\n" + weights()), "--eval-only");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto file = json("runs/e8f/eval.json"), mem = json("runs/e8m/eval.json");
+  EXPECT_EQ(file["quantized_tensors"], mem["quantized_tensors"]);
+  EXPECT_EQ(file["quantizers"].size(), 8u);
+  EXPECT_EQ(file["quantizers"][0], "q8");
+  EXPECT_EQ(file["quantized_matmuls"], 16);
+  EXPECT_EQ(double(file["eval_loss"]), double(mem["eval_loss"]));
+  EXPECT_EQ(file["packed_bytes"], mem["packed_bytes"]);
+  EXPECT_GT(double(file["file_bytes"]), 0.0);
+  // A file of another manifest's quantizer: named.
+  std::ofstream(dir_ / "m2.toml") << "[optimizer.main]\nplugin = \"adam\"\n";
+  std::string text = slurp(config("other", ""));
+  text.replace(text.find("m.toml"), 6, "m2.toml");
+  std::ofstream(dir_ / "other.toml") << text;
+  r = train((dir_ / "other.toml").string(),
+            "--eval-only --weights " + (dir_ / "q8.safetensors").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("h.0.attn.qkv.w was quantized by [quantizer.q8], which the manifest lacks"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(QuantRun, QatWithDistillationRecordsItsTermsAndEvaluatesQuantized) {
