@@ -28,3 +28,11 @@ $B quantize examples/quantization/w4a8.toml build/runs/quant_w4a8_lkd/lkd.safete
   build/quant/w4a8_lkd.safetensors
 $B train examples/quantization/eval.toml --eval-only --weights build/quant/w4a8_lkd.safetensors \
   --run-dir build/runs/quant_eval_w4a8_lkd
+# The fp32 model on the same windows, and the control of the QAT runs: the same 100 steps of
+# distillation in float.
+$B train examples/quantization/eval.toml --eval-only --weights "$FP32" \
+  --run-dir build/runs/quant_eval_fp32
+$B train examples/quantization/fp32_kd.toml --fresh --no-plot
+$B train examples/quantization/eval.toml --eval-only \
+  --weights build/runs/quant_fp32_kd/checkpoints/step_00000100/model.rank0.safetensors \
+  --run-dir build/runs/quant_eval_fp32_kd

@@ -295,11 +295,6 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
     } else if (c.quantizer.empty() && q.table->get("quantizer")->is_string()) {
       errors.add(q.at("quantizer") + ": [quantization] quantizer: empty");
     }
-    if (c.kd && !c.qat) {
-      errors.add(q.at("kd") +
-                 ": [quantization] kd: distillation runs during quantization-aware training "
-                 "(set qat = true)");
-    }
     const bool teaches = c.kd || c.lkd_steps > 0;
     if (teaches && c.teacher.empty() && c.weights.empty()) {
       errors.add(q.at(c.kd ? "kd" : "lkd_steps") + ": [quantization] " +

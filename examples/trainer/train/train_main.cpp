@@ -1476,9 +1476,10 @@ class Trainer {
     // The router sees the step and this rank's first row in the step's global batch.
     if (router_ != nullptr) router_->set_step(step, static_cast<int64_t>(rank_) * rows);
     model_->zero_grad();
-    if (quant_ && c_.qat) {
+    if (quant_ && (c_.qat || c_.kd)) {
       // Quantization-aware: the forward and backward see dequantize(quantize(W)), the
-      // gradient lands on the float weights (straight-through).
+      // gradient lands on the float weights (straight-through). kd without qat: the same
+      // distillation in float (a QAT run's control).
       Distillation d;
       if (c_.kd) {
         tlogits_.resize(static_cast<size_t>(rows) * r.seq_len * c_.model.vocab_size);
@@ -1491,7 +1492,8 @@ class Trainer {
         model_->set_distillation(&d);
       }
       {
-        FakeQuantScope fq(*model_, *quant_, quant_names_);
+        std::optional<FakeQuantScope> fq;
+        if (c_.qat) fq.emplace(*model_, *quant_, quant_names_);
         r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
       }
       model_->set_distillation(nullptr);

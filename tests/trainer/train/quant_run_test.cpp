@@ -204,7 +204,7 @@ TEST_F(QuantRun, BadNamesAreRefusedAtTheirKey) {
   EXPECT_NE(r.out.find("has no [quantizer.q9]"), std::string::npos) << r.out;
   r = train(config("bad2", "quantizer = \"q8\"\nkd = true\n"), "--check");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("bad2.toml:11:6: [quantization] kd: distillation runs during"),
+  EXPECT_NE(r.out.find("bad2.toml:11:6: [quantization] kd: needs the fp32 teacher"),
             std::string::npos)
       << r.out;
   r = train(config("good", "quantizer = \"q8\"\n" + weights()), "--check");

@@ -316,10 +316,9 @@ TEST(QuantConfig, KeysAreReadAndBadValuesNamedAtTheirPlace) {
   const std::string f = cfg.string();
   EXPECT_EQ(error_of(cfg, kBase + "[quantization]\nqat = true\n"),
             f + ":7:1: [quantization] quantizer is required (the manifest's [quantizer.NAME])");
-  EXPECT_EQ(error_of(cfg, kBase + "[quantization]\nquantizer = \"q\"\nkd = true\n"
-                                  "weights = \"w\"\n"),
-            f + ":9:6: [quantization] kd: distillation runs during quantization-aware training "
-                "(set qat = true)");
+  EXPECT_EQ(error_of(cfg, kBase + "[quantization]\nquantizer = \"q\"\nkd = true\n"),
+            f + ":9:6: [quantization] kd: needs the fp32 teacher: set teacher (or weights, which "
+                "the teacher defaults to)");
   EXPECT_EQ(error_of(cfg, kBase + "[quantization]\nquantizer = \"q\"\nlkd_steps = 5\n"),
             f + ":9:13: [quantization] lkd_steps: needs the fp32 teacher: set teacher (or "
                 "weights, which the teacher defaults to)");
