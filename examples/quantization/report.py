@@ -24,6 +24,8 @@ ROWS = [  # (eval run, label, file)
     ("w8a8", "W8A8 (zeroquant, INT8 GEMM)", "w8a8"),
     ("w4a8", "W4A8 (zeroquant, groups of 64)", "w4a8"),
     ("w4a8_lkd", "W4A8 + LKD (50 steps a block)", "w4a8_lkd"),
+    ("w4a8_row", "W4A8, one scale per row", "w4a8_row"),
+    ("w4a8_row_lkd", "W4A8, one scale per row, + LKD", "w4a8_row_lkd"),
     ("ternary", "ternary, post-training (xtc)", "ternary"),
     ("binary", "binary, post-training (xtc)", "binary"),
     ("ternary_qat", "ternary, QAT + KD, 100 steps", "ternary_qat"),
@@ -74,10 +76,12 @@ def main():
         print(f"| {label} | {e['eval_loss']:.4f} | {ppl:.3f} | {vs} | {vc} | {deq} | {size} | "
               f"{ratio} | {qratio} | {e.get('quantized_matmuls', 0)} |")
     print(f"\nfp32 checkpoint: {fp32_bytes / 1024:.1f} KiB")
-    lkd = os.path.join(runs, "quant_w4a8_lkd", "eval.json")
-    if os.path.exists(lkd):
+    for run in ("quant_w4a8_lkd", "quant_w4a8_row_lkd"):
+        lkd = os.path.join(runs, run, "eval.json")
+        if not os.path.exists(lkd):
+            continue
         e = load(lkd)
-        print("\nLKD (W4A8): block output MSE against the fp32 teacher, first batch")
+        print(f"\nLKD ({run}): block output MSE against the fp32 teacher, first batch")
         print("| block | before | after | ratio |")
         print("|---|---|---|---|")
         for r in e["lkd"]:

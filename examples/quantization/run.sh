@@ -36,3 +36,12 @@ $B train examples/quantization/fp32_kd.toml --fresh --no-plot
 $B train examples/quantization/eval.toml --eval-only \
   --weights build/runs/quant_fp32_kd/checkpoints/step_00000100/model.rank0.safetensors \
   --run-dir build/runs/quant_eval_fp32_kd
+# W4A8 with one scale per row (a harder INT4 setting), without and with LKD.
+$B quantize examples/quantization/w4a8_row.toml "$FP32" build/quant/w4a8_row.safetensors
+$B train examples/quantization/eval.toml --eval-only --weights build/quant/w4a8_row.safetensors \
+  --run-dir build/runs/quant_eval_w4a8_row
+$B train examples/quantization/w4a8_row_lkd.toml --eval-only
+$B quantize examples/quantization/w4a8_row.toml build/runs/quant_w4a8_row_lkd/lkd.safetensors \
+  build/quant/w4a8_row_lkd.safetensors
+$B train examples/quantization/eval.toml --eval-only \
+  --weights build/quant/w4a8_row_lkd.safetensors --run-dir build/runs/quant_eval_w4a8_row_lkd
