@@ -1986,6 +1986,15 @@ int check(const Args& args) {
       }
     }
   }
+  // A quantized checkpoint: it opens (every header check of the tensor-file reader).
+  if (!c.checkpoint.empty()) {
+    loom_tensor_file* f = nullptr;
+    if (loom_tensor_file_open(c.checkpoint.c_str(), &f) != LOOM_OK) {
+      std::cerr << c.checkpoint_at << ": [quantization] checkpoint: " << loom_last_error() << "\n";
+      ok = false;
+    }
+    loom_tensor_file_close(f);
+  }
   std::optional<Dataset> ds;
   if (problems.empty()) {  // the dataset checks need a sound config
     try {

@@ -209,4 +209,7 @@ TEST_F(QuantRun, BadNamesAreRefusedAtTheirKey) {
       << r.out;
   r = train(config("good", "quantizer = \"q8\"\n" + weights()), "--check");
   EXPECT_EQ(r.code, 0) << r.out;
+  r = train(config("bad3", "checkpoint = \"missing.safetensors\"\n"), "--check");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("bad3.toml:10:14: [quantization] checkpoint: "), std::string::npos) << r.out;
 }
