@@ -1,5 +1,5 @@
-// `loom`: list and describe plugins, check manifests. Everything goes through libloom's
-// public C API, exactly as a third-party tool would use it.
+// `loom`: list and describe plugins, check manifests, quantize checkpoints. Everything goes through
+// libloom's public C API, exactly as a third-party tool would use it.
 #include <loom/embed.h>
 
 #include <unistd.h>
@@ -183,6 +183,73 @@ int cmd_check(const std::string& manifest, const std::string& plugin_path) {
   return 0;
 }
 
+std::string bytes_text(uint64_t b) {
+  char buf[32];
+  if (b < 10 * 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  } else if (b < 10ull * 1024 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024));
+  }
+  return buf;
+}
+
+// One line per tensor as it is done, warnings on stderr.
+void print_quantize_report(void* /*ctx*/, const loom_quantize_report* r) {
+  if (r->tensor == nullptr) {
+    std::cerr << r->note << "\n";
+    return;
+  }
+  const int width = static_cast<int>(std::to_string(r->count).size());
+  std::printf("[%*llu/%llu] %s: ", width, static_cast<unsigned long long>(r->index + 1),
+              static_cast<unsigned long long>(r->count), r->tensor);
+  if (r->quantizer == nullptr) {
+    std::printf("copied, %s (%s)\n", bytes_text(r->bytes_in).c_str(), r->note);
+  } else {
+    std::printf("%s, %s -> %s (%.2fx), mse %.3g, max abs error %.3g\n", r->quantizer,
+                bytes_text(r->bytes_in).c_str(), bytes_text(r->bytes_out).c_str(),
+                r->bytes_out > 0
+                    ? static_cast<double>(r->bytes_in) / static_cast<double>(r->bytes_out)
+                    : 0.0,
+                r->mse, r->max_abs_error);
+  }
+  std::fflush(stdout);
+}
+
+int cmd_quantize(const std::string& manifest, const std::string& in, const std::string& out,
+                 const std::string& plugin_path) {
+  loom_open_options opts{};
+  opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+  opts.plugin_path = plugin_path.empty() ? nullptr : plugin_path.c_str();
+  opts.log_level = LOOM_LOG_WARN;
+  loom_session* session = nullptr;
+  if (loom_open_file(manifest.c_str(), &opts, &session) != LOOM_OK) {
+    std::cerr << loom_last_error() << "\n";
+    return kExitInvalid;
+  }
+  std::cout << "loom quantize: " << in << " -> " << out << " (rules from " << manifest << ")\n";
+  loom_quantize_summary summary{};
+  summary.struct_size = LOOM_QUANTIZE_SUMMARY_SIZE;
+  const int32_t rc = loom_quantize_file(session, in.c_str(), out.c_str(), print_quantize_report,
+                                        nullptr, &summary);
+  if (rc != LOOM_OK) {
+    std::cerr << "loom quantize: " << loom_last_error() << "\n";
+    loom_close(session);
+    return kExitError;
+  }
+  loom_close(session);
+  std::printf("%llu tensors, %llu quantized; %s: %s -> %s: %s (%.2fx smaller)\n",
+              static_cast<unsigned long long>(summary.tensors),
+              static_cast<unsigned long long>(summary.quantized), in.c_str(),
+              bytes_text(summary.in_file_bytes).c_str(), out.c_str(),
+              bytes_text(summary.out_file_bytes).c_str(),
+              summary.out_file_bytes > 0 ? static_cast<double>(summary.in_file_bytes) /
+                                               static_cast<double>(summary.out_file_bytes)
+                                         : 0.0);
+  return 0;
+}
+
 // The folder of the `loom` executable, where the programs it runs are installed.
 std::filesystem::path programs_dir() {
   std::error_code ec;
@@ -296,6 +363,16 @@ int main(int argc, char** argv) {
   check->add_option("--plugin-path", plugin_path,
                     "Extra plugin folders (':'-separated), searched after the manifest's");
 
+  auto* quantize = app.add_subcommand(
+      "quantize", "Quantize a safetensors checkpoint per a manifest's [[quantize]] rules");
+  std::string q_manifest, q_in, q_out;
+  quantize->add_option("MANIFEST", q_manifest, "Manifest with [quantizer.NAME] and [[quantize]]")
+      ->required();
+  quantize->add_option("IN", q_in, "The safetensors file to quantize")->required();
+  quantize->add_option("OUT", q_out, "The quantized safetensors file to write")->required();
+  quantize->add_option("--plugin-path", plugin_path,
+                       "Extra plugin folders (':'-separated), searched after the manifest's");
+
   // Handled before parsing: their arguments belong to the program they run, untouched.
   app.add_subcommand("bench", "Run a benchmark: loom bench NAME [ARGS...] (comm, optim, ...)");
   app.add_subcommand("train", "Train with the reference trainer: loom train CONFIG [ARGS...]");
@@ -327,7 +404,7 @@ int main(int argc, char** argv) {
         args.emplace_back("--help");
         return exec_beside("loom-" + rest[0], args, rest[0]);
       }
-      for (CLI::App* sub : {plugins, desc, check}) {
+      for (CLI::App* sub : {plugins, desc, check, quantize}) {
         if (sub->get_name() == rest[0]) {  // as `loom CMD --help`
           std::string a0 = "loom", a1 = rest[0], a2 = "--help";
           char* help_argv[] = {a0.data(), a1.data(), a2.data()};
@@ -383,6 +460,7 @@ int main(int argc, char** argv) {
     }
     if (plugins->parsed()) return cmd_plugins(plugins_json, plugin_path);
     if (desc->parsed()) return cmd_describe(desc_name, desc_json, plugin_path);
+    if (quantize->parsed()) return cmd_quantize(q_manifest, q_in, q_out, plugin_path);
     if (check->parsed()) {
       if (!is_trainer_config(check_file)) return cmd_check(check_file, plugin_path);
       // The trainer validates its own config (and the manifest it names): loom-train links

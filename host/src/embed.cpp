@@ -21,6 +21,12 @@ struct loom_session {
   std::unique_ptr<Session> session;
 };
 
+// For the C API's other files (quantize/capi.cpp).
+namespace loom::host {
+Session* session_of(loom_session* s);
+Session* session_of(loom_session* s) { return s->session.get(); }
+}  // namespace loom::host
+
 namespace {
 thread_local std::string g_last_error;
 thread_local int32_t g_last_code = LOOM_OK;

@@ -177,6 +177,121 @@ void parse_kind_section(const std::string& section, const toml::table& table, Ma
   }
 }
 
+void parse_quantize_rules(const toml::node& node, const SourcePos& kpos, Manifest& m,
+                          Diagnostics& diags) {
+  const auto* arr = node.as_array();
+  if (arr == nullptr) {
+    diags.error(kpos,
+                "'quantize' must be an array of tables, one per rule: write [[quantize]] "
+                "with tensors = [\"PATTERN\", ...] and quantizer = \"NAME\"");
+    return;
+  }
+  const std::vector<std::string> keys{"tensors", "quantizer", "copy"};
+  size_t index = 0;
+  for (const auto& item : *arr) {
+    ++index;
+    const std::string label = "[[quantize]] rule " + std::to_string(index);
+    const auto* table = item.as_table();
+    const SourcePos ipos = pos_of(item.source(), m.origin);
+    if (table == nullptr) {
+      diags.error(ipos,
+                  label + " must be a table, not " + type_phrase(convert(item, m.origin).type));
+      continue;
+    }
+    QuantizeRule rule;
+    rule.pos = ipos.line == 0 ? kpos : ipos;
+    bool has_tensors = false;
+    bool has_quantizer = false;
+    for (const auto& [ikey, inode] : *table) {
+      const std::string k(ikey.str());
+      const SourcePos vpos = pos_of(inode.source(), m.origin);
+      if (k == "tensors") {
+        has_tensors = true;
+        const auto* list = inode.as_array();
+        if (list == nullptr || list->empty()) {
+          diags.error(vpos, label +
+                                ": tensors must be a non-empty array of name patterns "
+                                "(e.g. [\"h.*.mlp.*.w\"]), not " +
+                                (list == nullptr ? type_phrase(convert(inode, m.origin).type)
+                                                 : std::string("an empty array")));
+          continue;
+        }
+        for (const auto& pat : *list) {
+          const SourcePos ppos = pos_of(pat.source(), m.origin);
+          if (!pat.is_string() || pat.as_string()->get().empty()) {
+            diags.error(ppos, label +
+                                  ": each tensors entry must be a non-empty name pattern "
+                                  "string, not " +
+                                  (pat.is_string() ? std::string("an empty string")
+                                                   : type_phrase(convert(pat, m.origin).type)));
+            continue;
+          }
+          rule.patterns.push_back(pat.as_string()->get());
+          rule.pattern_pos.push_back(ppos);
+        }
+      } else if (k == "quantizer") {
+        has_quantizer = true;
+        rule.quantizer_pos = vpos;
+        if (!inode.is_string() || inode.as_string()->get().empty()) {
+          diags.error(vpos, label + ": quantizer must name a [quantizer.NAME] instance, not " +
+                                type_phrase(convert(inode, m.origin).type));
+          continue;
+        }
+        rule.quantizer = inode.as_string()->get();
+      } else if (k == "copy") {
+        if (!inode.is_boolean() || !inode.as_boolean()->get()) {
+          diags.error(vpos, label +
+                                ": copy must be true (the rule's tensors are copied "
+                                "unchanged), or left out");
+          continue;
+        }
+        rule.copy = true;
+      } else {
+        diags.error(pos_of(ikey.source(), m.origin),
+                    "unknown key '" + k + "' in " + label + did_you_mean(k, keys) +
+                        "; a rule takes tensors, and quantizer or copy = true");
+      }
+    }
+    if (!has_tensors) {
+      diags.error(rule.pos, label +
+                                " is missing 'tensors' (the name patterns it applies to, "
+                                "e.g. tensors = [\"h.*.mlp.*.w\"])");
+    }
+    if (rule.copy && has_quantizer) {
+      diags.error(rule.quantizer_pos,
+                  label + " has both quantizer and copy = true: a rule does one or the other");
+    } else if (!rule.copy && !has_quantizer) {
+      diags.error(rule.pos, label +
+                                " is missing 'quantizer' (the [quantizer.NAME] instance "
+                                "for its tensors; or copy = true to keep them unchanged)");
+    }
+    m.quantize_rules.push_back(std::move(rule));
+  }
+}
+
+// Each rule's quantizer names a declared [quantizer.NAME].
+void check_quantize_rules(const Manifest& m, Diagnostics& diags) {
+  std::vector<std::string> declared;
+  for (const auto& d : m.instances) {
+    if (d.section == "quantizer") declared.push_back(d.name);
+  }
+  for (size_t i = 0; i < m.quantize_rules.size(); ++i) {
+    const auto& r = m.quantize_rules[i];
+    if (r.quantizer.empty() ||
+        std::find(declared.begin(), declared.end(), r.quantizer) != declared.end()) {
+      continue;
+    }
+    std::string names;
+    for (const auto& n : declared) names += (names.empty() ? "" : ", ") + n;
+    diags.error(r.quantizer_pos,
+                "[[quantize]] rule " + std::to_string(i + 1) + ": quantizer '" + r.quantizer +
+                    "' is not declared" + did_you_mean(r.quantizer, declared) + "; " +
+                    (declared.empty()
+                         ? std::string("declare [quantizer.") + r.quantizer + "] with its plugin"
+                         : "declared: " + names));
+  }
+}
+
 }  // namespace
 
 std::string type_phrase(ManifestValue::Type type) {
@@ -226,7 +341,8 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
     return m;
   }
   const toml::table& root = parsed.table();
-  const auto sections = known_sections();
+  auto sections = known_sections();
+  sections.emplace_back("quantize");
   for (const auto& [key, node] : root) {
     const std::string k(key.str());
     const SourcePos kpos = pos_of(key.source(), origin);
@@ -237,6 +353,8 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
       } else {
         parse_loom_table(*table, m, diags);
       }
+    } else if (k == "quantize") {
+      parse_quantize_rules(node, kpos, m, diags);
     } else if (!kind_id_for_section(k).empty()) {
       if (table == nullptr) {
         diags.error(kpos, "'" + k + "' must be a table of instances: write [" + k + ".NAME]");
@@ -255,6 +373,7 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
                    [](const InstanceDecl& a, const InstanceDecl& b) {
                      return std::tie(a.pos.line, a.pos.column) < std::tie(b.pos.line, b.pos.column);
                    });
+  check_quantize_rules(m, diags);
   return m;
 }
 

@@ -45,6 +45,18 @@ struct InstanceDecl {
   [[nodiscard]] std::string label() const { return section + "." + name; }
 };
 
+// One [[quantize]] rule of `loom quantize`: the tensors whose names match one of `patterns`
+// (globs: '*' any run of characters, '?' one character) go to the [quantizer.NAME] instance
+// `quantizer`, or are copied unchanged when `copy` is set. The first matching rule wins.
+struct QuantizeRule {
+  SourcePos pos;  // the [[quantize]] header
+  std::vector<std::string> patterns;
+  std::vector<SourcePos> pattern_pos;
+  std::string quantizer;  // empty with copy = true
+  SourcePos quantizer_pos;
+  bool copy = false;
+};
+
 struct Manifest {
   std::string origin;              // the file name used in messages
   std::filesystem::path base_dir;  // relative plugin_path entries resolve against it
@@ -52,7 +64,8 @@ struct Manifest {
   std::vector<std::filesystem::path> plugin_path;  // absolute
   std::optional<std::string> log_level;
   SourcePos log_level_pos;
-  std::vector<InstanceDecl> instances;  // in file order
+  std::vector<InstanceDecl> instances;       // in file order
+  std::vector<QuantizeRule> quantize_rules;  // in file order
 };
 
 // Parses TOML text. Syntax errors and structural errors go to `diags`; what could be

@@ -17,6 +17,11 @@
 //    block's output back over the kept rows; the dropped rows pass through unchanged, and in
 //    backward their gradient passes through unchanged too. A learned (gated) router scales
 //    each kept token's update by its gate and owns a weight "h.L.router.w" per gated layer.
+//  - Linear layers (linear_hook.hpp): Gpt::set_linear_hook installs a hook that evaluation
+//    forwards call for the blocks' weight matmuls (qkv, attention proj, MLP fc and proj) and
+//    the tied head it takes, e.g. a quantizer's matmul on packed codes.
+//  - Distillation (linear_hook.hpp): Gpt::set_distillation adds a teacher's soft targets and
+//    hidden states to a training forward's loss and their gradients to its backward.
 #pragma once
 
 #include <cmath>
@@ -30,6 +35,7 @@
 #include <vector>
 
 #include "layers.hpp"
+#include "linear_hook.hpp"
 #include "model.hpp"
 #include "router_hook.hpp"
 
@@ -76,9 +82,15 @@ class DenseMlp final : public MlpT<T> {
       g_.resize(n);
       dg_.resize(n);
     }
-    layers::matmul_forward(h_.data(), x, fc_w_.value, fc_b_.value, rows, C_, 4 * C_);
+    linear(LinearSlot::kMlpFc, h_.data(), x, fc_w_, fc_b_, rows, C_, 4 * C_);
     layers::gelu_forward(g_.data(), h_.data(), n);
-    layers::matmul_forward(y, g_.data(), proj_w_.value, proj_b_.value, rows, 4 * C_, C_);
+    linear(LinearSlot::kMlpProj, y, g_.data(), proj_w_, proj_b_, rows, 4 * C_, C_);
+  }
+
+  // The linear hook the next forward uses (nullptr: the float sgemm) and the layer it is.
+  void set_linear(LinearHookT<T>* hook, int layer) {
+    hook_ = hook;
+    layer_ = layer;
   }
 
   void backward(const T* x, const T* dy, T* dx, int rows) override {
@@ -97,9 +109,20 @@ class DenseMlp final : public MlpT<T> {
   double flops_per_token() const override { return 6.0 * 8.0 * C_ * static_cast<double>(C_); }
 
  private:
+  void linear(LinearSlot s, T* y, const T* x, const ParamRef<T>& w, const ParamRef<T>& b, int rows,
+              int in, int out) {
+    if (hook_ != nullptr && hook_->handles(layer_, s)) {
+      hook_->forward(layer_, s, x, y, rows, in, out, b.value);
+    } else {
+      layers::matmul_forward(y, x, w.value, b.value, rows, in, out);
+    }
+  }
+
   int C_;
   ParamRef<T> fc_w_, fc_b_, proj_w_, proj_b_;
   std::vector<T> h_, g_, dg_;  // pre-activation, GELU output (dh in backward), dg
+  LinearHookT<T>* hook_ = nullptr;
+  int layer_ = 0;
 };
 
 template <typename T>
@@ -133,6 +156,14 @@ class Block {
   void set_mlp(std::unique_ptr<MlpT<T>> mlp) { mlp_ = std::move(mlp); }
   const BlockParams<T>& params() const { return p_; }
 
+  // The linear hook the next forward uses (nullptr: the float sgemm), as layer `layer`; a
+  // dense MLP gets it too (a replaced one does not).
+  void set_linear(LinearHookT<T>* hook, int layer) {
+    hook_ = hook;
+    layer_ = layer;
+    if (auto* d = dynamic_cast<DenseMlp<T>*>(mlp_.get())) d->set_linear(hook, layer);
+  }
+
   // x, y: [B, Tn, C] (y != x). Keeps x's address: x must stay unchanged until backward.
   void forward(const T* x, T* y, int B, int Tn) {
     const size_t N = static_cast<size_t>(B) * Tn;
@@ -152,9 +183,9 @@ class Block {
     const int n = static_cast<int>(N);
     T* s = stats_.data();
     layers::layernorm_forward(ln1_.data(), s, s + N, x, p_.ln1_w.value, p_.ln1_b.value, n, C_);
-    layers::matmul_forward(qkv_.data(), ln1_.data(), p_.qkv_w.value, p_.qkv_b.value, n, C_, 3 * C_);
+    linear(LinearSlot::kQkv, qkv_.data(), ln1_.data(), p_.qkv_w, p_.qkv_b, n, C_, 3 * C_);
     layers::attention_forward(atty_.data(), att_.data(), qkv_.data(), B, Tn, C_, NH_);
-    layers::matmul_forward(tmp_.data(), atty_.data(), p_.proj_w.value, p_.proj_b.value, n, C_, C_);
+    linear(LinearSlot::kAttnProj, tmp_.data(), atty_.data(), p_.proj_w, p_.proj_b, n, C_, C_);
     layers::residual_forward(mid_.data(), x, tmp_.data(), nc);
     layers::layernorm_forward(ln2_.data(), s + 2 * N, s + 3 * N, mid_.data(), p_.ln2_w.value,
                               p_.ln2_b.value, n, C_);
@@ -194,10 +225,21 @@ class Block {
   }
 
  private:
+  void linear(LinearSlot s, T* y, const T* x, const ParamRef<T>& w, const ParamRef<T>& b, int rows,
+              int in, int out) {
+    if (hook_ != nullptr && hook_->handles(layer_, s)) {
+      hook_->forward(layer_, s, x, y, rows, in, out, b.value);
+    } else {
+      layers::matmul_forward(y, x, w.value, b.value, rows, in, out);
+    }
+  }
+
   int C_;
   int NH_;
   BlockParams<T> p_;
   std::unique_ptr<MlpT<T>> mlp_;
+  LinearHookT<T>* hook_ = nullptr;
+  int layer_ = 0;
   const T* x_ = nullptr;
   std::vector<T> ln1_, ln2_, qkv_, att_, atty_, mid_, tmp_, stats_;
 };
@@ -336,6 +378,45 @@ class Gpt {
   }
   RouterHookT<T>* router() { return router_.get(); }
 
+  // The linear-layer seam (linear_hook.hpp): evaluation forwards run the slots the hook
+  // handles through it. Not owned; nullptr removes it.
+  void set_linear_hook(LinearHookT<T>* hook) { linear_hook_ = hook; }
+  // Distillation for the training forwards that follow (linear_hook.hpp); nullptr turns it
+  // off. Not owned: *d and what it points to must outlive the next backward.
+  void set_distillation(const DistillationT<T>* d) {
+    if (d != nullptr && !d->teacher_hidden.empty() &&
+        d->teacher_hidden.size() != static_cast<size_t>(cfg_.layers)) {
+      throw std::invalid_argument("loom::trainer::Model: distillation has " +
+                                  std::to_string(d->teacher_hidden.size()) +
+                                  " hidden targets for " + std::to_string(cfg_.layers) + " layers");
+    }
+    distill_ = d;
+  }
+  const DistillationTerms& distillation_terms() const { return terms_; }
+
+  // One block alone (layer-by-layer distillation): x, y [B, Tn, C] (x unchanged until
+  // block_backward); no router, no linear hook.
+  void block_forward(int l, const T* x, T* y, int B, int Tn) {
+    check_layer(l);
+    blocks_[static_cast<size_t>(l)]->set_linear(nullptr, l);
+    blocks_[static_cast<size_t>(l)]->forward(x, y, B, Tn);
+  }
+  // dy: the gradient of the last block_forward's y; writes dx; adds into the block's grads.
+  void block_backward(int l, const T* dy, T* dx, int B, int Tn) {
+    check_layer(l);
+    blocks_[static_cast<size_t>(l)]->backward(dy, dx, B, Tn, scratch_);
+  }
+  // Block l's parameters (h.l.*, its MLP's included; not a router weight).
+  std::vector<ParamRef<T>> block_parameters(int l) {
+    check_layer(l);
+    auto& b = blocks_[static_cast<size_t>(l)];
+    const auto& p = b->params();
+    std::vector<ParamRef<T>> out{p.ln1_w,  p.ln1_b,  p.qkv_w, p.qkv_b,
+                                 p.proj_w, p.proj_b, p.ln2_w, p.ln2_b};
+    for (auto& r : b->mlp().parameters()) out.push_back(r);
+    return out;
+  }
+
   // training: a training forward (routers drop tokens; evaluation keeps what the router's
   // plan for training = 0 says).
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int Tn) {
@@ -387,9 +468,22 @@ class Gpt {
     return f;
   }
   // Layer l's output of the last forward ([B, T, C]; l = -1: the embedding), for tests.
-  const T* layer_output(int l) const { return resid_[static_cast<size_t>(l + 1)].data(); }
+  const T* layer_output(int l) const {
+    if (l < -1 || static_cast<size_t>(l + 1) >= resid_.size()) {
+      throw std::invalid_argument("loom::trainer::Model: no output of layer " + std::to_string(l) +
+                                  " (out of range, or no forward yet)");
+    }
+    return resid_[static_cast<size_t>(l + 1)].data();
+  }
 
  private:
+  void check_layer(int l) const {
+    if (l < 0 || l >= cfg_.layers) {
+      throw std::invalid_argument("loom::trainer::Model: layer " + std::to_string(l) +
+                                  " out of range [0, " + std::to_string(cfg_.layers) + ")");
+    }
+  }
+
   // xorshift-based normal generator (Box-Muller), the same on every platform.
   struct Rng {
     explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull) {}
@@ -491,7 +585,10 @@ class Gpt {
     kept_.assign(blocks_.size(), Tn);
     layer_tokens_ = 0;
     for (auto& b : blocks_) b->mlp().set_training(training);
+    // Evaluation forwards only: a training forward's backward needs the float weights.
+    LinearHookT<T>* hook = training ? nullptr : linear_hook_;
     for (size_t l = 0; l < blocks_.size(); ++l) {
+      blocks_[l]->set_linear(hook, static_cast<int>(l));
       if (router_) {
         routed_forward(l, B, Tn, training);
       } else {
@@ -501,10 +598,76 @@ class Gpt {
     }
     layers::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + N,
                               resid_.back().data(), lnf_w_.value, lnf_b_.value, n, C);
-    layers::matmul_forward<T>(logits_.data(), lnf_.data(), wte_.value, nullptr, n, C, V);
+    if (hook != nullptr && hook->handles(-1, LinearSlot::kHead)) {
+      hook->forward(-1, LinearSlot::kHead, lnf_.data(), logits_.data(), n, C, V, nullptr);
+    } else {
+      layers::matmul_forward<T>(logits_.data(), lnf_.data(), wte_.value, nullptr, n, C, V);
+    }
     if (!loss) return 0.0;
     targets_ = targets;
-    return layers::crossentropy_forward(probs_.data(), logits_.data(), targets, n, V);
+    distilled_ = training && distill_ != nullptr;
+    const double ce = layers::crossentropy_forward(probs_.data(), logits_.data(), targets, n, V);
+    if (!distilled_) return ce;
+    return ce + distill_forward(ce, n, V, C);
+  }
+
+  // The distillation terms of a training forward (probs_ and logits_ hold the student's);
+  // returns their weighted sum and records them. Teacher softmax into tprobs_.
+  double distill_forward(double ce, int n, int V, int C) {
+    const DistillationT<T>& d = *distill_;
+    terms_ = {ce, 0.0, 0.0};
+    const size_t N = static_cast<size_t>(n);
+    if (d.teacher_logits != nullptr) {
+      if (tprobs_.size() < N * V) tprobs_.resize(N * V);
+      std::vector<double> row(N);
+      const T* tl = d.teacher_logits;
+      const T* sl = logits_.data();
+      T* q = tprobs_.data();
+      layers::parallel_for(N, 8, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) {
+          const T* t = tl + i * V;
+          const T* s = sl + i * V;
+          T* qi = q + i * V;
+          T tmx = t[0], smx = s[0];
+          for (int v = 1; v < V; ++v) {
+            tmx = std::max(tmx, t[v]);
+            smx = std::max(smx, s[v]);
+          }
+          double tsum = 0, ssum = 0;
+          for (int v = 0; v < V; ++v) {
+            qi[v] = static_cast<T>(std::exp(static_cast<double>(t[v] - tmx)));
+            tsum += static_cast<double>(qi[v]);
+            ssum += std::exp(static_cast<double>(s[v] - smx));
+          }
+          const double lse = static_cast<double>(smx) + std::log(ssum);
+          double sce = 0;
+          for (int v = 0; v < V; ++v) {
+            qi[v] = static_cast<T>(static_cast<double>(qi[v]) / tsum);
+            sce += static_cast<double>(qi[v]) * (lse - static_cast<double>(s[v]));
+          }
+          row[i] = sce;
+        }
+      });
+      double sum = 0;
+      for (const double r : row) sum += r;
+      terms_.soft_ce = sum / static_cast<double>(N);
+    }
+    hidden_count_ = 0;
+    double mse = 0;
+    for (size_t l = 0; l < d.teacher_hidden.size(); ++l) {
+      const T* t = d.teacher_hidden[l];
+      if (t == nullptr) continue;
+      ++hidden_count_;
+      const T* h = resid_[l + 1].data();
+      double acc = 0;
+      for (size_t i = 0; i < N * C; ++i) {
+        const double e = static_cast<double>(h[i]) - static_cast<double>(t[i]);
+        acc += e * e;
+      }
+      mse += acc / static_cast<double>(N * C);
+    }
+    if (hidden_count_ > 0) terms_.hidden_mse = mse / hidden_count_;
+    return d.logit_weight * terms_.soft_ce + d.hidden_weight * terms_.hidden_mse;
   }
 
   void backward(const int32_t* tokens, int B, int Tn) {
@@ -515,6 +678,17 @@ class Gpt {
     const size_t nc = N * C;
     // logits reuse as dlogits
     layers::crossentropy_backward(logits_.data(), probs_.data(), targets_, n, V);
+    const DistillationT<T>* d = distilled_ ? distill_ : nullptr;
+    if (d != nullptr && d->teacher_logits != nullptr && d->logit_weight != 0) {
+      // d(w * SCE)/dlogits = w * (p - q) / N
+      const T s = static_cast<T>(d->logit_weight / static_cast<double>(n));
+      T* g = logits_.data();
+      const T* p = probs_.data();
+      const T* q = tprobs_.data();
+      layers::parallel_for(N, 8, [&](size_t lo, size_t hi) {
+        for (size_t i = lo * V; i < hi * V; ++i) g[i] += s * (p[i] - q[i]);
+      });
+    }
     std::fill(dlnf_.begin(), dlnf_.begin() + static_cast<std::ptrdiff_t>(nc), T(0));
     layers::matmul_backward<T>(dlnf_.data(), wte_.grad, nullptr, logits_.data(), lnf_.data(),
                                wte_.value, n, C, V);
@@ -525,6 +699,15 @@ class Gpt {
     T* dy = dresid_a_.data();
     T* dx = dresid_b_.data();
     for (size_t l = blocks_.size(); l-- > 0;) {
+      if (d != nullptr && hidden_count_ > 0 && d->hidden_weight != 0 &&
+          d->teacher_hidden[l] != nullptr) {
+        // d(w * MSE)/dh_l = w * 2 (h_l - t_l) / (count * N * C)
+        const T s = static_cast<T>(2.0 * d->hidden_weight /
+                                   (static_cast<double>(hidden_count_) * static_cast<double>(nc)));
+        const T* h = resid_[l + 1].data();
+        const T* t = d->teacher_hidden[l];
+        for (size_t i = 0; i < nc; ++i) dy[i] += s * (h[i] - t[i]);
+      }
       if (router_ && routes_[l].active) {
         routed_backward(l, dy, dx, B, Tn);
       } else {
@@ -671,6 +854,12 @@ class Gpt {
   std::vector<int> kept_;
   int64_t layer_tokens_ = 0;
   int last_B_ = 0, last_T_ = 0;
+  LinearHookT<T>* linear_hook_ = nullptr;
+  const DistillationT<T>* distill_ = nullptr;
+  bool distilled_ = false;  // the last loss forward distilled (its backward adds the terms)
+  int hidden_count_ = 0;
+  DistillationTerms terms_;
+  std::vector<T> tprobs_;  // the teacher's softmax of the last distilled forward
 };
 
 }  // namespace loom::trainer

@@ -115,4 +115,29 @@ void Model::replace_mlp(int layer, std::unique_ptr<Mlp> mlp) {
   impl_->sync();
 }
 
+void Model::set_linear_hook(LinearHook* hook) { impl_->gpt.set_linear_hook(hook); }
+void Model::set_distillation(const Distillation* d) { impl_->gpt.set_distillation(d); }
+const DistillationTerms& Model::distillation_terms() const {
+  return impl_->gpt.distillation_terms();
+}
+const float* Model::layer_output(int l) const {
+  if (l < -1 || l >= impl_->gpt.config().layers) {
+    throw std::invalid_argument("loom::trainer::Model::layer_output: layer " + std::to_string(l) +
+                                " out of range");
+  }
+  return impl_->gpt.layer_output(l);
+}
+void Model::block_forward(int l, const float* x, float* y, int batch, int seq) {
+  impl_->gpt.block_forward(l, x, y, batch, seq);
+}
+void Model::block_backward(int l, const float* dy, float* dx, int batch, int seq) {
+  impl_->gpt.block_backward(l, dy, dx, batch, seq);
+}
+std::vector<ParamTensor> Model::block_parameters(int l) {
+  std::vector<ParamTensor> out;
+  for (auto& p : impl_->gpt.block_parameters(l))
+    out.push_back({p.name, p.shape, p.value, p.grad, p.numel});
+  return out;
+}
+
 }  // namespace loom::trainer

@@ -12,6 +12,10 @@
 //    positions (the causal mask is applied in subset order). A router gathers the kept rows,
 //    runs the block, and scatters the outputs back, leaving the dropped rows unchanged:
 //    Model::set_router installs a RouterHook (router_hook.hpp) the model consults per layer.
+//  - Quantization (linear_hook.hpp): Model::set_linear_hook routes the evaluation forwards'
+//    weight matmuls through a hook (a quantizer's matmul on packed codes);
+//    Model::set_distillation adds a teacher's terms to the training loss; block_forward /
+//    block_backward run one block alone (layer-by-layer distillation).
 #pragma once
 
 #include <cstddef>
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "linear_hook.hpp"
 #include "router_hook.hpp"
 
 namespace loom::trainer {
@@ -107,6 +112,22 @@ class Model {
   // The MoE seam: replaces layer `layer`'s MLP. The new Mlp's parameters are appended to
   // parameters() (they live in its own storage, not in the contiguous buffer).
   void replace_mlp(int layer, std::unique_ptr<Mlp> mlp);
+
+  // The linear-layer seam (linear_hook.hpp): not owned, nullptr removes it. Only evaluation
+  // forwards (forward_loss without training, forward_logits) use it.
+  void set_linear_hook(LinearHook* hook);
+  // Distillation terms for the training forwards that follow (linear_hook.hpp); not owned,
+  // nullptr turns it off. forward_backward then returns CE + the weighted terms.
+  void set_distillation(const Distillation* d);
+  const DistillationTerms& distillation_terms() const;
+
+  // Layer l's output of the last forward [batch, seq, dim] (l = -1: the embedding).
+  const float* layer_output(int l) const;
+  // Block l alone, no router and no hook: y = block(x), x and y [batch, seq, dim] (x must stay
+  // unchanged until block_backward); block_backward writes dx and ADDS into the block's grads.
+  void block_forward(int l, const float* x, float* y, int batch, int seq);
+  void block_backward(int l, const float* dy, float* dx, int batch, int seq);
+  std::vector<ParamTensor> block_parameters(int l);
 
  private:
   struct Impl;

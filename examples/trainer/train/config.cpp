@@ -13,6 +13,7 @@
 
 #include <vector>
 #include "metric_index.hpp"
+#include "quantization.hpp"
 
 namespace loom::trainer {
 
@@ -223,15 +224,15 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   TrainConfig c;
   c.config_path = path;
   Errors errors;
-  const std::vector<std::string> sections{"manifest", "model", "data", "curriculum",
-                                          "routing",  "moe",   "train"};
+  const std::vector<std::string> sections{"manifest", "model", "data",         "curriculum",
+                                          "routing",  "moe",   "quantization", "train"};
   for (const auto& [k, v] : root) {
     const std::string name(k.str());
     if (std::find(sections.begin(), sections.end(), name) == sections.end() || !v.is_table()) {
       errors.add(where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
                  loom_text::did_you_mean(name, sections) +
                  " (expected tables [manifest], [model], [data], [curriculum], [routing], [moe], "
-                 "[train])");
+                 "[quantization], [train])");
     }
   }
   auto sect = [&](const char* name) { return Reader{path, root[name].as_table(), name, &errors}; };
@@ -304,6 +305,101 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   }
 
   read_moe(sect("moe"), c, errors);
+  Reader q = sect("quantization");
+  q.str("quantizer", c.quantizer);
+  auto str_list = [&](const char* key, std::vector<std::string>& out) {
+    if (auto* n = q.node(key)) {
+      const toml::array* a = n->as_array();
+      if (a == nullptr || a->empty())
+        return q.fail(*n, key, "expected a non-empty array of strings");
+      out.clear();
+      for (const auto& e : *a) {
+        if (!e.is_string() || e.as_string()->get().empty()) {
+          return q.fail(e, key, "expected a non-empty string (a tensor name pattern)");
+        }
+        out.push_back(e.as_string()->get());
+      }
+    }
+  };
+  str_list("tensors", c.quant_tensors);
+  if (auto* n = q.node("layers")) {
+    const toml::array* a = n->as_array();
+    if (a == nullptr || a->empty()) {
+      q.fail(*n, "layers", "expected a non-empty array of layer indices");
+    } else {
+      for (const auto& e : *a) {
+        if (!e.is_integer()) {
+          q.fail(e, "layers", "expected an integer (a layer index)");
+          break;
+        }
+        const int64_t v = e.as_integer()->get();
+        if (v < 0 || v >= c.model.layers) {
+          q.fail(e, "layers",
+                 "layer " + std::to_string(v) + " is out of range [0, " +
+                     std::to_string(c.model.layers) + ") ([model] layers " +
+                     std::to_string(c.model.layers) + ")");
+          break;
+        }
+        c.quant_layers.push_back(static_cast<int>(v));
+      }
+    }
+  }
+  q.boolean("qat", c.qat);
+  q.str("weights", c.weights);
+  q.str("checkpoint", c.checkpoint);
+  q.str("teacher", c.teacher);
+  q.integer("lkd_steps", c.lkd_steps, 0, int64_t{1} << 30);
+  q.number("lkd_lr", c.lkd_lr, 0.0, 10.0);
+  q.boolean("kd", c.kd);
+  q.number("kd_weight", c.kd_weight, 0.0, 1e6);
+  q.number("hidden_weight", c.hidden_weight, 0.0, 1e6);
+  q.finish();
+  c.quantizer_at = q.at("quantizer");
+  c.quant_tensors_at = q.at("tensors");
+  c.quant_layers_at = q.at("layers");
+  c.weights_at = q.at("weights");
+  c.checkpoint_at = q.at("checkpoint");
+  c.teacher_at = q.at("teacher");
+  if (q.table != nullptr) {
+    if (!c.checkpoint.empty()) {
+      // A quantized file is evaluated as it is: the file names its quantizers.
+      for (const char* key :
+           {"quantizer", "tensors", "layers", "qat", "weights", "teacher", "lkd_steps", "kd"}) {
+        if (q.table->get(key) != nullptr) {
+          errors.add(q.at(key) + ": [quantization] " + key +
+                     ": not with checkpoint (a quantized file is evaluated as it is, with the "
+                     "quantizers it names)");
+        }
+      }
+      c.checkpoint = resolve(dir, c.checkpoint);
+    } else if (q.table->get("quantizer") == nullptr) {
+      errors.add(q.at("quantizer") +
+                 ": [quantization] quantizer is required (the manifest's [quantizer.NAME])");
+    } else if (c.quantizer.empty() && q.table->get("quantizer")->is_string()) {
+      errors.add(q.at("quantizer") + ": [quantization] quantizer: empty");
+    }
+    const bool teaches = c.kd || c.lkd_steps > 0;
+    if (teaches && c.teacher.empty() && c.weights.empty()) {
+      errors.add(q.at(c.kd ? "kd" : "lkd_steps") + ": [quantization] " +
+                 (c.kd ? "kd" : "lkd_steps") +
+                 ": needs the fp32 teacher: set teacher (or weights, which the teacher defaults "
+                 "to)");
+    }
+    if (!teaches && !c.teacher.empty()) {
+      errors.add(q.at("teacher") +
+                 ": [quantization] teacher: no procedure uses it (set lkd_steps or kd = true)");
+    }
+    if (c.quant_tensors.empty()) c.quant_tensors = default_quant_tensors();
+    for (auto* file : {&c.weights, &c.teacher}) {
+      if (!file->empty()) *file = resolve(dir, *file);
+    }
+    if (c.teacher.empty() && teaches) c.teacher = c.weights;
+    if (!c.quantizer.empty()) {
+      std::vector<std::string> qp;
+      (void)quantized_tensor_names(c, &qp);
+      for (auto& e : qp) errors.add(std::move(e));
+    }
+  }
 
   Reader t = sect("train");
   constexpr int64_t kBig = int64_t{1} << 40;
@@ -484,6 +580,9 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   if (!c.sampler.empty()) need("sampler", c.sampler, c.sampler_at + ": [curriculum] sampler");
   if (!c.seqlen.empty()) need("curriculum", c.seqlen, c.seqlen_at + ": [curriculum] seqlen");
   if (!c.moe.empty()) need("moe", c.moe, c.moe_at + ": [moe] instance");
+  if (!c.quantizer.empty()) {
+    need("quantizer", c.quantizer, c.quantizer_at + ": [quantization] quantizer");
+  }
   if (!c.router.empty()) {
     const size_t before = out.size();
     need("router", c.router, c.router_at + ": [routing] router");
@@ -553,6 +652,39 @@ std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksu
   return problem;
 }
 
+std::vector<std::string> quantized_tensor_names(const TrainConfig& c,
+                                                std::vector<std::string>* problems) {
+  // The model's parameter names and ranks (what Model holds, in its order).
+  std::vector<ParamTensor> params;
+  auto add = [&](std::string name, int ndim) {
+    params.push_back(
+        {std::move(name), std::vector<int64_t>(static_cast<size_t>(ndim), 1), nullptr, nullptr, 1});
+  };
+  add("wte", 2);
+  add("wpe", 2);
+  for (int l = 0; l < c.model.layers; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    for (const char* n : {"ln1.w", "ln1.b"}) add(p + n, 1);
+    add(p + "attn.qkv.w", 2);
+    add(p + "attn.qkv.b", 1);
+    add(p + "attn.proj.w", 2);
+    add(p + "attn.proj.b", 1);
+    for (const char* n : {"ln2.w", "ln2.b"}) add(p + n, 1);
+    add(p + "mlp.fc.w", 2);
+    add(p + "mlp.fc.b", 1);
+    add(p + "mlp.proj.w", 2);
+    add(p + "mlp.proj.b", 1);
+  }
+  add("lnf.w", 1);
+  add("lnf.b", 1);
+  std::vector<std::string> local;
+  std::vector<std::string> names = select_quant_tensors(
+      params, c.quant_tensors.empty() ? default_quant_tensors() : c.quant_tensors, c.quant_layers,
+      c.quant_tensors_at + ": [quantization] tensors", local);
+  if (problems != nullptr) problems->insert(problems->end(), local.begin(), local.end());
+  return names;
+}
+
 double lr_at(const TrainConfig& c, int64_t step) {
   if (c.warmup_steps > 0 && step <= c.warmup_steps) {
     return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
@@ -566,7 +698,7 @@ double lr_at(const TrainConfig& c, int64_t step) {
 }
 
 std::string curriculum_manifest(const TrainConfig& c) {
-  const std::vector<std::string> keep{"loom", "curriculum", "sampler", "router"};
+  const std::vector<std::string> keep{"loom", "curriculum", "sampler", "router", "quantizer"};
   auto only_kept = [&](const toml::table& t) {
     for (const auto& [k, v] : t) {
       if (std::find(keep.begin(), keep.end(), std::string(k.str())) == keep.end()) return false;

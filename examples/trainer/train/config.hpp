@@ -49,6 +49,25 @@ struct TrainConfig {
   int moe_hidden = 0;            // each expert's hidden width; 0: 4 * [model] dim
   double moe_aux_loss_coef = 0.01;
   std::string moe_at, moe_layers_at, moe_experts_at;  // FILE:LINE:COL of the keys
+  // [quantization] (optional; docs/trainer.md "Quantization")
+  std::string quantizer;                   // [quantizer.NAME] in the manifest ("": no quantization)
+  std::string quantizer_at;                // FILE:LINE:COL of the key
+  std::vector<std::string> quant_tensors;  // name patterns (default: the blocks' linears)
+  std::string quant_tensors_at;
+  std::vector<int> quant_layers;  // blocks whose weights are quantized (empty: all)
+  std::string quant_layers_at;
+  bool qat = false;     // train with fake-quantized weights (straight-through gradients)
+  std::string weights;  // fp32 safetensors the model starts from ("": the seed's init)
+  std::string weights_at;
+  std::string checkpoint;  // a `loom quantize` output, evaluated as it is (--eval-only)
+  std::string checkpoint_at;
+  std::string teacher;  // fp32 safetensors of the teacher (LKD, KD); "": `weights`
+  std::string teacher_at;
+  int64_t lkd_steps = 0;  // ZeroQuant's layer-by-layer distillation: steps per block
+  double lkd_lr = 1e-4;
+  bool kd = false;  // XTC's distillation during QAT: CE + kd_weight * soft CE + hidden MSE
+  double kd_weight = 1.0;
+  double hidden_weight = 1.0;
   // [train]
   int64_t steps = 1000;
   int batch_size = 16;  // sequences per global batch, split evenly over the ranks
@@ -135,6 +154,10 @@ std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::stri
 // The `comm` the manifest's [moe.NAME] (NAME = c.moe) names, "" when it names none or the
 // manifest does not parse.
 std::string moe_instance_comm(const TrainConfig& c);
+// The names of the model's parameters [quantization] selects (its tensors and layers), and
+// the problems of its patterns (one per pattern that matches nothing, at the tensors key).
+std::vector<std::string> quantized_tensor_names(const TrainConfig& c,
+                                                std::vector<std::string>* problems = nullptr);
 
 // The learning rate of (1-based) step `step`: linear warmup from lr/warmup to lr over
 // warmup_steps, then cosine / linear decay to min_lr at `steps`, or constant.

@@ -177,6 +177,101 @@ LOOM_API size_t loom_thread_count(void);
  * progress. LOOM_ERR_FAILED_PRECONDITION from inside a parallel_for body. */
 LOOM_API int32_t loom_set_thread_count(size_t threads);
 
+/* ---- safetensors files, plain or quantized by `loom quantize` (since 1.5) */
+
+/* An opened safetensors file (docs/quantization.md has the quantized layout). Opening
+ * checks the whole header strictly (header length, JSON, dtypes, offsets inside the data
+ * area, no overlaps or gaps, sizes matching shapes, quantization records matching their
+ * tensors): a file that opens can be read without further checks. The data is mapped
+ * copy-on-write, so a caller may write through a tensor's data pointer without touching the
+ * file. Used from one thread at a time. */
+typedef struct loom_tensor_file loom_tensor_file;
+
+/* NOT_FOUND when the file cannot be opened; DATA_LOSS, naming the file, the tensor and what
+ * is wrong, when it is not a valid file. */
+LOOM_API int32_t loom_tensor_file_open(const char* path, loom_tensor_file** out);
+/* NULL is a no-op. Every pointer the file handed out is invalid afterwards. */
+LOOM_API void loom_tensor_file_close(loom_tensor_file* file);
+
+/* The logical tensors, in data order: a quantized tensor NAME counts once (its NAME.qcodes,
+ * NAME.qscale and NAME.qzero entries are not listed on their own). */
+LOOM_API size_t loom_tensor_file_count(const loom_tensor_file* file);
+/* NULL for an index out of range. Valid until the file is closed. */
+LOOM_API const char* loom_tensor_file_name(const loom_tensor_file* file, size_t index);
+/* NOT_FOUND when the file has no tensor of that name. */
+LOOM_API int32_t loom_tensor_file_find(const loom_tensor_file* file, const char* name,
+                                       size_t* index);
+/* A __metadata__ value, or NULL when the file has no such key. */
+LOOM_API const char* loom_tensor_file_metadata(const loom_tensor_file* file, const char* key);
+
+typedef struct loom_tensor_info {
+  uint32_t struct_size; /* LOOM_TENSOR_INFO_SIZE */
+  int32_t quantized;    /* 1: stored quantized; format, codes, scales (, zero_points) are set */
+  const char* name;
+  /* The logical tensor on the CPU: its dtype (what it was before quantization) and shape;
+   * data: its values for a plain tensor, NULL for a quantized one. BOOL reads as uint8. */
+  DLTensor tensor;
+  loom_quant_format format; /* its shape points at tensor.shape */
+  DLTensor codes;           /* uint8 [packed bytes] */
+  DLTensor scales;          /* the format's scale dtype and scale shape */
+  DLTensor zero_points;     /* asymmetric INT only; all zero otherwise */
+  const char* plugin;       /* quantized: the plugin and manifest instance that wrote it, */
+  const char* quantizer;
+  const char* parameters; /* and its parameters as a JSON object; NULL for a plain tensor */
+} loom_tensor_info;
+#define LOOM_TENSOR_INFO_SIZE LOOM_STRUCT_SIZE(loom_tensor_info, parameters)
+
+/* Fills *out (whose struct_size the caller sets). Data pointers are aligned to their
+ * element size (a misaligned tensor is copied once) and stay valid until the file is
+ * closed. */
+LOOM_API int32_t loom_tensor_file_info(loom_tensor_file* file, size_t index, loom_tensor_info* out);
+/* The tensor's values as float32 into out[count] (count = its element count): a plain float
+ * tensor (F32, F64, F16, BF16) converted, a quantized one decoded by its format's rules
+ * (loom/quant_format.h) with no plugin involved. INVALID_ARGUMENT for another dtype or a
+ * count that does not match; DATA_LOSS, naming the element, for an invalid ternary code (3). */
+LOOM_API int32_t loom_tensor_file_read_f32(loom_tensor_file* file, size_t index, float* out,
+                                           size_t count);
+
+/* ---- `loom quantize` (since 1.5) */
+
+/* One progress report: a tensor done (tensor set), or a warning (tensor NULL, note set). */
+typedef struct loom_quantize_report {
+  uint32_t struct_size; /* LOOM_QUANTIZE_REPORT_SIZE */
+  uint32_t reserved;
+  const char* tensor;    /* the input tensor, or NULL for a warning */
+  const char* quantizer; /* the instance that quantized it; NULL: copied unchanged */
+  const char* note;      /* why it was copied, or the warning; "" when none */
+  uint64_t index;        /* 0-based, of count (a warning: the rule's index, of the rules) */
+  uint64_t count;
+  double mse;           /* quantized: the mean squared error of the dequantized tensor */
+  double max_abs_error; /* and its largest absolute error, against the float32 input */
+  uint64_t bytes_in;    /* the tensor's bytes in the input */
+  uint64_t bytes_out;   /* in the output (codes + scales + zero points) */
+} loom_quantize_report;
+#define LOOM_QUANTIZE_REPORT_SIZE LOOM_STRUCT_SIZE(loom_quantize_report, bytes_out)
+
+typedef void (*loom_quantize_progress_fn)(void* ctx, const loom_quantize_report* report);
+
+typedef struct loom_quantize_summary {
+  uint32_t struct_size; /* LOOM_QUANTIZE_SUMMARY_SIZE */
+  uint32_t reserved;
+  uint64_t tensors;   /* in the input */
+  uint64_t quantized; /* of them */
+  uint64_t in_file_bytes;
+  uint64_t out_file_bytes;
+} loom_quantize_summary;
+#define LOOM_QUANTIZE_SUMMARY_SIZE LOOM_STRUCT_SIZE(loom_quantize_summary, out_file_bytes)
+
+/* Quantizes the safetensors file `in_path` into `out_path` per the session's [[quantize]]
+ * rules (the session opened without validate_only): each tensor goes to the first rule whose
+ * pattern matches its name; 2-D float tensors are quantized by the rule's quantizer, the
+ * rest copied. `progress` (or NULL) is called after each tensor and for each warning.
+ * `summary` may be NULL. The output is written to a temporary file beside `out_path` and
+ * renamed at the end: on error `out_path` is untouched. */
+LOOM_API int32_t loom_quantize_file(loom_session* session, const char* in_path,
+                                    const char* out_path, loom_quantize_progress_fn progress,
+                                    void* ctx, loom_quantize_summary* summary);
+
 #ifdef __cplusplus
 }
 #endif

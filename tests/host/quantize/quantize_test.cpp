@@ -1,0 +1,550 @@
+// Safetensors files and `loom quantize`: the strict reader (every defect refused with a
+// message naming the file, tensor and problem), the writer, the [[quantize]] rules at
+// `loom check`, and `loom quantize` end to end with the tensor-file C API reading the result
+// back. The quantizer is the quant8 test plugin (INT8 per row or per group).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <loom/embed.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom_test.hpp"
+#include "safetensors/safetensors.hpp"
+#include "status.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+namespace st = loom::host::safetensors;
+
+// A safetensors file from its header text and data bytes.
+std::string file_bytes(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  return out + header + data;
+}
+
+std::string floats(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);  // NOLINT
+}
+
+class TensorFile : public ::testing::Test {
+ protected:
+  // Opens a file holding `bytes`; returns the code, the message in error_.
+  int32_t open(const std::string& bytes) {
+    path_ = dir_.write("model.safetensors", bytes);
+    loom_tensor_file* f = nullptr;
+    const int32_t rc = loom_tensor_file_open(path_.c_str(), &f);
+    error_ = loom_last_error();
+    if (rc == LOOM_OK) {
+      EXPECT_NE(f, nullptr);
+      count_ = loom_tensor_file_count(f);
+    } else {
+      EXPECT_EQ(f, nullptr);
+    }
+    loom_tensor_file_close(f);
+    return rc;
+  }
+  // The file is refused as corrupt with a message that names it and says `what`.
+  void expect_refused(const std::string& bytes, const std::string& what) {
+    EXPECT_EQ(open(bytes), LOOM_ERR_DATA_LOSS) << error_;
+    EXPECT_THAT(error_, ::testing::StartsWith(path_.string() + ": "));
+    EXPECT_THAT(error_, HasSubstr(what));
+  }
+
+  loom_test::TempDir dir_;
+  fs::path path_;
+  std::string error_;
+  size_t count_ = 0;
+};
+
+TEST_F(TensorFile, ReadsAValidFileWithItsDataAndMetadata) {
+  const std::string h =
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},)"
+      R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+      R"("e":{"dtype":"I64","shape":[0],"data_offsets":[28,28]}})";
+  const std::string data = floats({1, 2, 3, 4, 5, 6}) + std::string("\x80\x3f\x00\xc0", 4);
+  path_ = dir_.write("ok.safetensors", file_bytes(h, data));
+  loom_tensor_file* f = nullptr;
+  ASSERT_EQ(loom_tensor_file_open(path_.c_str(), &f), LOOM_OK) << loom_last_error();
+  ASSERT_EQ(loom_tensor_file_count(f), 3U);
+  // Data order, not header order.
+  EXPECT_STREQ(loom_tensor_file_name(f, 0), "a");
+  EXPECT_STREQ(loom_tensor_file_name(f, 1), "b");
+  EXPECT_EQ(loom_tensor_file_name(f, 3), nullptr);
+  EXPECT_STREQ(loom_tensor_file_metadata(f, "format"), "pt");
+  EXPECT_EQ(loom_tensor_file_metadata(f, "nope"), nullptr);
+  size_t idx = 9;
+  ASSERT_EQ(loom_tensor_file_find(f, "b", &idx), LOOM_OK);
+  EXPECT_EQ(idx, 1U);
+  EXPECT_EQ(loom_tensor_file_find(f, "zz", &idx), LOOM_ERR_NOT_FOUND);
+  EXPECT_THAT(loom_last_error(), HasSubstr("no tensor 'zz'"));
+
+  loom_tensor_info info{};
+  info.struct_size = LOOM_TENSOR_INFO_SIZE;
+  ASSERT_EQ(loom_tensor_file_info(f, 0, &info), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(info.quantized, 0);
+  EXPECT_EQ(info.tensor.ndim, 2);
+  EXPECT_EQ(info.tensor.shape[0], 2);
+  EXPECT_EQ(info.tensor.shape[1], 3);
+  EXPECT_EQ(info.tensor.dtype.code, kDLFloat);
+  EXPECT_EQ(info.tensor.dtype.bits, 32);
+  ASSERT_NE(info.tensor.data, nullptr);
+  EXPECT_EQ(static_cast<const float*>(info.tensor.data)[5], 6.0f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(info.tensor.data) % 4, 0U);  // NOLINT
+  EXPECT_EQ(info.parameters, nullptr);
+  // BF16 converted: 0x3f80 = 1, 0xc000 = -2.
+  float b[2] = {0, 0};
+  ASSERT_EQ(loom_tensor_file_read_f32(f, 1, b, 2), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -2.0f);
+  EXPECT_EQ(loom_tensor_file_read_f32(f, 1, b, 1), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(loom_tensor_file_read_f32(f, 2, nullptr, 0), LOOM_ERR_INVALID_ARGUMENT);  // I64
+  EXPECT_THAT(loom_last_error(), HasSubstr("not a float dtype"));
+  info.struct_size = 8;
+  EXPECT_EQ(loom_tensor_file_info(f, 0, &info), LOOM_ERR_INVALID_ARGUMENT);
+  loom_tensor_file_close(f);
+}
+
+// The trainer's checkpoint layout (examples/trainer/train/checkpoint.cpp): F32 tensors in
+// order, __metadata__ last with a checksum, the header padded with spaces to 8 bytes.
+TEST_F(TensorFile, ReadsTheTrainersCheckpointLayout) {
+  std::string h = R"({"wte.w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                  R"("h.0.ln.g":{"dtype":"F32","shape":[2],"data_offsets":[16,24]},)"
+                  R"("__metadata__":{"format":"pt","fnv1a64":"0123456789abcdef"}})";
+  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
+  ASSERT_EQ(open(file_bytes(h, floats({1, 2, 3, 4, 5, 6}))), LOOM_OK) << error_;
+  EXPECT_EQ(count_, 2U);
+}
+
+TEST_F(TensorFile, RefusesEachDefectNamingIt) {
+  const std::string t = R"("w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})";
+  const std::string d16 = floats({1, 2, 3, 4});
+  expect_refused("abc", "truncated safetensors file: 3 bytes");
+  expect_refused(file_bytes("{" + t + "}", d16).substr(0, 20),
+                 "the header length is 57 bytes but only 12 bytes follow it");
+  expect_refused(std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}",
+                 "over the 100 MiB limit");
+  expect_refused(file_bytes("", ""), "the header is empty");
+  expect_refused(file_bytes("[1]", ""), "does not start with '{'");
+  expect_refused(file_bytes(R"({"w":{"dtype":"F32",)", ""), "the header is not valid JSON");
+  expect_refused(file_bytes("{" + t + "}", d16.substr(0, 8)),
+                 "header says tensor w ends at byte 16 but the data area is 8 bytes");
+  expect_refused(file_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", "ab"),
+                 "tensor 'w' has dtype 'F8_E4M3', which this reader does not know");
+  expect_refused(file_bytes(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}})", d16),
+                 "tensor 'w' is F32 [2, 3] (24 bytes) but its data_offsets [0, 16] span 16 bytes");
+  expect_refused(file_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                            d16),
+                 "tensors 'a' [0, 12) and 'b' [8, 16) overlap in the data area");
+  expect_refused(file_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                            d16),
+                 "bytes [4, 8) of the data area belong to no tensor (before 'b')");
+  expect_refused(file_bytes("{" + t + "}", d16 + "xx"), "2 bytes at its end belong to no tensor");
+  expect_refused(file_bytes("{" + t + "," + t + "}", d16), "the header names 'w' twice");
+  expect_refused(
+      file_bytes(R"({"w":{"dtype":"F32","dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", d16),
+      "the header's entry 'w' has key 'dtype' twice");
+  expect_refused(file_bytes(R"({"w":{"dtype":"F32","shape":[2,-2],"data_offsets":[0,16]}})", d16),
+                 "tensor 'w': shape must hold non-negative integers, not -2");
+  expect_refused(file_bytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})", d16),
+                 "the end is before the begin");
+  expect_refused(file_bytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", d16),
+                 "data_offsets must be two non-negative integers");
+  expect_refused(file_bytes(R"({"w":{"dtype":"F32","shape":[4]}})", d16),
+                 "tensor 'w' has no 'data_offsets'");
+  expect_refused(
+      file_bytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16],"x":1}})", d16),
+      "tensor 'w' has unknown key 'x'");
+  expect_refused(file_bytes(R"({"w":[1]})", ""), "tensor 'w' must be an object");
+  expect_refused(file_bytes(R"({"__metadata__":{"k":1}})", ""),
+                 "__metadata__ values must be strings; 'k' is a number");
+  expect_refused(
+      file_bytes(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})",
+                 d16),
+      "too large to address");
+  expect_refused(
+      file_bytes(R"({"w":{"dtype":"F32","shape":[[[[1]]]],"data_offsets":[0,4]}})", "abcd"),
+      "nests JSON deeper");
+  // A file that does not exist is not corrupt: NOT_FOUND.
+  loom_tensor_file* f = nullptr;
+  EXPECT_EQ(loom_tensor_file_open((dir_.path() / "missing").c_str(), &f), LOOM_ERR_NOT_FOUND);
+  EXPECT_THAT(loom_last_error(), HasSubstr("cannot open"));
+}
+
+TEST_F(TensorFile, CopiesAMisalignedTensorSoItsDataIsAligned) {
+  // A one-byte U8 tensor first puts the F32 one at an odd offset.
+  std::string h = R"({"u":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                  R"("f":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}})";
+  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
+  path_ = dir_.write("odd.safetensors", file_bytes(h, "\x07" + floats({2.5f})));
+  loom_tensor_file* f = nullptr;
+  ASSERT_EQ(loom_tensor_file_open(path_.c_str(), &f), LOOM_OK) << loom_last_error();
+  loom_tensor_info info{};
+  info.struct_size = LOOM_TENSOR_INFO_SIZE;
+  ASSERT_EQ(loom_tensor_file_info(f, 1, &info), LOOM_OK);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(info.tensor.data) % 4, 0U);  // NOLINT
+  EXPECT_EQ(*static_cast<const float*>(info.tensor.data), 2.5f);
+  loom_tensor_file_close(f);
+}
+
+TEST(SafetensorsWriter, WritesAlignedDataAndReadsBack) {
+  loom_test::TempDir dir;
+  const auto path = (dir.path() / "w.safetensors").string();
+  const uint8_t bytes[3] = {1, 2, 3};
+  const float f[2] = {1.5f, -2.0f};
+  const double g[1] = {3.25};
+  st::write_file(path,
+                 {{"u", st::Dtype::U8, {3}, bytes},
+                  {"f", st::Dtype::F32, {2}, f},
+                  {"g", st::Dtype::F64, {1, 1}, g}},
+                 {{"k", "v"}});
+  const st::MappedFile m(path);
+  ASSERT_EQ(m.header().tensors.size(), 3U);
+  EXPECT_EQ(m.header().data_offset % 8, 0U);
+  // Largest elements first: g, f, u.
+  EXPECT_EQ(m.header().tensors[0].name, "g");
+  EXPECT_EQ(m.header().tensors[1].name, "f");
+  EXPECT_EQ(m.header().tensors[2].name, "u");
+  EXPECT_EQ(m.header().metadata.at("k"), "v");
+  EXPECT_EQ(std::memcmp(m.data(*m.header().find("f")), f, 8), 0);
+  EXPECT_EQ(m.data(*m.header().find("u"))[2], 3);
+  // Only the file itself is left: the temporary was renamed.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+TEST(SafetensorsWriter, LeavesNothingBehindWithoutCommit) {
+  loom_test::TempDir dir;
+  const auto path = (dir.path() / "w.safetensors").string();
+  {
+    st::Writer w(path, {{"x", st::Dtype::F32, {1}, nullptr}}, {});
+    EXPECT_THROW(w.commit(), loom::host::Error);  // x was never written
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+  EXPECT_THROW(
+      st::write_file(path, {{"a", st::Dtype::U8, {1}, "a"}, {"a", st::Dtype::U8, {1}, "b"}}, {}),
+      loom::host::Error);
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// ---- [[quantize]] rules at `loom check`
+
+class QuantizeRules : public loom_test::ManifestTest {};
+
+constexpr const char* kInstances = R"([quantizer.w8]
+plugin = "quant8"
+)";
+
+TEST_F(QuantizeRules, AValidRuleListChecks) {
+  EXPECT_EQ(check(std::string(kInstances) + R"(
+[[quantize]]
+tensors = ["wte.*"]
+copy = true
+
+[[quantize]]
+tensors = ["h.*.mlp.*.w", "h.?.attn.*"]
+quantizer = "w8"
+)"),
+            LOOM_OK)
+      << error_;
+}
+
+TEST_F(QuantizeRules, EachMistakeIsReportedAtItsPlace) {
+  EXPECT_NE(check(std::string(kInstances) + R"(
+[[quantize]]
+tensors = ["h.*"]
+quantizer = "w4"
+
+[[quantize]]
+quantizer = "w8"
+
+[[quantize]]
+tensors = []
+quantizer = "w8"
+mode = 1
+
+[[quantize]]
+tensors = ["x", 3]
+copy = true
+quantizer = "w8"
+)"),
+            LOOM_OK);
+  const auto l = loom_test::lines(error_);
+  ASSERT_EQ(l.size(), 6U) << error_;
+  EXPECT_EQ(
+      l[0],
+      at(6, 13) +
+          "[[quantize]] rule 1: quantizer 'w4' is not declared (did you mean 'w8'?); declared: w8");
+  EXPECT_THAT(l[1], ::testing::StartsWith(at(8, 1) + "[[quantize]] rule 2 is missing 'tensors'"));
+  EXPECT_THAT(l[2], ::testing::StartsWith(
+                        at(12, 11) + "[[quantize]] rule 3: tensors must be a non-empty array"));
+  EXPECT_THAT(l[3], ::testing::StartsWith(at(14, 1) + "unknown key 'mode' in [[quantize]] rule 3"));
+  EXPECT_THAT(
+      l[4], ::testing::StartsWith(at(17, 17) + "[[quantize]] rule 4: each tensors entry must be"));
+  EXPECT_EQ(
+      l[5],
+      at(19, 13) +
+          "[[quantize]] rule 4 has both quantizer and copy = true: a rule does one or the other");
+}
+
+TEST_F(QuantizeRules, QuantizeMustBeAnArrayOfTables) {
+  EXPECT_NE(check("[quantize]\ntensors = [\"x\"]\n"), LOOM_OK);
+  EXPECT_THAT(error_, ::testing::StartsWith(at(1, 2) + "'quantize' must be an array of tables"));
+}
+
+// ---- `loom quantize` end to end
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+class QuantizeCli : public ::testing::Test {
+ protected:
+  Result loom(const std::string& args) {
+    const auto err_file = dir_.path() / "stderr.txt";
+    const std::string cmd = quote(LOOM_CLI_PATH) + " " + args + " --plugin-path " +
+                            quote(loom_test::plugin_dir().string()) + " 2>" +
+                            quote(err_file.string());
+    Result r;
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return r;
+    std::array<char, 4096> buf{};
+    size_t n = 0;
+    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+    const int status = ::pclose(pipe);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(err_file);
+    std::ostringstream os;
+    os << in.rdbuf();
+    r.err = os.str();
+    return r;
+  }
+  std::string p(const std::string& name) const { return quote((dir_.path() / name).string()); }
+
+  // A small model: two 2-D weights (one with rows of 40 = 2 groups of 16 and 8), a bias,
+  // an embedding and an int tensor.
+  void write_model() {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto randn = [&](size_t n) {
+      std::vector<float> v(n);
+      for (auto& x : v) x = normal(rng);
+      return v;
+    };
+    fc_ = randn(6 * 40);
+    proj_ = randn(4 * 6);
+    wte_ = randn(5 * 4);
+    const std::vector<float> bias(6, 0.25f);
+    const int64_t ids[2] = {3, 4};
+    st::write_file((dir_.path() / "in.safetensors").string(),
+                   {{"h.0.mlp.fc.w", st::Dtype::F32, {6, 40}, fc_.data()},
+                    {"h.0.mlp.fc.b", st::Dtype::F32, {6}, bias.data()},
+                    {"h.0.attn.proj.w", st::Dtype::F32, {4, 6}, proj_.data()},
+                    {"wte.w", st::Dtype::F32, {5, 4}, wte_.data()},
+                    {"ids", st::Dtype::I64, {2}, ids}},
+                   {{"format", "pt"}, {"fnv1a64", "0000000000000000"}});
+  }
+
+  loom_test::TempDir dir_;
+  std::vector<float> fc_, proj_, wte_;
+};
+
+constexpr const char* kManifest = R"([quantizer.g16]
+plugin = "quant8"
+group_size = 16
+
+[quantizer.asym]
+plugin = "quant8"
+symmetric = false
+
+[[quantize]]
+tensors = ["wte.*"]
+copy = true
+
+[[quantize]]
+tensors = ["h.*.mlp.*"]
+quantizer = "g16"
+
+[[quantize]]
+tensors = ["h.*.attn.*.w"]
+quantizer = "asym"
+
+[[quantize]]
+tensors = ["lm_head.*"]
+quantizer = "g16"
+)";
+
+TEST_F(QuantizeCli, QuantizesReportsAndTheCApiReadsItBack) {
+  write_model();
+  dir_.write("q.toml", kManifest);
+  const auto r =
+      loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // The rule that matched nothing is a warning at its place.
+  EXPECT_THAT(r.err, HasSubstr((dir_.path() / "q.toml").string() +
+                               ":21:1: warning: [[quantize]] rule 4 matches no tensor"));
+  const auto lines = loom_test::lines(r.out);
+  ASSERT_EQ(lines.size(), 7U) << r.out;
+  // In the input's data order (its writer put the 8-byte I64 first). fc.w: 240 codes + 6 x 3
+  // scales; proj.w: 24 codes + 4 scales + 4 zero points.
+  EXPECT_EQ(lines[1], "[1/5] ids: copied, 16 B (no rule matches)");
+  EXPECT_THAT(lines[2],
+              ::testing::MatchesRegex(R"(\[2/5\] h\.0\.mlp\.fc\.w: g16, 960 B -> 312 B )"
+                                      R"(\(3\.08x\), mse [0-9.e-]+, max abs error [0-9.e-]+)"));
+  EXPECT_EQ(lines[3],
+            "[3/5] h.0.mlp.fc.b: copied, 24 B (1-D: only 2-D [N, K] weights are quantized)");
+  EXPECT_THAT(lines[4], HasSubstr("[4/5] h.0.attn.proj.w: asym, 96 B -> 44 B"));
+  EXPECT_EQ(lines[5], "[5/5] wte.w: copied, 80 B (copy = true)");
+  EXPECT_THAT(lines[6], HasSubstr("5 tensors, 2 quantized;"));
+
+  // The reported max abs errors, to compare with what the C API decodes.
+  auto reported = [&](const std::string& line) {
+    const auto at = line.find("max abs error ");
+    return std::stod(line.substr(at + 14));
+  };
+  const double fc_max = reported(lines[2]);
+  const double proj_max = reported(lines[4]);
+  EXPECT_GT(fc_max, 0.0);
+  EXPECT_LT(fc_max, 0.05);  // INT8 of unit normals: at most half a step of max|x| / 127
+
+  loom_tensor_file* f = nullptr;
+  const auto out = (dir_.path() / "out.safetensors").string();
+  ASSERT_EQ(loom_tensor_file_open(out.c_str(), &f), LOOM_OK) << loom_last_error();
+  ASSERT_EQ(loom_tensor_file_count(f), 5U);
+  EXPECT_STREQ(loom_tensor_file_metadata(f, "format"), "pt");
+  EXPECT_EQ(loom_tensor_file_metadata(f, "fnv1a64"), nullptr);  // the old data's checksum
+  size_t idx = 0;
+  ASSERT_EQ(loom_tensor_file_find(f, "h.0.mlp.fc.w", &idx), LOOM_OK);
+  loom_tensor_info info{};
+  info.struct_size = LOOM_TENSOR_INFO_SIZE;
+  ASSERT_EQ(loom_tensor_file_info(f, idx, &info), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(info.quantized, 1);
+  EXPECT_EQ(info.tensor.data, nullptr);
+  EXPECT_EQ(info.tensor.shape[0], 6);
+  EXPECT_EQ(info.tensor.shape[1], 40);
+  EXPECT_EQ(info.format.scheme, LOOM_QUANT_INT);
+  EXPECT_EQ(info.format.bits, 8U);
+  EXPECT_EQ(info.format.flags, LOOM_QUANT_SYMMETRIC);
+  EXPECT_EQ(info.format.group_size, 16);
+  EXPECT_EQ(info.format.axis, 1);
+  EXPECT_EQ(info.codes.shape[0], 240);
+  EXPECT_EQ(info.scales.ndim, 2);
+  EXPECT_EQ(info.scales.shape[0], 6);
+  EXPECT_EQ(info.scales.shape[1], 3);  // ceil(40 / 16)
+  EXPECT_EQ(info.zero_points.data, nullptr);
+  EXPECT_STREQ(info.plugin, "quant8");
+  EXPECT_STREQ(info.quantizer, "g16");
+  EXPECT_EQ(nlohmann::json::parse(info.parameters)["group_size"], 16);
+  // The scale of row 0's first group is max|x| / 127 over its 16 elements.
+  float amax = 0;
+  for (int j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(fc_[static_cast<size_t>(j)]));
+  EXPECT_FLOAT_EQ(static_cast<const float*>(info.scales.data)[0], amax / 127.0f);
+
+  // Decoded by the host with no plugin: within the reported error, and that error is hit.
+  auto check_decoded = [&](const char* name, const std::vector<float>& want, double max_err) {
+    size_t i = 0;
+    ASSERT_EQ(loom_tensor_file_find(f, name, &i), LOOM_OK);
+    std::vector<float> got(want.size());
+    ASSERT_EQ(loom_tensor_file_read_f32(f, i, got.data(), got.size()), LOOM_OK)
+        << loom_last_error();
+    double worst = 0;
+    for (size_t k = 0; k < want.size(); ++k)
+      worst = std::max(worst, std::fabs(double(got[k]) - want[k]));
+    EXPECT_LE(worst, max_err * (1 + 1e-3) + 1e-7) << name;
+    EXPECT_GE(worst, max_err * (1 - 1e-2)) << name;
+  };
+  check_decoded("h.0.mlp.fc.w", fc_, fc_max);
+  check_decoded("h.0.attn.proj.w", proj_, proj_max);
+  check_decoded("wte.w", wte_, 0.0);
+
+  ASSERT_EQ(loom_tensor_file_find(f, "h.0.attn.proj.w", &idx), LOOM_OK);
+  ASSERT_EQ(loom_tensor_file_info(f, idx, &info), LOOM_OK);
+  EXPECT_EQ(info.format.flags, 0U);
+  EXPECT_EQ(info.format.group_size, 6);
+  ASSERT_NE(info.zero_points.data, nullptr);
+  EXPECT_EQ(info.zero_points.dtype.code, kDLUInt);
+  EXPECT_EQ(info.zero_points.shape[0], 4);
+  loom_tensor_file_close(f);
+
+  // The raw entries and the record as the format documents them.
+  const st::MappedFile raw(out);
+  EXPECT_NE(raw.header().find("h.0.mlp.fc.w.qcodes"), nullptr);
+  EXPECT_NE(raw.header().find("h.0.attn.proj.w.qzero"), nullptr);
+  EXPECT_EQ(raw.header().find("h.0.mlp.fc.w"), nullptr);
+  const auto rec = nlohmann::json::parse(raw.header().metadata.at("loom.quant.h.0.mlp.fc.w"));
+  EXPECT_EQ(rec["scheme"], "int");
+  EXPECT_EQ(rec["packing"], "lsb_first");
+  EXPECT_EQ(rec["shape"], nlohmann::json({6, 40}));
+  EXPECT_EQ(rec["dtype"], "F32");
+  EXPECT_EQ(rec["plugin"], "quant8");
+}
+
+TEST_F(QuantizeCli, AFailureLeavesNoOutputBehind) {
+  std::vector<float> w(4 * 8, 1.0f);
+  w[13] = std::nanf("");
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F32, {4, 8}, w.data()}}, {});
+  dir_.write("q.toml",
+             std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w8\"\n");
+  dir_.write("out.safetensors", "old");
+  const auto r =
+      loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("tensor 'w': quantizer.w8"));
+  EXPECT_THAT(r.err, HasSubstr("element (1, 5) is not finite"));
+  std::ifstream old((dir_.path() / "out.safetensors").string());
+  std::string text;
+  old >> text;
+  EXPECT_EQ(text, "old");  // untouched
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir_.path()))
+    files += e.path().filename() != "stderr.txt";
+  EXPECT_EQ(files, 3U);  // in, q.toml, out: no temporary left
+}
+
+TEST_F(QuantizeCli, RefusesABadInputOrManifest) {
+  dir_.write("q.toml",
+             std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w9\"\n");
+  auto r = loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("q.toml:5:13: [[quantize]] rule 1: quantizer 'w9' is not declared"));
+  dir_.write("q.toml",
+             std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w8\"\n");
+  dir_.write("in.safetensors",
+             file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "1234"));
+  r = loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("header says tensor w ends at byte 8 but the data area is 4 bytes"));
+  EXPECT_FALSE(fs::exists(dir_.path() / "out.safetensors"));
+  dir_.write("m.toml", kInstances);
+  r = loom("quantize " + p("m.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("the manifest has no [[quantize]] rules"));
+}
+
+}  // namespace
