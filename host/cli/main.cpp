@@ -239,14 +239,15 @@ int cmd_quantize(const std::string& manifest, const std::string& in, const std::
     return kExitError;
   }
   loom_close(session);
-  std::printf("%llu tensors, %llu quantized; %s: %s -> %s: %s (%.2fx smaller)\n",
+  const double ratio = summary.out_file_bytes > 0 ? static_cast<double>(summary.in_file_bytes) /
+                                                        static_cast<double>(summary.out_file_bytes)
+                                                  : 0.0;
+  std::printf("%llu tensors, %llu quantized; %s: %s -> %s: %s (%.2fx %s)\n",
               static_cast<unsigned long long>(summary.tensors),
               static_cast<unsigned long long>(summary.quantized), in.c_str(),
               bytes_text(summary.in_file_bytes).c_str(), out.c_str(),
-              bytes_text(summary.out_file_bytes).c_str(),
-              summary.out_file_bytes > 0 ? static_cast<double>(summary.in_file_bytes) /
-                                               static_cast<double>(summary.out_file_bytes)
-                                         : 0.0);
+              bytes_text(summary.out_file_bytes).c_str(), ratio >= 1 ? ratio : 1 / ratio,
+              ratio >= 1 ? "smaller" : "larger");
   return 0;
 }
 

@@ -204,6 +204,48 @@ TEST_F(TensorFile, CopiesAMisalignedTensorSoItsDataIsAligned) {
   loom_tensor_file_close(f);
 }
 
+// The host decodes every scheme by quant_format.h's rules, with no plugin: hand-packed files
+// (the fuzzer's seeds) with their values worked out by hand.
+std::vector<float> decoded(const std::string& seed, const char* name) {
+  const auto path = std::string(LOOM_SAFETENSORS_CORPUS) + "/" + seed;
+  loom_tensor_file* f = nullptr;
+  EXPECT_EQ(loom_tensor_file_open(path.c_str(), &f), LOOM_OK) << loom_last_error();
+  size_t i = 0;
+  EXPECT_EQ(loom_tensor_file_find(f, name, &i), LOOM_OK);
+  loom_tensor_info info{};
+  info.struct_size = LOOM_TENSOR_INFO_SIZE;
+  EXPECT_EQ(loom_tensor_file_info(f, i, &info), LOOM_OK);
+  size_t n = 1;
+  for (int d = 0; d < info.tensor.ndim; ++d) n *= static_cast<size_t>(info.tensor.shape[d]);
+  std::vector<float> v(n);
+  EXPECT_EQ(loom_tensor_file_read_f32(f, i, v.data(), n), LOOM_OK) << loom_last_error();
+  loom_tensor_file_close(f);
+  return v;
+}
+
+TEST(QuantDecode, TernaryMsbFirstInGroupsOfThree) {
+  // [2, 5], codes 1 2 0 1 0 | 2 1 0 2 1, scales [[0.5, 0.25], [1, 2]].
+  EXPECT_THAT(
+      decoded("ternary_binary.safetensors", "t"),
+      ::testing::ElementsAre(0.5f, -0.5f, 0.0f, 0.25f, 0.0f, -1.0f, 1.0f, 0.0f, -2.0f, 2.0f));
+}
+
+TEST(QuantDecode, BinaryLsbFirstOneScale) {
+  const float a = 0.75f;
+  EXPECT_THAT(decoded("ternary_binary.safetensors", "b"),
+              ::testing::ElementsAre(-a, a, -a, -a, a, a, -a, a, a));
+}
+
+TEST(QuantDecode, Int4WithZeroPointsInGroupsOfFour) {
+  // [2, 6], codes 1..12 (low nibble first), scales [[0.1, 0.2], [0.3, 0.4]], zeros [[8, 7], [1,
+  // 0]].
+  const auto v = decoded("int4_asym.safetensors", "w");
+  const float want[12] = {0.1f * -7, 0.1f * -6, 0.1f * -5, 0.1f * -4, 0.2f * -2, 0.2f * -1,
+                          0.3f * 6,  0.3f * 7,  0.3f * 8,  0.3f * 9,  0.4f * 11, 0.4f * 12};
+  ASSERT_EQ(v.size(), 12U);
+  for (size_t i = 0; i < 12; ++i) EXPECT_FLOAT_EQ(v[i], want[i]) << i;
+}
+
 TEST(SafetensorsWriter, WritesAlignedDataAndReadsBack) {
   loom_test::TempDir dir;
   const auto path = (dir.path() / "w.safetensors").string();
