@@ -19,11 +19,15 @@
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
 #include <loom/kinds/curriculum.h>
+#include <loom/kinds/moe.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/kinds/quantizer.h>
 #include <loom/kinds/router.h>
 #include <loom/kinds/sampler.h>
 #include <loom/sdk/context.hpp>
+#include <loom/sdk/moe.hpp>
 #include <loom/sdk/parallel.hpp>
+#include <loom/sdk/quantizer.hpp>
 #include <loom/sdk/router.hpp>
 #include <loom/sdk/schema.hpp>
 #include <loom/sdk/state.hpp>
@@ -151,6 +155,65 @@ struct Sampler {
 //   (expect_disjoint_rows); the tensors it only reads may (a zero batch stride broadcasts).
 struct Router {
   static constexpr const char* kKind = LOOM_KIND_ROUTER;
+};
+
+// "loom.moe/1" (since 1.5): a whole Mixture-of-Experts layer.
+//   required: void plan(loom_moe_plan_args&)                                 [any]
+//             void forward(const loom_moe_forward_args&, const loom_moe_plan_args&)
+//             void backward(const loom_moe_backward_args&, const loom_moe_plan_args&)
+//   optional: void dispatch(const loom_moe_dispatch_args&)
+//             void combine(const loom_moe_dispatch_args&)
+//             void reduce_gradients(const loom_moe_reduce_args&)
+//   forward, backward, dispatch, combine and reduce_gradients are [instance] (collective).
+//   What the class lacks stays NULL in the table. Before plan the SDK checks the scalars
+//   (tokens, model_dim, hidden_dim, num_layers >= 1; num_experts >= 0; 0 <= layer <
+//   num_layers) and zeroes the outputs; after it, that the outputs make sense (experts =
+//   local_experts * ep_size, num_experts honoured, 0 <= ep_rank < ep_size, 1 <= top_k <=
+//   experts, a known activation, known flags, capacity 0 exactly when DROPLESS): a plan that
+//   breaks them is the plugin's bug (INTERNAL). The table sets LOOM_MOE_EXPERT_PARALLEL itself
+//   from ep_size. Before forward and backward it checks the same scalars (tokens >= 0 there,
+//   step >= 1 in training, first_token >= 0), plans the call's scalars (tokens = the call's,
+//   at least 1; dtype = x's) and hands that plan to the class, after checking against it:
+//   x, y, dy, dx [tokens, M]; every weight and gradient (loom/sdk/moe.hpp moe_weights: gate_w
+//   [E, M], w1 [E_l, H, M], b1 [E_l, H], w2 [E_l, M, H], b2 [E_l, M], the residual MLP's
+//   exactly when RESIDUAL); expert_bias float32 [E] exactly when EXPERT_BIAS; the optional
+//   routing outputs int32 / float32 [tokens, k]; stats (struct size, load_count = E), whose
+//   outputs it zeroes; saved and workspace present, 256-byte aligned and at least that plan's
+//   sizes; every tensor of x's dtype, contiguous and on x's device. The plan's buffer sizes
+//   are for the call's tokens: under expert parallelism the rows other ranks send are the
+//   class's to fit in the saved_bytes it is given. Before dispatch and combine: x [tokens, M],
+//   rows [R, M] of x's dtype, the routing (host expert indices -1 .. E-1), top_k and
+//   counts_count equal to the plan's top_k and local_experts; that rows holds every row the
+//   routing sends is the class's to check. Before reduce_gradients: every tensor float32,
+//   contiguous, on one device.
+struct Moe {
+  static constexpr const char* kKind = LOOM_KIND_MOE;
+};
+
+// "loom.quantizer/1" (since 1.5): weight and activation quantization.
+//   required: void layout(loom_quantizer_layout_args&)                       [any]
+//             void quantize(const loom_quantizer_quantize_args&,
+//                           const loom_quantizer_layout_args& layout)        [any]
+//             void dequantize(const loom_quantizer_quantize_args&,
+//                             const loom_quantizer_layout_args& layout)      [any]
+//   optional: void matmul(const loom_quantizer_matmul_args&,
+//                         const loom_quantizer_layout_args& layout)          [any]
+//   Before layout the SDK checks role, ndim 2, the shape, a float dtype, matmul_rows >= 0
+//   and the caller's format struct; it zeroes every output, points the format's ndim and
+//   shape at the caller's and sets LOOM_QUANTIZER_HAS_MATMUL when the class has matmul and
+//   the role is WEIGHT (a layout clears it for a format its matmul does not take). After it,
+//   the table clears HAS_MATMUL (and INT8_ACTIVATIONS, matmul_workspace_bytes) when there is
+//   no matmul for the format, checks the format (check_quant_format) and fills packed_bytes,
+//   scale_count and zero_point_count from it; a class that set one of them differently, or a
+//   broken format, is the plugin's bug (INTERNAL). Before quantize and dequantize (and
+//   matmul, for W [N, K] from the format's shape and x [M, K]) it lays out the call's shape
+//   and role itself and hands that layout to the class, after checking against it: the
+//   given format field by field (expect_same_format), x 2-D float contiguous, packed,
+//   scales and zero points (quant_tensors), the workspace; for matmul also that the layout
+//   has HAS_MATMUL (else UNIMPLEMENTED), K agreeing, bias [N] and y [M, N] of x's dtype;
+//   every tensor on x's device. The values (NaN, codes 3 of ternary data) are the class's.
+struct Quantizer {
+  static constexpr const char* kKind = LOOM_KIND_QUANTIZER;
 };
 
 // The checked batch of samples a curriculum's count and score receive (the SDK builds it
@@ -1025,6 +1088,593 @@ struct RouterTable {
   }
 };
 
+// ---- the MoE table (since 1.5)
+
+template <class T>
+constexpr bool kMoeDispatches = requires(T& t, const loom_moe_dispatch_args& a) {
+  t.dispatch(a);
+};
+template <class T>
+constexpr bool kMoeCombines = requires(T& t, const loom_moe_dispatch_args& a) {
+  t.combine(a);
+};
+template <class T>
+constexpr bool kMoeReduces = requires(T& t, const loom_moe_reduce_args& a) {
+  t.reduce_gradients(a);
+};
+
+template <class T>
+struct MoeTable {
+  static constexpr uint32_t kKnownFlags =
+      LOOM_MOE_RESIDUAL | LOOM_MOE_DROPLESS | LOOM_MOE_EXPERT_BIAS | LOOM_MOE_EXPERT_PARALLEL;
+
+  static void at_least(int64_t v, int64_t least, const char* name, const std::string& call) {
+    if (v < least) {
+      fail_argument(call + ": " + name + " is " + std::to_string(v) +
+                    "; must be >= " + std::to_string(least));
+    }
+  }
+
+  // The scalars every planned call carries. `least_tokens`: 1 for plan, 0 for the calls.
+  static void check_scalars(int64_t tokens, int64_t least_tokens, int64_t model_dim,
+                            int64_t hidden_dim, int32_t num_experts, int32_t layer,
+                            int32_t num_layers, const std::string& call) {
+    at_least(tokens, least_tokens, "tokens", call);
+    at_least(model_dim, 1, "model_dim", call);
+    at_least(hidden_dim, 1, "hidden_dim", call);
+    at_least(num_experts, 0, "num_experts", call);
+    at_least(num_layers, 1, "num_layers", call);
+    if (layer < 0 || layer >= num_layers) {
+      fail_argument(call + ": layer " + std::to_string(layer) + " is outside 0 .. " +
+                    std::to_string(num_layers - 1) + " (num_layers " + std::to_string(num_layers) +
+                    ")");
+    }
+  }
+
+  [[noreturn]] static void plugin_bug(const std::string& message) {
+    throw Error(LOOM_ERR_INTERNAL, "the plugin's plan " + message);
+  }
+
+  // The class's plan on zeroed outputs, then the checks of what it returned and the flag the
+  // table owns.
+  static void plan_into(T& obj, loom_moe_plan_args& full) {
+    const int32_t asked = full.num_experts;
+    full.flags = 0;
+    full.experts = 0;
+    full.local_experts = 0;
+    full.ep_size = 0;
+    full.ep_rank = 0;
+    full.top_k = 0;
+    full.activation = 0;
+    full.reserved2 = 0;
+    full.capacity = 0;
+    full.max_expert_rows = 0;
+    full.saved_bytes = 0;
+    full.workspace_bytes = 0;
+    obj.plan(full);
+    if (full.experts < 1) plugin_bug("resolved " + std::to_string(full.experts) + " experts");
+    if (asked != 0 && full.experts != asked) {
+      plugin_bug("resolved " + std::to_string(full.experts) +
+                 " experts, but the caller asked for " + std::to_string(asked));
+    }
+    if (full.ep_size < 1 || full.local_experts < 1 ||
+        static_cast<int64_t>(full.local_experts) * full.ep_size != full.experts) {
+      plugin_bug("gave local_experts " + std::to_string(full.local_experts) + " and ep_size " +
+                 std::to_string(full.ep_size) + " for " + std::to_string(full.experts) +
+                 " experts (experts must be local_experts * ep_size, both >= 1)");
+    }
+    if (full.ep_rank < 0 || full.ep_rank >= full.ep_size) {
+      plugin_bug("gave ep_rank " + std::to_string(full.ep_rank) + " outside 0 .. " +
+                 std::to_string(full.ep_size - 1));
+    }
+    if (full.top_k < 1 || full.top_k > full.experts) {
+      plugin_bug("gave top_k " + std::to_string(full.top_k) + " for " +
+                 std::to_string(full.experts) + " experts");
+    }
+    if (full.activation != LOOM_MOE_GELU && full.activation != LOOM_MOE_RELU &&
+        full.activation != LOOM_MOE_SILU) {
+      plugin_bug("gave activation " + std::to_string(full.activation) +
+                 ", not a loom_moe_activation");
+    }
+    if ((full.flags & ~kKnownFlags) != 0) {
+      plugin_bug("set unknown flags 0x" + [&] {
+        char buf[16];
+        std::snprintf(buf, sizeof buf, "%x", full.flags & ~kKnownFlags);
+        return std::string(buf);
+      }());
+    }
+    const bool dropless = (full.flags & LOOM_MOE_DROPLESS) != 0;
+    if (dropless ? full.capacity != 0 : full.capacity < 1) {
+      plugin_bug("gave capacity " + std::to_string(full.capacity) +
+                 (dropless ? " for a dropless layer (must be 0)" : " (must be >= 1)"));
+    }
+    if (full.max_expert_rows < 0) {
+      plugin_bug("gave max_expert_rows " + std::to_string(full.max_expert_rows));
+    }
+    full.flags = (full.flags & ~LOOM_MOE_EXPERT_PARALLEL) |
+                 (full.ep_size > 1 ? LOOM_MOE_EXPERT_PARALLEL : 0u);
+  }
+
+  static loom_moe_plan_args plan_for(T& obj, int64_t tokens, int64_t model_dim, int64_t hidden_dim,
+                                     int32_t num_experts, int32_t layer, int32_t num_layers,
+                                     uint32_t training, DLDataType dtype) {
+    loom_moe_plan_args p{};
+    p.struct_size = LOOM_MOE_PLAN_ARGS_SIZE;
+    p.tokens = tokens < 1 ? 1 : tokens;
+    p.model_dim = model_dim;
+    p.hidden_dim = hidden_dim;
+    p.num_experts = num_experts;
+    p.layer = layer;
+    p.num_layers = num_layers;
+    p.training = training;
+    p.dtype = dtype;
+    plan_into(obj, p);
+    return p;
+  }
+
+  static void check_buffer(const void* ptr, uint64_t given, uint64_t want, const char* what) {
+    if (want == 0) return;
+    if (ptr == nullptr || given < want) {
+      fail_argument(std::string(what) + " is " +
+                    (ptr == nullptr ? std::string("NULL") : std::to_string(given) + " bytes") +
+                    " but the plan asks for " + std::to_string(want) + " bytes");
+    }
+    if (reinterpret_cast<uintptr_t>(ptr) % 256 != 0) {
+      fail_argument(std::string(what) + " is not 256-byte aligned");
+    }
+  }
+
+  static void check_tokens(const DLTensor* t, const loom_moe_plan_args& p, int64_t tokens,
+                           DLDevice device, const char* what) {
+    expect_moe_tensor(t, {tokens, p.model_dim}, p.dtype, device, what, "[tokens, model_dim]");
+  }
+
+  static void check_bias(const DLTensor* bias, const loom_moe_plan_args& p, DLDevice device) {
+    if ((p.flags & LOOM_MOE_EXPERT_BIAS) == 0) {
+      if (bias != nullptr) {
+        fail_argument(
+            "expert_bias is given but the layer does not balance by bias "
+            "(bias_update_rate is 0): pass NULL");
+      }
+      return;
+    }
+    if (bias == nullptr) {
+      fail_argument(
+          "expert_bias is NULL but the layer balances by bias (bias_update_rate > 0): "
+          "pass its float32 [experts] state");
+    }
+    expect_moe_tensor(bias, {p.experts}, DLDataType{kDLFloat, 32, 1}, device, "expert_bias",
+                      "[experts]");
+  }
+
+  static const DLTensor& x_of(const DLTensor* x) { return expect_tensor(x, "x"); }
+
+  static loom_status* plan(void* instance, loom_moe_plan_args* args) noexcept {
+    return guard([&] {
+      const loom_moe_plan_args& a = expect_args(args, LOOM_MOE_PLAN_ARGS_SIZE, "moe plan args");
+      check_scalars(a.tokens, 1, a.model_dim, a.hidden_dim, a.num_experts, a.layer, a.num_layers,
+                    "moe plan");
+      fill(args, "moe plan args",
+           [&](loom_moe_plan_args& full) { plan_into(shared_object<T>(instance), full); });
+    });
+  }
+
+  static loom_status* forward(void* instance, const loom_moe_forward_args* args) noexcept {
+    return guard([&] {
+      const loom_moe_forward_args& a =
+          expect_args(args, LOOM_MOE_FORWARD_ARGS_SIZE, "moe forward args");
+      const std::string call = "moe forward";
+      check_scalars(a.tokens, 0, a.model_dim, a.hidden_dim, a.num_experts, a.layer, a.num_layers,
+                    call);
+      at_least(a.step, a.training != 0 ? 1 : 0, "step", call);
+      at_least(a.first_token, 0, "first_token", call);
+      T& obj = object<T>(instance);
+      const DLTensor& x = x_of(a.x);
+      const loom_moe_plan_args p = plan_for(obj, a.tokens, a.model_dim, a.hidden_dim, a.num_experts,
+                                            a.layer, a.num_layers, a.training, x.dtype);
+      check_tokens(a.x, p, a.tokens, x.device, "x");
+      moe_weights(a.weights, p, x.device, "weights");
+      check_bias(a.expert_bias, p, x.device);
+      check_tokens(a.y, p, a.tokens, x.device, "y");
+      if (a.route_experts != nullptr) {
+        expect_moe_tensor(a.route_experts, {a.tokens, p.top_k}, DLDataType{kDLInt, 32, 1}, x.device,
+                          "route_experts", "[tokens, top_k]");
+      }
+      if (a.route_weights != nullptr) {
+        expect_moe_tensor(a.route_weights, {a.tokens, p.top_k}, DLDataType{kDLFloat, 32, 1},
+                          x.device, "route_weights", "[tokens, top_k]");
+      }
+      if (a.stats != nullptr) {
+        if (a.stats->struct_size < LOOM_MOE_STATS_SIZE) {
+          fail_argument("stats has struct_size " + std::to_string(a.stats->struct_size) +
+                        ", expected " + std::to_string(LOOM_MOE_STATS_SIZE));
+        }
+        if (a.stats->load != nullptr && a.stats->load_count != p.experts) {
+          fail_argument("stats.load_count is " + std::to_string(a.stats->load_count) +
+                        ", expected the " + std::to_string(p.experts) + " experts");
+        }
+        a.stats->aux_loss = 0;
+        a.stats->dropped = 0;
+        a.stats->expert_rows = 0;
+        if (a.stats->load != nullptr) {
+          std::memset(a.stats->load, 0, sizeof(int64_t) * static_cast<std::size_t>(p.experts));
+        }
+      }
+      check_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
+      check_buffer(a.workspace, a.workspace_bytes, p.workspace_bytes, "workspace");
+      obj.forward(a, p);
+    });
+  }
+
+  static loom_status* backward(void* instance, const loom_moe_backward_args* args) noexcept {
+    return guard([&] {
+      const loom_moe_backward_args& a =
+          expect_args(args, LOOM_MOE_BACKWARD_ARGS_SIZE, "moe backward args");
+      const std::string call = "moe backward";
+      check_scalars(a.tokens, 0, a.model_dim, a.hidden_dim, a.num_experts, a.layer, a.num_layers,
+                    call);
+      at_least(a.step, a.training != 0 ? 1 : 0, "step", call);
+      at_least(a.first_token, 0, "first_token", call);
+      if (!std::isfinite(a.aux_loss_coef)) {
+        fail_argument(call + ": aux_loss_coef is not finite");
+      }
+      T& obj = object<T>(instance);
+      const DLTensor& x = x_of(a.x);
+      const loom_moe_plan_args p = plan_for(obj, a.tokens, a.model_dim, a.hidden_dim, a.num_experts,
+                                            a.layer, a.num_layers, a.training, x.dtype);
+      check_tokens(a.x, p, a.tokens, x.device, "x");
+      moe_weights(a.weights, p, x.device, "weights");
+      check_tokens(a.dy, p, a.tokens, x.device, "dy");
+      check_tokens(a.dx, p, a.tokens, x.device, "dx");
+      moe_weights(a.grads, p, x.device, "grads");
+      check_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
+      check_buffer(a.workspace, a.workspace_bytes, p.workspace_bytes, "workspace");
+      obj.backward(a, p);
+    });
+  }
+
+  // dispatch and combine carry no hidden_dim, layer or training: the plan made here (hidden_dim
+  // 1, layer 0 of 1, eval) resolves only what the routing's shape needs (experts, top_k,
+  // local_experts).
+  static void check_dispatch(T& obj, const loom_moe_dispatch_args& a, const char* call_name) {
+    const std::string call(call_name);
+    at_least(a.tokens, 0, "tokens", call);
+    at_least(a.model_dim, 1, "model_dim", call);
+    at_least(a.num_experts, 0, "num_experts", call);
+    at_least(a.top_k, 1, "top_k", call);
+    const DLTensor& x = x_of(a.x);
+    const loom_moe_plan_args p =
+        plan_for(obj, a.tokens, a.model_dim, 1, a.num_experts, 0, 1, 0, x.dtype);
+    if (a.top_k != p.top_k) {
+      fail_argument(call + ": top_k is " + std::to_string(a.top_k) + " but the layer chooses " +
+                    std::to_string(p.top_k) + " experts per token");
+    }
+    expect_moe_tensor(a.x, {a.tokens, a.model_dim}, x.dtype, x.device, "x", "[tokens, model_dim]");
+    const DLTensor& rows = expect_tensor(a.rows, "rows");
+    if (rows.ndim != 2 || rows.shape[1] != a.model_dim) {
+      fail_argument("rows has shape " + shape_string(rows) + ", expected [rows, " +
+                    std::to_string(a.model_dim) + "] (rows, model_dim)");
+    }
+    expect_dtype(rows, x.dtype, "rows");
+    expect_contiguous(rows, "rows");
+    expect_device(rows, x.device, "rows");
+    moe_routing(a.route_experts, a.route_weights, a.tokens, a.top_k, p.experts, x.device);
+    if (a.counts != nullptr && a.counts_count != p.local_experts) {
+      fail_argument("counts_count is " + std::to_string(a.counts_count) + ", expected the " +
+                    std::to_string(p.local_experts) + " local experts");
+    }
+  }
+
+  static loom_status* dispatch(void* instance, const loom_moe_dispatch_args* args) noexcept {
+    return guard([&] {
+      const loom_moe_dispatch_args& a =
+          expect_args(args, LOOM_MOE_DISPATCH_ARGS_SIZE, "moe dispatch args");
+      T& obj = object<T>(instance);
+      check_dispatch(obj, a, "moe dispatch");
+      if (a.counts == nullptr) fail_argument("moe dispatch: counts is NULL");
+      if constexpr (kMoeDispatches<T>) obj.dispatch(a);
+    });
+  }
+
+  static loom_status* combine(void* instance, const loom_moe_dispatch_args* args) noexcept {
+    return guard([&] {
+      const loom_moe_dispatch_args& a =
+          expect_args(args, LOOM_MOE_DISPATCH_ARGS_SIZE, "moe combine args");
+      T& obj = object<T>(instance);
+      check_dispatch(obj, a, "moe combine");
+      if constexpr (kMoeCombines<T>) obj.combine(a);
+    });
+  }
+
+  static loom_status* reduce_gradients(void* instance, const loom_moe_reduce_args* args) noexcept {
+    return guard([&] {
+      const loom_moe_reduce_args& a =
+          expect_args(args, LOOM_MOE_REDUCE_ARGS_SIZE, "moe reduce_gradients args");
+      if (a.count < 0) fail_argument("moe reduce_gradients: count is " + std::to_string(a.count));
+      if (a.count > 0 && a.tensors == nullptr) {
+        fail_argument("moe reduce_gradients: tensors is NULL for " + std::to_string(a.count) +
+                      " tensors");
+      }
+      for (int64_t i = 0; i < a.count; ++i) {
+        const std::string what = "tensors[" + std::to_string(i) + "]";
+        const DLTensor& t = expect_tensor(a.tensors[i], what);
+        expect_fp32(t, what);
+        expect_contiguous(t, what);
+        if (i > 0) expect_same_device(t, what, *a.tensors[0], "tensors[0]");
+      }
+      if constexpr (kMoeReduces<T>) object<T>(instance).reduce_gradients(a);
+    });
+  }
+
+  static const loom_moe_v1* get() {
+    static_assert(
+        requires(T & t, loom_moe_plan_args & p, const loom_moe_forward_args& f,
+                 const loom_moe_backward_args& b) {
+          t.plan(p);
+          t.forward(f, p);
+          t.backward(b, p);
+        },
+        "a Moe needs void plan(loom_moe_plan_args&), void forward(const loom_moe_forward_args&, "
+        "const loom_moe_plan_args&) and void backward(const loom_moe_backward_args&, const "
+        "loom_moe_plan_args&)");
+    static const loom_moe_v1 table = [] {
+      loom_moe_v1 v{};
+      v.struct_size = LOOM_MOE_V1_SIZE;
+      v.plan = &plan;
+      v.forward = &forward;
+      v.backward = &backward;
+      if constexpr (kMoeDispatches<T>) v.dispatch = &dispatch;
+      if constexpr (kMoeCombines<T>) v.combine = &combine;
+      if constexpr (kMoeReduces<T>) v.reduce_gradients = &reduce_gradients;
+      return v;
+    }();
+    return &table;
+  }
+};
+
+// ---- the quantizer table (since 1.5)
+
+template <class T>
+constexpr bool kQuantizerMultiplies = requires(T& t, const loom_quantizer_matmul_args& a,
+                                               const loom_quantizer_layout_args& l) {
+  t.matmul(a, l);
+};
+
+template <class T>
+struct QuantizerTable {
+  static constexpr uint32_t kKnownFlags =
+      LOOM_QUANTIZER_HAS_MATMUL | LOOM_QUANTIZER_INT8_ACTIVATIONS;
+
+  static void check_role(int32_t role, const std::string& call) {
+    if (role != LOOM_QUANTIZER_WEIGHT && role != LOOM_QUANTIZER_ACTIVATION) {
+      fail_argument(call + ": role " + std::to_string(role) +
+                    " is not LOOM_QUANTIZER_WEIGHT (1) or LOOM_QUANTIZER_ACTIVATION (2)");
+    }
+  }
+
+  [[noreturn]] static void plugin_bug(const std::string& message) {
+    throw Error(LOOM_ERR_INTERNAL, "the plugin's layout " + message);
+  }
+
+  // The class's layout into `full` (whose format points to a caller's descriptor that this
+  // zeroes first), then the checks and the fields the table owns.
+  static void layout_into(T& obj, loom_quantizer_layout_args& full) {
+    loom_quant_format* f = full.format;
+    const uint32_t format_size = f->struct_size;
+    std::memset(static_cast<void*>(f), 0,
+                format_size < sizeof(loom_quant_format) ? format_size : sizeof(loom_quant_format));
+    f->struct_size = format_size;
+    f->ndim = full.ndim;
+    f->shape = full.shape;
+    const bool can = kQuantizerMultiplies<T> && full.role == LOOM_QUANTIZER_WEIGHT;
+    full.flags = can ? LOOM_QUANTIZER_HAS_MATMUL : 0u;
+    full.reserved3 = 0;
+    full.packed_bytes = 0;
+    full.scale_count = 0;
+    full.zero_point_count = 0;
+    full.workspace_bytes = 0;
+    full.matmul_workspace_bytes = 0;
+    obj.layout(full);
+    if ((full.flags & ~kKnownFlags) != 0) {
+      plugin_bug("set unknown flags 0x" + [&] {
+        char buf[16];
+        std::snprintf(buf, sizeof buf, "%x", full.flags & ~kKnownFlags);
+        return std::string(buf);
+      }());
+    }
+    if (!can || (full.flags & LOOM_QUANTIZER_HAS_MATMUL) == 0) {
+      full.flags = 0;
+      full.matmul_workspace_bytes = 0;
+    }
+    if (f->ndim != full.ndim || f->shape != full.shape) {
+      plugin_bug("changed the format's ndim or shape (they are the caller's)");
+    }
+    loom_quant_format checked{};
+    try {
+      checked = check_quant_format(f, "format");
+    } catch (const Error& e) {
+      plugin_bug(std::string("returned a broken format: ") + e.what());
+    }
+    const uint64_t bytes = packed_bytes(checked);
+    const auto groups = static_cast<int64_t>(quant_group_count(checked));
+    const bool zeros =
+        checked.scheme == LOOM_QUANT_INT && (checked.flags & LOOM_QUANT_SYMMETRIC) == 0;
+    const int64_t zero_count = zeros ? groups : 0;
+    if (full.packed_bytes != 0 && full.packed_bytes != bytes) {
+      plugin_bug("gave packed_bytes " + std::to_string(full.packed_bytes) +
+                 ", but its format takes " + std::to_string(bytes));
+    }
+    if (full.scale_count != 0 && full.scale_count != groups) {
+      plugin_bug("gave scale_count " + std::to_string(full.scale_count) + ", but its format has " +
+                 std::to_string(groups) + " groups");
+    }
+    if (full.zero_point_count != 0 && full.zero_point_count != zero_count) {
+      plugin_bug("gave zero_point_count " + std::to_string(full.zero_point_count) +
+                 ", but its format has " + std::to_string(zero_count));
+    }
+    full.packed_bytes = bytes;
+    full.scale_count = groups;
+    full.zero_point_count = zero_count;
+  }
+
+  static void check_layout_args(const loom_quantizer_layout_args& a, const std::string& call) {
+    check_role(a.role, call);
+    if (a.ndim != 2) {
+      fail_argument(call + ": ndim is " + std::to_string(a.ndim) + "; a quantizer takes 2-D " +
+                    (a.role == LOOM_QUANTIZER_WEIGHT ? "[N, K] weights" : "[M, K] activations"));
+    }
+    if (a.shape == nullptr) fail_argument(call + ": shape is NULL");
+    for (int d = 0; d < 2; ++d) {
+      if (a.shape[d] < 0) {
+        fail_argument(call + ": shape[" + std::to_string(d) + "] is " + std::to_string(a.shape[d]));
+      }
+    }
+    if (!is_quantizer_float(a.dtype)) {
+      fail_argument(call + ": dtype " + dtype_string(a.dtype) +
+                    " is not float32, float16 or bfloat16");
+    }
+    if (a.matmul_rows < 0) {
+      fail_argument(call + ": matmul_rows is " + std::to_string(a.matmul_rows));
+    }
+    if (a.format == nullptr) fail_argument(call + ": format is NULL");
+    if (a.format->struct_size < LOOM_QUANT_FORMAT_SIZE) {
+      fail_argument(call + ": format has struct_size " + std::to_string(a.format->struct_size) +
+                    ", expected " + std::to_string(LOOM_QUANT_FORMAT_SIZE));
+    }
+  }
+
+  // The layout the table makes for a call: its format lives in `out`, its shape in `shape`.
+  static loom_quantizer_layout_args layout_for(T& obj, int32_t role, const int64_t* shape,
+                                               DLDataType dtype, int64_t matmul_rows,
+                                               loom_quant_format& out) {
+    loom_quantizer_layout_args l{};
+    l.struct_size = LOOM_QUANTIZER_LAYOUT_ARGS_SIZE;
+    l.role = role;
+    l.ndim = 2;
+    l.shape = shape;
+    l.dtype = dtype;
+    l.matmul_rows = matmul_rows;
+    out = loom_quant_format{};
+    out.struct_size = LOOM_QUANT_FORMAT_SIZE;
+    l.format = &out;
+    check_layout_args(l, "quantizer layout");
+    layout_into(obj, l);
+    return l;
+  }
+
+  static void check_workspace(const void* ptr, uint64_t given, uint64_t want) {
+    if (want == 0) return;
+    if (ptr == nullptr || given < want) {
+      fail_argument(std::string("workspace is ") +
+                    (ptr == nullptr ? std::string("NULL") : std::to_string(given) + " bytes") +
+                    " but the layout asks for " + std::to_string(want) + " bytes");
+    }
+    if (reinterpret_cast<uintptr_t>(ptr) % 256 != 0) {
+      fail_argument("workspace is not 256-byte aligned");
+    }
+  }
+
+  static loom_status* layout(void* instance, loom_quantizer_layout_args* args) noexcept {
+    return guard([&] {
+      const loom_quantizer_layout_args& a =
+          expect_args(args, LOOM_QUANTIZER_LAYOUT_ARGS_SIZE, "quantizer layout args");
+      check_layout_args(a, "quantizer layout");
+      fill(args, "quantizer layout args", [&](loom_quantizer_layout_args& full) {
+        layout_into(shared_object<T>(instance), full);
+      });
+    });
+  }
+
+  // quantize and dequantize: the same checks.
+  template <bool kQuantize>
+  static loom_status* code(void* instance, const loom_quantizer_quantize_args* args) noexcept {
+    return guard([&] {
+      const char* what = kQuantize ? "quantizer quantize args" : "quantizer dequantize args";
+      const loom_quantizer_quantize_args& a =
+          expect_args(args, LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE, what);
+      const std::string call = kQuantize ? "quantizer quantize" : "quantizer dequantize";
+      check_role(a.role, call);
+      if (a.format == nullptr) fail_argument(call + ": format is NULL");
+      const loom_quant_format given = check_quant_format(a.format, "format");
+      quant_matrix(a.x, "x");
+      const DLTensor& x = *a.x;
+      T& obj = shared_object<T>(instance);
+      const int64_t shape[2] = {x.shape[0], x.shape[1]};
+      loom_quant_format expected{};
+      const loom_quantizer_layout_args l = layout_for(obj, a.role, shape, x.dtype, 0, expected);
+      expect_same_format(given, expected, "format");
+      quant_tensors(a.packed, a.scales, a.zero_points, l, x.device);
+      check_workspace(a.workspace, a.workspace_bytes, l.workspace_bytes);
+      if constexpr (kQuantize) {
+        obj.quantize(a, l);
+      } else {
+        obj.dequantize(a, l);
+      }
+    });
+  }
+
+  static loom_status* matmul(void* instance, const loom_quantizer_matmul_args* args) noexcept {
+    return guard([&] {
+      const loom_quantizer_matmul_args& a =
+          expect_args(args, LOOM_QUANTIZER_MATMUL_ARGS_SIZE, "quantizer matmul args");
+      if (a.format == nullptr) fail_argument("quantizer matmul: format is NULL");
+      const loom_quant_format given = check_quant_format(a.format, "format");
+      if (given.ndim != 2) {
+        fail_argument("format.ndim is " + std::to_string(given.ndim) +
+                      "; the weight of a matmul is [N, K]");
+      }
+      quant_matrix(a.x, "x");
+      const DLTensor& x = *a.x;
+      const int64_t n = given.shape[0], k = given.shape[1], m = x.shape[0];
+      if (x.shape[1] != k) {
+        fail_argument("x has shape " + shape_string(x) + " but the weight is [" +
+                      std::to_string(n) + ", " + std::to_string(k) + "]: x's columns must be K " +
+                      std::to_string(k));
+      }
+      T& obj = shared_object<T>(instance);
+      const int64_t shape[2] = {n, k};
+      loom_quant_format expected{};
+      const loom_quantizer_layout_args l =
+          layout_for(obj, LOOM_QUANTIZER_WEIGHT, shape, x.dtype, m, expected);
+      if ((l.flags & LOOM_QUANTIZER_HAS_MATMUL) == 0) {
+        throw Error(LOOM_ERR_UNIMPLEMENTED,
+                    "quantizer matmul: this quantizer has no matmul for its " +
+                        std::to_string(expected.bits) + "-bit format of this weight");
+      }
+      expect_same_format(given, expected, "format");
+      quant_tensors(a.packed, a.scales, a.zero_points, l, x.device);
+      if (a.bias != nullptr) {
+        expect_moe_tensor(a.bias, {n}, x.dtype, x.device, "bias", "[N]");
+      }
+      expect_moe_tensor(a.y, {m, n}, x.dtype, x.device, "y", "[M, N]");
+      check_workspace(a.workspace, a.workspace_bytes, l.matmul_workspace_bytes);
+      if constexpr (kQuantizerMultiplies<T>) obj.matmul(a, l);
+    });
+  }
+
+  static const loom_quantizer_v1* get() {
+    static_assert(
+        requires(T & t, loom_quantizer_layout_args & l, const loom_quantizer_quantize_args& q) {
+          t.layout(l);
+          t.quantize(q, l);
+          t.dequantize(q, l);
+        },
+        "a Quantizer needs void layout(loom_quantizer_layout_args&), void quantize(const "
+        "loom_quantizer_quantize_args&, const loom_quantizer_layout_args&) and void "
+        "dequantize(const loom_quantizer_quantize_args&, const loom_quantizer_layout_args&)");
+    static const loom_quantizer_v1 table = [] {
+      loom_quantizer_v1 v{};
+      v.struct_size = LOOM_QUANTIZER_V1_SIZE;
+      v.layout = &layout;
+      v.quantize = &code<true>;
+      v.dequantize = &code<false>;
+      if constexpr (kQuantizerMultiplies<T>) v.matmul = &matmul;
+      return v;
+    }();
+    return &table;
+  }
+};
+
 // ---- the factory
 
 template <class T>
@@ -1300,9 +1950,10 @@ struct Kind {
 };
 template <class... Entries>
 struct KindList {};
-using Kinds = KindList<Kind<Optimizer, OptimizerTable>, Kind<Comm, CommTable>,
-                       Kind<Codec, CodecTable>, Kind<Curriculum, CurriculumTable>,
-                       Kind<Sampler, SamplerTable>, Kind<Router, RouterTable>>;
+using Kinds =
+    KindList<Kind<Optimizer, OptimizerTable>, Kind<Comm, CommTable>, Kind<Codec, CodecTable>,
+             Kind<Curriculum, CurriculumTable>, Kind<Sampler, SamplerTable>,
+             Kind<Router, RouterTable>, Kind<Moe, MoeTable>, Kind<Quantizer, QuantizerTable>>;
 
 // How many of the kinds' base classes T derives from (a plugin class must derive from one).
 template <class T, class... Entries>
@@ -1436,12 +2087,13 @@ class PluginStorage {
 }  // namespace detail
 
 // The factory for class T (deriving from one kind base class: Optimizer, Comm, Codec,
-// Curriculum, Sampler, Router).
+// Curriculum, Sampler, Router, Moe, Quantizer).
 template <class T>
 FactoryFn factory() {
   static_assert(detail::kind_count<T>(detail::Kinds{}) == 1,
                 "derive the plugin class from exactly one kind base class (loom::sdk::Optimizer, "
-                "Comm, Codec, Curriculum, Sampler, Router: the kinds in loom::sdk::detail::Kinds)");
+                "Comm, Codec, Curriculum, Sampler, Router, Moe, Quantizer: the kinds in "
+                "loom::sdk::detail::Kinds)");
   static_assert(std::is_constructible_v<T, Context&>,
                 "the plugin class needs a constructor taking loom::sdk::Context&");
   return [] { return static_cast<const loom_factory*>(&detail::factory_storage<T>().factory); };
