@@ -13,9 +13,9 @@ cmake --preset debug -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCHMARKS=OFF >/dev
 cmake --build --preset debug --target loom_host_checks
 ctest --preset debug -j2 -R '^((host|cli|capi)\.|sdk\.SdkKinds\.)'
 
-echo "== (${SECONDS} s) plugin tests (transports, codecs, optimizers, curriculum, routers) under AddressSanitizer + UBSan"
+echo "== (${SECONDS} s) plugin tests (transports, codecs, optimizers, curriculum, routers, quantizers) under AddressSanitizer + UBSan"
 cmake --build --preset debug --target loom_plugin_checks
-plugin_tests='^(comm\.|codec\.|Codecs\.|OnebitKernels\.|Ef8Kernels\.|optimizers\.|half\.|curriculum\.|data\.sampler\.|data\.index\.|routers\.)'
+plugin_tests='^(comm\.|codec\.|Codecs\.|OnebitKernels\.|Ef8Kernels\.|optimizers\.|half\.|curriculum\.|data\.sampler\.|data\.index\.|routers\.|quantizers\.)'
 # Tests under mpirun: OpenMPI and UCX leak at exit in their own code, so leak checking is
 # off for those (every other sanitizer check stays on).
 ctest --preset debug -j2 -R "$plugin_tests" -E '[Cc]uda|\.np[0-9]|no_join|nccl'

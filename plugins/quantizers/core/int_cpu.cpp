@@ -1,0 +1,416 @@
+// The CPU kernels of int_kernels.hpp, compiled for every SIMD target Highway knows and
+// dispatched at run time. Every operation of quantize and dequantize is one IEEE operation
+// in the order the reference uses (division x / s, round half to even, clamp; s * (q - z)),
+// and the group statistics are comparisons, so the codes and scales are the reference's on
+// every target (this file is compiled with -ffp-contract=off).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "int_cpu.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "int_kernels.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace loom::quant {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using D8 = hn::Rebind<int8_t, DF>;
+using DU8 = hn::Rebind<uint8_t, DF>;
+
+// Whether x[0 .. n) is all finite.
+HWY_INLINE bool AllFinite(const float* x, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  auto ok = hn::IsFinite(hn::Zero(d));
+  for (; i + N <= n; i += N) ok = hn::And(ok, hn::IsFinite(hn::LoadU(d, x + i)));
+  if (!hn::AllTrue(d, ok)) return false;
+  for (; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+HWY_INLINE GroupStats Stats(const float* x, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  if (n < N) return group_stats(x, n);
+  auto vmin = hn::LoadU(d, x);
+  auto vmax = vmin;
+  int64_t i = N;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(d, x + i);
+    vmin = hn::Min(vmin, v);
+    vmax = hn::Max(vmax, v);
+  }
+  GroupStats s;
+  s.min = hn::GetLane(hn::MinOfLanes(d, vmin));
+  s.max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; i < n; ++i) {
+    s.min = std::min(s.min, x[i]);
+    s.max = std::max(s.max, x[i]);
+  }
+  s.absmax = std::max(std::fabs(s.min), std::fabs(s.max));
+  return s;
+}
+
+// Codes of x[0 .. n) in one group, one byte each (symmetric: two's complement).
+HWY_INLINE void EncodeGroup(const float* x, int64_t n, const GroupParams& p, const IntScheme& q,
+                            uint8_t* codes) {
+  const DF d;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto vs = hn::Set(d, p.scale);
+  int64_t i = 0;
+  if (q.symmetric) {
+    const float hi = static_cast<float>((1u << (q.bits - 1)) - 1u);
+    const float lo = q.range == Range::kExact ? -hi : -hi - 1.0f;
+    const auto vhi = hn::Set(d, hi);
+    const auto vlo = hn::Set(d, lo);
+    const D8 d8;
+    for (; i + N <= n; i += N) {
+      auto r = hn::Round(hn::Div(hn::LoadU(d, x + i), vs));
+      r = hn::Min(hn::Max(r, vlo), vhi);
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, reinterpret_cast<int8_t*>(codes + i));
+    }
+  } else {
+    const auto vmax = hn::Set(d, static_cast<float>((1u << q.bits) - 1u));
+    const auto vzero = hn::Zero(d);
+    const auto vz = hn::Set(d, static_cast<float>(p.zero));
+    const auto vzf = hn::Set(d, static_cast<float>(p.zero) * p.scale);
+    const DU8 du8;
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d, x + i);
+      auto r = q.range == Range::kExact ? hn::Add(hn::Round(hn::Div(v, vs)), vz)
+                                        : hn::Round(hn::Div(hn::Add(v, vzf), vs));
+      r = hn::Min(hn::Max(r, vzero), vmax);
+      hn::StoreU(hn::DemoteTo(du8, hn::ConvertTo(di, r)), du8, codes + i);
+    }
+  }
+  for (; i < n; ++i) codes[i] = static_cast<uint8_t>(int_encode(x[i], p, q));
+}
+
+// Quantizes rows [r0, r1) (r0 a multiple of aligned_rows, so the rows' bytes are theirs).
+// Returns false when a row is not finite.
+bool QuantizeRows(const float* x, const Groups* gs, const IntScheme* q, int32_t packing,
+                  uint8_t* packed, float* scales, uint8_t* zeros, int64_t r0, int64_t r1) {
+  std::vector<uint8_t> codes(static_cast<std::size_t>(gs->cols));
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = x + r * gs->cols;
+    if (!AllFinite(row, gs->cols)) return false;
+    for (int64_t g = 0; g < gs->groups_per_row; ++g) {
+      const int64_t c0 = gs->begin(g);
+      const int64_t c1 = gs->end(g);
+      const GroupParams p = int_group_params(Stats(row + c0, c1 - c0), *q);
+      scales[r * gs->groups_per_row + g] = p.scale;
+      if (!q->symmetric) zeros[r * gs->groups_per_row + g] = static_cast<uint8_t>(p.zero);
+      EncodeGroup(row + c0, c1 - c0, p, *q, codes.data() + c0);
+    }
+    pack_codes(codes.data(), static_cast<uint64_t>(r * gs->cols), static_cast<uint64_t>(gs->cols),
+               q->bits, packing, packed);
+  }
+  return true;
+}
+
+// The decoded value of codes (bytes of `bits`-bit codes) as int32: sign-extended when
+// symmetric, minus the zero point when not.
+HWY_INLINE hn::Vec<DI> Centre(hn::Vec<DI> v, bool symmetric, hn::Vec<DI> vh, hn::Vec<DI> vz) {
+  return symmetric ? hn::Sub(hn::Xor(v, vh), vh) : hn::Sub(v, vz);
+}
+
+void DequantizeRows(const IntWeight* w, float* x, int64_t r0, int64_t r1) {
+  const DF d;
+  const DI di;
+  const DU8 du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const Groups& gs = w->gs;
+  const IntScheme& q = w->q;
+  const auto vh = hn::Set(di, static_cast<int32_t>(1u << (q.bits - 1)));
+  std::vector<uint8_t> codes(static_cast<std::size_t>(gs.cols));
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* c = codes.data();
+    if (q.bits == 8) {
+      c = w->packed + r * gs.cols;
+    } else {
+      unpack_codes(w->packed, static_cast<uint64_t>(r * gs.cols), static_cast<uint64_t>(gs.cols),
+                   q.bits, w->packing, codes.data());
+    }
+    float* out = x + r * gs.cols;
+    for (int64_t g = 0; g < gs.groups_per_row; ++g) {
+      GroupParams p;
+      p.scale = w->scales[r * gs.groups_per_row + g];
+      p.zero = q.symmetric ? 0 : w->zeros[r * gs.groups_per_row + g];
+      const auto vs = hn::Set(d, p.scale);
+      const auto vz = hn::Set(di, p.zero);
+      int64_t i = gs.begin(g);
+      const int64_t end = gs.end(g);
+      for (; i + N <= end; i += N) {
+        const auto v = Centre(hn::PromoteTo(di, hn::LoadU(du8, c + i)), q.symmetric, vh, vz);
+        hn::StoreU(hn::Mul(vs, hn::ConvertTo(d, v)), d, out + i);
+      }
+      for (; i < end; ++i) {
+        const int32_t v = q.symmetric ? sign_extend(c[i], q.bits) : static_cast<int32_t>(c[i]);
+        out[i] = int_decode(v, p, q.symmetric);
+      }
+    }
+  }
+}
+
+void WidenRows(const IntWeight* w, int8_t* out, int64_t r0, int64_t r1) {
+  const DI di;
+  const DU8 du8;
+  const D8 d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(di));
+  const Groups& gs = w->gs;
+  const IntScheme& q = w->q;
+  const auto vh = hn::Set(di, static_cast<int32_t>(1u << (q.bits - 1)));
+  std::vector<uint8_t> codes(static_cast<std::size_t>(gs.cols));
+  for (int64_t r = r0; r < r1; ++r) {
+    unpack_codes(w->packed, static_cast<uint64_t>(r * gs.cols), static_cast<uint64_t>(gs.cols),
+                 q.bits, w->packing, codes.data());
+    int8_t* o = out + r * gs.cols;
+    for (int64_t g = 0; g < gs.groups_per_row; ++g) {
+      const int32_t z = q.symmetric ? 0 : w->zeros[r * gs.groups_per_row + g];
+      const auto vz = hn::Set(di, z);
+      int64_t i = gs.begin(g);
+      const int64_t end = gs.end(g);
+      for (; i + N <= end; i += N) {
+        const auto v =
+            Centre(hn::PromoteTo(di, hn::LoadU(du8, codes.data() + i)), q.symmetric, vh, vz);
+        hn::StoreU(hn::DemoteTo(d8, v), d8, o + i);
+      }
+      for (; i < end; ++i) {
+        o[i] = static_cast<int8_t>(q.symmetric ? sign_extend(codes[i], q.bits)
+                                               : static_cast<int32_t>(codes[i]) - z);
+      }
+    }
+  }
+}
+
+constexpr int64_t kRowBlock = 4;  // activation rows sharing one decode of the weight
+
+// Weight-only matmul of output columns [n0, n1). xe/xo: x's even and odd columns (the
+// 4-bit path; NULL otherwise).
+void WeightOnlyCols(const float* x, int64_t m, const IntWeight* w, const float* bias, float* y,
+                    const float* xe, const float* xo, int64_t n0, int64_t n1) {
+  const DF d;
+  const DI di;
+  const DU8 du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const Groups& gs = w->gs;
+  const IntScheme& q = w->q;
+  const int64_t K = gs.cols;
+  const int64_t half = K / 2;
+  const auto vh = hn::Set(di, static_cast<int32_t>(1u << (q.bits - 1)));
+  const auto mask4 = hn::Set(du8, uint8_t{0x0F});
+  const bool nibbles = xe != nullptr;
+  constexpr int64_t kChunk = 256;
+  HWY_ALIGN uint8_t chunk[kChunk];
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t mb = 0; mb < m; mb += kRowBlock) {
+      const int64_t rows = std::min(kRowBlock, m - mb);
+      float total[kRowBlock] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t g = 0; g < gs.groups_per_row; ++g) {
+        const float s = w->scales[n * gs.groups_per_row + g];
+        const int32_t z = q.symmetric ? 0 : w->zeros[n * gs.groups_per_row + g];
+        const auto vz = hn::Set(di, z);
+        const int64_t c0 = gs.begin(g);
+        const int64_t c1 = gs.end(g);
+        auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+        float tail[kRowBlock] = {0.0f, 0.0f, 0.0f, 0.0f};
+        auto scalar_code = [&](int64_t c) {
+          const uint32_t u =
+              read_code(w->packed, static_cast<uint64_t>(n * K + c), q.bits, w->packing);
+          return static_cast<float>(q.symmetric ? sign_extend(u, q.bits)
+                                                : static_cast<int32_t>(u) - z);
+        };
+        if (nibbles) {
+          // Byte j of the row holds columns 2j (low nibble) and 2j + 1 (high nibble).
+          const uint8_t* bytes = w->packed + n * half;
+          int64_t j = c0 / 2;
+          const int64_t j1 = c1 / 2;
+          for (; j + N <= j1; j += N) {
+            const auto b = hn::LoadU(du8, bytes + j);
+            const auto lo =
+                hn::ConvertTo(d, Centre(hn::PromoteTo(di, hn::And(b, mask4)), q.symmetric, vh, vz));
+            const auto hi = hn::ConvertTo(
+                d, Centre(hn::PromoteTo(di, hn::ShiftRight<4>(b)), q.symmetric, vh, vz));
+            const float* e = xe + mb * half + j;
+            const float* o = xo + mb * half + j;
+            a0 = hn::MulAdd(lo, hn::LoadU(d, e), hn::MulAdd(hi, hn::LoadU(d, o), a0));
+            if (rows > 1)
+              a1 = hn::MulAdd(lo, hn::LoadU(d, e + half),
+                              hn::MulAdd(hi, hn::LoadU(d, o + half), a1));
+            if (rows > 2)
+              a2 = hn::MulAdd(lo, hn::LoadU(d, e + 2 * half),
+                              hn::MulAdd(hi, hn::LoadU(d, o + 2 * half), a2));
+            if (rows > 3)
+              a3 = hn::MulAdd(lo, hn::LoadU(d, e + 3 * half),
+                              hn::MulAdd(hi, hn::LoadU(d, o + 3 * half), a3));
+          }
+          for (int64_t c = 2 * j; c < c1; ++c) {
+            const float v = scalar_code(c);
+            for (int64_t r = 0; r < rows; ++r) tail[r] += v * x[(mb + r) * K + c];
+          }
+        } else {
+          for (int64_t k0 = c0; k0 < c1; k0 += kChunk) {
+            const int64_t len = std::min(kChunk, c1 - k0);
+            const uint8_t* codes = chunk;
+            if (q.bits == 8) {
+              codes = w->packed + n * K + k0;
+            } else {
+              unpack_codes(w->packed, static_cast<uint64_t>(n * K + k0), static_cast<uint64_t>(len),
+                           q.bits, w->packing, chunk);
+            }
+            int64_t i = 0;
+            for (; i + N <= len; i += N) {
+              const auto v = hn::ConvertTo(
+                  d, Centre(hn::PromoteTo(di, hn::LoadU(du8, codes + i)), q.symmetric, vh, vz));
+              const float* xr = x + mb * K + k0 + i;
+              a0 = hn::MulAdd(v, hn::LoadU(d, xr), a0);
+              if (rows > 1) a1 = hn::MulAdd(v, hn::LoadU(d, xr + K), a1);
+              if (rows > 2) a2 = hn::MulAdd(v, hn::LoadU(d, xr + 2 * K), a2);
+              if (rows > 3) a3 = hn::MulAdd(v, hn::LoadU(d, xr + 3 * K), a3);
+            }
+            for (; i < len; ++i) {
+              const uint32_t u = codes[i];
+              const float v = static_cast<float>(q.symmetric ? sign_extend(u, q.bits)
+                                                             : static_cast<int32_t>(u) - z);
+              for (int64_t r = 0; r < rows; ++r) tail[r] += v * x[(mb + r) * K + k0 + i];
+            }
+          }
+        }
+        total[0] += s * (hn::GetLane(hn::SumOfLanes(d, a0)) + tail[0]);
+        if (rows > 1) total[1] += s * (hn::GetLane(hn::SumOfLanes(d, a1)) + tail[1]);
+        if (rows > 2) total[2] += s * (hn::GetLane(hn::SumOfLanes(d, a2)) + tail[2]);
+        if (rows > 3) total[3] += s * (hn::GetLane(hn::SumOfLanes(d, a3)) + tail[3]);
+      }
+      const float b = bias != nullptr ? bias[n] : 0.0f;
+      for (int64_t r = 0; r < rows; ++r) y[(mb + r) * gs.rows + n] = total[r] + b;
+    }
+  }
+}
+
+// x's even and odd columns, for the 4-bit path: xe[r, j] = x[r, 2j], xo[r, j] = x[r, 2j + 1].
+void Deinterleave(const float* x, int64_t m, int64_t k, float* xe, float* xo) {
+  const int64_t half = k / 2;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * k;
+    for (int64_t j = 0; j < half; ++j) {
+      xe[r * half + j] = row[2 * j];
+      xo[r * half + j] = row[2 * j + 1];
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace loom::quant
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "common/parallel_for.hpp"
+
+namespace loom::quant {
+
+HWY_EXPORT(QuantizeRows);
+HWY_EXPORT(DequantizeRows);
+HWY_EXPORT(WidenRows);
+HWY_EXPORT(WeightOnlyCols);
+HWY_EXPORT(Deinterleave);
+
+namespace {
+
+// Rows per parallel block: about 64 KiB of input, a multiple of the rows that start on a
+// byte boundary.
+std::size_t row_grain(int64_t cols, uint32_t bits) {
+  const int64_t align = aligned_rows(cols, bits);
+  int64_t rows = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1));
+  rows = (rows + align - 1) / align * align;
+  return static_cast<std::size_t>(rows);
+}
+
+}  // namespace
+
+int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32_t packing,
+                     uint8_t* packed, float* scales, uint8_t* zeros) {
+  const uint64_t total = static_cast<uint64_t>(gs.rows) * static_cast<uint64_t>(gs.cols);
+  const uint64_t bytes = packed_size(total, q.bits);
+  if (bytes == 0) return -1;
+  packed[bytes - 1] = 0;
+  std::atomic<bool> bad{false};
+  loom::plugins::parallel_for(
+      static_cast<std::size_t>(gs.rows), row_grain(gs.cols, q.bits),
+      [&](std::size_t b, std::size_t e) {
+        if (!HWY_DYNAMIC_DISPATCH(QuantizeRows)(x, &gs, &q, packing, packed, scales, zeros,
+                                                static_cast<int64_t>(b), static_cast<int64_t>(e))) {
+          bad.store(true, std::memory_order_relaxed);
+        }
+      });
+  if (!bad.load()) return -1;
+  return first_non_finite(x, static_cast<int64_t>(total));
+}
+
+void dequantize_int(const IntWeight& w, float* x) {
+  loom::plugins::parallel_for(static_cast<std::size_t>(w.gs.rows), row_grain(w.gs.cols, 8),
+                              [&](std::size_t b, std::size_t e) {
+                                HWY_DYNAMIC_DISPATCH(DequantizeRows)
+                                (&w, x, static_cast<int64_t>(b), static_cast<int64_t>(e));
+                              });
+}
+
+void widen_to_int8(const IntWeight& w, int8_t* out) {
+  loom::plugins::parallel_for(static_cast<std::size_t>(w.gs.rows), row_grain(w.gs.cols, 8),
+                              [&](std::size_t b, std::size_t e) {
+                                HWY_DYNAMIC_DISPATCH(WidenRows)
+                                (&w, out, static_cast<int64_t>(b), static_cast<int64_t>(e));
+                              });
+}
+
+int64_t quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales) {
+  const IntScheme scheme{8, true, Range::kExact};
+  return quantize_int(x, Groups::of(rows, cols, 0), scheme, LOOM_QUANT_PACK_LSB_FIRST,
+                      reinterpret_cast<uint8_t*>(q), scales, nullptr);
+}
+
+int64_t weight_only_workspace_floats(int64_t m, int64_t k) { return m * k; }
+
+void matmul_weight_only(const float* x, int64_t m, const IntWeight& w, const float* bias, float* y,
+                        float* workspace) {
+  const Groups& gs = w.gs;
+  const int64_t K = gs.cols;
+  // Two codes per byte with every group starting on a byte: the nibble path.
+  const bool nibbles =
+      w.q.bits == 4 && w.packing == LOOM_QUANT_PACK_LSB_FIRST && K % 2 == 0 && gs.group % 2 == 0;
+  std::vector<float> own;
+  const float* xe = nullptr;
+  const float* xo = nullptr;
+  if (nibbles && m > 0) {
+    if (workspace == nullptr) {
+      own.resize(static_cast<std::size_t>(m * K));
+      workspace = own.data();
+    }
+    HWY_DYNAMIC_DISPATCH(Deinterleave)(x, m, K, workspace, workspace + m * (K / 2));
+    xe = workspace;
+    xo = workspace + m * (K / 2);
+  }
+  if (m == 0) return;
+  const std::size_t grain =
+      static_cast<std::size_t>(std::max<int64_t>(1, 4096 / std::max<int64_t>(K, 1)));
+  loom::plugins::parallel_for(
+      static_cast<std::size_t>(gs.rows), grain, [&](std::size_t b, std::size_t e) {
+        HWY_DYNAMIC_DISPATCH(WeightOnlyCols)
+        (x, m, &w, bias, y, xe, xo, static_cast<int64_t>(b), static_cast<int64_t>(e));
+      });
+}
+
+}  // namespace loom::quant
+#endif  // HWY_ONCE

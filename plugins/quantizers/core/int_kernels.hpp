@@ -1,0 +1,50 @@
+// The fast CPU kernels of the integer schemes (Highway, dispatched at run time to the best
+// SIMD target the CPU has; threaded over the host pool with loom::plugins::parallel_for):
+// quantize and dequantize of a [rows, cols] matrix with groups along each row, token-wise
+// INT8 activation quantization, and the weight-only matmul that decodes packed codes in
+// registers. quantize, dequantize and the activation quantization write exactly what the
+// references of quant_core.hpp write, on every target.
+#pragma once
+
+#include <cstdint>
+
+#include "quant_core.hpp"
+
+namespace loom::quant {
+
+// A packed INT weight W [gs.rows, gs.cols] = [N, K] and its group scales (and zero points).
+struct IntWeight {
+  const uint8_t* packed = nullptr;
+  const float* scales = nullptr;
+  const uint8_t* zeros = nullptr;  // asymmetric only
+  Groups gs;
+  IntScheme q;
+  int32_t packing = LOOM_QUANT_PACK_LSB_FIRST;
+};
+
+// reference_quantize's output, computed fast. Returns -1, or the index of the first
+// non-finite element of x (then the outputs are unspecified).
+int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32_t packing,
+                     uint8_t* packed, float* scales, uint8_t* zeros);
+
+// reference_dequantize's output, computed fast.
+void dequantize_int(const IntWeight& w, float* x);
+
+// reference_quantize_rows_int8's output (symmetric INT8, exact range, one scale per row),
+// computed fast. Returns -1 or the index of the first non-finite element.
+int64_t quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales);
+
+// y [m, N] = x [m, K] . decode(W)^T (+ bias [N]): float x times the decoded weight, the codes
+// unpacked in registers (4-bit LSB_FIRST codes two per byte straight from the packed bytes,
+// 8-bit codes as bytes, other widths a chunk of codes at a time into a small buffer of bytes:
+// never the weight as floats). Each group's partial sum is scaled once. `workspace` holds
+// weight_only_workspace_floats(m, K) floats (NULL: allocated here).
+void matmul_weight_only(const float* x, int64_t m, const IntWeight& w, const float* bias, float* y,
+                        float* workspace);
+int64_t weight_only_workspace_floats(int64_t m, int64_t k);
+
+// Widens W's codes to one int8 per element, [N, K] row-major: the symmetric code itself, or
+// q - z (asymmetric; needs bits <= 7 so it fits). The W4A8 path's weight for the INT8 GEMM.
+void widen_to_int8(const IntWeight& w, int8_t* out);
+
+}  // namespace loom::quant

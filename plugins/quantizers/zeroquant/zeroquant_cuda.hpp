@@ -1,0 +1,27 @@
+// zeroquant's CUDA side (zeroquant_cuda.cpp, CUDA builds only): the device made current, the
+// core's kernels, and the INT8 GEMM on cuBLASLt (int8 inputs, int32 accumulation) followed by
+// the epilogue kernel. Without CUDA, cuda_built() is false and the rest is never called.
+#pragma once
+
+#include <cstdint>
+
+#include "int_kernels.hpp"
+
+namespace loom::quant {
+
+bool cuda_built();
+
+// quantize_int on device `device`; returns -1 or the first non-finite index.
+int64_t zq_cuda_quantize(int device, const float* x, const Groups& gs, const IntScheme& q,
+                         uint8_t* packed, float* scales, uint8_t* zeros, void* stream);
+// One float read back from the device (for an error message).
+void zq_cuda_read_float(int device, const float* p, float* out);
+void zq_cuda_dequantize(int device, const IntWeight& w, float* x, void* stream);
+// y = x . W^T (+ bias): int8_activations: x quantized per token, widened codes, cuBLASLt's
+// int8 GEMM per K group into an int32 accumulator at workspace + acc_offset, the epilogue;
+// else the weight-only kernel. Returns -1 or the first non-finite x index.
+int64_t zq_cuda_matmul(int device, const float* x, int64_t m, const IntWeight& w, const float* bias,
+                       float* y, bool int8_activations, void* workspace, uint64_t acc_offset,
+                       void* stream);
+
+}  // namespace loom::quant

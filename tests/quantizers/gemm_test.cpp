@@ -1,0 +1,162 @@
+// The W8A8 / W4A8 matmul (int8_gemm.hpp, oneDNN) against the reference that quantizes x the
+// same way (token-wise INT8, the reference's codes), accumulates the code products exactly in
+// int64 and scales each K group's sum by s_x[m] s_w[n, g]: both then differ only by float
+// rounding of the epilogue, so the tolerance is 1e-6 relative to the sum of the magnitudes
+// of the scaled group sums and the bias.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "int8_gemm.hpp"
+#include "quant_core.hpp"
+
+namespace {
+
+using loom::quant::Groups;
+using loom::quant::IntScheme;
+using loom::quant::IntWeight;
+using loom::quant::Range;
+
+std::vector<float> sample(std::size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+struct Case {
+  uint32_t bits;
+  bool symmetric;
+  Range range;
+  int64_t group;
+};
+
+TEST(QuantGemm, Int8MatmulMatchesTheQuantizedReference) {
+  if (!loom::quant::have_int8_gemm()) GTEST_SKIP() << "built without oneDNN";
+  const int64_t n = 11, k = 48;
+  const Case cases[] = {
+      {8, true, Range::kExact, 0},  {8, true, Range::kDeepSpeed, 0},   {8, true, Range::kExact, 16},
+      {4, true, Range::kExact, 0},  {4, true, Range::kDeepSpeed, 16},  {4, false, Range::kExact, 0},
+      {4, true, Range::kExact, 20}, {7, false, Range::kDeepSpeed, 24}, {3, true, Range::kExact, 0}};
+  for (const Case& c : cases) {
+    for (int64_t m : {1, 5}) {
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE("bits " + std::to_string(c.bits) + (c.symmetric ? " sym" : " asym") +
+                     " group " + std::to_string(c.group) + " m " + std::to_string(m) +
+                     (with_bias ? " bias" : ""));
+        const IntScheme q{c.bits, c.symmetric, c.range};
+        const Groups gs = Groups::of(n, k, c.group);
+        const auto wf = sample(n * k, 3 + c.bits, 0.1f);
+        const auto x = sample(m * k, static_cast<uint32_t>(9 + m), 2.0f);
+        const auto bias = sample(n, 4);
+        std::vector<uint8_t> p(loom::quant::packed_size(n * k, c.bits));
+        std::vector<float> s(gs.count());
+        std::vector<uint8_t> z(gs.count());
+        loom::quant::reference_quantize(wf.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST, p.data(),
+                                        s.data(), z.data());
+        const IntWeight w{p.data(), s.data(), z.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST};
+        ASSERT_TRUE(loom::quant::int8_matmul_supports(q, nullptr));
+        std::vector<uint8_t> ws(loom::quant::int8_matmul_workspace_bytes(m, w) + 64);
+        void* aligned =
+            reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
+        std::vector<float> y(m * n, NAN);
+        ASSERT_EQ(loom::quant::int8_matmul(x.data(), m, w, with_bias ? bias.data() : nullptr,
+                                           y.data(), aligned),
+                  -1);
+        // The reference.
+        std::vector<int8_t> xq(m * k);
+        std::vector<float> sx(m);
+        loom::quant::reference_quantize_rows_int8(x.data(), m, k, xq.data(), sx.data());
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double want = with_bias ? bias[j] : 0.0;
+            double mag = std::fabs(want);
+            for (int64_t g = 0; g < gs.groups_per_row; ++g) {
+              int64_t acc = 0;
+              const int32_t zp = c.symmetric ? 0 : z[j * gs.groups_per_row + g];
+              for (int64_t cc = gs.begin(g); cc < gs.end(g); ++cc) {
+                const uint32_t u =
+                    loom::quant::read_code(p.data(), j * k + cc, c.bits, LOOM_QUANT_PACK_LSB_FIRST);
+                const int32_t wq = c.symmetric ? loom::quant::sign_extend(u, c.bits)
+                                               : static_cast<int32_t>(u) - zp;
+                acc += static_cast<int64_t>(xq[i * k + cc]) * wq;
+              }
+              const double term = static_cast<double>(acc) * sx[i] * s[j * gs.groups_per_row + g];
+              want += term;
+              mag += std::fabs(term);
+            }
+            ASSERT_NEAR(y[i * n + j], want, 1e-6 * mag + 1e-12) << "y[" << i << ", " << j << "]";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantGemm, Int8MatmulIsCloseToDequantizeThenMatmul) {
+  // Against float x times the decoded W, the W8A8 result differs by the rounding of x to
+  // INT8: at most 0.5 s_x[m] per element, so |dy| <= 0.5 s_x[m] sum_k |w_nk|.
+  if (!loom::quant::have_int8_gemm()) GTEST_SKIP() << "built without oneDNN";
+  const int64_t m = 3, n = 7, k = 64;
+  const IntScheme q{8, true, Range::kExact};
+  const Groups gs = Groups::of(n, k, 0);
+  const auto wf = sample(n * k, 1);
+  const auto x = sample(m * k, 2);
+  std::vector<uint8_t> p(n * k);
+  std::vector<float> s(n);
+  loom::quant::reference_quantize(wf.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST, p.data(), s.data(),
+                                  nullptr);
+  std::vector<float> wd(n * k);
+  loom::quant::reference_dequantize(p.data(), s.data(), nullptr, gs, q, LOOM_QUANT_PACK_LSB_FIRST,
+                                    wd.data());
+  const IntWeight w{p.data(), s.data(), nullptr, gs, q, LOOM_QUANT_PACK_LSB_FIRST};
+  std::vector<uint8_t> ws(loom::quant::int8_matmul_workspace_bytes(m, w) + 64);
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
+  std::vector<float> y(m * n);
+  ASSERT_EQ(loom::quant::int8_matmul(x.data(), m, w, nullptr, y.data(), aligned), -1);
+  for (int64_t i = 0; i < m; ++i) {
+    float amax = 0;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[i * k + c]));
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, wabs = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        want += static_cast<double>(x[i * k + c]) * wd[j * k + c];
+        wabs += std::fabs(wd[j * k + c]);
+      }
+      EXPECT_NEAR(y[i * n + j], want, 0.5 * amax / 127 * wabs * 1.001 + 1e-5);
+    }
+  }
+}
+
+TEST(QuantGemm, AsymmetricEightBitIsRefusedWithAReason) {
+  std::string why;
+  EXPECT_FALSE(loom::quant::int8_matmul_supports({8, false, Range::kExact}, &why));
+  EXPECT_NE(why.find("do not fit"), std::string::npos) << why;
+  EXPECT_TRUE(loom::quant::int8_matmul_supports({7, false, Range::kExact}, nullptr));
+}
+
+TEST(QuantGemm, NonFiniteActivationIsReported) {
+  if (!loom::quant::have_int8_gemm()) GTEST_SKIP() << "built without oneDNN";
+  const int64_t m = 2, n = 2, k = 8;
+  std::vector<uint8_t> p(n * k, 1);
+  std::vector<float> s(n, 1.0f);
+  const IntWeight w{p.data(),
+                    s.data(),
+                    nullptr,
+                    Groups::of(n, k, 0),
+                    {8, true, Range::kExact},
+                    LOOM_QUANT_PACK_LSB_FIRST};
+  std::vector<float> x(m * k, 1.0f);
+  x[k + 3] = NAN;
+  std::vector<uint8_t> ws(loom::quant::int8_matmul_workspace_bytes(m, w) + 64);
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
+  std::vector<float> y(m * n);
+  EXPECT_EQ(loom::quant::int8_matmul(x.data(), m, w, nullptr, y.data(), aligned), k + 3);
+}
+
+}  // namespace

@@ -1,0 +1,213 @@
+// The fast CPU kernels (int_kernels.hpp) against the scalar reference, on every SIMD target
+// Highway compiled and this CPU runs: quantize and dequantize bit for bit for every bit
+// width, symmetry, range, group size and packing; the token-wise INT8 activations bit for
+// bit; the weight-only matmul against dequantize-then-matmul in double.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "int_kernels.hpp"
+#include "quant_core.hpp"
+
+namespace {
+
+using loom::quant::Groups;
+using loom::quant::IntScheme;
+using loom::quant::IntWeight;
+using loom::quant::Range;
+
+std::vector<float> sample(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(rows * cols));
+  for (auto& v : x) v = nd(rng);
+  if (rows >= 3) {
+    // A row of ties (s = 1 for 8-bit exact symmetric), a row of zeros, a positive row.
+    for (int64_t c = 0; c < cols; ++c) {
+      x[static_cast<std::size_t>(cols + c)] = c == 0 ? 127.0f : static_cast<float>(c % 9) - 3.5f;
+      x[static_cast<std::size_t>(2 * cols + c)] = 0.0f;
+    }
+    if (rows >= 4) {
+      for (int64_t c = 0; c < cols; ++c)
+        x[static_cast<std::size_t>(3 * cols + c)] =
+            std::fabs(x[static_cast<std::size_t>(3 * cols + c)]) + 0.25f;
+    }
+  }
+  return x;
+}
+
+template <class Fn>
+void on_every_target(Fn&& fn) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(QuantKernels, QuantizeAndDequantizeMatchTheReferenceBitForBit) {
+  const int64_t rows = 6, cols = 70;
+  const auto x = sample(rows, cols, 11);
+  on_every_target([&] {
+    for (bool sym : {true, false}) {
+      for (uint32_t bits = sym ? 2 : 1; bits <= 8; ++bits) {
+        for (Range range : {Range::kExact, Range::kDeepSpeed}) {
+          for (int64_t group : {0, 1, 4, 7, 16, 32, 64, 100}) {
+            for (int32_t packing : {LOOM_QUANT_PACK_LSB_FIRST, LOOM_QUANT_PACK_MSB_FIRST}) {
+              SCOPED_TRACE("bits " + std::to_string(bits) + (sym ? " sym" : " asym") + " range " +
+                           std::to_string(static_cast<int>(range)) + " group " +
+                           std::to_string(group) + " packing " + std::to_string(packing));
+              const IntScheme q{bits, sym, range};
+              const Groups gs = Groups::of(rows, cols, group);
+              const std::size_t bytes = loom::quant::packed_size(rows * cols, bits);
+              std::vector<uint8_t> p_ref(bytes, 0x5A), p_fast(bytes, 0xA5);
+              std::vector<float> s_ref(gs.count(), -1), s_fast(gs.count(), -2);
+              std::vector<uint8_t> z_ref(gs.count(), 1), z_fast(gs.count(), 2);
+              loom::quant::reference_quantize(x.data(), gs, q, packing, p_ref.data(), s_ref.data(),
+                                              z_ref.data());
+              ASSERT_EQ(loom::quant::quantize_int(x.data(), gs, q, packing, p_fast.data(),
+                                                  s_fast.data(), z_fast.data()),
+                        -1);
+              ASSERT_EQ(p_fast, p_ref);
+              ASSERT_EQ(0, std::memcmp(s_fast.data(), s_ref.data(), s_ref.size() * sizeof(float)));
+              if (!sym) ASSERT_EQ(z_fast, z_ref);
+              std::vector<float> d_ref(x.size()), d_fast(x.size(), NAN);
+              loom::quant::reference_dequantize(p_ref.data(), s_ref.data(), z_ref.data(), gs, q,
+                                                packing, d_ref.data());
+              IntWeight w{p_ref.data(), s_ref.data(), z_ref.data(), gs, q, packing};
+              loom::quant::dequantize_int(w, d_fast.data());
+              ASSERT_EQ(0, std::memcmp(d_fast.data(), d_ref.data(), d_ref.size() * sizeof(float)));
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(QuantKernels, TokenWiseInt8MatchesTheReference) {
+  const int64_t rows = 5, cols = 83;
+  const auto x = sample(rows, cols, 5);
+  on_every_target([&] {
+    std::vector<int8_t> q_ref(x.size()), q_fast(x.size());
+    std::vector<float> s_ref(rows), s_fast(rows);
+    loom::quant::reference_quantize_rows_int8(x.data(), rows, cols, q_ref.data(), s_ref.data());
+    ASSERT_EQ(loom::quant::quantize_rows_int8(x.data(), rows, cols, q_fast.data(), s_fast.data()),
+              -1);
+    EXPECT_EQ(q_fast, q_ref);
+    EXPECT_EQ(0, std::memcmp(s_fast.data(), s_ref.data(), rows * sizeof(float)));
+  });
+}
+
+TEST(QuantKernels, NonFiniteInputIsFoundAndNamed) {
+  on_every_target([&] {
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      auto x = sample(4, 40, 3);
+      x[2 * 40 + 17] = bad;
+      x[3 * 40 + 1] = bad;
+      std::vector<uint8_t> p(160);
+      std::vector<float> s(4);
+      EXPECT_EQ(loom::quant::quantize_int(x.data(), Groups::of(4, 40, 0), {8, true, Range::kExact},
+                                          LOOM_QUANT_PACK_LSB_FIRST, p.data(), s.data(), nullptr),
+                2 * 40 + 17);
+      std::vector<int8_t> q(160);
+      EXPECT_EQ(loom::quant::quantize_rows_int8(x.data(), 4, 40, q.data(), s.data()), 2 * 40 + 17);
+    }
+  });
+}
+
+// y = x . decode(W)^T (+ bias) in double from the reference's decoded weight.
+std::vector<double> dequant_matmul(const std::vector<float>& x, int64_t m,
+                                   const std::vector<float>& wd, int64_t n, int64_t k,
+                                   const float* bias) {
+  std::vector<double> y(static_cast<std::size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bias != nullptr ? bias[j] : 0.0;
+      for (int64_t c = 0; c < k; ++c) acc += static_cast<double>(x[i * k + c]) * wd[j * k + c];
+      y[i * n + j] = acc;
+    }
+  }
+  return y;
+}
+
+TEST(QuantKernels, WeightOnlyMatmulMatchesDequantizeThenMatmul) {
+  // Tolerance: float accumulation of k products against double, relative to sum |x w|:
+  // 1e-5 (k <= 200, unit roundoff 6e-8 times the terms' count, with margin).
+  const int64_t n = 9;
+  on_every_target([&] {
+    for (int64_t k : {64, 67, 130}) {
+      for (uint32_t bits : {2u, 3u, 4u, 8u}) {
+        for (bool sym : {true, false}) {
+          for (int64_t group : {0, 32, 5}) {
+            for (int32_t packing : {LOOM_QUANT_PACK_LSB_FIRST, LOOM_QUANT_PACK_MSB_FIRST}) {
+              for (int64_t m : {1, 3, 6}) {
+                SCOPED_TRACE("k " + std::to_string(k) + " bits " + std::to_string(bits) +
+                             (sym ? " sym" : " asym") + " group " + std::to_string(group) +
+                             " packing " + std::to_string(packing) + " m " + std::to_string(m));
+                const IntScheme q{bits, sym, Range::kExact};
+                const Groups gs = Groups::of(n, k, group);
+                const auto wf = sample(n, k, 17);
+                const auto x = sample(m, k, 23);
+                std::vector<float> bias(n);
+                for (int64_t j = 0; j < n; ++j) bias[j] = 0.5f * static_cast<float>(j) - 2.0f;
+                std::vector<uint8_t> p(loom::quant::packed_size(n * k, bits));
+                std::vector<float> s(gs.count());
+                std::vector<uint8_t> z(gs.count());
+                loom::quant::reference_quantize(wf.data(), gs, q, packing, p.data(), s.data(),
+                                                z.data());
+                std::vector<float> wd(wf.size());
+                loom::quant::reference_dequantize(p.data(), s.data(), z.data(), gs, q, packing,
+                                                  wd.data());
+                const IntWeight w{p.data(), s.data(), z.data(), gs, q, packing};
+                std::vector<float> y(m * n, NAN);
+                loom::quant::matmul_weight_only(x.data(), m, w, bias.data(), y.data(), nullptr);
+                const auto want = dequant_matmul(x, m, wd, n, k, bias.data());
+                for (int64_t i = 0; i < m * n; ++i) {
+                  double mag = std::fabs(bias[i % n]);
+                  for (int64_t c = 0; c < k; ++c)
+                    mag += std::fabs(x[(i / n) * k + c] * wd[(i % n) * k + c]);
+                  ASSERT_NEAR(y[i], want[i], 1e-5 * mag + 1e-6)
+                      << "y[" << i / n << ", " << i % n << "]";
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(QuantKernels, WidenToInt8) {
+  const int64_t n = 3, k = 21;
+  const auto wf = sample(n, k, 2);
+  for (bool sym : {true, false}) {
+    const IntScheme q{4, sym, Range::kExact};
+    const Groups gs = Groups::of(n, k, 8);
+    std::vector<uint8_t> p(loom::quant::packed_size(n * k, 4));
+    std::vector<float> s(gs.count());
+    std::vector<uint8_t> z(gs.count());
+    loom::quant::reference_quantize(wf.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST, p.data(), s.data(),
+                                    z.data());
+    std::vector<int8_t> wide(n * k);
+    loom::quant::widen_to_int8({p.data(), s.data(), z.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST},
+                               wide.data());
+    for (int64_t i = 0; i < n * k; ++i) {
+      const uint32_t u = loom::quant::read_code(p.data(), i, 4, LOOM_QUANT_PACK_LSB_FIRST);
+      const int32_t want =
+          sym ? loom::quant::sign_extend(u, 4)
+              : static_cast<int32_t>(u) - z[(i / k) * gs.groups_per_row + (i % k) / 8];
+      ASSERT_EQ(wide[i], want) << i;
+    }
+  }
+}
+
+}  // namespace
