@@ -569,6 +569,14 @@ TEST_F(QuantizeCli, AFailureLeavesNoOutputBehind) {
   EXPECT_EQ(files, 3U);  // in, q.toml, out: no temporary left
 }
 
+TEST_F(QuantizeCli, MissingArgumentsAreAUsageError) {
+  const auto r = loom("quantize " + p("q.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("loom quantize: "));
+  EXPECT_THAT(r.err, HasSubstr("IN is required"));
+}
+
 TEST_F(QuantizeCli, RefusesABadInputOrManifest) {
   dir_.write("q.toml",
              std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w9\"\n");
