@@ -6,12 +6,12 @@
 #
 # Layout (no symbolic links; the binaries find libloom through RUNPATH $ORIGIN/../lib, and
 # libloom finds its plugins in lib/loom/plugins beside itself):
-#   bin/      loom, loom-bench-codec, loom-bench-optim, loom-bench-router, the GPU tests (codec_cuda_test,
+#   bin/      loom, loom-bench-codec, loom-bench-optim, loom-bench-router, loom-bench-quant, the GPU tests (codec_cuda_test,
 #             loom_optimizer_cuda_tests, loom_nccl_tests and any other *cuda* test program)
 #   lib/      libloom.so.0, lib/loom/plugins/*.so
 #   deps/     what `ldd` lists for those files, less the C/C++ runtime and libnccl (the GPU
 #             machine's own; NCCL comes from its PyTorch environment); deps/ucx: UCX's modules
-#   anchors/  bench/peers/gpu_peers.py, common.py, router_peers.py: the peers' figures (torch,
+#   anchors/  bench/peers/gpu_peers.py, common.py, router_peers.py, moe_peers.py: the peers' figures (torch,
 #             DeepSpeed's path)
 #   python/   the loom Python package (python/loom) and its CUDA tests (python/tests)
 #   BUNDLE.txt  what was built from what
@@ -35,7 +35,7 @@ grep -q "Loom: CUDA ON" "$build.configure.log" || {
 
 # The GPU tests: these three, and any other test program with "cuda" in its name (left out,
 # with a warning, when it does not build).
-bins=(loom loom-bench-codec loom-bench-optim loom-bench-router codec_cuda_test loom_optimizer_cuda_tests
+bins=(loom loom-bench-codec loom-bench-optim loom-bench-router loom-bench-moe loom-bench-quant codec_cuda_test loom_optimizer_cuda_tests
   loom_nccl_tests loom_thread_comm_tests)
 echo "== build ${bins[*]}"
 ninja -C "$build" "${bins[@]/#/bin/}"
@@ -98,7 +98,7 @@ for d in "$bundle"/deps/*.so*; do  # the libraries those deps need in turn
 done
 shopt -u nullglob
 
-for f in gpu_peers.py common.py router_peers.py; do
+for f in gpu_peers.py common.py router_peers.py moe_peers.py; do
   install -m 644 "$root/bench/peers/$f" "$bundle/anchors/$f"
 done
 

@@ -10,7 +10,11 @@
 #   codec_bench   loom-bench-codec --device cuda: onebit round trip beside the copy -> codec.jsonl
 #   optim_bench   loom-bench-optim --device cuda (adam, lamb; 1M..256M)    -> optim.jsonl
 #   router_bench  loom-bench-router --device cuda (gather/scatter/select beside the D2D copy)
+#   quant_bench   loom-bench-quant --device cuda: zeroquant W8A8 against cuBLAS bf16 at 8192^3
+#                 -> quant.jsonl
 #                 -> router.jsonl; anchors/router_peers.py --device cuda -> router_peers.jsonl
+#   moe_bench     loom-bench-moe --device cuda at S=8192, M=2048, E=16, top-2 -> moe.jsonl;
+#                 anchors/moe_peers.py --device cuda (the one-hot einsum path) -> moe_peers.jsonl
 #   peers         anchors/gpu_peers.py (torch fused Adam, DeepSpeed 1-bit) -> peers.json
 #   TEST          each test program in the bundle's bin/ (codec_cuda_test,
 #                 loom_optimizer_cuda_tests, loom_nccl_tests, ...): gtest JSON ->
@@ -92,10 +96,22 @@ step optim_bench 150 "$bin/loom-bench-optim" --device cuda --sizes 1M,16M,64M,25
 jsonl optim_bench optim.jsonl
 step router_bench 60 "$bin/loom-bench-router" --device cuda --reps 3
 jsonl router_bench router.jsonl
+step quant_bench 120 "$bin/loom-bench-quant" --device cuda --cuda-gemm-sizes 8192 --reps 5
+jsonl quant_bench quant.jsonl
 if [[ -f $bundle/anchors/router_peers.py ]]; then
   # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
   step router_peers 90 env -u OUT bash -c 'python3 "$0" --device cuda --reps 3 >"$1"' \
     "$bundle/anchors/router_peers.py" "$out/router_peers.jsonl"
+fi
+# The MoE layer's gate + dispatch + combine at S=8192, M=2048, E=16, top-2, and the one-hot
+# einsum formulation of the same in torch.
+moe_shape=(--tokens 8192 --model-dim 2048 --experts 16 --k 2 --reps 3)
+step moe_bench 60 "$bin/loom-bench-moe" --device cuda "${moe_shape[@]}"
+jsonl moe_bench moe.jsonl
+if [[ -f $bundle/anchors/moe_peers.py ]]; then
+  # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
+  step moe_peers 60 env -u OUT bash -c 'python3 "$0" --device cuda "${@:2}" >"$1"' \
+    "$bundle/anchors/moe_peers.py" "$out/moe_peers.jsonl" "${moe_shape[@]}"
 fi
 # The peers before the tests: the targets need their figures, and the budget is shared.
 if [[ -f $bundle/anchors/gpu_peers.py ]]; then
@@ -178,6 +194,12 @@ target("adam_speed_vs_torch_fused", torch_ms / (adam["seconds"] * 1e3) if adam a
        1.0, "torch fused Adam time / Loom adam step time, 256M params")
 target("adam_fraction_of_copy", adam["ratio_to_copy"] if adam else None, 0.85,
        "Loom adam at 28 B/param / D2D copy bandwidth, same run")
+
+w8a8 = next((r for r in rows("quant.jsonl")
+             if r.get("kind") == "gemm" and r.get("device") == "cuda" and r.get("m") == 8192), None)
+res["quant_w8a8_cuda_8192"] = w8a8
+target("int8_gemm_vs_cublas_bf16", w8a8["speedup"] if w8a8 else None, 1.6,
+       "cuBLAS bf16 GEMM time / zeroquant W8A8 matmul time (quantizing x included), 8192^3")
 
 for path in sorted(glob.glob(os.path.join(out, "gtest-*.json"))):
     name = os.path.basename(path)[len("gtest-"):-len(".json")]

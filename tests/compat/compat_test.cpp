@@ -1,6 +1,6 @@
 // Plugins built from older ABI minors' headers, through today's host. The fixtures
 // (tests/compat/plugins, plain C11) are compiled against verbatim snapshots of the ABI 1.0 to
-// 1.3 headers, so the host meets their struct sizes: 1.0 optimizer tensors of 32
+// 1.4 headers, so the host meets their struct sizes: 1.0 optimizer tensors of 32
 // bytes and groups of 40, a 1.0 codec table without decode_sum, 1.2 factories and parameter
 // specs, and so on. Every struct a fixture hands
 // the host ends where an inaccessible page begins, so a read past its era's size faults.
@@ -53,7 +53,8 @@ void PrintTo(const Era& e, std::ostream* os) { *os << "ABI " << e.abi; }
 const Era kEras[] = {{"1.0", "compat10_sgd", "compat10_codec", 0},
                      {"1.1", "compat11_sgd", "compat11_codec", 1},
                      {"1.2", "compat12_sgd", "compat12_codec", 2},
-                     {"1.3", "compat13_sgd", "compat13_codec", 3}};
+                     {"1.3", "compat13_sgd", "compat13_codec", 3},
+                     {"1.4", "compat14_sgd", "compat14_codec", 4}};
 
 // ------------------------------------------------------------------ references
 

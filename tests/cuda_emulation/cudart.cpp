@@ -257,6 +257,13 @@ int device_of(const void* p) {
   const int d = lookup(p, 0);
   return d < 0 ? -1 : d;
 }
+size_t device_bytes_from(const void* p, int* device) {
+  std::lock_guard lk(g_mu);
+  size_t avail = 0;
+  const int d = lookup(p, 0, &avail);
+  if (device != nullptr) *device = d < 0 ? -1 : d;
+  return d < 0 ? 0 : avail;
+}
 void report(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

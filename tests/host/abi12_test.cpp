@@ -101,7 +101,7 @@ TEST_F(Abi12, ExactExclusiveBoundOnListElements) {
 
 TEST_F(Abi12, DescribeShowsExclusiveAndExactBounds) {
   const auto p = describe("abi12");
-  EXPECT_EQ(p["abi"], "1.4");
+  EXPECT_EQ(p["abi"], "1.5");
   EXPECT_EQ(p["kinds"][0]["has_validate"], true);
   EXPECT_EQ(p["kinds"][0]["has_state"], true);
   const auto& gain = param(p, "gain");
@@ -130,7 +130,7 @@ TEST_F(Abi12, UnknownSpecFlagBitRefusesThePluginNamingTheParameter) {
   loom_free_string(raw);
   EXPECT_THAT(std::string(loom_last_error()),
               HasSubstr("parameter 0 ('gain') has unknown flags 0x80 (from a newer ABI minor "
-                        "than this host's 1.4)"));
+                        "than this host's 1.5)"));
   EXPECT_EQ(check("[optimizer.b]\nplugin = \"badflags\"\n"), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_THAT(error_, HasSubstr(at(2, 10) + "optimizer.b: plugin file "));
   EXPECT_THAT(error_, HasSubstr("unknown flags 0x80"));

@@ -45,16 +45,17 @@ TEST_F(Manifest, NonAsciiOutsideStringsIsASyntaxError) {
 
 TEST_F(Manifest, UnknownSectionSuggestsTheClosestOne) {
   EXPECT_EQ(check("[optimzer.x]\nplugin = \"probe\"\n"), LOOM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_, at(1, 2) +
-                        "unknown section 'optimzer' (did you mean 'optimizer'?); known sections: "
-                        "loom, optimizer, comm, codec, curriculum, sampler, router");
+  EXPECT_EQ(error_,
+            at(1, 2) +
+                "unknown section 'optimzer' (did you mean 'optimizer'?); known sections: "
+                "loom, optimizer, comm, codec, curriculum, sampler, router, moe, quantizer");
 }
 
 TEST_F(Manifest, UnknownSectionFarFromAnyGetsNoSuggestion) {
   EXPECT_EQ(check("[trainer.x]\nplugin = \"probe\"\n"), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(error_, at(1, 2) +
                         "unknown section 'trainer'; known sections: loom, optimizer, comm, codec, "
-                        "curriculum, sampler, router");
+                        "curriculum, sampler, router, moe, quantizer");
 }
 
 TEST_F(Manifest, UnknownLoomKeySuggestsTheClosestOne) {
@@ -66,7 +67,7 @@ TEST_F(Manifest, UnknownLoomKeySuggestsTheClosestOne) {
 
 TEST_F(Manifest, OtherAbiMajorIsRejected) {
   EXPECT_EQ(check("[loom]\nabi = 2\n"), LOOM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_, at(2, 7) + "[loom] abi = 2 is not supported: this host speaks ABI 1.4");
+  EXPECT_EQ(error_, at(2, 7) + "[loom] abi = 2 is not supported: this host speaks ABI 1.5");
 }
 
 TEST_F(Manifest, LoomKeysOfTheWrongType) {

@@ -105,7 +105,7 @@ TEST_F(PluginLibrary, OtherMajorIsRefusedNamingBothVersions) {
   EXPECT_EQ(check("[optimizer.x]\nplugin = \"major2\"\n"), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_THAT(error_, StartsWith(at(2, 10) + "optimizer.x: plugin file " + file + ": "));
   EXPECT_THAT(error_, HasSubstr("built for Loom ABI 2"));
-  EXPECT_THAT(error_, HasSubstr("this host speaks ABI 1.4"));
+  EXPECT_THAT(error_, HasSubstr("this host speaks ABI 1.5"));
 
   const auto d = describe("major2", loom_test::plugin_dir().string());
   EXPECT_EQ(d.rc, LOOM_ERR_ABI_MISMATCH);

@@ -57,8 +57,9 @@ struct Dev {
   std::vector<T> read() const {
     std::vector<T> out(n);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (n > 0)
+    if (n > 0) {
       EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return out;
   }
 };
@@ -107,7 +108,9 @@ TEST_F(QuantCuda, QuantizeDequantizeAndWidenMatchTheCpuBitForBit) {
             ASSERT_EQ(dp.read(), p);
             const auto s_dev = ds.read();
             ASSERT_EQ(0, std::memcmp(s_dev.data(), s.data(), s.size() * sizeof(float)));
-            if (!sym) ASSERT_EQ(dz.read(), z);
+            if (!sym) {
+              ASSERT_EQ(dz.read(), z);
+            }
             const IntWeight w{dp.p, ds.p, sym ? nullptr : dz.p, gs, q, packing};
             Dev<float> dd(x.size());
             loom::quant::cuda::dequantize_int(w, dd.p, stream_);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "int8_gemm.hpp"
@@ -131,6 +132,38 @@ TEST(QuantGemm, Int8MatmulIsCloseToDequantizeThenMatmul) {
       EXPECT_NEAR(y[i * n + j], want, 0.5 * amax / 127 * wabs * 1.001 + 1e-5);
     }
   }
+}
+
+TEST(QuantGemm, ConcurrentMatmulsGetTheirOwnResults) {
+  // Calls are [any]: two threads at once, each its own workspace, the serial result each.
+  if (!loom::quant::have_int8_gemm()) GTEST_SKIP() << "built without oneDNN";
+  const int64_t m = 4, n = 12, k = 32;
+  const IntScheme q{8, true, Range::kExact};
+  const Groups gs = Groups::of(n, k, 16);
+  const auto wf = sample(n * k, 8);
+  std::vector<uint8_t> p(n * k);
+  std::vector<float> s(gs.count());
+  loom::quant::reference_quantize(wf.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST, p.data(), s.data(),
+                                  nullptr);
+  const IntWeight w{p.data(), s.data(), nullptr, gs, q, LOOM_QUANT_PACK_LSB_FIRST};
+  auto run = [&](const std::vector<float>& x, std::vector<float>& y) {
+    std::vector<uint8_t> ws(loom::quant::int8_matmul_workspace_bytes(m, w) + 64);
+    void* aligned =
+        reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
+    for (int rep = 0; rep < 20; ++rep) {
+      EXPECT_EQ(loom::quant::int8_matmul(x.data(), m, w, nullptr, y.data(), aligned), -1);
+    }
+  };
+  const auto x1 = sample(m * k, 21), x2 = sample(m * k, 22);
+  std::vector<float> want1(m * n), want2(m * n), got1(m * n), got2(m * n);
+  run(x1, want1);
+  run(x2, want2);
+  std::thread t1([&] { run(x1, got1); });
+  std::thread t2([&] { run(x2, got2); });
+  t1.join();
+  t2.join();
+  EXPECT_EQ(got1, want1);
+  EXPECT_EQ(got2, want2);
 }
 
 TEST(QuantGemm, AsymmetricEightBitIsRefusedWithAReason) {

@@ -77,7 +77,9 @@ TEST(QuantKernels, QuantizeAndDequantizeMatchTheReferenceBitForBit) {
                         -1);
               ASSERT_EQ(p_fast, p_ref);
               ASSERT_EQ(0, std::memcmp(s_fast.data(), s_ref.data(), s_ref.size() * sizeof(float)));
-              if (!sym) ASSERT_EQ(z_fast, z_ref);
+              if (!sym) {
+                ASSERT_EQ(z_fast, z_ref);
+              }
               std::vector<float> d_ref(x.size()), d_fast(x.size(), NAN);
               loom::quant::reference_dequantize(p_ref.data(), s_ref.data(), z_ref.data(), gs, q,
                                                 packing, d_ref.data());
@@ -143,12 +145,13 @@ TEST(QuantKernels, WeightOnlyMatmulMatchesDequantizeThenMatmul) {
   // 1e-5 (k <= 200, unit roundoff 6e-8 times the terms' count, with margin).
   const int64_t n = 9;
   on_every_target([&] {
-    for (int64_t k : {64, 67, 130}) {
+    for (int64_t k : {64, 67}) {
       for (uint32_t bits : {2u, 3u, 4u, 8u}) {
         for (bool sym : {true, false}) {
           for (int64_t group : {0, 32, 5}) {
             for (int32_t packing : {LOOM_QUANT_PACK_LSB_FIRST, LOOM_QUANT_PACK_MSB_FIRST}) {
-              for (int64_t m : {1, 3, 6}) {
+              // 11 rows: a block of 8 (AVX-512) or two of 4, then 3; 2 and 1 the small blocks.
+              for (int64_t m : {1, 2, 11}) {
                 SCOPED_TRACE("k " + std::to_string(k) + " bits " + std::to_string(bits) +
                              (sym ? " sym" : " asym") + " group " + std::to_string(group) +
                              " packing " + std::to_string(packing) + " m " + std::to_string(m));

@@ -122,7 +122,9 @@ TEST(QuantReference, ZeroGroupsGetScaleOne) {
       EXPECT_EQ(r.scales, (std::vector<float>{1.0f, 1.0f}));
       EXPECT_EQ(r.codes, (std::vector<int32_t>{0, 0, 0, 0}));
       EXPECT_EQ(r.packed, (std::vector<uint8_t>{0x00, 0x00}));  // unused bits zeroed too
-      if (!sym) EXPECT_EQ(r.zeros, (std::vector<uint8_t>{0, 0}));
+      if (!sym) {
+        EXPECT_EQ(r.zeros, (std::vector<uint8_t>{0, 0}));
+      }
     }
   }
 }

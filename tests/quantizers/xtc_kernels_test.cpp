@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "binary.hpp"
+#include "quant_core.hpp"
 #include "ternary.hpp"
 
 namespace {
@@ -292,6 +293,34 @@ TEST(XtcKernels, ReportTheFirstInvalidTernaryCode) {
           at);
     }
   });
+}
+
+// The packed bytes are the format's (quant_format.h, LSB first), as the shared packing code
+// of the quantizer core reads and writes them: its unpack gives each element's code, and its
+// pack of the per-element codes gives the same bytes.
+TEST(XtcKernels, PackedBytesAreTheFormatsLsbFirstStream) {
+  const GroupedShape s{7, 13, 4};
+  const auto w = weights(s.numel(), 8);
+  const auto n = static_cast<uint64_t>(s.numel());
+  std::vector<float> sc(static_cast<size_t>(s.groups()));
+  std::vector<uint8_t> pb(loom::quant::packed_bytes_of(s, 1)),
+      pt(loom::quant::packed_bytes_of(s, 2));
+  ASSERT_EQ(loom::quant::binary_quantize(w.data(), s, pb.data(), sc.data()), -1);
+  ASSERT_EQ(loom::quant::ternary_quantize(w.data(), s, 0.7f, pt.data(), sc.data()), -1);
+  std::vector<uint8_t> cb(n), ct(n);
+  loom::quant::unpack_codes(pb.data(), 0, n, 1, LOOM_QUANT_PACK_LSB_FIRST, cb.data());
+  loom::quant::unpack_codes(pt.data(), 0, n, 2, LOOM_QUANT_PACK_LSB_FIRST, ct.data());
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(cb[i], w[i] >= 0.0f ? 1 : 0) << i;
+    ASSERT_LE(ct[i], 2) << i;
+    if (ct[i] != 0) ASSERT_EQ(ct[i], w[i] > 0.0f ? 1 : 2) << i;
+  }
+  std::vector<uint8_t> repacked(pt.size(), 0);
+  loom::quant::pack_codes(ct.data(), 0, n, 2, LOOM_QUANT_PACK_LSB_FIRST, repacked.data());
+  EXPECT_EQ(repacked, pt);
+  std::vector<uint8_t> repacked1(pb.size(), 0);
+  loom::quant::pack_codes(cb.data(), 0, n, 1, LOOM_QUANT_PACK_LSB_FIRST, repacked1.data());
+  EXPECT_EQ(repacked1, pb);
 }
 
 }  // namespace

@@ -256,7 +256,9 @@ TEST(ZeroQuantPlugin, QuantizeAndDequantizeAreTheReferences) {
                            scales.data(), zeros.data());
     EXPECT_EQ(p.codes, codes);
     EXPECT_EQ(p.scales, scales);
-    if (!w.q.symmetric) EXPECT_EQ(p.zeros, zeros);
+    if (!w.q.symmetric) {
+      EXPECT_EQ(p.zeros, zeros);
+    }
     std::vector<float> back(x.size(), NAN), want(x.size());
     ASSERT_EQ(quantize(qz, LOOM_QUANTIZER_WEIGHT, l, x, p, true, &back), 0) << qz.error;
     lq::reference_dequantize(codes.data(), scales.data(), zeros.data(), gs, w.q,

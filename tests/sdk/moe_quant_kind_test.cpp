@@ -58,11 +58,12 @@ std::string take(loom_status* st, int32_t* code = nullptr) {
 template <class T, class Table>
 class Instance {
  public:
-  Instance() {
+  explicit Instance(uint16_t minor = LOOM_ABI_MINOR,
+                    uint32_t services_size = LOOM_HOST_SERVICES_SIZE) {
     factory_ = loom::sdk::factory<T>()();
-    svc_.struct_size = LOOM_HOST_SERVICES_SIZE;
+    svc_.struct_size = services_size;
     svc_.abi_major = LOOM_ABI_MAJOR;
-    svc_.abi_minor = LOOM_ABI_MINOR;
+    svc_.abi_minor = minor;
     svc_.instance_name = "test";
     loom_status* st = factory_->create(&svc_, &obj_);
     if (st != nullptr) ADD_FAILURE() << take(st);
@@ -659,6 +660,28 @@ TEST(SdkKinds, QuantizerMatmulChecksShapesAndSupport) {
             std::string::npos);
   EXPECT_EQ(code, LOOM_ERR_UNIMPLEMENTED);
   EXPECT_EQ(four.cls().matmuls, 0);
+}
+
+// The kinds need no 1.5 host's services (the services table did not change in 1.5): a 1.4 or
+// 1.1 host's table creates the instances, which plan and lay out.
+TEST(SdkKinds, MoeAndQuantizerCreatedByOlderHosts) {
+  const uint32_t v11 = LOOM_STRUCT_SIZE(loom_host_services, param_count);
+  for (const auto& [minor, size] :
+       {std::pair<uint16_t, uint32_t>{4, LOOM_HOST_SERVICES_SIZE}, {1, v11}}) {
+    SCOPED_TRACE("ABI 1." + std::to_string(minor));
+    Instance<TwoOfFour<>, loom_moe_v1> moe(minor, size);
+    ASSERT_NE(moe.object(), nullptr);
+    loom_moe_plan_args p = moe_plan_args();
+    ASSERT_EQ(take(moe.table()->plan(moe.object(), &p)), "");
+    EXPECT_EQ(p.top_k, 2);
+    Instance<RowInt<false>, loom_quantizer_v1> q(minor, size);
+    ASSERT_NE(q.object(), nullptr);
+    const int64_t shape[2] = {2, 5};
+    loom_quant_format f{};
+    loom_quantizer_layout_args a = layout_args(shape, &f);
+    ASSERT_EQ(take(q.table()->layout(q.object(), &a)), "");
+    EXPECT_EQ(a.packed_bytes, 10u);
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
 #include <loom/kinds/curriculum.h>
+#include <loom/kinds/moe.h>
 #include <loom/kinds/optimizer.h>
 #include <loom/kinds/quantizer.h>
 #include <loom/kinds/router.h>

@@ -19,13 +19,12 @@ namespace loom::quant {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Rows [r0, r1) (r0 a multiple of 8, so the rows' bits start on a byte): scales, then codes
-// ORed into the zeroed bytes. Returns the first non-finite element, or -1.
+// Rows [r0, r1) (r0 a multiple of 8, so the rows' bits start on a byte): per group the scale
+// and, in the same pass, the codes stored or ORed into the zeroed bytes. Returns the first
+// non-finite element, or -1.
 int64_t BinaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, uint8_t* packed,
                            float* scales, int64_t r0, int64_t r1) {
   const GroupedShape& s = *sp;
-  const D4 d;
-  const auto zero = hn::Zero(d);
   const int64_t gpr = s.groups_per_row();
   const uint64_t b0 = static_cast<uint64_t>(r0 * s.cols) / 8;
   const uint64_t b1 = (static_cast<uint64_t>(r1 * s.cols) + 7) / 8;
@@ -36,22 +35,13 @@ int64_t BinaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, 
     for (int64_t g = 0; g < gpr; ++g) {
       const int64_t c0 = g * s.group_size;
       const int64_t n = std::min(s.group_size, s.cols - c0);
-      bool finite = true;
-      const float sum = GroupAbsSum(row + c0, n, -1.0f, nullptr, &finite);
-      if (!finite && bad < 0) bad = r * s.cols + c0 + FirstNonFinite(row + c0, n);
+      const float sum =
+          BinarySumAndCodes(row + c0, n, packed, static_cast<uint64_t>(r * s.cols + c0));
+      if (!std::isfinite(sum) && bad < 0) {
+        const int64_t at = FirstNonFinite(row + c0, n);
+        if (at >= 0) bad = r * s.cols + c0 + at;
+      }
       scales[r * gpr + g] = sum / static_cast<float>(n);
-    }
-    // Codes: 1 for w >= 0, 16 at a time.
-    const uint64_t bit0 = static_cast<uint64_t>(r * s.cols);
-    int64_t c = 0;
-    for (; c + 16 <= s.cols; c += 16) {
-      const uint32_t bits = MaskBits16(
-          hn::Ge(hn::LoadU(d, row + c), zero), hn::Ge(hn::LoadU(d, row + c + 4), zero),
-          hn::Ge(hn::LoadU(d, row + c + 8), zero), hn::Ge(hn::LoadU(d, row + c + 12), zero));
-      OrBits(packed, bit0 + static_cast<uint64_t>(c), bits, 16);
-    }
-    for (; c < s.cols; ++c) {
-      if (row[c] >= 0.0f) OrBits(packed, bit0 + static_cast<uint64_t>(c), 1u, 1);
     }
   }
   return bad;
@@ -92,13 +82,11 @@ void BinaryDequantizeRows(const uint8_t* HWY_RESTRICT packed, const float* HWY_R
   }
 }
 
-// y[:, n] for W rows [n0, n1): per group, alpha times the sum of x with the sign of each code
-// (x XOR the sign bit where the code is 0), four activation rows per pass over the codes.
-void BinaryMatmulRows(const float* HWY_RESTRICT x, int64_t m, const uint8_t* HWY_RESTRICT packed,
-                      const float* HWY_RESTRICT scales, const GroupedShape* sp,
-                      const float* HWY_RESTRICT bias, float* HWY_RESTRICT y, int64_t n0,
-                      int64_t n1) {
-  const GroupedShape& s = *sp;
+template <int R>
+HWY_INLINE void BinaryBlock(const float* HWY_RESTRICT x0, int64_t K,
+                            const uint8_t* HWY_RESTRICT packed, uint64_t bytes,
+                            const float* HWY_RESTRICT scales, int64_t gpr, int64_t group_size,
+                            int64_t n, float* out) {
   const DM d;
   const hn::RebindToUnsigned<DM> du;
   const int N = static_cast<int>(hn::Lanes(d));
@@ -107,53 +95,78 @@ void BinaryMatmulRows(const float* HWY_RESTRICT x, int64_t m, const uint8_t* HWY
       1u << 8, 1u << 9, 1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15};
   const auto bitv = hn::LoadU(du, kBit);
   const auto sign = hn::Set(d, -0.0f);
+  const uint64_t rowbit = static_cast<uint64_t>(n * K);
+  const float* x1 = R > 1 ? x0 + K : x0;
+  const float* x2 = R > 2 ? x0 + 2 * K : x0;
+  const float* x3 = R > 3 ? x0 + 3 * K : x0;
+  auto t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
+  float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t g = 0; g < gpr; ++g) {
+    const int64_t c0 = g * group_size;
+    const int64_t len = std::min(group_size, K - c0);
+    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t k = c0;
+    for (; k + N <= c0 + len; k += N) {
+      const uint32_t bits = Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), N);
+      const auto plus = hn::RebindMask(d, hn::TestBit(hn::Set(du, bits), bitv));
+      const auto flip = hn::IfThenZeroElse(plus, sign);
+      a0 = hn::Add(a0, hn::Xor(hn::LoadU(d, x0 + k), flip));
+      if constexpr (R > 1) a1 = hn::Add(a1, hn::Xor(hn::LoadU(d, x1 + k), flip));
+      if constexpr (R > 2) a2 = hn::Add(a2, hn::Xor(hn::LoadU(d, x2 + k), flip));
+      if constexpr (R > 3) a3 = hn::Add(a3, hn::Xor(hn::LoadU(d, x3 + k), flip));
+    }
+    for (; k < c0 + len; ++k) {
+      const bool p = Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), 1) != 0;
+      sc[0] += p ? x0[k] : -x0[k];
+      if constexpr (R > 1) sc[1] += p ? x1[k] : -x1[k];
+      if constexpr (R > 2) sc[2] += p ? x2[k] : -x2[k];
+      if constexpr (R > 3) sc[3] += p ? x3[k] : -x3[k];
+    }
+    const float alpha = scales[n * gpr + g];
+    const auto av = hn::Set(d, alpha);
+    t0 = hn::MulAdd(av, a0, t0);
+    if constexpr (R > 1) t1 = hn::MulAdd(av, a1, t1);
+    if constexpr (R > 2) t2 = hn::MulAdd(av, a2, t2);
+    if constexpr (R > 3) t3 = hn::MulAdd(av, a3, t3);
+    for (int j = 0; j < 4; ++j) tail[j] += alpha * sc[j];
+  }
+  out[0] = hn::GetLane(hn::SumOfLanes(d, t0)) + tail[0];
+  if constexpr (R > 1) out[1] = hn::GetLane(hn::SumOfLanes(d, t1)) + tail[1];
+  if constexpr (R > 2) out[2] = hn::GetLane(hn::SumOfLanes(d, t2)) + tail[2];
+  if constexpr (R > 3) out[3] = hn::GetLane(hn::SumOfLanes(d, t3)) + tail[3];
+}
+
+// y[:, n] for W rows [n0, n1): per group, alpha times the sum of x with the sign of each code
+// (x XOR the sign bit where the code is 0), four activation rows per pass over the codes.
+void BinaryMatmulRows(const float* HWY_RESTRICT x, int64_t m, const uint8_t* HWY_RESTRICT packed,
+                      const float* HWY_RESTRICT scales, const GroupedShape* sp,
+                      const float* HWY_RESTRICT bias, float* HWY_RESTRICT y, int64_t n0,
+                      int64_t n1) {
+  const GroupedShape& s = *sp;
   const uint64_t bytes = packed_bytes_of(s, 1);
   const int64_t gpr = s.groups_per_row();
   const int64_t K = s.cols;
   for (int64_t n = n0; n < n1; ++n) {
-    const uint64_t rowbit = static_cast<uint64_t>(n * K);
     for (int64_t mb = 0; mb < m; mb += 4) {
       const int64_t mr = std::min<int64_t>(4, m - mb);
       const float* x0 = x + mb * K;
-      const float* x1 = mr > 1 ? x0 + K : x0;
-      const float* x2 = mr > 2 ? x0 + 2 * K : x0;
-      const float* x3 = mr > 3 ? x0 + 3 * K : x0;
-      auto t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
-      float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t g = 0; g < gpr; ++g) {
-        const int64_t c0 = g * s.group_size;
-        const int64_t len = std::min(s.group_size, K - c0);
-        auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-        float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int64_t k = c0;
-        for (; k + N <= c0 + len; k += N) {
-          const uint32_t bits = Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), N);
-          const auto plus = hn::RebindMask(d, hn::TestBit(hn::Set(du, bits), bitv));
-          const auto flip = hn::IfThenZeroElse(plus, sign);
-          a0 = hn::Add(a0, hn::Xor(hn::LoadU(d, x0 + k), flip));
-          a1 = hn::Add(a1, hn::Xor(hn::LoadU(d, x1 + k), flip));
-          a2 = hn::Add(a2, hn::Xor(hn::LoadU(d, x2 + k), flip));
-          a3 = hn::Add(a3, hn::Xor(hn::LoadU(d, x3 + k), flip));
-        }
-        for (; k < c0 + len; ++k) {
-          const bool p = Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), 1) != 0;
-          sc[0] += p ? x0[k] : -x0[k];
-          sc[1] += p ? x1[k] : -x1[k];
-          sc[2] += p ? x2[k] : -x2[k];
-          sc[3] += p ? x3[k] : -x3[k];
-        }
-        const float alpha = scales[n * gpr + g];
-        const auto av = hn::Set(d, alpha);
-        t0 = hn::MulAdd(av, a0, t0);
-        t1 = hn::MulAdd(av, a1, t1);
-        t2 = hn::MulAdd(av, a2, t2);
-        t3 = hn::MulAdd(av, a3, t3);
-        for (int j = 0; j < 4; ++j) tail[j] += alpha * sc[j];
+      float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      switch (mr) {
+        case 1:
+          BinaryBlock<1>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
+          break;
+        case 2:
+          BinaryBlock<2>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
+          break;
+        case 3:
+          BinaryBlock<3>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
+          break;
+        default:
+          BinaryBlock<4>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
       }
       const float b = bias != nullptr ? bias[n] : 0.0f;
-      const float out[4] = {hn::GetLane(hn::SumOfLanes(d, t0)), hn::GetLane(hn::SumOfLanes(d, t1)),
-                            hn::GetLane(hn::SumOfLanes(d, t2)), hn::GetLane(hn::SumOfLanes(d, t3))};
-      for (int64_t j = 0; j < mr; ++j) y[(mb + j) * s.rows + n] = out[j] + tail[j] + b;
+      for (int64_t j = 0; j < mr; ++j) y[(mb + j) * s.rows + n] = out[j] + b;
     }
   }
 }

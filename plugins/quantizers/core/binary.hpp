@@ -13,6 +13,7 @@
 // bit for bit. Every function takes host pointers except those in the cuda namespace.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -48,7 +49,7 @@ inline float group_abs_sum_ref(const float* w, int64_t n, float above, int64_t* 
   float partial[kSumLanes] = {};
   int64_t k = 0;
   for (int64_t i = 0; i < n; ++i) {
-    float a = w[i] < 0.0f ? -w[i] : w[i];
+    float a = std::fabs(w[i]);
     if (above >= 0.0f) {
       if (a > above) {
         ++k;

@@ -1,9 +1,8 @@
-// The INT8 x INT8 -> INT32 GEMM of the W8A8 and W4A8 matmuls with the dequantization fused
-// into its epilogue, on the CPU through oneDNN (s8 x s8 matmul, f32 output; per-N output
-// scales, a binary multiply by the per-row activation scale and a binary add of the bias as
-// post-ops; groups along K: one GEMM per group, accumulated with a sum post-op), and the
-// whole matmul around it (per-token activation quantization, the weight's codes widened to
-// int8 unless they already are int8).
+// The INT8 x INT8 -> INT32 GEMM of the W8A8 and W4A8 matmuls with the dequantization in its
+// epilogue, on the CPU through oneDNN (s8 x s8 -> s32 matmul per K group, then one Highway
+// pass y = acc s_w[n] s_x[m] (+ bias), accumulating the groups), and the whole matmul around
+// it (per-token activation quantization, the weight's codes widened to int8 unless they
+// already are int8).
 #pragma once
 
 #include <cstdint>
@@ -16,10 +15,12 @@ namespace loom::quant {
 // Whether this build has the oneDNN GEMM (libdnnl-dev found at configure time).
 bool have_int8_gemm();
 
-// y [m, n] = sum over K groups g of (xq[:, g] . wq[:, g]^T) * sx[m] * sw[n, g] (+ bias[n]),
-// the products accumulated exactly in int32 within a group. xq [m, k] and wq [n, k] are
-// row-major int8; sw [n, groups] row-major. `scratch` holds int8_gemm_scratch_floats(n,
-// groups) floats. Throws std::runtime_error with oneDNN's message on failure.
+// y [m, n] = sum over K groups g of (xq[:, g] . wq[:, g]^T) * sw[n, g] * sx[m] (+ bias[n]),
+// the products accumulated exactly in int32 within a group: oneDNN's s8 x s8 -> s32 matmul
+// per group (its VNNI / AVX2 kernels; oneDNN 2.6 runs a per-row binary post-op only in its
+// reference kernel, so the scales and the bias are applied by int8_epilogue, in the CUDA
+// epilogue's order). xq [m, k] and wq [n, k] are row-major int8; sw [n, groups] row-major.
+// Throws std::runtime_error with oneDNN's message on failure.
 struct Int8Gemm {
   const int8_t* xq = nullptr;
   const float* sx = nullptr;
@@ -32,8 +33,22 @@ struct Int8Gemm {
   int64_t k = 0;
   int64_t group = 0;  // >= 1 (k for one group per row)
 };
-void int8_gemm(const Int8Gemm& g, float* scratch);
-int64_t int8_gemm_scratch_floats(int64_t n, int64_t groups);
+// acc: m * n int32; sw_col: n floats (used when there are several groups).
+void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col);
+
+// The regions of a W8A8 / W4A8 matmul's workspace, carved in this order from a 64-byte
+// aligned base: x's codes [m, K], x's scales [m], W's codes widened to int8 [N, K] (unless
+// they already are int8), one group's weight scales [N], the int32 accumulator [m, N].
+struct Int8Workspace {
+  int8_t* xq = nullptr;
+  float* sx = nullptr;
+  int8_t* wide = nullptr;  // NULL when W's codes are used as they are
+  float* sw_col = nullptr;
+  int32_t* acc = nullptr;
+};
+Int8Workspace carve_int8_workspace(void* base, int64_t m, const IntWeight& w);
+// Whether W's packed bytes already are the int8 [N, K] matrix (8-bit symmetric codes).
+bool codes_are_int8(const IntWeight& w);
 
 // The W8A8 / W4A8 matmul: x [m, K] quantized per token (symmetric INT8, exact range; the
 // reference_quantize_rows_int8 codes), times W's codes as int8, scaled in the epilogue.

@@ -196,12 +196,22 @@ void WidenRows(const IntWeight* w, int8_t* out, int64_t r0, int64_t r1) {
   }
 }
 
-constexpr int64_t kRowBlock = 4;  // activation rows sharing one decode of the weight
+// Activation rows sharing one decode of the weight: 8 where there are 32 vector registers.
+constexpr int64_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
 
-// Weight-only matmul of output columns [n0, n1). xe/xo: x's even and odd columns (the
-// 4-bit path; NULL otherwise).
-void WeightOnlyCols(const float* x, int64_t m, const IntWeight* w, const float* bias, float* y,
-                    const float* xe, const float* xo, int64_t n0, int64_t n1) {
+// The K tile of the weight-only kernel: x's tile for a block of rows stays in L1 while a
+// block of output columns runs over it.
+constexpr int64_t kTile = 512;
+constexpr int64_t kColBlock = 16;
+
+// Columns [c0, c1) of one output column n for rows mb .. mb + R - 1: each group's products
+// accumulate in R vectors, which are scaled by the group's scale and added into the running
+// vectors `tot` (R x Lanes floats) and scalar tails `tails` (R floats). xe/xo: x's even and
+// odd columns (the 4-bit path; NULL otherwise).
+template <int R>
+HWY_INLINE void WeightOnlyTile(const float* x, int64_t mb, const IntWeight* w, const float* xe,
+                               const float* xo, int64_t n, int64_t t0, int64_t t1, float* tot,
+                               float* tails, uint8_t* chunk) {
   const DF d;
   const DI di;
   const DU8 du8;
@@ -212,90 +222,128 @@ void WeightOnlyCols(const float* x, int64_t m, const IntWeight* w, const float* 
   const int64_t half = K / 2;
   const auto vh = hn::Set(di, static_cast<int32_t>(1u << (q.bits - 1)));
   const auto mask4 = hn::Set(du8, uint8_t{0x0F});
-  const bool nibbles = xe != nullptr;
-  constexpr int64_t kChunk = 256;
-  HWY_ALIGN uint8_t chunk[kChunk];
-  for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t mb = 0; mb < m; mb += kRowBlock) {
-      const int64_t rows = std::min(kRowBlock, m - mb);
-      float total[kRowBlock] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t g = 0; g < gs.groups_per_row; ++g) {
-        const float s = w->scales[n * gs.groups_per_row + g];
-        const int32_t z = q.symmetric ? 0 : w->zeros[n * gs.groups_per_row + g];
-        const auto vz = hn::Set(di, z);
-        const int64_t c0 = gs.begin(g);
-        const int64_t c1 = gs.end(g);
-        auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-        float tail[kRowBlock] = {0.0f, 0.0f, 0.0f, 0.0f};
-        auto scalar_code = [&](int64_t c) {
-          const uint32_t u =
-              read_code(w->packed, static_cast<uint64_t>(n * K + c), q.bits, w->packing);
-          return static_cast<float>(q.symmetric ? sign_extend(u, q.bits)
-                                                : static_cast<int32_t>(u) - z);
-        };
-        if (nibbles) {
-          // Byte j of the row holds columns 2j (low nibble) and 2j + 1 (high nibble).
-          const uint8_t* bytes = w->packed + n * half;
-          int64_t j = c0 / 2;
-          const int64_t j1 = c1 / 2;
-          for (; j + N <= j1; j += N) {
-            const auto b = hn::LoadU(du8, bytes + j);
-            const auto lo =
-                hn::ConvertTo(d, Centre(hn::PromoteTo(di, hn::And(b, mask4)), q.symmetric, vh, vz));
-            const auto hi = hn::ConvertTo(
-                d, Centre(hn::PromoteTo(di, hn::ShiftRight<4>(b)), q.symmetric, vh, vz));
-            const float* e = xe + mb * half + j;
-            const float* o = xo + mb * half + j;
-            a0 = hn::MulAdd(lo, hn::LoadU(d, e), hn::MulAdd(hi, hn::LoadU(d, o), a0));
-            if (rows > 1)
-              a1 = hn::MulAdd(lo, hn::LoadU(d, e + half),
-                              hn::MulAdd(hi, hn::LoadU(d, o + half), a1));
-            if (rows > 2)
-              a2 = hn::MulAdd(lo, hn::LoadU(d, e + 2 * half),
-                              hn::MulAdd(hi, hn::LoadU(d, o + 2 * half), a2));
-            if (rows > 3)
-              a3 = hn::MulAdd(lo, hn::LoadU(d, e + 3 * half),
-                              hn::MulAdd(hi, hn::LoadU(d, o + 3 * half), a3));
-          }
-          for (int64_t c = 2 * j; c < c1; ++c) {
-            const float v = scalar_code(c);
-            for (int64_t r = 0; r < rows; ++r) tail[r] += v * x[(mb + r) * K + c];
-          }
-        } else {
-          for (int64_t k0 = c0; k0 < c1; k0 += kChunk) {
-            const int64_t len = std::min(kChunk, c1 - k0);
-            const uint8_t* codes = chunk;
-            if (q.bits == 8) {
-              codes = w->packed + n * K + k0;
-            } else {
-              unpack_codes(w->packed, static_cast<uint64_t>(n * K + k0), static_cast<uint64_t>(len),
-                           q.bits, w->packing, chunk);
-            }
-            int64_t i = 0;
-            for (; i + N <= len; i += N) {
-              const auto v = hn::ConvertTo(
-                  d, Centre(hn::PromoteTo(di, hn::LoadU(du8, codes + i)), q.symmetric, vh, vz));
-              const float* xr = x + mb * K + k0 + i;
-              a0 = hn::MulAdd(v, hn::LoadU(d, xr), a0);
-              if (rows > 1) a1 = hn::MulAdd(v, hn::LoadU(d, xr + K), a1);
-              if (rows > 2) a2 = hn::MulAdd(v, hn::LoadU(d, xr + 2 * K), a2);
-              if (rows > 3) a3 = hn::MulAdd(v, hn::LoadU(d, xr + 3 * K), a3);
-            }
-            for (; i < len; ++i) {
-              const uint32_t u = codes[i];
-              const float v = static_cast<float>(q.symmetric ? sign_extend(u, q.bits)
-                                                             : static_cast<int32_t>(u) - z);
-              for (int64_t r = 0; r < rows; ++r) tail[r] += v * x[(mb + r) * K + k0 + i];
-            }
-          }
+  hn::Vec<DF> total[R];
+  for (int r = 0; r < R; ++r) total[r] = hn::LoadU(d, tot + r * N);
+  for (int64_t c0 = t0; c0 < t1;) {
+    const int64_t g = c0 / gs.group;
+    const int64_t c1 = std::min(t1, (g + 1) * gs.group);
+    const float s = w->scales[n * gs.groups_per_row + g];
+    const int32_t z = q.symmetric ? 0 : w->zeros[n * gs.groups_per_row + g];
+    const auto vz = hn::Set(di, z);
+    hn::Vec<DF> acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = hn::Zero(d);
+    float tail[R];
+    for (int r = 0; r < R; ++r) tail[r] = 0.0f;
+    int64_t c = c0;
+    if (xe != nullptr) {
+      // Byte j of the row holds columns 2j (low nibble) and 2j + 1 (high nibble).
+      const uint8_t* bytes = w->packed + n * half;
+      int64_t j = c0 / 2;
+      const int64_t j1 = c1 / 2;
+      for (; j + N <= j1; j += N) {
+        const auto b = hn::LoadU(du8, bytes + j);
+        const auto lo =
+            hn::ConvertTo(d, Centre(hn::PromoteTo(di, hn::And(b, mask4)), q.symmetric, vh, vz));
+        const auto hi =
+            hn::ConvertTo(d, Centre(hn::PromoteTo(di, hn::ShiftRight<4>(b)), q.symmetric, vh, vz));
+        for (int r = 0; r < R; ++r) {
+          const float* e = xe + (mb + r) * half + j;
+          const float* o = xo + (mb + r) * half + j;
+          acc[r] = hn::MulAdd(lo, hn::LoadU(d, e), hn::MulAdd(hi, hn::LoadU(d, o), acc[r]));
         }
-        total[0] += s * (hn::GetLane(hn::SumOfLanes(d, a0)) + tail[0]);
-        if (rows > 1) total[1] += s * (hn::GetLane(hn::SumOfLanes(d, a1)) + tail[1]);
-        if (rows > 2) total[2] += s * (hn::GetLane(hn::SumOfLanes(d, a2)) + tail[2]);
-        if (rows > 3) total[3] += s * (hn::GetLane(hn::SumOfLanes(d, a3)) + tail[3]);
       }
-      const float b = bias != nullptr ? bias[n] : 0.0f;
-      for (int64_t r = 0; r < rows; ++r) y[(mb + r) * gs.rows + n] = total[r] + b;
+      c = 2 * j;
+    } else {
+      const uint8_t* codes = chunk;
+      if (q.bits == 8) {
+        codes = w->packed + n * K + c0;
+      } else {
+        unpack_codes(w->packed, static_cast<uint64_t>(n * K + c0), static_cast<uint64_t>(c1 - c0),
+                     q.bits, w->packing, chunk);
+      }
+      int64_t i = 0;
+      for (; i + N <= c1 - c0; i += N) {
+        const auto v = hn::ConvertTo(
+            d, Centre(hn::PromoteTo(di, hn::LoadU(du8, codes + i)), q.symmetric, vh, vz));
+        for (int r = 0; r < R; ++r) {
+          acc[r] = hn::MulAdd(v, hn::LoadU(d, x + (mb + r) * K + c0 + i), acc[r]);
+        }
+      }
+      c = c0 + i;
+    }
+    for (; c < c1; ++c) {
+      const uint32_t u = read_code(w->packed, static_cast<uint64_t>(n * K + c), q.bits, w->packing);
+      const float v =
+          static_cast<float>(q.symmetric ? sign_extend(u, q.bits) : static_cast<int32_t>(u) - z);
+      for (int r = 0; r < R; ++r) tail[r] += v * x[(mb + r) * K + c];
+    }
+    const auto vs = hn::Set(d, s);
+    for (int r = 0; r < R; ++r) {
+      total[r] = hn::MulAdd(acc[r], vs, total[r]);
+      tails[r] += s * tail[r];
+    }
+    c0 = c1;
+  }
+  for (int r = 0; r < R; ++r) hn::StoreU(total[r], d, tot + r * N);
+}
+
+template <int R>
+HWY_INLINE void WeightOnlyRows(const float* x, int64_t mb, const IntWeight* w, const float* xe,
+                               const float* xo, int64_t n, int64_t t0, int64_t t1, float* tot,
+                               float* tails, uint8_t* chunk) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  WeightOnlyTile<R>(x, mb, w, xe, xo, n, t0, t1, tot + mb * N, tails + mb, chunk);
+}
+
+// Weight-only matmul of output columns [n0, n1), all m rows: blocks of kColBlock columns;
+// for each K tile, every column of the block, every block of rows.
+void WeightOnlyCols(const float* x, int64_t m, const IntWeight* w, const float* bias, float* y,
+                    const float* xe, const float* xo, int64_t n0, int64_t n1) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t K = w->gs.cols;
+  HWY_ALIGN uint8_t chunk[kTile];
+  // Running sums: per column of the block, per row, a vector and a scalar tail.
+  std::vector<float> tot(static_cast<std::size_t>(kColBlock * m * N));
+  std::vector<float> tails(static_cast<std::size_t>(kColBlock * m));
+  for (int64_t nb = n0; nb < n1; nb += kColBlock) {
+    const int64_t ncols = std::min(kColBlock, n1 - nb);
+    std::fill(tot.begin(), tot.end(), 0.0f);
+    std::fill(tails.begin(), tails.end(), 0.0f);
+    for (int64_t t0 = 0; t0 < K; t0 += kTile) {
+      const int64_t t1 = std::min(K, t0 + kTile);
+      for (int64_t jn = 0; jn < ncols; ++jn) {
+        float* tn = tot.data() + jn * m * N;
+        float* ln = tails.data() + jn * m;
+        int64_t mb = 0;
+        for (; mb + kRowBlock <= m; mb += kRowBlock) {
+          WeightOnlyRows<kRowBlock>(x, mb, w, xe, xo, nb + jn, t0, t1, tn, ln, chunk);
+        }
+        if (m - mb >= 4 && kRowBlock > 4) {
+          WeightOnlyRows<4>(x, mb, w, xe, xo, nb + jn, t0, t1, tn, ln, chunk);
+          mb += 4;
+        }
+        switch (m - mb) {
+          case 3:
+            WeightOnlyRows<3>(x, mb, w, xe, xo, nb + jn, t0, t1, tn, ln, chunk);
+            break;
+          case 2:
+            WeightOnlyRows<2>(x, mb, w, xe, xo, nb + jn, t0, t1, tn, ln, chunk);
+            break;
+          case 1:
+            WeightOnlyRows<1>(x, mb, w, xe, xo, nb + jn, t0, t1, tn, ln, chunk);
+            break;
+          default:
+            break;
+        }
+      }
+    }
+    for (int64_t jn = 0; jn < ncols; ++jn) {
+      const float b = bias != nullptr ? bias[nb + jn] : 0.0f;
+      for (int64_t r = 0; r < m; ++r) {
+        const float v = hn::GetLane(hn::SumOfLanes(d, hn::LoadU(d, tot.data() + (jn * m + r) * N)));
+        y[r * w->gs.rows + nb + jn] = v + tails[static_cast<std::size_t>(jn * m + r)] + b;
+      }
     }
   }
 }
@@ -308,6 +356,32 @@ void Deinterleave(const float* x, int64_t m, int64_t k, float* xe, float* xo) {
     for (int64_t j = 0; j < half; ++j) {
       xe[r * half + j] = row[2 * j];
       xo[r * half + j] = row[2 * j + 1];
+    }
+  }
+}
+
+void EpilogueRows(const int32_t* acc, int64_t n, const float* sx, const float* sw,
+                  const float* bias, bool first, float* y, int64_t r0, int64_t r1) {
+  const DF d;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t i = r0; i < r1; ++i) {
+    const auto vx = hn::Set(d, sx[i]);
+    const int32_t* a = acc + i * n;
+    float* out = y + i * n;
+    int64_t j = 0;
+    for (; j + N <= n; j += N) {
+      auto t = hn::Mul(hn::Mul(hn::ConvertTo(d, hn::LoadU(di, a + j)), hn::LoadU(d, sw + j)), vx);
+      if (!first) {
+        t = hn::Add(hn::LoadU(d, out + j), t);
+      } else if (bias != nullptr) {
+        t = hn::Add(t, hn::LoadU(d, bias + j));
+      }
+      hn::StoreU(t, d, out + j);
+    }
+    for (; j < n; ++j) {
+      const float t = static_cast<float>(a[j]) * sw[j] * sx[i];
+      out[j] = !first ? out[j] + t : (bias != nullptr ? t + bias[j] : t);
     }
   }
 }
@@ -326,6 +400,7 @@ HWY_EXPORT(DequantizeRows);
 HWY_EXPORT(WidenRows);
 HWY_EXPORT(WeightOnlyCols);
 HWY_EXPORT(Deinterleave);
+HWY_EXPORT(EpilogueRows);
 
 namespace {
 
@@ -379,6 +454,17 @@ int64_t quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int8_t* q
   const IntScheme scheme{8, true, Range::kExact};
   return quantize_int(x, Groups::of(rows, cols, 0), scheme, LOOM_QUANT_PACK_LSB_FIRST,
                       reinterpret_cast<uint8_t*>(q), scales, nullptr);
+}
+
+void int8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* sx, const float* sw,
+                   const float* bias, bool first, float* y) {
+  const std::size_t grain =
+      static_cast<std::size_t>(std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)));
+  loom::plugins::parallel_for(
+      static_cast<std::size_t>(m), grain, [&](std::size_t b, std::size_t e) {
+        HWY_DYNAMIC_DISPATCH(EpilogueRows)
+        (acc, n, sx, sw, bias, first, y, static_cast<int64_t>(b), static_cast<int64_t>(e));
+      });
 }
 
 int64_t weight_only_workspace_floats(int64_t m, int64_t k) { return m * k; }

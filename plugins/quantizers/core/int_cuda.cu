@@ -279,6 +279,18 @@ __global__ void epilogue_kernel(const int32_t* acc, int64_t m, int64_t n, const 
   }
 }
 
+__global__ void int8_gemm_kernel(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n,
+                                 int64_t k, int64_t k0, int64_t kg, int32_t* acc) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < m * n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int8_t* a = xq + (e / n) * k + k0;
+    const int8_t* b = wq + (e % n) * k + k0;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < kg; ++i) sum += static_cast<int32_t>(a[i]) * static_cast<int32_t>(b[i]);
+    acc[e] = sum;
+  }
+}
+
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 void check_launch(const char* what) {
@@ -358,6 +370,14 @@ void int8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* sx, co
   epilogue_kernel<<<stride_blocks(m * n), kThreads, 0, as_stream(stream)>>>(
       acc, m, n, sx, sw, groups, g, bias, first ? 1 : 0, y);
   check_launch("INT8 GEMM epilogue kernel");
+}
+
+void int8_gemm_simple(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, int64_t k,
+                      int64_t k0, int64_t kg, int32_t* acc, void* stream) {
+  if (m * n == 0) return;
+  int8_gemm_kernel<<<stride_blocks(m * n), kThreads, 0, as_stream(stream)>>>(xq, wq, m, n, k, k0,
+                                                                             kg, acc);
+  check_launch("INT8 GEMM kernel");
 }
 
 }  // namespace loom::quant::cuda

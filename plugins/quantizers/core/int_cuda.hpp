@@ -36,4 +36,10 @@ void int8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* sx, co
                    int64_t groups, int64_t g, const float* bias, bool first, float* y,
                    void* stream);
 
+// acc [m, n] (int32, row-major) = xq[:, k0 .. k0 + kg) . wq[:, k0 .. k0 + kg)^T, xq [m, k]
+// and wq [n, k] row-major int8: a thread per output, exact. The fallback of the cuBLASLt
+// GEMM for shapes it does not take (sizes or offsets not multiples of 4).
+void int8_gemm_simple(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, int64_t k,
+                      int64_t k0, int64_t kg, int32_t* acc, void* stream);
+
 }  // namespace loom::quant::cuda

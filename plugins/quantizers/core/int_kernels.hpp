@@ -47,4 +47,10 @@ int64_t weight_only_workspace_floats(int64_t m, int64_t k);
 // q - z (asymmetric; needs bits <= 7 so it fits). The W4A8 path's weight for the INT8 GEMM.
 void widen_to_int8(const IntWeight& w, int8_t* out);
 
+// The INT8 GEMM's epilogue for one K group, rows [0, m): t = (float(acc[i, j]) * sw[j]) *
+// sx[i]; y[i, j] = t (+ bias[j]) when `first`, else y[i, j] + t. sw is the group's N weight
+// scales, contiguous. The same operations in the same order as the CUDA epilogue.
+void int8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* sx, const float* sw,
+                   const float* bias, bool first, float* y);
+
 }  // namespace loom::quant

@@ -30,53 +30,47 @@ HWY_INLINE int FirstInvalid(uint32_t word, int count) {
   return i;
 }
 
-// Rows [r0, r1) (r0 a multiple of 8): per group Delta, alpha and the codes, ORed into the
-// zeroed bytes. Returns the first non-finite element, or -1.
+// Rows [r0, r1) (r0 a multiple of 8): per group Delta (one pass), then alpha and the codes
+// (a second pass), stored or ORed into the zeroed bytes. Returns the first non-finite
+// element, or -1.
 int64_t TernaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, float threshold,
                             uint8_t* packed, float* scales, int64_t r0, int64_t r1) {
   const GroupedShape& s = *sp;
-  const D4 d;
-  const auto zero = hn::Zero(d);
   const int64_t gpr = s.groups_per_row();
   const uint64_t b0 = static_cast<uint64_t>(r0 * s.cols) * 2 / 8;
   const uint64_t b1 = (static_cast<uint64_t>(r1 * s.cols) * 2 + 7) / 8;
   std::memset(packed + b0, 0, b1 - b0);
   int64_t bad = -1;
+  // Groups are taken a span at a time (about 16 KiB of weights, at most kSpan groups): the
+  // first pass streams the span from memory alone, the second then finds it in L1.
+  constexpr int64_t kSpan = 64;
+  const int64_t span = std::clamp<int64_t>(4096 / s.group_size, 1, kSpan);
+  float delta[kSpan];
   for (int64_t r = r0; r < r1; ++r) {
     const float* row = w + r * s.cols;
-    for (int64_t g = 0; g < gpr; ++g) {
-      const int64_t c0 = g * s.group_size;
-      const int64_t n = std::min(s.group_size, s.cols - c0);
-      const float* p = row + c0;
-      bool finite = true;
-      const float mean = GroupAbsSum(p, n, -1.0f, nullptr, &finite) / static_cast<float>(n);
-      if (!finite && bad < 0) bad = r * s.cols + c0 + FirstNonFinite(p, n);
-      const float delta = threshold * mean;
-      int64_t kept = 0;
-      const float kept_sum = GroupAbsSum(p, n, delta, &kept, &finite);
-      scales[r * gpr + g] = kept > 0 ? kept_sum / static_cast<float>(kept) : 0.0f;
-      const auto dv = hn::Set(d, delta);
-      const uint64_t bit0 = static_cast<uint64_t>(r * s.cols + c0) * 2;
-      int64_t i = 0;
-      for (; i + 16 <= n; i += 16) {
-        const auto v0 = hn::LoadU(d, p + i), v1 = hn::LoadU(d, p + i + 4);
-        const auto v2 = hn::LoadU(d, p + i + 8), v3 = hn::LoadU(d, p + i + 12);
-        const auto k0 = hn::Gt(hn::Abs(v0), dv), k1 = hn::Gt(hn::Abs(v1), dv);
-        const auto k2 = hn::Gt(hn::Abs(v2), dv), k3 = hn::Gt(hn::Abs(v3), dv);
-        const uint32_t plus =
-            MaskBits16(hn::And(k0, hn::Gt(v0, zero)), hn::And(k1, hn::Gt(v1, zero)),
-                       hn::And(k2, hn::Gt(v2, zero)), hn::And(k3, hn::Gt(v3, zero)));
-        const uint32_t minus =
-            MaskBits16(hn::And(k0, hn::Lt(v0, zero)), hn::And(k1, hn::Lt(v1, zero)),
-                       hn::And(k2, hn::Lt(v2, zero)), hn::And(k3, hn::Lt(v3, zero)));
-        OrBits(packed, bit0 + static_cast<uint64_t>(i) * 2, Spread16(plus) | Spread16(minus) << 1,
-               32);
-      }
-      for (; i < n; ++i) {
-        const float a = std::fabs(p[i]);
-        if (a > delta) {
-          OrBits(packed, bit0 + static_cast<uint64_t>(i) * 2, p[i] > 0.0f ? 1u : 2u, 2);
+    for (int64_t g0 = 0; g0 < gpr; g0 += span) {
+      const int64_t g1 = std::min(gpr, g0 + span);
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t c0 = g * s.group_size;
+        const int64_t n = std::min(s.group_size, s.cols - c0);
+        const float sum = AbsSum(row + c0, n);
+        if (!std::isfinite(sum) && bad < 0) {
+          const int64_t at = FirstNonFinite(row + c0, n);
+          if (at >= 0) bad = r * s.cols + c0 + at;
         }
+        delta[g - g0] = threshold * (sum / static_cast<float>(n));
+      }
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t c0 = g * s.group_size;
+        const int64_t n = std::min(s.group_size, s.cols - c0);
+        int64_t kept = 0;
+        // While this span is in L1, the next one (this row's or the next row's) is fetched.
+        const int64_t next = r * s.cols + c0 + span * s.group_size;
+        const float* ahead = next + n <= s.rows * s.cols ? w + next : nullptr;
+        const float kept_sum =
+            TernaryKeptAndCodes(row + c0, n, delta[g - g0], packed,
+                                static_cast<uint64_t>(r * s.cols + c0), &kept, ahead);
+        scales[r * gpr + g] = kept > 0 ? kept_sum / static_cast<float>(kept) : 0.0f;
       }
     }
   }
@@ -128,14 +122,11 @@ int64_t TernaryDequantizeRows(const uint8_t* HWY_RESTRICT packed, const float* H
   return bad;
 }
 
-// y[:, n] for W rows [n0, n1): per group alpha * (sum of x where code 1 - sum where code 2),
-// from the bit masks of the codes, four activation rows per pass over the codes. Returns the
-// first code 3, or -1.
-int64_t TernaryMatmulRows(const float* HWY_RESTRICT x, int64_t m,
-                          const uint8_t* HWY_RESTRICT packed, const float* HWY_RESTRICT scales,
-                          const GroupedShape* sp, const float* HWY_RESTRICT bias,
-                          float* HWY_RESTRICT y, int64_t n0, int64_t n1) {
-  const GroupedShape& s = *sp;
+template <int R>
+HWY_INLINE void TernaryBlock(const float* HWY_RESTRICT x0, int64_t K,
+                             const uint8_t* HWY_RESTRICT packed, uint64_t bytes,
+                             const float* HWY_RESTRICT scales, int64_t gpr, int64_t group_size,
+                             int64_t n, float* out, bool check, int64_t* bad_out) {
   const DM d;
   const hn::RebindToUnsigned<DM> du;
   const int N = static_cast<int>(hn::Lanes(d));
@@ -145,62 +136,93 @@ int64_t TernaryMatmulRows(const float* HWY_RESTRICT x, int64_t m,
   const auto pbit = hn::LoadU(du, kPlus);
   const auto mbit = hn::Add(pbit, pbit);
   const auto sign = hn::Set(d, -0.0f);
+  const uint64_t rowe = static_cast<uint64_t>(n * K);
+  int64_t bad = -1;
+  const float* x1 = R > 1 ? x0 + K : x0;
+  const float* x2 = R > 2 ? x0 + 2 * K : x0;
+  const float* x3 = R > 3 ? x0 + 3 * K : x0;
+  auto t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
+  float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t g = 0; g < gpr; ++g) {
+    const int64_t c0 = g * group_size;
+    const int64_t len = std::min(group_size, K - c0);
+    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t k = c0;
+    for (; k + N <= c0 + len; k += N) {
+      const uint32_t bits = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2 * N);
+      if (check) {
+        const int inv = FirstInvalid(bits, N);
+        if (inv >= 0 && bad < 0) bad = static_cast<int64_t>(rowe) + k + inv;
+      }
+      const auto bv = hn::Set(du, bits);
+      const auto minus = hn::RebindMask(d, hn::TestBit(bv, mbit));
+      const auto nz = hn::Or(hn::RebindMask(d, hn::TestBit(bv, pbit)), minus);
+      const auto flip = hn::IfThenElseZero(minus, sign);
+      a0 = hn::Add(a0, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x0 + k), flip)));
+      if constexpr (R > 1)
+        a1 = hn::Add(a1, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x1 + k), flip)));
+      if constexpr (R > 2)
+        a2 = hn::Add(a2, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x2 + k), flip)));
+      if constexpr (R > 3)
+        a3 = hn::Add(a3, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x3 + k), flip)));
+    }
+    for (; k < c0 + len; ++k) {
+      const uint32_t q = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2);
+      if (q == 3 && bad < 0) bad = static_cast<int64_t>(rowe) + k;
+      const float sgn = q == 1 ? 1.0f : (q == 2 ? -1.0f : 0.0f);
+      sc[0] += sgn * x0[k];
+      if constexpr (R > 1) sc[1] += sgn * x1[k];
+      if constexpr (R > 2) sc[2] += sgn * x2[k];
+      if constexpr (R > 3) sc[3] += sgn * x3[k];
+    }
+    const float alpha = scales[n * gpr + g];
+    const auto av = hn::Set(d, alpha);
+    t0 = hn::MulAdd(av, a0, t0);
+    if constexpr (R > 1) t1 = hn::MulAdd(av, a1, t1);
+    if constexpr (R > 2) t2 = hn::MulAdd(av, a2, t2);
+    if constexpr (R > 3) t3 = hn::MulAdd(av, a3, t3);
+    for (int j = 0; j < 4; ++j) tail[j] += alpha * sc[j];
+  }
+  out[0] = hn::GetLane(hn::SumOfLanes(d, t0)) + tail[0];
+  if constexpr (R > 1) out[1] = hn::GetLane(hn::SumOfLanes(d, t1)) + tail[1];
+  if constexpr (R > 2) out[2] = hn::GetLane(hn::SumOfLanes(d, t2)) + tail[2];
+  if constexpr (R > 3) out[3] = hn::GetLane(hn::SumOfLanes(d, t3)) + tail[3];
+  if (bad >= 0 && *bad_out < 0) *bad_out = bad;
+}
+
+// y[:, n] for W rows [n0, n1): per group alpha * (sum of x where code 1 - sum where code 2),
+// from the bit masks of the codes, four activation rows per pass over the codes. Returns the
+// first code 3, or -1.
+int64_t TernaryMatmulRows(const float* HWY_RESTRICT x, int64_t m,
+                          const uint8_t* HWY_RESTRICT packed, const float* HWY_RESTRICT scales,
+                          const GroupedShape* sp, const float* HWY_RESTRICT bias,
+                          float* HWY_RESTRICT y, int64_t n0, int64_t n1) {
+  const GroupedShape& s = *sp;
   const uint64_t bytes = packed_bytes_of(s, 2);
   const int64_t gpr = s.groups_per_row();
   const int64_t K = s.cols;
   int64_t bad = -1;
   for (int64_t n = n0; n < n1; ++n) {
-    const uint64_t rowe = static_cast<uint64_t>(n * K);
     for (int64_t mb = 0; mb < m; mb += 4) {
       const int64_t mr = std::min<int64_t>(4, m - mb);
       const float* x0 = x + mb * K;
-      const float* x1 = mr > 1 ? x0 + K : x0;
-      const float* x2 = mr > 2 ? x0 + 2 * K : x0;
-      const float* x3 = mr > 3 ? x0 + 3 * K : x0;
-      auto t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
-      float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t g = 0; g < gpr; ++g) {
-        const int64_t c0 = g * s.group_size;
-        const int64_t len = std::min(s.group_size, K - c0);
-        auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-        float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int64_t k = c0;
-        for (; k + N <= c0 + len; k += N) {
-          const uint32_t bits = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2 * N);
-          if (mb == 0) {
-            const int inv = FirstInvalid(bits, N);
-            if (inv >= 0 && bad < 0) bad = static_cast<int64_t>(rowe) + k + inv;
-          }
-          const auto bv = hn::Set(du, bits);
-          const auto minus = hn::RebindMask(d, hn::TestBit(bv, mbit));
-          const auto nz = hn::Or(hn::RebindMask(d, hn::TestBit(bv, pbit)), minus);
-          const auto flip = hn::IfThenElseZero(minus, sign);
-          a0 = hn::Add(a0, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x0 + k), flip)));
-          a1 = hn::Add(a1, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x1 + k), flip)));
-          a2 = hn::Add(a2, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x2 + k), flip)));
-          a3 = hn::Add(a3, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x3 + k), flip)));
-        }
-        for (; k < c0 + len; ++k) {
-          const uint32_t q = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2);
-          if (q == 3 && bad < 0) bad = static_cast<int64_t>(rowe) + k;
-          if (q == 1) {
-            sc[0] += x0[k], sc[1] += x1[k], sc[2] += x2[k], sc[3] += x3[k];
-          } else if (q == 2) {
-            sc[0] -= x0[k], sc[1] -= x1[k], sc[2] -= x2[k], sc[3] -= x3[k];
-          }
-        }
-        const float alpha = scales[n * gpr + g];
-        const auto av = hn::Set(d, alpha);
-        t0 = hn::MulAdd(av, a0, t0);
-        t1 = hn::MulAdd(av, a1, t1);
-        t2 = hn::MulAdd(av, a2, t2);
-        t3 = hn::MulAdd(av, a3, t3);
-        for (int j = 0; j < 4; ++j) tail[j] += alpha * sc[j];
+      float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      switch (mr) {
+        case 1:
+          TernaryBlock<1>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
+          break;
+        case 2:
+          TernaryBlock<2>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
+          break;
+        case 3:
+          TernaryBlock<3>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
+          break;
+        default:
+          TernaryBlock<4>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
       }
       const float b = bias != nullptr ? bias[n] : 0.0f;
-      const float out[4] = {hn::GetLane(hn::SumOfLanes(d, t0)), hn::GetLane(hn::SumOfLanes(d, t1)),
-                            hn::GetLane(hn::SumOfLanes(d, t2)), hn::GetLane(hn::SumOfLanes(d, t3))};
-      for (int64_t j = 0; j < mr; ++j) y[(mb + j) * s.rows + n] = out[j] + tail[j] + b;
+      for (int64_t j = 0; j < mr; ++j) y[(mb + j) * s.rows + n] = out[j] + b;
     }
   }
   return bad;

@@ -1,11 +1,10 @@
 // Highway helpers the binary and ternary kernels share (binary.cpp, ternary.cpp), compiled
 // once per SIMD target like the kernels that include them.
 //
-// The group sums use 128-bit vectors of 4 floats on every target: four of them are the 16
-// fixed partial sums of group_abs_sum_ref (binary.hpp), so any target (AVX-512, AVX2, SSE4,
-// the emulated 128-bit one) sums in exactly the scalar reference's order. Quantization is
-// memory-bound, so the narrower vectors cost nothing measurable. The matmuls use the full
-// vector width (up to 16 lanes) and read their masks straight from the packed bits.
+// The group sums keep the 16 fixed partial sums of group_abs_sum_ref (binary.hpp) in 16 / N
+// vectors of N lanes, so any target (AVX-512, AVX2, SSE4, the emulated 128-bit one) sums in
+// exactly the scalar reference's order; the codes are written in the same pass. The matmuls
+// read their masks straight from the packed bits.
 
 // Per-target include guard (Highway's convention for -inl headers).
 #if defined(LOOM_QUANT_XTC_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -15,8 +14,13 @@
 #define LOOM_QUANT_XTC_SIMD_INL_H_
 #endif
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -28,7 +32,6 @@ namespace loom::quant {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using D4 = hn::FixedTag<float, 4>;
 using DM = hn::CappedTag<float, 16>;
 
 // Bits [bit, bit + count) of the stream (count <= 32): one unaligned 8-byte load when the
@@ -55,87 +58,210 @@ HWY_INLINE void OrBits(uint8_t* p, uint64_t bit, uint32_t word, int count) {
   }
 }
 
-// The 16 bits of four 4-lane masks, lane j of mask v in bit 4 v + j.
-HWY_INLINE uint32_t MaskBits16(hn::Mask<D4> m0, hn::Mask<D4> m1, hn::Mask<D4> m2, hn::Mask<D4> m3) {
-  const D4 d;
-  uint8_t b[4][8] = {};
-  hn::StoreMaskBits(d, m0, b[0]);
-  hn::StoreMaskBits(d, m1, b[1]);
-  hn::StoreMaskBits(d, m2, b[2]);
-  hn::StoreMaskBits(d, m3, b[3]);
-  return (b[0][0] & 0xFu) | (b[1][0] & 0xFu) << 4 | (b[2][0] & 0xFu) << 8 | (b[3][0] & 0xFu) << 12;
+// Writes the low `count` bits of `word` at stream bit `bit` into bytes that only these bits
+// use whole (bit and count multiples of 8) by a plain store, else ORs them into the zeroed
+// stream.
+HWY_INLINE void PutBits(uint8_t* p, uint64_t bit, uint32_t word, int count) {
+  if (bit % 8 == 0 && count % 8 == 0) {
+    std::memcpy(p + bit / 8, &word, static_cast<std::size_t>(count / 8));  // little-endian
+  } else {
+    OrBits(p, bit, word, count);
+  }
 }
 
-// Spreads 16 bits to the even bits of 32 (bit i to bit 2 i).
+// The mask's lanes as bits (lane j in bit j; at most 16 lanes).
+template <class D>
+HWY_INLINE uint32_t MaskWord(D d, hn::Mask<D> m) {
+  uint8_t b[8] = {};
+  hn::StoreMaskBits(d, m, b);
+  return static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8;
+}
+
+// Spreads 16 bits to the even bits of 32 (bit i to bit 2 i), a byte at a time.
+struct SpreadTable {
+  uint16_t v[256];
+  constexpr SpreadTable() : v() {
+    for (int x = 0; x < 256; ++x) {
+      uint16_t r = 0;
+      for (int b = 0; b < 8; ++b) r = static_cast<uint16_t>(r | (((x >> b) & 1) << (2 * b)));
+      v[x] = r;
+    }
+  }
+};
+inline constexpr SpreadTable kSpread{};
+
 HWY_INLINE uint32_t Spread16(uint32_t x) {
-  x = (x | (x << 8)) & 0x00FF00FFu;
-  x = (x | (x << 4)) & 0x0F0F0F0Fu;
-  x = (x | (x << 2)) & 0x33333333u;
-  x = (x | (x << 1)) & 0x55555555u;
-  return x;
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET <= HWY_AVX3)
+  return _pdep_u32(x, 0x55555555u);  // these targets imply BMI2
+#else
+  return static_cast<uint32_t>(kSpread.v[x & 0xFF]) |
+         static_cast<uint32_t>(kSpread.v[(x >> 8) & 0xFF]) << 16;
+#endif
 }
 
-// The fixed-order sum of |w_i| (with above >= 0: of those > above; *kept counts them) and
-// whether every w_i is finite.
-HWY_INLINE float GroupAbsSum(const float* HWY_RESTRICT w, int64_t n, float above, int64_t* kept,
-                             bool* finite) {
-  const D4 d;
-  const hn::RebindToSigned<D4> di;
-  const auto inf = hn::Set(d, std::numeric_limits<float>::infinity());
-  const auto thr = hn::Set(d, above);
-  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
-  auto c = hn::Zero(di);
-  auto ok = hn::Lt(hn::Zero(d), inf);  // all true
+// The fixed-order group sums (binary.hpp group_abs_sum_ref): the 16 partials live in 16 / N
+// vectors of N lanes (one on AVX-512, two on AVX2, four of 4 lanes elsewhere), vector v lane
+// j holding partial v N + j, so 16 consecutive elements are 16 / N loads. The fold
+// p[j] += p[j + h] for h = 8, 4, 2, 1 is then vector adds of halves.
+using VM = hn::Vec<DM>;
+
+// Floats AbsSum prefetches ahead of the one it reads.
+constexpr int64_t kPrefetchAhead = 512;
+
+template <class D>
+HWY_INLINE float FoldQuad(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return FoldQuad(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    alignas(16) float t[4];
+    hn::Store(v, d, t);
+    return (t[0] + t[2]) + (t[1] + t[3]);
+  }
+}
+
+// The fold of accumulators a0..a3 (16 / N of them in use) when no scalar tail follows.
+HWY_INLINE float FoldAccumulators(DM d, int N, VM a0, VM a1, VM a2, VM a3) {
+  const VM v =
+      N >= 16 ? a0 : (N == 8 ? hn::Add(a0, a1) : hn::Add(hn::Add(a0, a2), hn::Add(a1, a3)));
+  return FoldQuad(d, v);
+}
+
+// The partials as 16 floats, for a scalar tail.
+HWY_INLINE void StoreAccumulators(DM d, int N, VM a0, VM a1, VM a2, VM a3, float* partial) {
+  hn::StoreU(a0, d, partial);
+  if (N < 16) hn::StoreU(a1, d, partial + N);
+  if (N < 8) {
+    hn::StoreU(a2, d, partial + 2 * N);
+    hn::StoreU(a3, d, partial + 3 * N);
+  }
+}
+
+// The 16 / N mask words of one 16-element step as one 16-bit word (element i in bit i).
+HWY_INLINE uint32_t Join16(int N, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+  if (N >= 16) return m0;
+  if (N == 8) return m0 | m1 << 8;
+  return m0 | m1 << 4 | m2 << 8 | m3 << 12;
+}
+
+// Sum of |w_i| over the group in the fixed order. A non-finite weight makes it non-finite
+// (the caller then looks for it).
+HWY_INLINE float AbsSum(const float* HWY_RESTRICT w, int64_t n) {
+  const DM d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  VM a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
   int64_t i = 0;
-  const bool filter = above >= 0.0f;
   for (; i + kSumLanes <= n; i += kSumLanes) {
-    const auto a0 = hn::Abs(hn::LoadU(d, w + i));
-    const auto a1 = hn::Abs(hn::LoadU(d, w + i + 4));
-    const auto a2 = hn::Abs(hn::LoadU(d, w + i + 8));
-    const auto a3 = hn::Abs(hn::LoadU(d, w + i + 12));
-    ok = hn::And(ok, hn::And(hn::And(hn::Lt(a0, inf), hn::Lt(a1, inf)),
-                             hn::And(hn::Lt(a2, inf), hn::Lt(a3, inf))));
-    if (filter) {
-      const auto k0 = hn::Gt(a0, thr), k1 = hn::Gt(a1, thr);
-      const auto k2 = hn::Gt(a2, thr), k3 = hn::Gt(a3, thr);
-      s0 = hn::Add(s0, hn::IfThenElseZero(k0, a0));
-      s1 = hn::Add(s1, hn::IfThenElseZero(k1, a1));
-      s2 = hn::Add(s2, hn::IfThenElseZero(k2, a2));
-      s3 = hn::Add(s3, hn::IfThenElseZero(k3, a3));
-      c = hn::Sub(c, hn::Add(hn::Add(hn::VecFromMask(di, hn::RebindMask(di, k0)),
-                                     hn::VecFromMask(di, hn::RebindMask(di, k1))),
-                             hn::Add(hn::VecFromMask(di, hn::RebindMask(di, k2)),
-                                     hn::VecFromMask(di, hn::RebindMask(di, k3)))));
+    // The second pass over the group (ternary) fills the out-of-order window; fetching
+    // ahead keeps the loads of the next groups in flight meanwhile.
+    hwy::Prefetch(w + i + kPrefetchAhead);
+    a0 = hn::Add(a0, hn::Abs(hn::LoadU(d, w + i)));
+    if (N < 16) a1 = hn::Add(a1, hn::Abs(hn::LoadU(d, w + i + N)));
+    if (N < 8) {
+      a2 = hn::Add(a2, hn::Abs(hn::LoadU(d, w + i + 2 * N)));
+      a3 = hn::Add(a3, hn::Abs(hn::LoadU(d, w + i + 3 * N)));
+    }
+  }
+  if (i == n) return FoldAccumulators(d, N, a0, a1, a2, a3);
+  float partial[kSumLanes];
+  StoreAccumulators(d, N, a0, a1, a2, a3, partial);
+  for (int j = 0; i < n; ++i, ++j) partial[j] = partial[j] + std::fabs(w[i]);
+  return fold_partials(partial);
+}
+
+// Binary: the sum of |w_i| in the fixed order and, in the same pass, the codes (1 for
+// w >= 0) ORed or stored at stream bit `bit0` onwards.
+HWY_INLINE float BinarySumAndCodes(const float* HWY_RESTRICT w, int64_t n, uint8_t* packed,
+                                   uint64_t bit0) {
+  const DM d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const VM zero = hn::Zero(d);
+  VM a0 = zero, a1 = zero, a2 = zero, a3 = zero;
+  int64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    const VM v0 = hn::LoadU(d, w + i);
+    a0 = hn::Add(a0, hn::Abs(v0));
+    uint32_t m0 = MaskWord(d, hn::Ge(v0, zero)), m1 = 0, m2 = 0, m3 = 0;
+    if (N < 16) {
+      const VM v1 = hn::LoadU(d, w + i + N);
+      a1 = hn::Add(a1, hn::Abs(v1));
+      m1 = MaskWord(d, hn::Ge(v1, zero));
+    }
+    if (N < 8) {
+      const VM v2 = hn::LoadU(d, w + i + 2 * N), v3 = hn::LoadU(d, w + i + 3 * N);
+      a2 = hn::Add(a2, hn::Abs(v2));
+      a3 = hn::Add(a3, hn::Abs(v3));
+      m2 = MaskWord(d, hn::Ge(v2, zero));
+      m3 = MaskWord(d, hn::Ge(v3, zero));
+    }
+    PutBits(packed, bit0 + static_cast<uint64_t>(i), Join16(N, m0, m1, m2, m3), 16);
+  }
+  if (i == n) return FoldAccumulators(d, N, a0, a1, a2, a3);
+  float partial[kSumLanes];
+  StoreAccumulators(d, N, a0, a1, a2, a3, partial);
+  for (int j = 0; i < n; ++i, ++j) {
+    partial[j] = partial[j] + std::fabs(w[i]);
+    if (w[i] >= 0.0f) OrBits(packed, bit0 + static_cast<uint64_t>(i), 1u, 1);
+  }
+  return fold_partials(partial);
+}
+
+// Ternary, given Delta: the fixed-order sum of the kept |w_i| (> delta), their count, and
+// in the same pass the codes (1: w > Delta, 2: w < -Delta) at stream bit `bit0` onwards.
+// `ahead` (or null): weights to prefetch meanwhile, a cache line per 16 elements read.
+HWY_INLINE float TernaryKeptAndCodes(const float* HWY_RESTRICT w, int64_t n, float delta,
+                                     uint8_t* packed, uint64_t bit0, int64_t* kept,
+                                     const float* ahead) {
+  const DM d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const VM zero = hn::Zero(d);
+  const VM dv = hn::Set(d, delta);
+  VM a0 = zero, a1 = zero, a2 = zero, a3 = zero;
+  int64_t count = 0;
+  int64_t i = 0;
+  uint32_t p[4] = {0, 0, 0, 0}, m[4] = {0, 0, 0, 0};
+  const auto step = [&](const float* at, VM& acc, int slot) HWY_ATTR {
+    const VM v = hn::LoadU(d, at);
+    const VM a = hn::Abs(v);
+    const auto keep = hn::Gt(a, dv);
+    acc = hn::Add(acc, hn::IfThenElseZero(keep, a));
+    p[slot] = MaskWord(d, keep);             // kept
+    m[slot] = MaskWord(d, hn::Lt(v, zero));  // negative
+  };
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    if (ahead != nullptr) hwy::Prefetch(ahead + i);
+    step(w + i, a0, 0);
+    if (N < 16) step(w + i + N, a1, 1);
+    if (N < 8) {
+      step(w + i + 2 * N, a2, 2);
+      step(w + i + 3 * N, a3, 3);
+    }
+    // A kept weight is nonzero, so it is w > Delta (plus) unless negative (minus).
+    const uint32_t kept_bits = Join16(N, p[0], p[1], p[2], p[3]);
+    const uint32_t neg = Join16(N, m[0], m[1], m[2], m[3]);
+    const uint32_t plus = kept_bits & ~neg;
+    const uint32_t minus = kept_bits & neg;
+    count += __builtin_popcount(kept_bits);
+    PutBits(packed, (bit0 + static_cast<uint64_t>(i)) * 2, Spread16(plus) | Spread16(minus) << 1,
+            32);
+  }
+  if (i == n) {
+    *kept = count;
+    return FoldAccumulators(d, N, a0, a1, a2, a3);
+  }
+  float partial[kSumLanes];
+  StoreAccumulators(d, N, a0, a1, a2, a3, partial);
+  for (int j = 0; i < n; ++i, ++j) {
+    const float a = std::fabs(w[i]);
+    if (a > delta) {
+      ++count;
+      partial[j] = partial[j] + a;
+      OrBits(packed, (bit0 + static_cast<uint64_t>(i)) * 2, w[i] > 0.0f ? 1u : 2u, 2);
     } else {
-      s0 = hn::Add(s0, a0);
-      s1 = hn::Add(s1, a1);
-      s2 = hn::Add(s2, a2);
-      s3 = hn::Add(s3, a3);
+      partial[j] = partial[j] + 0.0f;
     }
   }
-  alignas(16) float partial[kSumLanes];
-  hn::Store(s0, d, partial);
-  hn::Store(s1, d, partial + 4);
-  hn::Store(s2, d, partial + 8);
-  hn::Store(s3, d, partial + 12);
-  alignas(16) int32_t counts[4];
-  hn::Store(c, di, counts);
-  int64_t k = static_cast<int64_t>(counts[0]) + counts[1] + counts[2] + counts[3];
-  bool all_finite = hn::AllTrue(d, ok);
-  for (int64_t j = 0; i < n; ++i, ++j) {
-    float a = w[i] < 0.0f ? -w[i] : w[i];
-    if (!(a < std::numeric_limits<float>::infinity())) all_finite = false;
-    if (filter) {
-      if (a > above) {
-        ++k;
-      } else {
-        a = 0.0f;
-      }
-    }
-    partial[j] = partial[j] + a;
-  }
-  if (kept != nullptr) *kept = filter ? k : n;
-  *finite = all_finite;
+  *kept = count;
   return fold_partials(partial);
 }
 

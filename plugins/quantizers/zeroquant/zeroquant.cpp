@@ -185,11 +185,8 @@ class ZeroQuant : public loom::sdk::Quantizer {
       const lq::IntWeight w = weight_of(nullptr, nullptr, nullptr, rows, k);
       if (p_.activation_bits == 8) {
         a.flags |= LOOM_QUANTIZER_INT8_ACTIVATIONS;
-        // The CPU's regions, then the CUDA GEMM's int32 accumulator.
-        a.matmul_workspace_bytes =
-            m == 0 ? 0
-                   : align256(lq::int8_matmul_workspace_bytes(m, w)) +
-                         align256(static_cast<uint64_t>(m) * static_cast<uint64_t>(rows) * 4u);
+        // The same regions on the CPU and on CUDA (carve_int8_workspace).
+        a.matmul_workspace_bytes = m == 0 ? 0 : align256(lq::int8_matmul_workspace_bytes(m, w));
       } else {
         a.matmul_workspace_bytes =
             align256(static_cast<uint64_t>(lq::weight_only_workspace_floats(m, k)) * 4u);
@@ -267,9 +264,8 @@ class ZeroQuant : public loom::sdk::Quantizer {
     float* y = as_float_mut(a.y);
     const float* bias = as_float(a.bias);
     if (on_cuda(x)) {
-      const int64_t bad = lq::zq_cuda_matmul(
-          x.device.device_id, xs, m, w, bias, y, p_.activation_bits == 8, a.workspace,
-          align256(lq::int8_matmul_workspace_bytes(m, w)), a.stream);
+      const int64_t bad = lq::zq_cuda_matmul(x.device.device_id, xs, m, w, bias, y,
+                                             p_.activation_bits == 8, a.workspace, a.stream);
       if (bad >= 0) throw non_finite_x(bad, k, nullptr);
       return;
     }

@@ -18,10 +18,10 @@ int64_t zq_cuda_quantize(int device, const float* x, const Groups& gs, const Int
 void zq_cuda_read_float(int device, const float* p, float* out);
 void zq_cuda_dequantize(int device, const IntWeight& w, float* x, void* stream);
 // y = x . W^T (+ bias): int8_activations: x quantized per token, widened codes, cuBLASLt's
-// int8 GEMM per K group into an int32 accumulator at workspace + acc_offset, the epilogue;
+// int8 GEMM per K group into the workspace's int32 accumulator (carve_int8_workspace), the
+// epilogue;
 // else the weight-only kernel. Returns -1 or the first non-finite x index.
 int64_t zq_cuda_matmul(int device, const float* x, int64_t m, const IntWeight& w, const float* bias,
-                       float* y, bool int8_activations, void* workspace, uint64_t acc_offset,
-                       void* stream);
+                       float* y, bool int8_activations, void* workspace, void* stream);
 
 }  // namespace loom::quant

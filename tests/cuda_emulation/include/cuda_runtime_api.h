@@ -99,6 +99,9 @@ namespace emu {
 EMU_API cudaError_t enqueue_kernel(cudaStream_t s, const char* name, std::function<void()> fn);
 // Device of a device allocation containing p, or -1 (host / unknown).
 EMU_API int device_of(const void* p);
+// Bytes from p to the end of the device allocation containing it (0 when p is not in one), and
+// that allocation's device (-1 when none).
+EMU_API size_t device_bytes_from(const void* p, int* device);
 EMU_API void report(const char* fmt, ...);
 EMU_API void set_last_error(cudaError_t e);
 EMU_API int current_device();

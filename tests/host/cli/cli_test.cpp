@@ -90,7 +90,7 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, VersionNamesTheAbi) {
   const auto r = loom("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.4)\n");
+  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.5)\n");
 }
 
 TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
@@ -99,7 +99,7 @@ TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
   const auto doc = nlohmann::json::parse(r.out);
   EXPECT_EQ(doc["version"], LOOM_EXPECTED_VERSION);
   EXPECT_EQ(doc["abi"]["major"], 1);
-  EXPECT_EQ(doc["abi"]["minor"], 4);
+  EXPECT_EQ(doc["abi"]["minor"], 5);
   const std::string dlpack = doc["dlpack"]["version"];
   EXPECT_TRUE(std::regex_match(dlpack, std::regex("[0-9]+\\.[0-9]+"))) << dlpack;
   EXPECT_EQ(dlpack, std::to_string(DLPACK_VERSION / 100) + "." +
@@ -200,7 +200,7 @@ TEST_F(Cli, PluginsJsonListsTheTestPlugins) {
   }
   ASSERT_NE(probe, nullptr) << r.out;
   EXPECT_EQ((*probe)["version"], "1.2.3");
-  EXPECT_EQ((*probe)["abi"], "1.4");
+  EXPECT_EQ((*probe)["abi"], "1.5");
   EXPECT_EQ((*probe)["path"], loom_test::plugin_file("probe").string());
   ASSERT_EQ((*probe)["kinds"].size(), 2U);
   EXPECT_EQ((*probe)["kinds"][0]["kind"], "loom.optimizer/1");
@@ -216,7 +216,7 @@ TEST_F(Cli, PluginsTableListsProbe) {
   const auto r = loom("plugins " + plugin_path());
   EXPECT_THAT(r.out, StartsWith("NAME"));
   EXPECT_TRUE(std::regex_search(
-      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.4 +loom\.optimizer/1,loom\.comm/1 )")))
+      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.5 +loom\.optimizer/1,loom\.comm/1 )")))
       << r.out;
   EXPECT_THAT(r.err, HasSubstr("built for Loom ABI 2"));
 }

@@ -1,0 +1,173 @@
+// Host grouped GEMMs (experts.hpp): one cblas GEMM per expert segment, the experts spread over
+// the host's pool (each expert writes only its own rows and its own gradients, so the result
+// does not depend on the thread count) and OpenBLAS single-threaded inside them, as the
+// trainer runs it, so BLAS never starts threads of its own beside the pool's.
+#include "experts.hpp"
+
+#include <cblas.h>
+#include <loom/sdk/parallel.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+namespace loom::moe {
+
+namespace {
+
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+// Row offsets of the experts' segments.
+std::vector<int64_t> offsets(int local_experts, const int64_t* rows) {
+  std::vector<int64_t> off(static_cast<size_t>(local_experts) + 1, 0);
+  for (int e = 0; e < local_experts; ++e) {
+    off[static_cast<size_t>(e) + 1] = off[static_cast<size_t>(e)] + std::max<int64_t>(rows[e], 0);
+  }
+  return off;
+}
+
+int blas_int(int64_t v) {
+  if (v > INT_MAX) throw std::invalid_argument("moe: a GEMM dimension exceeds the BLAS range");
+  return static_cast<int>(v);
+}
+
+// C[m, n] = alpha * op(A) op(B) + beta * C, row-major.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              blas_int(m), blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb),
+              beta, c, blas_int(ldc));
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              blas_int(m), blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb),
+              beta, c, blas_int(ldc));
+}
+
+template <class T>
+void add_bias(T* y, const T* b, int64_t n, int64_t width) {
+  for (int64_t r = 0; r < n; ++r) {
+    T* yr = y + r * width;
+    for (int64_t c = 0; c < width; ++c) yr[c] += b[c];
+  }
+}
+
+// g[c] += sum over rows r (ascending) of d[r, c], for the columns c in [c0, c1).
+template <class T>
+void add_colsum_cols(T* g, const T* d, int64_t n, int64_t width, int64_t c0, int64_t c1) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* dr = d + r * width;
+    for (int64_t c = c0; c < c1; ++c) g[c] += dr[c];
+  }
+}
+
+// Work items of a fixed size (never dependent on the thread count, so neither is the result):
+// a block of rows of one expert, or a block of one expert's weight-gradient rows.
+constexpr int64_t kRowBlock = 64;
+
+struct Block {
+  int64_t expert, begin, end;  // rows [begin, end) of the expert's segment (or of its gradient)
+};
+
+template <class Size>
+std::vector<Block> blocks(int local_experts, Size&& size_of) {
+  std::vector<Block> out;
+  for (int64_t e = 0; e < local_experts; ++e) {
+    const int64_t n = size_of(e);
+    for (int64_t b = 0; b < n; b += kRowBlock) out.push_back({e, b, std::min(n, b + kRowBlock)});
+  }
+  return out;
+}
+
+template <class Fn>
+void for_blocks(const std::vector<Block>& work, Fn&& fn) {
+  sdk::parallel_for(work.size(), 1, [&](size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i) fn(work[i]);
+  });
+}
+
+}  // namespace
+
+template <class T>
+void experts_forward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
+                     int64_t hidden_dim, const T* in, const ExpertWeights<T>& w, T* pre, T* h,
+                     T* out) {
+  single_threaded_blas();
+  const int64_t M = model_dim;
+  const int64_t H = hidden_dim;
+  const std::vector<int64_t> offs = offsets(local_experts, rows);
+  const auto work = blocks(local_experts, [&](int64_t e) { return std::max<int64_t>(rows[e], 0); });
+  for_blocks(work, [&](const Block& b) {
+    const int64_t e = b.expert, n = b.end - b.begin;
+    const int64_t off = offs[static_cast<size_t>(e)] + b.begin;
+    const T* a = in + off * M;
+    T* p = pre + off * H;
+    T* hh = h + off * H;
+    T* o = out + off * M;
+    gemm(false, true, n, H, M, T(1), a, M, w.w1 + e * H * M, M, T(0), p, H);
+    add_bias(p, w.b1 + e * H, n, H);
+    for (int64_t i = 0; i < n * H; ++i) hh[i] = act_forward(act, p[i]);
+    gemm(false, true, n, M, H, T(1), hh, H, w.w2 + e * M * H, H, T(0), o, M);
+    add_bias(o, w.b2 + e * M, n, M);
+  });
+}
+
+template <class T>
+void experts_backward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
+                      int64_t hidden_dim, const T* in, const T* pre, const T* dout,
+                      const ExpertWeights<T>& w, const ExpertGrads<T>& g, T* h, T* dh, T* din) {
+  single_threaded_blas();
+  const int64_t M = model_dim;
+  const int64_t H = hidden_dim;
+  const std::vector<int64_t> offs = offsets(local_experts, rows);
+  auto count = [&](int64_t e) { return std::max<int64_t>(rows[e], 0); };
+  // by rows: h = act(pre); dpre = (dout . w2_e) * act'(pre); din = dpre . w1_e
+  for_blocks(blocks(local_experts, count), [&](const Block& b) {
+    const int64_t e = b.expert, n = b.end - b.begin;
+    const int64_t off = offs[static_cast<size_t>(e)] + b.begin;
+    const T* p = pre + off * H;
+    T* hh = h + off * H;
+    T* dhh = dh + off * H;
+    for (int64_t i = 0; i < n * H; ++i) hh[i] = act_forward(act, p[i]);
+    gemm(false, false, n, H, M, T(1), dout + off * M, M, w.w2 + e * M * H, H, T(0), dhh, H);
+    for (int64_t i = 0; i < n * H; ++i) dhh[i] *= act_grad(act, p[i]);
+    if (din != nullptr) {
+      gemm(false, false, n, M, H, T(1), dhh, H, w.w1 + e * H * M, M, T(0), din + off * M, M);
+    }
+  });
+  // by gradient rows, over all of the expert's rows: dW2 += dout^T h, db2; dW1 += dpre^T in, db1
+  for_blocks(blocks(local_experts, [&](int64_t e) { return count(e) > 0 ? M : 0; }),
+             [&](const Block& b) {
+               const int64_t e = b.expert, n = count(e), off = offs[static_cast<size_t>(e)];
+               const int64_t r = b.end - b.begin;
+               gemm(true, false, r, H, n, T(1), dout + off * M + b.begin, M, h + off * H, H, T(1),
+                    g.w2 + e * M * H + b.begin * H, H);
+               add_colsum_cols(g.b2 + e * M, dout + off * M, n, M, b.begin, b.end);
+             });
+  for_blocks(blocks(local_experts, [&](int64_t e) { return count(e) > 0 ? H : 0; }),
+             [&](const Block& b) {
+               const int64_t e = b.expert, n = count(e), off = offs[static_cast<size_t>(e)];
+               const int64_t r = b.end - b.begin;
+               gemm(true, false, r, M, n, T(1), dh + off * H + b.begin, H, in + off * M, M, T(1),
+                    g.w1 + e * H * M + b.begin * M, M);
+               add_colsum_cols(g.b1 + e * H, dh + off * H, n, H, b.begin, b.end);
+             });
+}
+
+#define LOOM_MOE_EXPERTS_INSTANTIATE(T)                                                          \
+  template void experts_forward<T>(Activation, int, const int64_t*, int64_t, int64_t, const T*,  \
+                                   const ExpertWeights<T>&, T*, T*, T*);                         \
+  template void experts_backward<T>(Activation, int, const int64_t*, int64_t, int64_t, const T*, \
+                                    const T*, const T*, const ExpertWeights<T>&,                 \
+                                    const ExpertGrads<T>&, T*, T*, T*);
+LOOM_MOE_EXPERTS_INSTANTIATE(float)
+LOOM_MOE_EXPERTS_INSTANTIATE(double)
+#undef LOOM_MOE_EXPERTS_INSTANTIATE
+
+}  // namespace loom::moe

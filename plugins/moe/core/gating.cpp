@@ -1,0 +1,398 @@
+// Host routing (gating.hpp). Compiled with -ffp-contract=off so the sums round as the CUDA
+// kernels' (--fmad=false) do.
+#include "gating.hpp"
+
+#include <loom/sdk/parallel.hpp>
+#include <loom/sdk/random.hpp>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <stdexcept>
+
+#include "moe_math.hpp"
+
+namespace loom::moe {
+
+namespace {
+
+uint32_t token_counter(const GateConfig& cfg, int64_t s) {
+  return static_cast<uint32_t>(static_cast<uint64_t>(cfg.first_token + s));
+}
+
+template <class T>
+T weight_eps() {
+  return std::numeric_limits<T>::epsilon();
+}
+
+}  // namespace
+
+int64_t expert_capacity(const GateConfig& cfg, int64_t tokens) {
+  if (!cfg.drop_tokens) return 0;
+  const double f = cfg.training ? cfg.capacity_factor : cfg.eval_capacity_factor;
+  const double raw = std::ceil(static_cast<double>(cfg.k) * f * static_cast<double>(tokens) /
+                               static_cast<double>(cfg.num_experts));
+  int64_t c = raw > 9.0e18 ? INT64_MAX : static_cast<int64_t>(raw);
+  c = std::max(c, cfg.min_capacity);
+  return std::min(c, tokens);
+}
+
+float jitter_at(const GateConfig& cfg, int64_t s, int64_t m) {
+  const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s), kPurposeJitter);
+  return jitter_factor(rng.word(static_cast<uint64_t>(m)), cfg.jitter_eps);
+}
+
+template <class T>
+void gate_probs(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
+                const T* gate_w, T* probs) {
+  const int64_t E = cfg.num_experts;
+  const int64_t M = model_dim;
+  // gate_w transposed to [M, E]: the loop over experts innermost runs E independent sums side
+  // by side (vectorised), each still in feature order with one accumulator, so every logit
+  // rounds exactly as the plain per-expert loop (and the CUDA kernel) does.
+  std::vector<T> wt(static_cast<size_t>(M * E));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t m = 0; m < M; ++m) wt[static_cast<size_t>(m * E + e)] = gate_w[e * M + m];
+  }
+  sdk::parallel_for(static_cast<size_t>(tokens), 16, [&](size_t lo, size_t hi) {
+    std::vector<T> xg(static_cast<size_t>(M));
+    std::vector<T> lg(static_cast<size_t>(E));
+    for (size_t si = lo; si < hi; ++si) {
+      const auto s = static_cast<int64_t>(si);
+      const T* xs = x + s * M;
+      if (cfg.jitter()) {
+        const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
+                                  kPurposeJitter);
+        for (int64_t m = 0; m < M; ++m) {
+          xg[static_cast<size_t>(m)] =
+              xs[m] *
+              static_cast<T>(jitter_factor(rng.word(static_cast<uint64_t>(m)), cfg.jitter_eps));
+        }
+        xs = xg.data();
+      }
+      T* ps = probs + s * E;
+      T mx = -std::numeric_limits<T>::infinity();
+      T* __restrict acc = lg.data();
+      for (int64_t e = 0; e < E; ++e) acc[e] = T(0);
+      const T* __restrict w = wt.data();
+      for (int64_t m = 0; m < M; ++m, w += E) {
+        const T xm = xs[m];
+        for (int64_t e = 0; e < E; ++e) acc[e] = acc[e] + xm * w[e];
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        ps[e] = acc[e];
+        mx = std::max(mx, acc[e]);
+      }
+      T sum = T(0);
+      for (int64_t e = 0; e < E; ++e) {
+        ps[e] = exp_fixed(ps[e] - mx);
+        sum = sum + ps[e];
+      }
+      for (int64_t e = 0; e < E; ++e) ps[e] = ps[e] / sum;
+    }
+  });
+}
+
+template <class T>
+void top_k_choices(const GateConfig& cfg, const T* probs, int64_t tokens, const float* bias,
+                   int32_t* choice) {
+  const int E = cfg.num_experts;
+  const int k = cfg.k;
+  sdk::parallel_for(static_cast<size_t>(tokens), 64, [&](size_t lo, size_t hi) {
+    std::vector<T> score(static_cast<size_t>(E));
+    std::vector<char> taken(static_cast<size_t>(E));
+    for (size_t si = lo; si < hi; ++si) {
+      const auto s = static_cast<int64_t>(si);
+      const T* ps = probs + s * E;
+      const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
+                                kPurposeGumbel);
+      for (int e = 0; e < E; ++e) {
+        T v = ps[e];
+        if (bias != nullptr) v = v + static_cast<T>(bias[e]);
+        if (cfg.rsample()) v = v + static_cast<T>(gumbel(rng.word(static_cast<uint64_t>(e))));
+        score[static_cast<size_t>(e)] = v;
+        taken[static_cast<size_t>(e)] = 0;
+      }
+      for (int j = 0; j < k; ++j) {
+        int best = -1;
+        for (int e = 0; e < E; ++e) {
+          if (taken[static_cast<size_t>(e)] != 0) continue;
+          // strictly greater: ties go to the lower index
+          if (best < 0 || score[static_cast<size_t>(e)] > score[static_cast<size_t>(best)]) {
+            best = e;
+          }
+        }
+        taken[static_cast<size_t>(best)] = 1;
+        choice[s * k + j] = best;
+      }
+    }
+  });
+}
+
+template <class T>
+int64_t apply_capacity(const GateConfig& cfg, const T* probs, const int32_t* choice, int64_t tokens,
+                       int64_t capacity, int32_t* route) {
+  const int E = cfg.num_experts;
+  const int k = cfg.k;
+  const int64_t n = tokens * k;
+  if (!cfg.drop_tokens) {
+    std::copy(choice, choice + n, route);
+    return 0;
+  }
+  // Counting sort of (token, rank j) by bucket (expert, j), tokens ascending in each.
+  std::vector<int64_t> start(static_cast<size_t>(E) * k + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = int64_t{choice[i]} * k + (i % k);
+    ++start[static_cast<size_t>(b) + 1];
+  }
+  for (size_t b = 1; b < start.size(); ++b) start[b] += start[b - 1];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = int64_t{choice[i]} * k + (i % k);
+    order[static_cast<size_t>(fill[static_cast<size_t>(b)]++)] = i / k;  // the token
+  }
+  std::vector<uint32_t> key;
+  if (cfg.rts()) {
+    key.resize(static_cast<size_t>(tokens));
+    for (int64_t s = 0; s < tokens; ++s) {
+      const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s), kPurposeRts);
+      key[static_cast<size_t>(s)] = rng.word(0);
+    }
+  }
+  int64_t dropped = 0;
+  for (int e = 0; e < E; ++e) {
+    int64_t left = capacity;
+    for (int j = 0; j < k; ++j) {
+      const size_t b = static_cast<size_t>(e) * k + static_cast<size_t>(j);
+      auto first = order.begin() + start[b];
+      auto last = order.begin() + start[b + 1];
+      if (first == last) continue;
+      if (cfg.rts()) {
+        std::stable_sort(first, last, [&](int64_t a, int64_t c) {
+          return key[static_cast<size_t>(a)] < key[static_cast<size_t>(c)];
+        });
+      } else if (cfg.drop_policy == DropPolicy::Probs) {
+        std::stable_sort(first, last,
+                         [&](int64_t a, int64_t c) { return probs[a * E + e] > probs[c * E + e]; });
+      }
+      for (auto it = first; it != last; ++it) {
+        const int64_t i = *it * k + j;
+        if (left > 0) {
+          route[i] = e;
+          --left;
+        } else {
+          route[i] = -1;
+          ++dropped;
+        }
+      }
+    }
+  }
+  return dropped;
+}
+
+template <class T>
+void combine_weights(const GateConfig& cfg, const T* probs, const int32_t* route, int64_t tokens,
+                     T* weights) {
+  const int E = cfg.num_experts;
+  const int k = cfg.k;
+  for (int64_t s = 0; s < tokens; ++s) {
+    const T* ps = probs + s * E;
+    const int32_t* r = route + s * k;
+    T* w = weights + s * k;
+    if (k == 1) {
+      w[0] = r[0] < 0 ? T(0) : (cfg.normalize_top1 ? T(1) : ps[r[0]]);
+      continue;
+    }
+    T denom = T(0);
+    for (int j = 0; j < k; ++j) {
+      if (r[j] >= 0) denom = denom + ps[r[j]];
+    }
+    denom = std::max(denom, weight_eps<T>());
+    for (int j = 0; j < k; ++j) w[j] = r[j] < 0 ? T(0) : ps[r[j]] / denom;
+  }
+}
+
+std::vector<double> aux_load_share(const GateConfig& cfg, const int32_t* choice, int64_t tokens) {
+  const int E = cfg.num_experts;
+  const int k = cfg.k;
+  std::vector<double> ce(static_cast<size_t>(E), 0.0);
+  if (tokens <= 0) return ce;
+  const bool all = k > 2;
+  std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  for (int64_t s = 0; s < tokens; ++s) {
+    for (int j = 0; j < (all ? k : 1); ++j) ++count[static_cast<size_t>(choice[s * k + j])];
+  }
+  const double denom = static_cast<double>(tokens) * (all ? k : 1);
+  for (int e = 0; e < E; ++e) ce[static_cast<size_t>(e)] = static_cast<double>(count[e]) / denom;
+  return ce;
+}
+
+template <class T>
+double aux_loss(const GateConfig& cfg, const T* probs, const int32_t* choice, int64_t tokens) {
+  if (tokens <= 0) return 0.0;
+  const int E = cfg.num_experts;
+  const std::vector<double> ce = aux_load_share(cfg, choice, tokens);
+  double total = 0.0;
+  for (int e = 0; e < E; ++e) {
+    double me = 0.0;
+    for (int64_t s = 0; s < tokens; ++s) me += static_cast<double>(probs[s * E + e]);
+    me /= static_cast<double>(tokens);
+    total += me * ce[static_cast<size_t>(e)];
+  }
+  return static_cast<double>(E) * total;
+}
+
+void update_expert_bias(float* bias, const int64_t* load, int num_experts, double rate) {
+  if (rate <= 0.0 || num_experts <= 0) return;
+  double sum = 0.0;
+  for (int e = 0; e < num_experts; ++e) sum += static_cast<double>(load[e]);
+  const double mean = sum / num_experts;
+  for (int e = 0; e < num_experts; ++e) {
+    const double d = mean - static_cast<double>(load[e]);
+    const float sign = d > 0.0 ? 1.0f : (d < 0.0 ? -1.0f : 0.0f);
+    bias[e] = bias[e] + static_cast<float>(rate) * sign;
+  }
+}
+
+template <class T>
+void route_tokens(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
+                  const T* gate_w, const float* bias, RouteOut<T>& out) {
+  if (cfg.num_experts < 1 || cfg.k < 1 || cfg.k > cfg.num_experts || tokens < 0 || model_dim < 1) {
+    throw std::invalid_argument("moe routing: bad sizes (E " + std::to_string(cfg.num_experts) +
+                                ", k " + std::to_string(cfg.k) + ", tokens " +
+                                std::to_string(tokens) + ", M " + std::to_string(model_dim) + ")");
+  }
+  const int E = cfg.num_experts;
+  const int k = cfg.k;
+  gate_probs(cfg, x, tokens, model_dim, gate_w, out.probs);
+  top_k_choices(cfg, out.probs, tokens, bias, out.choice);
+  out.capacity = expert_capacity(cfg, tokens);
+  out.dropped = apply_capacity(cfg, out.probs, out.choice, tokens, out.capacity, out.route);
+  combine_weights(cfg, out.probs, out.route, tokens, out.weights);
+  if (out.load != nullptr) {
+    std::fill(out.load, out.load + E, int64_t{0});
+    for (int64_t i = 0; i < tokens * k; ++i) ++out.load[out.choice[i]];
+  }
+  out.aux_loss = aux_loss(cfg, out.probs, out.choice, tokens);
+}
+
+template <class T>
+void gate_dlogits(const GateConfig& cfg, int64_t tokens, const T* probs, const int32_t* choice,
+                  const int32_t* route, const T* dweights, double aux_loss_coef, T* dlogits) {
+  if (tokens <= 0) return;
+  const int E = cfg.num_experts;
+  const int k = cfg.k;
+  const std::vector<double> ce = aux_load_share(cfg, choice, tokens);
+  std::vector<T> aux_grad(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) {
+    aux_grad[static_cast<size_t>(e)] =
+        static_cast<T>(aux_loss_coef * static_cast<double>(E) * ce[static_cast<size_t>(e)] /
+                       static_cast<double>(tokens));
+  }
+  sdk::parallel_for(static_cast<size_t>(tokens), 64, [&](size_t lo, size_t hi) {
+    for (size_t si = lo; si < hi; ++si) {
+      const auto s = static_cast<int64_t>(si);
+      const T* ps = probs + s * E;
+      const int32_t* r = route + s * k;
+      const T* dw = dweights + s * k;
+      T* dp = dlogits + s * E;
+      for (int e = 0; e < E; ++e) dp[e] = aux_grad[static_cast<size_t>(e)];
+      if (k == 1) {
+        if (r[0] >= 0 && !cfg.normalize_top1) dp[r[0]] += dw[0];
+      } else {
+        T raw = T(0);
+        bool any = false;
+        for (int j = 0; j < k; ++j) {
+          if (r[j] >= 0) {
+            raw = raw + ps[r[j]];
+            any = true;
+          }
+        }
+        if (any) {
+          const T denom = std::max(raw, weight_eps<T>());
+          T dot = T(0);
+          for (int j = 0; j < k; ++j) {
+            if (r[j] >= 0) dot += dw[j] * ps[r[j]];
+          }
+          const bool clamped = !(raw > weight_eps<T>());
+          for (int j = 0; j < k; ++j) {
+            if (r[j] < 0) continue;
+            dp[r[j]] += dw[j] / denom;
+            if (!clamped) dp[r[j]] -= dot / (denom * denom);
+          }
+        }
+      }
+      T dot = T(0);
+      for (int e = 0; e < E; ++e) dot += ps[e] * dp[e];
+      for (int e = 0; e < E; ++e) dp[e] = ps[e] * (dp[e] - dot);
+    }
+  });
+}
+
+template <class T>
+void gate_backward(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_dim,
+                   const T* gate_w, const T* probs, const int32_t* choice, const int32_t* route,
+                   const T* dweights, double aux_loss_coef, T* dlogits, T* dx, T* dgate_w) {
+  if (tokens <= 0) return;
+  const int E = cfg.num_experts;
+  const int64_t M = model_dim;
+  gate_dlogits(cfg, tokens, probs, choice, route, dweights, aux_loss_coef, dlogits);
+  // dx[s] += (dlogits[s] . gate_w) * jitter;  dgate_w[e] += sum_s dlogits[s, e] * x_gate[s]
+  sdk::parallel_for(static_cast<size_t>(tokens), 16, [&](size_t lo, size_t hi) {
+    for (size_t si = lo; si < hi; ++si) {
+      const auto s = static_cast<int64_t>(si);
+      const T* dl = dlogits + s * E;
+      T* dxs = dx + s * M;
+      const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
+                                kPurposeJitter);
+      for (int64_t m = 0; m < M; ++m) {
+        T acc = T(0);
+        for (int e = 0; e < E; ++e) acc += dl[e] * gate_w[e * M + m];
+        if (cfg.jitter()) {
+          acc *= static_cast<T>(jitter_factor(rng.word(static_cast<uint64_t>(m)), cfg.jitter_eps));
+        }
+        dxs[m] += acc;
+      }
+    }
+  });
+  sdk::parallel_for(static_cast<size_t>(E), 1, [&](size_t lo, size_t hi) {
+    for (size_t ei = lo; ei < hi; ++ei) {
+      const auto e = static_cast<int64_t>(ei);
+      T* g = dgate_w + e * M;
+      for (int64_t s = 0; s < tokens; ++s) {
+        const T d = dlogits[s * E + e];
+        if (d == T(0)) continue;
+        const T* xs = x + s * M;
+        if (cfg.jitter()) {
+          const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
+                                    kPurposeJitter);
+          for (int64_t m = 0; m < M; ++m) {
+            g[m] += d * (xs[m] * static_cast<T>(jitter_factor(rng.word(static_cast<uint64_t>(m)),
+                                                              cfg.jitter_eps)));
+          }
+        } else {
+          for (int64_t m = 0; m < M; ++m) g[m] += d * xs[m];
+        }
+      }
+    }
+  });
+}
+
+#define LOOM_MOE_GATING_INSTANTIATE(T)                                                           \
+  template void gate_probs<T>(const GateConfig&, const T*, int64_t, int64_t, const T*, T*);      \
+  template void top_k_choices<T>(const GateConfig&, const T*, int64_t, const float*, int32_t*);  \
+  template int64_t apply_capacity<T>(const GateConfig&, const T*, const int32_t*, int64_t,       \
+                                     int64_t, int32_t*);                                         \
+  template void combine_weights<T>(const GateConfig&, const T*, const int32_t*, int64_t, T*);    \
+  template double aux_loss<T>(const GateConfig&, const T*, const int32_t*, int64_t);             \
+  template void route_tokens<T>(const GateConfig&, const T*, int64_t, int64_t, const T*,         \
+                                const float*, RouteOut<T>&);                                     \
+  template void gate_backward<T>(const GateConfig&, const T*, int64_t, int64_t, const T*,        \
+                                 const T*, const int32_t*, const int32_t*, const T*, double, T*, \
+                                 T*, T*);
+LOOM_MOE_GATING_INSTANTIATE(float)
+LOOM_MOE_GATING_INSTANTIATE(double)
+#undef LOOM_MOE_GATING_INSTANTIATE
+
+}  // namespace loom::moe

@@ -1,0 +1,74 @@
+// The CUDA half of the MoE core behind a plain C++ interface (the plugin, compiled by the host
+// compiler, calls it). Tensors, `saved` and the workspace are device memory on `stream`; the
+// routing's bookkeeping (top-k, capacity, slots: O(S k) integers) runs on the host with the
+// very functions of the host path over probabilities the device computed with the host's
+// rounding, so both choose the same experts. CUDA builds only; failures throw
+// loom::sdk::Error (UNAVAILABLE for the device, INVALID_ARGUMENT for bad input).
+#pragma once
+
+#include <cstdint>
+
+#include "layer.hpp"
+
+namespace loom::moe::cuda {
+
+// A cuBLAS handle for one device, created on first use.
+class Blas {
+ public:
+  Blas() = default;
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  void* handle(int device);  // cublasHandle_t
+
+ private:
+  void* handle_ = nullptr;
+  int device_ = -1;
+};
+
+struct Device {
+  int device = 0;
+  void* stream = nullptr;  // cudaStream_t
+  Blas* blas = nullptr;
+};
+
+// The layer on device memory (float32); same contract as layer_forward / layer_backward.
+// expert_bias, route_experts and route_weights are device pointers too; stats are host.
+void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float>& call,
+                   LayerStats& stats, const Device& dev);
+void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<float>& call,
+                    const Device& dev);
+
+// dispatch / combine alone (loom_moe_dispatch_args) on device memory: route_experts and
+// route_weights (or null) [S, k] device; rows [row_capacity, M] device in the expert layout;
+// local_counts (dispatch, host [local_experts]).
+void dispatch_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t model_dim,
+                    const float* x, const int32_t* route_experts, const float* route_weights,
+                    float* rows, int64_t row_capacity, int64_t* local_counts, const Device& dev);
+void combine_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t model_dim,
+                   const float* rows, int64_t row_capacity, const int32_t* route_experts,
+                   const float* route_weights, float* y, const Device& dev);
+
+// The kernels, for the layer and the tests (device pointers, launched on `stream`).
+void gate_probs(const GateConfig& cfg, const float* x, int64_t tokens, int64_t model_dim,
+                const float* gate_w, float* probs, void* stream);
+// dx += (dlogits . gate_w) * jitter; dgate_w += dlogits^T (x * jitter)
+void gate_input_grads(const GateConfig& cfg, const float* x, int64_t tokens, int64_t model_dim,
+                      const float* gate_w, const float* dlogits, float* dx, float* dgate_w,
+                      void* stream);
+void gather_rows(const float* x, int64_t tokens, int64_t model_dim, int k, const int64_t* slot,
+                 const float* weights, float* rows, void* stream);
+void combine_rows(const float* rows, int64_t tokens, int64_t model_dim, int k, const int64_t* slot,
+                  const float* weights, float* y, bool accumulate, void* stream);
+void combine_weight_grad(const float* rows, const float* dy, int64_t tokens, int64_t model_dim,
+                         int k, const int64_t* slot, float* dweights, void* stream);
+// rows: host counts per local expert
+void experts_forward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
+                     int64_t hidden_dim, const float* in, const ExpertWeights<float>& w, float* pre,
+                     float* h, float* out, const Device& dev);
+void experts_backward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
+                      int64_t hidden_dim, const float* in, const float* pre, const float* dout,
+                      const ExpertWeights<float>& w, const ExpertGrads<float>& g, float* h,
+                      float* dh, float* din, const Device& dev);
+
+}  // namespace loom::moe::cuda

@@ -1,0 +1,522 @@
+// moe: a Mixture-of-Experts layer (kind loom.moe/1) with DeepSpeed's parameters: top-k gating
+// with capacity (or dropless), noisy gating, random token selection, the load-balancing aux
+// loss and aux-loss-free bias balancing, index dispatch, grouped expert GEMMs, PR-MoE's
+// residual MLP and expert parallelism over a loom.comm. The work is in plugins/moe/core; this
+// file turns parameters and ABI calls into the core's configuration and checks what the SDK
+// does not.
+#include <loom/sdk.hpp>
+#include <loom/sdk/moe.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dispatch.hpp"
+#include "exchange.hpp"
+#include "gating.hpp"
+#include "layer.hpp"
+#if LOOM_MOE_HAVE_CUDA
+#include "moe_cuda.hpp"
+#endif
+
+namespace {
+
+namespace moe = loom::moe;
+using loom::sdk::Context;
+
+[[noreturn]] void fail(const std::string& message) {
+  throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, message);
+}
+
+moe::DropPolicy parse_drop_policy(const std::string& s) {
+  if (s == "probs") return moe::DropPolicy::Probs;
+  if (s == "position") return moe::DropPolicy::Position;
+  fail("drop_policy = \"" + s + "\" is not a drop policy; expected \"probs\" or \"position\"");
+}
+
+moe::NoisePolicy parse_noise(const std::string& s) {
+  if (s == "none" || s == "None") return moe::NoisePolicy::None;
+  if (s == "Jitter") return moe::NoisePolicy::Jitter;
+  if (s == "RSample") return moe::NoisePolicy::RSample;
+  fail("noisy_gate_policy = \"" + s +
+       "\" is not a noise policy; expected \"none\", \"Jitter\" or \"RSample\"");
+}
+
+moe::Activation parse_activation(const std::string& s) {
+  if (s == "gelu") return moe::Activation::Gelu;
+  if (s == "relu") return moe::Activation::Relu;
+  if (s == "silu") return moe::Activation::Silu;
+  fail("activation = \"" + s + "\" is not an activation; expected \"gelu\", \"relu\" or \"silu\"");
+}
+
+void check_k(int64_t k, int64_t experts, const char* where) {
+  if (k > experts) {
+    fail(std::string(where) + "k = " + std::to_string(k) + " is more than num_experts = " +
+         std::to_string(experts) + ": a token cannot choose more experts than there are");
+  }
+}
+
+void check_ep(int64_t experts, int64_t ep_size, const char* where) {
+  if (experts % ep_size != 0) {
+    fail(std::string(where) + "num_experts = " + std::to_string(experts) +
+         " is not a multiple of ep_size = " + std::to_string(ep_size) +
+         ": every rank of an expert-parallel group holds the same number of experts");
+  }
+}
+
+void check_positive(double v, const char* name) {
+  if (!(v > 0.0)) {
+    fail(std::string(name) + " = " + std::to_string(v) +
+         " must be > 0 (it scales the tokens each expert takes; drop_tokens = false removes "
+         "the limit)");
+  }
+}
+
+class MoeLayer : public loom::sdk::Moe {
+ public:
+  static loom::sdk::Schema schema() {
+    using namespace loom::sdk;
+    return {
+        Int("num_experts", 8,
+            "E: experts of the layer over all ranks of its expert-parallel group. The trainer "
+            "may plan a layer with another count (pyramid layouts); k and ep_size are checked "
+            "against the count planned.")
+            .min(1),
+        Int("k", 1,
+            "Experts each token chooses (top-k by gate probability, ties to the lower expert "
+            "index). k > num_experts is refused.")
+            .min(1),
+        Float("capacity_factor", 1.0,
+              "Training capacity: each expert takes at most max(ceil(k * capacity_factor * S / "
+              "E), min_capacity) of the S tokens of a rank, never more than S.")
+            .greater_than(0),
+        Float("eval_capacity_factor", 1.0, "The capacity factor in evaluation (training = 0).")
+            .greater_than(0),
+        Int("min_capacity", 4, "The least capacity per expert (then capped at the tokens).").min(0),
+        Bool("drop_tokens", true,
+             "true: choices beyond an expert's capacity are dropped (later choices first, "
+             "see drop_policy); false: dropless, every choice is processed and the rows per "
+             "expert vary."),
+        String("drop_policy", "probs",
+               "Which choices of one rank (first choices, second choices, ...) an expert keeps "
+               "when they exceed its capacity: \"probs\" (higher gate probability first, ties "
+               "by position) or \"position\" (earlier tokens first). Later choices are always "
+               "dropped before earlier ones.")
+            .choices({"probs", "position"}),
+        Bool("use_rts", false,
+             "Random token selection in training: within one choice rank an expert keeps "
+             "tokens in a random order drawn from the seed (DeepSpeed defaults this to true; "
+             "here it is off unless asked). Evaluation never draws."),
+        String("noisy_gate_policy", "none",
+               "Noise on the gate in training: \"none\", \"Jitter\" (the gate's input times "
+               "U(1 - jitter_eps, 1 + jitter_eps) per element) or \"RSample\" (Gumbel noise on "
+               "the choice's scores; the combine weights stay the clean probabilities). "
+               "DeepSpeed spells none as None, which is accepted too.")
+            .choices({"none", "None", "Jitter", "RSample"}),
+        Float("jitter_eps", 0.01, "The half-width of the Jitter policy's multiplicative noise.")
+            .range(0, 1),
+        Bool("use_residual", false,
+             "PR-MoE: a dense MLP beside the experts, mixed per token by a learned coefficient "
+             "c = softmax(x . coef_w^T + coef_b): y = c0 * moe(x) + c1 * mlp(x). The caller "
+             "passes res_w1, res_b1, res_w2, res_b2, coef_w and coef_b."),
+        Float("bias_update_rate", 0.0,
+              "Aux-loss-free balancing: > 0 adds a per-expert bias (the caller's float32 [E] "
+              "state) to the scores of the choice only, and after each training forward moves "
+              "it by rate * sign(mean load - load of the expert), the load summed over the "
+              "expert-parallel group. 0 turns it off.")
+            .min(0),
+        String("activation", "gelu",
+               "The experts' activation: \"gelu\" (tanh approximation), \"relu\" or \"silu\".")
+            .choices({"gelu", "relu", "silu"}),
+        Int("ep_size", 1,
+            "Ranks of an expert-parallel group (consecutive ranks of comm); each holds "
+            "num_experts / ep_size experts. num_experts must be a multiple of it; > 1 needs "
+            "comm.")
+            .min(1),
+        Ref("comm", LOOM_KIND_COMM,
+            "The data-parallel world (loom.comm/1) the expert-parallel groups are split from; "
+            "its size must be a multiple of ep_size. Needed when ep_size > 1; without it "
+            "reduce_gradients is the identity."),
+        Bool("normalize_top1", false,
+             "k = 1 only: false weighs the expert's output by its probability, as DeepSpeed "
+             "does; true divides by it (weight 1)."),
+    };
+  }
+
+  static void validate_params(Context& params) {
+    const int64_t experts = params.get_int("num_experts");
+    check_k(params.get_int("k"), experts, "");
+    check_ep(experts, params.get_int("ep_size"), "");
+    check_positive(params.get_float("capacity_factor"), "capacity_factor");
+    check_positive(params.get_float("eval_capacity_factor"), "eval_capacity_factor");
+    (void)parse_drop_policy(params.get_string("drop_policy"));
+    (void)parse_noise(params.get_string("noisy_gate_policy"));
+    (void)parse_activation(params.get_string("activation"));
+    const int64_t ep = params.get_int("ep_size");
+    if (ep > 1 && params.find_ref<loom_comm_v1>("comm").name().empty()) {
+      fail("ep_size = " + std::to_string(ep) +
+           " needs comm (a loom.comm instance to split the expert-parallel groups from)");
+    }
+  }
+
+  explicit MoeLayer(Context& ctx) : comm_(ctx.find_ref<loom_comm_v1>("comm")) {
+    validate_params(ctx);
+    num_experts_ = ctx.get_int("num_experts");
+    gate_.k = static_cast<int>(ctx.get_int("k"));
+    gate_.capacity_factor = ctx.get_float("capacity_factor");
+    gate_.eval_capacity_factor = ctx.get_float("eval_capacity_factor");
+    gate_.min_capacity = ctx.get_int("min_capacity");
+    gate_.drop_tokens = ctx.get_bool("drop_tokens");
+    gate_.drop_policy = parse_drop_policy(ctx.get_string("drop_policy"));
+    gate_.use_rts = ctx.get_bool("use_rts");
+    gate_.noise = parse_noise(ctx.get_string("noisy_gate_policy"));
+    gate_.jitter_eps = static_cast<float>(ctx.get_float("jitter_eps"));
+    gate_.normalize_top1 = ctx.get_bool("normalize_top1");
+    residual_ = ctx.get_bool("use_residual");
+    bias_rate_ = ctx.get_float("bias_update_rate");
+    activation_ = parse_activation(ctx.get_string("activation"));
+    ep_size_ = static_cast<int>(ctx.get_int("ep_size"));
+    if (ep_size_ > 1 && !comm_) {
+      fail("ep_size = " + std::to_string(ep_size_) +
+           " needs comm (a loom.comm instance to split the expert-parallel groups from)");
+    }
+    if (comm_) {
+      const int32_t world = comm_.call(&loom_comm_v1::size);
+      if (world < 1 || world % ep_size_ != 0) {
+        fail("comm '" + comm_.name() + "' has " + std::to_string(world) +
+             " ranks, not a multiple of ep_size = " + std::to_string(ep_size_));
+      }
+    }
+    try {
+      exchange_ = std::make_unique<moe::Exchange>(comm_ ? comm_.vtable() : nullptr,
+                                                  comm_ ? comm_.instance() : nullptr, ep_size_);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
+  }
+
+  void plan(loom_moe_plan_args& a) {
+    if (!(a.dtype.code == kDLFloat && a.dtype.bits == 32 && a.dtype.lanes == 1)) {
+      fail("dtype " + loom::sdk::dtype_string(a.dtype) + " is not supported: moe runs float32");
+    }
+    const moe::LayerConfig c =
+        config(a.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "plan: ");
+    check_fits(c);
+    a.flags = (residual_ ? LOOM_MOE_RESIDUAL : 0u) | (gate_.drop_tokens ? 0u : LOOM_MOE_DROPLESS) |
+              (bias_rate_ > 0.0 ? LOOM_MOE_EXPERT_BIAS : 0u);
+    a.experts = c.gate.num_experts;
+    a.local_experts = c.local_experts;
+    a.ep_size = c.ep_size;
+    a.ep_rank = c.ep_rank;
+    a.top_k = c.gate.k;
+    a.activation = static_cast<int32_t>(activation_);
+    a.capacity = moe::expert_capacity(c.gate, a.tokens);
+    a.max_expert_rows = moe::max_expert_rows(c);
+    a.saved_bytes = moe::saved_bytes(c, sizeof(float));
+    a.workspace_bytes = moe::workspace_bytes(c, sizeof(float));
+  }
+
+  void forward(const loom_moe_forward_args& a, const loom_moe_plan_args& p) {
+    const bool device = on_cuda(a.x->device);
+    moe::LayerConfig c =
+        config(p.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "forward: ");
+    c.gate.seed = a.seed;
+    c.gate.step = a.step;
+    c.gate.layer = static_cast<uint32_t>(a.layer);
+    c.gate.first_token = a.first_token;
+    moe::ForwardCall<float> call;
+    call.tokens = a.tokens;
+    call.x = static_cast<const float*>(loom::sdk::first_element(*a.x));
+    call.w = weights(a.weights, p, a.x->device, "weights");
+    call.expert_bias = a.expert_bias != nullptr
+                           ? static_cast<float*>(loom::sdk::first_element(*a.expert_bias))
+                           : nullptr;
+    call.y = static_cast<float*>(loom::sdk::first_element(*a.y));
+    call.route_experts = a.route_experts != nullptr
+                             ? static_cast<int32_t*>(loom::sdk::first_element(*a.route_experts))
+                             : nullptr;
+    call.route_weights = a.route_weights != nullptr
+                             ? static_cast<float*>(loom::sdk::first_element(*a.route_weights))
+                             : nullptr;
+    call.saved = a.saved;
+    call.saved_bytes = a.saved_bytes;
+    call.workspace = a.workspace;
+    call.workspace_bytes = a.workspace_bytes;
+    moe::LayerStats stats;
+    if (a.stats != nullptr) stats.load = a.stats->load;
+    run([&] {
+      if (device) {
+#if LOOM_MOE_HAVE_CUDA
+        moe::cuda::layer_forward(c, *exchange_, call, stats, cuda_device(a.x->device, a.stream));
+#endif
+      } else {
+        moe::layer_forward<float>(c, *exchange_, call, stats);
+      }
+    });
+    if (a.stats != nullptr) {
+      a.stats->aux_loss = stats.aux_loss;
+      a.stats->dropped = stats.dropped;
+      a.stats->expert_rows = stats.expert_rows;
+    }
+  }
+
+  void backward(const loom_moe_backward_args& a, const loom_moe_plan_args& p) {
+    const bool device = on_cuda(a.x->device);
+    moe::LayerConfig c =
+        config(p.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "backward: ");
+    c.gate.seed = a.seed;
+    c.gate.step = a.step;
+    c.gate.layer = static_cast<uint32_t>(a.layer);
+    c.gate.first_token = a.first_token;
+    moe::BackwardCall<float> call;
+    call.tokens = a.tokens;
+    call.x = static_cast<const float*>(loom::sdk::first_element(*a.x));
+    call.w = weights(a.weights, p, a.x->device, "weights");
+    call.dy = static_cast<const float*>(loom::sdk::first_element(*a.dy));
+    call.dx = static_cast<float*>(loom::sdk::first_element(*a.dx));
+    const loom::sdk::MoeLayerView g = loom::sdk::moe_weights(a.grads, p, a.x->device, "grads");
+    call.g.gate_w = static_cast<float*>(g.gate_w);
+    call.g.experts = {static_cast<float*>(g.w1), static_cast<float*>(g.b1),
+                      static_cast<float*>(g.w2), static_cast<float*>(g.b2)};
+    call.g.residual = {static_cast<float*>(g.res_w1), static_cast<float*>(g.res_b1),
+                       static_cast<float*>(g.res_w2), static_cast<float*>(g.res_b2)};
+    call.g.coef_w = static_cast<float*>(g.coef_w);
+    call.g.coef_b = static_cast<float*>(g.coef_b);
+    call.aux_loss_coef = a.aux_loss_coef;
+    call.saved = a.saved;
+    call.saved_bytes = a.saved_bytes;
+    call.workspace = a.workspace;
+    call.workspace_bytes = a.workspace_bytes;
+    run([&] {
+      if (device) {
+#if LOOM_MOE_HAVE_CUDA
+        moe::cuda::layer_backward(c, *exchange_, call, cuda_device(a.x->device, a.stream));
+#endif
+      } else {
+        moe::layer_backward<float>(c, *exchange_, call);
+      }
+    });
+  }
+
+  // rows (expert layout) = the routed rows of x, weighted when route_weights is given.
+  void dispatch(const loom_moe_dispatch_args& a) {
+    if (on_cuda(a.x->device)) {
+#if LOOM_MOE_HAVE_CUDA
+      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      run([&] {
+        moe::cuda::dispatch_alone(
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
+            static_cast<const float*>(loom::sdk::first_element(*a.x)),
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
+            a.route_weights != nullptr
+                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+                : nullptr,
+            static_cast<float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0], a.counts,
+            cuda_device(a.x->device, a.stream));
+      });
+#endif
+      return;
+    }
+    Routing r = routing(a);
+    std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
+    moe::gather_rows<float>(static_cast<const float*>(loom::sdk::first_element(*a.x)), a.tokens,
+                            a.model_dim, r.k, r.slot.data(), r.weights, send.data());
+    check_rows(a, r.plan.recv_rows);
+    run([&] {
+      exchange_->forward(r.plan, send.data(), loom::sdk::first_element(*a.rows),
+                         a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device, a.stream);
+    });
+    const std::vector<int64_t> local = local_counts(r.plan);
+    for (size_t e = 0; e < local.size(); ++e) a.counts[e] = local[e];
+  }
+
+  // y = the rows brought back to their tokens and summed per token (weighted when given).
+  void combine(const loom_moe_dispatch_args& a) {
+    if (on_cuda(a.x->device)) {
+#if LOOM_MOE_HAVE_CUDA
+      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      run([&] {
+        moe::cuda::combine_alone(
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
+            static_cast<const float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0],
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
+            a.route_weights != nullptr
+                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+                : nullptr,
+            static_cast<float*>(loom::sdk::first_element(*a.x)),
+            cuda_device(a.x->device, a.stream));
+      });
+#endif
+      return;
+    }
+    Routing r = routing(a);
+    check_rows(a, r.plan.recv_rows);
+    std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
+    run([&] {
+      exchange_->reverse(r.plan, loom::sdk::first_element(*a.rows), send.data(),
+                         a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device, a.stream);
+    });
+    moe::combine_rows<float>(send.data(), a.tokens, a.model_dim, r.k, r.slot.data(), r.weights,
+                             static_cast<float*>(loom::sdk::first_element(*a.x)), false);
+  }
+
+  void reduce_gradients(const loom_moe_reduce_args& a) {
+    run([&] { exchange_->reduce_gradients(a.tensors, a.count, a.stream); });
+  }
+
+ private:
+  struct Routing {
+    int k = 1;
+    std::vector<int64_t> counts, slot;
+    int64_t send_rows = 0;
+    const float* weights = nullptr;
+    moe::Exchange::Plan plan;
+  };
+
+  Routing routing(const loom_moe_dispatch_args& a) {
+    const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+    Routing r;
+    r.k = a.top_k;
+    r.counts.resize(static_cast<size_t>(experts));
+    r.slot.resize(static_cast<size_t>(a.tokens * a.top_k));
+    const auto* route = static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts));
+    run([&] {
+      r.send_rows = moe::build_slots(route, a.tokens, a.top_k, static_cast<int>(experts),
+                                     r.counts.data(), r.slot.data());
+    });
+    r.weights = a.route_weights != nullptr
+                    ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+                    : nullptr;
+    run([&] { r.plan = exchange_->plan(r.counts.data(), static_cast<int>(experts)); });
+    return r;
+  }
+
+  static void check_rows(const loom_moe_dispatch_args& a, int64_t need) {
+    if (a.rows->shape[0] < need) {
+      fail("rows has " + std::to_string(a.rows->shape[0]) + " rows but the routing sends " +
+           std::to_string(need) +
+           " to this rank's experts (size it by the plan's "
+           "max_expert_rows)");
+    }
+  }
+
+  static std::vector<int64_t> local_counts(const moe::Exchange::Plan& p) {
+    std::vector<int64_t> out(static_cast<size_t>(p.local_experts), 0);
+    for (int le = 0; le < p.local_experts; ++le) {
+      for (int src = 0; src < p.ep; ++src) {
+        out[static_cast<size_t>(le)] += p.recv_counts[static_cast<size_t>(le * p.ep + src)];
+      }
+    }
+    return out;
+  }
+
+  moe::LayerConfig config(int64_t tokens, int64_t model_dim, int64_t hidden_dim,
+                          int32_t num_experts, bool training, const char* where) const {
+    const int64_t experts = num_experts != 0 ? num_experts : num_experts_;
+    check_k(gate_.k, experts, where);
+    check_ep(experts, ep_size_, where);
+    moe::LayerConfig c;
+    c.gate = gate_;
+    c.gate.num_experts = static_cast<int>(experts);
+    c.gate.training = training;
+    c.activation = activation_;
+    c.model_dim = model_dim;
+    c.hidden_dim = hidden_dim;
+    c.max_tokens = tokens;
+    c.ep_size = exchange_->ep_size();
+    c.ep_rank = exchange_->ep_rank();
+    c.local_experts = static_cast<int>(experts / c.ep_size);
+    c.residual = residual_;
+    c.bias_update_rate = bias_rate_;
+    return c;
+  }
+
+  // Every buffer's element count must fit 64-bit byte sizes (BLAS's and cuBLAS's int
+  // dimensions are checked where the GEMMs run).
+  static void check_fits(const moe::LayerConfig& c) {
+    const auto S = static_cast<long double>(c.max_tokens);
+    const auto k = static_cast<long double>(c.gate.k);
+    const auto E = static_cast<long double>(c.gate.num_experts);
+    const auto M = static_cast<long double>(c.model_dim);
+    const auto H = static_cast<long double>(c.hidden_dim);
+    const long double rows = static_cast<long double>(c.ep_size) * S * k;
+    const long double biggest = std::max({S * E, rows * M, rows * H, S * H, E * H * M});
+    if (biggest * 8.0L > 4.0e18L) {
+      throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                             "plan: " + std::to_string(c.max_tokens) + " tokens of model_dim " +
+                                 std::to_string(c.model_dim) + " and hidden_dim " +
+                                 std::to_string(c.hidden_dim) + " with " +
+                                 std::to_string(c.gate.num_experts) + " experts and k " +
+                                 std::to_string(c.gate.k) + " do not fit 64-bit buffer sizes");
+    }
+  }
+
+  static moe::LayerWeights<float> weights(const loom_moe_weights* w, const loom_moe_plan_args& p,
+                                          DLDevice device, const char* what) {
+    const loom::sdk::MoeLayerView v = loom::sdk::moe_weights(w, p, device, what);
+    moe::LayerWeights<float> out;
+    out.gate_w = static_cast<const float*>(v.gate_w);
+    out.experts = {static_cast<const float*>(v.w1), static_cast<const float*>(v.b1),
+                   static_cast<const float*>(v.w2), static_cast<const float*>(v.b2)};
+    out.residual = {static_cast<const float*>(v.res_w1), static_cast<const float*>(v.res_b1),
+                    static_cast<const float*>(v.res_w2), static_cast<const float*>(v.res_b2)};
+    out.coef_w = static_cast<const float*>(v.coef_w);
+    out.coef_b = static_cast<const float*>(v.coef_b);
+    return out;
+  }
+
+  // Host memory runs on the host path; CUDA memory on the CUDA one (CUDA builds).
+  static bool on_cuda(const DLDevice& dev) {
+    if (loom::sdk::is_cpu(dev)) return false;
+    if (!loom::sdk::is_cuda(dev)) {
+      fail("x is on " + loom::sdk::device_string(dev) + "; moe runs on host or CUDA memory");
+    }
+    if (LOOM_MOE_HAVE_CUDA == 0) {
+      throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
+                             "x is on " + loom::sdk::device_string(dev) +
+                                 " but this moe was built without CUDA (or without cuBLAS)");
+    }
+    return true;
+  }
+
+#if LOOM_MOE_HAVE_CUDA
+  moe::cuda::Device cuda_device(const DLDevice& dev, void* stream) {
+    return moe::cuda::Device{dev.device_id, stream, &blas_};
+  }
+  moe::cuda::Blas blas_;
+#endif
+
+  // The core's std exceptions as statuses: bad input -> INVALID_ARGUMENT, else INTERNAL.
+  template <class Fn>
+  static void run(Fn&& fn) {
+    try {
+      fn();
+    } catch (const loom::sdk::Error&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, e.what());
+    } catch (const std::runtime_error& e) {
+      throw loom::sdk::Error(LOOM_ERR_INTERNAL, e.what());
+    }
+  }
+
+  loom::sdk::InstanceRef<loom_comm_v1> comm_;
+  std::unique_ptr<moe::Exchange> exchange_;
+  int64_t num_experts_ = 8;
+  moe::GateConfig gate_;
+  bool residual_ = false;
+  double bias_rate_ = 0.0;
+  moe::Activation activation_ = moe::Activation::Gelu;
+  int ep_size_ = 1;
+};
+
+}  // namespace
+
+LOOM_PLUGIN("moe", "1.0.0",
+            "Mixture-of-Experts layer: top-k gating with capacity or dropless, noisy gating, "
+            "random token selection, aux loss and aux-loss-free balancing, index dispatch, "
+            "grouped expert GEMMs, PR-MoE and expert parallelism",
+            loom::sdk::factory<MoeLayer>());
