@@ -185,7 +185,7 @@ int cmd_check(const std::string& manifest, const std::string& plugin_path) {
 
 std::string bytes_text(uint64_t b) {
   char buf[32];
-  if (b < 10 * 1024) {
+  if (b < uint64_t{10} * 1024) {
     std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   } else if (b < 10ull * 1024 * 1024) {
     std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
@@ -202,7 +202,7 @@ void print_quantize_report(void* /*ctx*/, const loom_quantize_report* r) {
     return;
   }
   const int width = static_cast<int>(std::to_string(r->count).size());
-  std::printf("[%*llu/%llu] %s: ", width, static_cast<unsigned long long>(r->index + 1),
+  std::printf("[%*llu/%llu] %s: ", width, static_cast<unsigned long long>(r->index) + 1,
               static_cast<unsigned long long>(r->count), r->tensor);
   if (r->quantizer == nullptr) {
     std::printf("copied, %s (%s)\n", bytes_text(r->bytes_in).c_str(), r->note);
