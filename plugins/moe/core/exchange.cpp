@@ -182,12 +182,16 @@ struct Exchange::Impl {
   void reduce_gradients(DLTensor* const* tensors, int64_t count, void* stream);
   void sum_ep(int64_t* v, int64_t n);
   int64_t max_ep(int64_t v);
+  void sum_world(int64_t* v, int64_t n);
+  std::string agree_ep(int64_t status, const std::string& local_error, const char* unit);
   void check_plan(const Plan& plan, const char* what) const;
   // The EP group's communicator (the world itself when ep == world), or none when ep == 1.
   Ref ep_comm() const;
   // The expert-data-parallel group's (the world when ep == 1), or none when W == ep.
   Ref edp_comm() const;
   std::vector<int64_t> gather_ep(const int64_t* v, int64_t n);
+  // The allgather of n values from each of `ranks` ranks of c.
+  std::vector<int64_t> gather(const Ref& c, int ranks, const int64_t* v, int64_t n);
 
   Ref comm_;
   loom::sdk::SubComm ep_group_, edp_group_;
@@ -497,23 +501,27 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
 }
 
 std::vector<int64_t> Exchange::Impl::gather_ep(const int64_t* v, int64_t n) {
+  return gather(ep_comm(), ep_, v, n);
+}
+
+std::vector<int64_t> Exchange::Impl::gather(const Ref& c, int ranks, const int64_t* v, int64_t n) {
   if (n < 0 || (n > 0 && v == nullptr)) {
     fail(LOOM_ERR_INVALID_ARGUMENT, "sum_ep: " + std::to_string(n) + " values at NULL");
   }
-  std::vector<int64_t> all(static_cast<std::size_t>(n) * static_cast<std::size_t>(ep_));
-  if (ep_ == 1) {
+  std::vector<int64_t> all(static_cast<std::size_t>(n) * static_cast<std::size_t>(ranks));
+  if (ranks == 1 || !c) {
     std::copy(v, v + n, all.begin());
     return all;
   }
-  small(v, n, all.data(), n * ep_, [&](const int64_t* in, int64_t* out, DLDevice where) {
+  small(v, n, all.data(), n * ranks, [&](const int64_t* in, int64_t* out, DLDevice where) {
     Flat s(in, n, kInt64, where);
-    Flat r(out, n * ep_, kInt64, where);
+    Flat r(out, n * ranks, kInt64, where);
     loom_allgather_args a{};
     a.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
     a.send = &s.t;
     a.recv = &r.t;
     a.stream = nullptr;
-    ep_comm().call(&loom_comm_v1::allgather, &a);
+    c.call(&loom_comm_v1::allgather, &a);
   });
   return all;
 }
@@ -569,6 +577,41 @@ int64_t Exchange::Impl::max_ep(int64_t v) {
   return *std::max_element(all.begin(), all.end());
 }
 
+void Exchange::Impl::sum_world(int64_t* v, int64_t n) {
+  if (world_ == 1) return;
+  const std::vector<int64_t> all = gather(comm_, world_, v, n);
+  for (int64_t j = 0; j < n; ++j) {
+    int64_t s = 0;
+    for (int r = 0; r < world_; ++r) s += all[static_cast<std::size_t>(r * n + j)];
+    v[j] = s;
+  }
+}
+
+// One allgather of each rank's status, so a rank that cannot go on stops every rank of its
+// group at the same point instead of leaving them waiting in the next collective.
+std::string Exchange::Impl::agree_ep(int64_t status, const std::string& local_error,
+                                     const char* unit) {
+  const std::vector<int64_t> all = gather_ep(&status, 1);
+  int bad = -1;
+  for (int r = 0; r < ep_; ++r) {
+    if (all[static_cast<std::size_t>(r)] != 0) {
+      bad = r;
+      break;
+    }
+  }
+  if (bad < 0) return "";
+  const std::string tail = ep_ > 1 ? " (expert-parallel rank " + std::to_string(ep_rank_) + " of " +
+                                         std::to_string(ep_) + "; every rank of the group stops)"
+                                   : "";
+  if (status != 0) {
+    return (local_error.empty() ? "moe: this rank cannot go on" : local_error) + tail;
+  }
+  const int64_t v = all[static_cast<std::size_t>(bad)];
+  return "moe: expert-parallel rank " + std::to_string(bad) + " of " + std::to_string(ep_) +
+         (v > 0 ? " was short by " + std::to_string(v) + " " + unit : " refused the call") +
+         "; every rank of the group stops with it";
+}
+
 Exchange::Exchange(const loom_comm_v1* vt, void* comm, int ep_size)
     : impl_(std::make_unique<Impl>(vt, comm, ep_size)) {}
 Exchange::~Exchange() = default;
@@ -592,5 +635,9 @@ void Exchange::reduce_gradients(DLTensor* const* tensors, int64_t count, void* s
 }
 void Exchange::sum_ep(int64_t* v, int64_t n) { impl_->sum_ep(v, n); }
 int64_t Exchange::max_ep(int64_t v) { return impl_->max_ep(v); }
+void Exchange::sum_world(int64_t* v, int64_t n) { impl_->sum_world(v, n); }
+std::string Exchange::agree_ep(int64_t status, const std::string& local_error, const char* unit) {
+  return impl_->agree_ep(status, local_error, unit);
+}
 
 }  // namespace loom::moe

@@ -324,7 +324,6 @@ class MoeLayer : public loom::sdk::Moe {
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
     moe::gather_rows<float>(static_cast<const float*>(loom::sdk::first_element(*a.x)), a.tokens,
                             a.model_dim, r.k, r.slot.data(), r.weights, send.data());
-    check_rows(a, r.plan.recv_rows);
     run([&] {
       exchange_->forward(r.plan, send.data(), loom::sdk::first_element(*a.rows),
                          a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device, a.stream);
@@ -353,7 +352,6 @@ class MoeLayer : public loom::sdk::Moe {
       return;
     }
     Routing r = routing(a);
-    check_rows(a, r.plan.recv_rows);
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
     run([&] {
       exchange_->reverse(r.plan, loom::sdk::first_element(*a.rows), send.data(),
@@ -383,24 +381,33 @@ class MoeLayer : public loom::sdk::Moe {
     r.counts.resize(static_cast<size_t>(experts));
     r.slot.resize(static_cast<size_t>(a.tokens * a.top_k));
     const auto* route = static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts));
-    run([&] {
+    // A bad route or too few rows on one rank stops every rank of the expert-parallel group
+    // together (after the counts exchange, before the rows').
+    std::string error;
+    int64_t status = 0;
+    try {
       r.send_rows = moe::build_slots(route, a.tokens, a.top_k, static_cast<int>(experts),
                                      r.counts.data(), r.slot.data());
-    });
+    } catch (const std::exception& e) {
+      error = std::string("moe: ") + e.what();
+      status = -1;
+      std::fill(r.counts.begin(), r.counts.end(), 0);
+    }
     r.weights = a.route_weights != nullptr
                     ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
                     : nullptr;
     run([&] { r.plan = exchange_->plan(r.counts.data(), static_cast<int>(experts)); });
-    return r;
-  }
-
-  static void check_rows(const loom_moe_dispatch_args& a, int64_t need) {
-    if (a.rows->shape[0] < need) {
-      fail("rows has " + std::to_string(a.rows->shape[0]) + " rows but the routing sends " +
-           std::to_string(need) +
-           " to this rank's experts (size it by the plan's "
-           "max_expert_rows)");
+    const int64_t have = a.rows->shape[0];
+    if (status == 0 && have < r.plan.recv_rows) {
+      status = r.plan.recv_rows - have;
+      error = "moe: rows has " + std::to_string(have) + " rows but the routing sends " +
+              std::to_string(r.plan.recv_rows) +
+              " to this rank's experts (size it by the plan's max_expert_rows)";
     }
+    std::string stop;
+    run([&] { stop = exchange_->agree_ep(status, error, "rows"); });
+    if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
+    return r;
   }
 
   static std::vector<int64_t> local_counts(const moe::Exchange::Plan& p) {
