@@ -107,9 +107,8 @@ void top_k_choices(const GateConfig& cfg, const T* probs, int64_t tokens, const 
       const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s),
                                 kPurposeGumbel);
       for (int e = 0; e < E; ++e) {
-        T v = ps[e];
+        T v = cfg.rsample() ? gumbel_score(ps[e], rng.word(static_cast<uint64_t>(e))) : ps[e];
         if (bias != nullptr) v = v + static_cast<T>(bias[e]);
-        if (cfg.rsample()) v = v + static_cast<T>(gumbel(rng.word(static_cast<uint64_t>(e))));
         score[static_cast<size_t>(e)] = v;
         taken[static_cast<size_t>(e)] = 0;
       }

@@ -112,8 +112,9 @@ class MoeLayer : public loom::sdk::Moe {
              "here it is off unless asked). Evaluation never draws."),
         String("noisy_gate_policy", "none",
                "Noise on the gate in training: \"none\", \"Jitter\" (the gate's input times "
-               "U(1 - jitter_eps, 1 + jitter_eps) per element) or \"RSample\" (Gumbel noise on "
-               "the choice's scores; the combine weights stay the clean probabilities). "
+               "U(1 - jitter_eps, 1 + jitter_eps) per element) or \"RSample\" (the choice's "
+               "score is log p plus Gumbel noise, so the first choice is a sample of p; the "
+               "combine weights stay the clean probabilities). "
                "DeepSpeed spells none as None, which is accepted too.")
             .choices({"none", "None", "Jitter", "RSample"}),
         Float("jitter_eps", 0.01, "The half-width of the Jitter policy's multiplicative noise.")
