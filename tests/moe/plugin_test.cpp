@@ -158,6 +158,21 @@ TEST(MoePlugin, BadConfigurationsAreRefusedNamingTheValues) {
     Session s("ep_size = 2\nnum_experts = 4");
     EXPECT_TRUE(has(s.error, "comm")) << s.error;
   }
+  // counts beyond the schema's maxima (they are narrowed to int), and at plan
+  for (const char* bad :
+       {"num_experts = 70000", "k = 70000", "ep_size = 70000", "num_experts = 4294967304"}) {
+    Session s(bad);
+    EXPECT_TRUE(has(s.error, bad) || has(s.error, "65536")) << bad << ": " << s.error;
+    EXPECT_FALSE(s.error.empty()) << bad;
+  }
+  {
+    Session s("num_experts = 8");
+    ASSERT_TRUE(s.error.empty()) << s.error;
+    Moe m(s);
+    loom_moe_plan_args a = plan_args(10, 8, 16, -3);
+    EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(has(m.error, "-3")) << m.error;
+  }
   // at plan: a layer planned with fewer experts than k, and another dtype
   Session s("k = 3");
   ASSERT_TRUE(s.error.empty()) << s.error;

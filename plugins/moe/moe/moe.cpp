@@ -52,6 +52,20 @@ moe::Activation parse_activation(const std::string& s) {
   fail("activation = \"" + s + "\" is not an activation; expected \"gelu\", \"relu\" or \"silu\"");
 }
 
+// The most experts (and so the most choices per token and ranks per expert-parallel group) a
+// layer takes: counts and indices are int32 in the ABI and int in the core.
+constexpr int64_t kMaxExperts = 65536;
+
+// A count of experts as planned or passed to a call (0 there means the parameter), checked
+// before it is narrowed to int.
+int checked_experts(int64_t experts, const char* where) {
+  if (experts < 1 || experts > kMaxExperts) {
+    fail(std::string(where) + "num_experts = " + std::to_string(experts) + " is outside [1, " +
+         std::to_string(kMaxExperts) + "]");
+  }
+  return static_cast<int>(experts);
+}
+
 void check_k(int64_t k, int64_t experts, const char* where) {
   if (k > experts) {
     fail(std::string(where) + "k = " + std::to_string(k) + " is more than num_experts = " +
@@ -84,11 +98,13 @@ class MoeLayer : public loom::sdk::Moe {
             "E: experts of the layer over all ranks of its expert-parallel group. The trainer "
             "may plan a layer with another count (pyramid layouts); k and ep_size are checked "
             "against the count planned.")
-            .min(1),
+            .min(1)
+            .max(kMaxExperts),
         Int("k", 1,
             "Experts each token chooses (top-k by gate probability, ties to the lower expert "
             "index). k > num_experts is refused.")
-            .min(1),
+            .min(1)
+            .max(kMaxExperts),
         Float("capacity_factor", 1.0,
               "Training capacity: each expert takes at most max(ceil(k * capacity_factor * S / "
               "E), min_capacity) of the S tokens of a rank, never more than S.")
@@ -136,7 +152,8 @@ class MoeLayer : public loom::sdk::Moe {
             "Ranks of an expert-parallel group (consecutive ranks of comm); each holds "
             "num_experts / ep_size experts. num_experts must be a multiple of it; > 1 needs "
             "comm.")
-            .min(1),
+            .min(1)
+            .max(kMaxExperts),
         Ref("comm", LOOM_KIND_COMM,
             "The data-parallel world (loom.comm/1) the expert-parallel groups are split from; "
             "its size must be a multiple of ep_size. Needed when ep_size > 1; without it "
@@ -306,7 +323,8 @@ class MoeLayer : public loom::sdk::Moe {
   void dispatch(const loom_moe_dispatch_args& a) {
     if (on_cuda(a.x->device)) {
 #if LOOM_MOE_HAVE_CUDA
-      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      const int64_t experts =
+          checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
         moe::cuda::dispatch_alone(
             *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
@@ -337,7 +355,8 @@ class MoeLayer : public loom::sdk::Moe {
   void combine(const loom_moe_dispatch_args& a) {
     if (on_cuda(a.x->device)) {
 #if LOOM_MOE_HAVE_CUDA
-      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      const int64_t experts =
+          checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
         moe::cuda::combine_alone(
             *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
@@ -376,7 +395,7 @@ class MoeLayer : public loom::sdk::Moe {
   };
 
   Routing routing(const loom_moe_dispatch_args& a) {
-    const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+    const int64_t experts = checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
     Routing r;
     r.k = a.top_k;
     r.counts.resize(static_cast<size_t>(experts));
@@ -423,7 +442,7 @@ class MoeLayer : public loom::sdk::Moe {
 
   moe::LayerConfig config(int64_t tokens, int64_t model_dim, int64_t hidden_dim,
                           int32_t num_experts, bool training, const char* where) const {
-    const int64_t experts = num_experts != 0 ? num_experts : num_experts_;
+    const int64_t experts = checked_experts(num_experts != 0 ? num_experts : num_experts_, where);
     check_k(gate_.k, experts, where);
     check_ep(experts, ep_size_, where);
     moe::LayerConfig c;
