@@ -348,6 +348,7 @@ TEST(MoePlugin, ForwardBackwardMatchTheCoreAndDispatchCombineAlone) {
   b.workspace_bytes = p.workspace_bytes;
   ASSERT_EQ(m.take(m.t->backward(m.obj, &b)), 0) << m.error;
   const std::vector<float> once = g[1];
+  const std::vector<std::vector<float>> g_once = g;
   const std::vector<float> dx1 = dx;
   ASSERT_EQ(m.take(m.t->backward(m.obj, &b)), 0) << m.error;
   double norm = 0.0;
@@ -357,6 +358,30 @@ TEST(MoePlugin, ForwardBackwardMatchTheCoreAndDispatchCombineAlone) {
   }
   EXPECT_GT(norm, 0.0);
   EXPECT_EQ(dx, dx1);  // written, not added
+
+  // the core's backward on its own saved, directly: the same dx and gradients bit for bit
+  std::vector<std::vector<float>> g2(g.size());
+  for (size_t i = 0; i < g.size(); ++i) g2[i].assign(g[i].size(), 0.0f);
+  std::vector<float> dx2(S * M, -7.0f);
+  loom::moe::BackwardCall<float> bcall;
+  bcall.tokens = S;
+  bcall.x = x.data();
+  bcall.w = call.w;
+  bcall.dy = dy.data();
+  bcall.dx = dx2.data();
+  bcall.g.gate_w = g2[0].data();
+  bcall.g.experts = {g2[1].data(), g2[2].data(), g2[3].data(), g2[4].data()};
+  bcall.g.residual = {g2[5].data(), g2[6].data(), g2[7].data(), g2[8].data()};
+  bcall.g.coef_w = g2[9].data();
+  bcall.g.coef_b = g2[10].data();
+  bcall.aux_loss_coef = 0.01;
+  bcall.saved = saved2.p;
+  bcall.saved_bytes = loom::moe::saved_bytes(c, 4);
+  bcall.workspace = ws2.p;
+  bcall.workspace_bytes = loom::moe::workspace_bytes(c, 4);
+  loom::moe::layer_backward<float>(c, ex, bcall);
+  EXPECT_EQ(dx2, dx1);
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g2[i], g_once[i]) << "gradient " << i;
 
   // dispatch alone: the rows of the routing, grouped by expert; combine brings them back
   std::vector<float> rows(p.max_expert_rows * M, -1.0f), back(S * M);

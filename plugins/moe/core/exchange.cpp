@@ -27,6 +27,7 @@
 
 #if defined(LOOM_MOE_HAVE_CUDA) && LOOM_MOE_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <loom/sdk/cuda.hpp>
 #define LOOM_MOE_EXCHANGE_CUDA 1
 namespace loom::moe::cuda {
 // exchange_cuda.cu: v[i] = v[i] / by on the stream.
@@ -170,6 +171,28 @@ void ensure(std::vector<char>& v, std::size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// Pins the CUDA device of a call for its scope (nothing on the host or without CUDA).
+class DevicePin {
+ public:
+  explicit DevicePin(const DLDevice& d) {
+#if LOOM_MOE_EXCHANGE_CUDA
+    if (d.device_type == kDLCUDA)
+      guard_ = std::make_unique<loom::sdk::CudaDeviceGuard>(d.device_id);
+#else
+    (void)d;
+#endif
+  }
+
+ private:
+#if LOOM_MOE_EXCHANGE_CUDA
+  std::unique_ptr<loom::sdk::CudaDeviceGuard> guard_;
+#endif
+};
+
+}  // namespace
+
 struct Exchange::Impl {
   enum class Dir { kForward, kReverse };
   Impl(const loom_comm_v1* vt, void* comm, int ep_size);
@@ -205,6 +228,8 @@ struct Exchange::Impl {
   std::vector<char> host_a_, host_b_, host_stage_;
   void* device_scratch_ = nullptr;  // CUDA scratch of a device-capable transport
   std::size_t device_scratch_bytes_ = 0;
+  int device_scratch_device_ = 0;  // where device_scratch_ lives
+  int last_device_ = -1;           // the CUDA device of the last device call (small() uses it)
 };
 
 Exchange::Impl::Impl(const loom_comm_v1* vt, void* comm, int ep_size) : ep_(ep_size) {
@@ -248,7 +273,15 @@ Exchange::Impl::Impl(const loom_comm_v1* vt, void* comm, int ep_size) : ep_(ep_s
 
 Exchange::Impl::~Impl() {
 #if LOOM_MOE_EXCHANGE_CUDA
-  if (device_scratch_ != nullptr) cudaFree(device_scratch_);
+  if (device_scratch_ != nullptr) {
+    // best effort: a destructor cannot throw
+    int current = 0;
+    if (cudaGetDevice(&current) == cudaSuccess) {
+      if (current != device_scratch_device_) (void)cudaSetDevice(device_scratch_device_);
+      (void)cudaFree(device_scratch_);
+      if (current != device_scratch_device_) (void)cudaSetDevice(current);
+    }
+  }
 #endif
 }
 
@@ -350,6 +383,8 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
     fail(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + ": a row buffer is NULL");
   }
   const bool dev = on_device(device);
+  const DevicePin pin(device);
+  if (dev) last_device_ = device.device_id;
   if (ep == 1) {  // one rank: the expert layout is the send layout
     if (in != out) copy_rows(out, in, static_cast<std::size_t>(sent) * rb, dev, stream);
     return;
@@ -416,12 +451,17 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
   if (El > 1 && recv_bytes > 0) {
     if (device_work) {
 #if LOOM_MOE_EXCHANGE_CUDA
-      if (device_scratch_bytes_ < recv_bytes) {
-        if (device_scratch_ != nullptr) cudaFree(device_scratch_);
+      if (device_scratch_bytes_ < recv_bytes || device_scratch_device_ != device.device_id) {
+        if (device_scratch_ != nullptr) {
+          // the previous call synchronised its stream, so nothing still uses the scratch
+          const loom::sdk::CudaDeviceGuard old(device_scratch_device_);
+          cudaFree(device_scratch_);
+        }
         device_scratch_ = nullptr;
         device_scratch_bytes_ = 0;
         cuda_ok(cudaMalloc(&device_scratch_, recv_bytes), "cudaMalloc (exchange scratch)");
         device_scratch_bytes_ = recv_bytes;
+        device_scratch_device_ = device.device_id;
       }
       stage = static_cast<char*>(device_scratch_);
 #endif
@@ -446,6 +486,13 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
                bytes_from.data(), bytes_to.data(), kBytes, comm_device, comm_stream);
   }
   if (dev && !native) to_device(out, host_b_.data(), out_bytes, stream);
+#if LOOM_MOE_EXCHANGE_CUDA
+  // The scratch is shared by every call (of any stream): the next call may reuse or free it
+  // only once this one's copies out of it are done.
+  if (device_work && stage != nullptr) {
+    cuda_ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  }
+#endif
 }
 
 void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, void* stream) {
@@ -483,6 +530,8 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
     }
     // Device: with a device transport (or no transport needed: W == ep) the sum and the
     // division stay on the device; otherwise the sum is made on the host and divided there.
+    const DevicePin pin(t.device);
+    last_device_ = t.device.device_id;
     const bool native = !c || loom::sdk::comm_supports_device(c, t.device);
     if (native) {
 #if LOOM_MOE_EXCHANGE_CUDA
@@ -534,10 +583,12 @@ void Exchange::Impl::small(const int64_t* send, int64_t send_n, int64_t* recv, i
     return;
   }
 #if LOOM_MOE_EXCHANGE_CUDA
-  // On the current device and its legacy default stream, synchronised: the values come from
-  // the host and go back to it.
-  int device = 0;
-  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  // On the legacy default stream, synchronised: the values come from the host and go back to
+  // it.
+  // On the device of the last device call (else the current one), pinned for the call.
+  int device = last_device_;
+  if (device < 0) cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  const loom::sdk::CudaDeviceGuard pin(device);
   const auto sb = static_cast<std::size_t>(send_n) * sizeof(int64_t);
   const auto rb = static_cast<std::size_t>(recv_n) * sizeof(int64_t);
   void* d = nullptr;
