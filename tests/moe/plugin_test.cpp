@@ -5,8 +5,16 @@
 #include <loom/embed.h>
 #include <loom/kinds/moe.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -531,3 +539,52 @@ TEST(MoePlugin, BitIdenticalOnAnyThreadCount) {
   for (size_t t : {2u, 3u}) EXPECT_EQ(run_at(t), one) << t << " threads";
   EXPECT_EQ(loom_set_thread_count(before), 0);
 }
+
+#ifdef LOOM_CLI_PATH
+namespace {
+
+// `loom check FILE`: the exit code and stderr.
+std::pair<int, std::string> loom_check(const std::string& toml) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto file = dir / ("moe_check_" + std::to_string(::getpid()) + ".toml");
+  const auto err_file = dir / ("moe_check_" + std::to_string(::getpid()) + ".err");
+  {
+    std::ofstream out(file);
+    out << toml;
+  }
+  const std::string cmd = std::string("LOOM_PLUGIN_PATH= '") + LOOM_CLI_PATH + "' check '" +
+                          file.string() + "' >/dev/null 2>'" + err_file.string() + "'";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(err_file);
+  std::ostringstream os;
+  os << in.rdbuf();
+  std::filesystem::remove(file);
+  std::filesystem::remove(err_file);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, os.str()};
+}
+
+}  // namespace
+
+// `loom check` on a manifest with a [moe.NAME] section reports the configurations the
+// plugin refuses, naming the values.
+TEST(MoePlugin, LoomCheckReportsBadConfigurations) {
+  const std::string head = "[moe.m]\nplugin = \"moe\"\n";
+  auto [ok, ok_err] = loom_check(head + "num_experts = 8\nk = 2\n");
+  EXPECT_EQ(ok, 0) << ok_err;
+  struct Case {
+    const char* body;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {"num_experts = 2\nk = 3\n", {"k = 3", "num_experts = 2"}},
+      {"num_experts = 8\nep_size = 3\n", {"num_experts = 8", "ep_size = 3"}},
+      {"capacity_factor = 0.0\n", {"capacity_factor"}},
+      {"capacity_factor = -1.0\n", {"capacity_factor"}},
+  };
+  for (const Case& c : cases) {
+    const auto [code, err] = loom_check(head + c.body);
+    EXPECT_NE(code, 0) << c.body;
+    for (const std::string& w : c.says) EXPECT_TRUE(has(err, w)) << c.body << ": " << err;
+  }
+}
+#endif
