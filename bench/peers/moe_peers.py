@@ -6,7 +6,7 @@ torch the way DeepSpeed's gating formulates them, timed on the same machine and 
             second the argmax of the logits with the first masked out (no noise: the bench's
             side runs without noise too); each choice's place in its expert's queue is a
             cumulative sum of one-hot masks over tokens (the second choices queue after all
-            the first ones); choices at or beyond the capacity C = ceil(k * f * S / E) are
+            the first ones, counted before capacity as DeepSpeed does); choices at or beyond the capacity C = ceil(k * f * S / E) are
             masked off; the kept pair's weight is p over the sum of the token's kept p; the
             weights and the places become the dense combine tensor [S, E, C] (one-hot over C),
             and the dispatch mask is where it is non-zero;
@@ -73,6 +73,7 @@ def main():
         p = F.softmax(logits, dim=1)
         idx1 = torch.argmax(p, dim=1)
         mask1 = F.one_hot(idx1, E)
+        mask1_all = mask1  # before capacity: the second choices queue after all first ones
         loc1 = torch.cumsum(mask1, dim=0) - 1
         me = p.mean(dim=0)
         ce = mask1.float().mean(dim=0)
@@ -84,9 +85,9 @@ def main():
             w1 = g1.unsqueeze(1) * mask1
             combine = w1.unsqueeze(2) * F.one_hot(loc1_s, C).unsqueeze(1)
         else:
-            idx2 = torch.argmax(logits.masked_fill(mask1.bool(), float("-inf")), dim=1)
+            idx2 = torch.argmax(logits.masked_fill(mask1_all.bool(), float("-inf")), dim=1)
             mask2 = F.one_hot(idx2, E)
-            loc2 = torch.cumsum(mask2, dim=0) - 1 + mask1.sum(dim=0, keepdim=True)
+            loc2 = torch.cumsum(mask2, dim=0) - 1 + mask1_all.sum(dim=0, keepdim=True)
             mask2 = mask2 * torch.lt(loc2, C)
             loc2_s = (loc2 * mask2).sum(dim=1)
             g2 = (p * mask2).sum(dim=1)

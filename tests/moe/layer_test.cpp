@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "layer.hpp"
+#include "layer_layout.hpp"
 #include "reference.hpp"
 
 using loom::moe::Exchange;
@@ -270,4 +273,94 @@ TEST(MoeLayer, NoTokensIsAValidCall) {
   call.dy = dy.data();
   call.dx = dx.data();
   EXPECT_THROW(loom::moe::layer_backward<float>(c, ex, call), std::invalid_argument);
+}
+
+namespace {
+
+// A backward for `c` over the saved of a forward (of possibly another configuration); the
+// exception's message or "".
+std::string backward_message(const LayerConfig& c, const Params<float>& p, int64_t S, Buffers& b) {
+  Params<float> g(c, 9);
+  std::vector<float> dy(static_cast<size_t>(S * c.model_dim), 0.5f), dx(dy.size());
+  loom::moe::BackwardCall<float> call;
+  call.tokens = S;
+  call.x = p.x.data();
+  call.w = p.weights();
+  call.dy = dy.data();
+  call.dx = dx.data();
+  call.g.gate_w = g.gate_w.data();
+  call.g.experts = {g.w1.data(), g.b1.data(), g.w2.data(), g.b2.data()};
+  call.g.residual = {g.rw1.data(), g.rb1.data(), g.rw2.data(), g.rb2.data()};
+  call.g.coef_w = g.coef_w.data();
+  call.g.coef_b = g.coef_b.data();
+  call.saved = b.saved_ptr();
+  call.saved_bytes = loom::moe::saved_bytes(c, 4);
+  call.workspace = b.work_ptr();
+  call.workspace_bytes = loom::moe::workspace_bytes(c, 4);
+  Exchange ex(nullptr, nullptr, 1);
+  try {
+    loom::moe::layer_backward<float>(c, ex, call);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// `saved` records the forward's configuration and routing inputs; a backward that differs in
+// any of them is refused, naming the field.
+TEST(MoeLayer, BackwardRefusesASavedOfAnotherConfiguration) {
+  const LayerConfig c = config(4, 2, false, true, 1.0);
+  Params<float> p(c, 9);
+  Buffers b(c, 4);
+  forward(c, p, 6, b);
+  EXPECT_EQ(backward_message(c, p, 6, b), "");
+  struct Change {
+    const char* field;
+    void (*apply)(LayerConfig&);
+  };
+  const Change changes[] = {
+      {"k", [](LayerConfig& x) { x.gate.k = 1; }},
+      {"step", [](LayerConfig& x) { x.gate.step = 4; }},
+      {"seed", [](LayerConfig& x) { x.gate.seed = 43; }},
+      {"layer", [](LayerConfig& x) { x.gate.layer = 1; }},
+      {"first_token", [](LayerConfig& x) { x.gate.first_token = 2; }},
+      {"training", [](LayerConfig& x) { x.gate.training = false; }},
+      {"ep_rank", [](LayerConfig& x) { x.ep_rank = 1; }},
+  };
+  for (const Change& ch : changes) {
+    LayerConfig d = c;
+    ch.apply(d);
+    const std::string m = backward_message(d, p, 6, b);
+    EXPECT_NE(m.find(std::string("backward's ") + ch.field + " ("), std::string::npos)
+        << ch.field << ": " << m;
+  }
+}
+
+// A forward refused by its checks (here `saved` too small for the rows the experts receive)
+// leaves the balancing bias as it was.
+TEST(MoeLayer, ARefusedForwardLeavesTheBias) {
+  LayerConfig c = config(4, 2, false, true, 1.0);
+  c.bias_update_rate = 0.01;
+  Params<float> p(c, 9);
+  Buffers b(c, 4);
+  std::vector<float> bias(4, 0.0f), y(9 * 4);
+  loom::moe::ForwardCall<float> call;
+  call.tokens = 6;
+  call.x = p.x.data();
+  call.w = p.weights();
+  call.expert_bias = bias.data();
+  call.y = y.data();
+  call.saved = b.saved_ptr();
+  call.saved_bytes = loom::moe::detail::carve_saved<float>(c, 6, 0, nullptr).bytes;
+  call.workspace = b.work_ptr();
+  call.workspace_bytes = loom::moe::workspace_bytes(c, 4);
+  Exchange ex(nullptr, nullptr, 1);
+  loom::moe::LayerStats stats;
+  EXPECT_THROW(loom::moe::layer_forward<float>(c, ex, call, stats), std::invalid_argument);
+  EXPECT_EQ(bias, std::vector<float>(4, 0.0f));
+  call.saved_bytes = loom::moe::saved_bytes(c, 4);  // the plan's: goes through, bias moves
+  loom::moe::layer_forward<float>(c, ex, call, stats);
+  EXPECT_NE(bias, std::vector<float>(4, 0.0f));
 }

@@ -12,9 +12,11 @@
 #include <loom/kinds/moe.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "comm_helpers.hpp"
 #include "exchange.hpp"
 #include "layer.hpp"
+#include "layer_layout.hpp"
 
 namespace {
 
@@ -189,6 +192,147 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     bad += d > kTol * (1.0f + std::fabs(want[offset + i])) ? 1 : 0;
   }
   EXPECT_EQ(bad, 0U) << what << ": " << bad << " of " << n << " differ, worst by " << worst;
+}
+
+// One forward of the layer (ep from `ex`) on `tokens` tokens, training, with `bias` (may be
+// null) and saved sized `saved_bytes` (0 = the plan's); the exception's message or "".
+std::string forward_once(Exchange& ex, const Params& p, int64_t max_tokens, int64_t tokens,
+                         int64_t first_token, const float* x, int step, float* bias, double rate,
+                         uint64_t saved_bytes) {
+  loom::moe::LayerConfig cfg;
+  cfg.gate.num_experts = kE;
+  cfg.gate.k = kK;
+  cfg.gate.training = true;
+  cfg.gate.drop_tokens = false;
+  cfg.gate.seed = 7;
+  cfg.gate.step = step;
+  cfg.gate.first_token = first_token;
+  cfg.model_dim = kM;
+  cfg.hidden_dim = kH;
+  cfg.max_tokens = max_tokens;
+  const int local = kE / ex.ep_size();
+  cfg.local_experts = local;
+  cfg.ep_size = ex.ep_size();
+  cfg.ep_rank = ex.ep_rank();
+  cfg.bias_update_rate = rate;
+  const std::size_t f = static_cast<std::size_t>(ex.ep_rank() * local);
+  loom::moe::LayerWeights<float> w;
+  w.gate_w = p.gate_w.data();
+  w.experts.w1 = p.w1.data() + f * kH * kM;
+  w.experts.b1 = p.b1.data() + f * kH;
+  w.experts.w2 = p.w2.data() + f * kM * kH;
+  w.experts.b2 = p.b2.data() + f * kM;
+  const uint64_t sb = loom::moe::saved_bytes(cfg, 4), wb = loom::moe::workspace_bytes(cfg, 4);
+  std::vector<unsigned char> saved(sb + 256), work(wb + 256);
+  auto aligned = [](std::vector<unsigned char>& v) {
+    auto a = reinterpret_cast<uintptr_t>(v.data());
+    return reinterpret_cast<void*>((a + 255) / 256 * 256);
+  };
+  std::vector<float> y(static_cast<std::size_t>(std::max<int64_t>(1, tokens) * kM));
+  loom::moe::ForwardCall<float> fc;
+  fc.tokens = tokens;
+  fc.x = x;
+  fc.w = w;
+  fc.y = y.data();
+  fc.expert_bias = bias;
+  fc.saved = aligned(saved);
+  fc.saved_bytes = saved_bytes != 0 ? saved_bytes : sb;
+  fc.workspace = aligned(work);
+  fc.workspace_bytes = wb;
+  loom::moe::LayerStats stats;
+  try {
+    loom::moe::layer_forward(cfg, ex, fc, stats);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// One rank's saved holds the regions sized by its tokens but not those sized by the rows
+// its experts receive (known only after the counts exchange): every rank of the group gets
+// the error at once (not the comm's timeout), and the group is still in step afterwards.
+TEST(MoeEpLayer, OneShortRankStopsEveryRankPromptly) {
+  Comm c("timeout_s = 20.0\n");
+  ASSERT_EQ(c.rc, LOOM_OK) << c.error;
+  if (c.size == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const int ep = c.size;
+  ASSERT_EQ(kE % ep, 0);
+  Exchange ex(c.vt, c.obj, ep);
+  const Params p = init_params();
+  constexpr int64_t kS = 12;
+  const Batch b = global_batch(kS * c.size, 1);
+  const float* x = b.x.data() + c.rank * kS * kM;
+  loom::moe::LayerConfig cfg;
+  cfg.gate.num_experts = kE;
+  cfg.gate.k = kK;
+  cfg.model_dim = kM;
+  cfg.hidden_dim = kH;
+  cfg.max_tokens = kS;
+  cfg.local_experts = kE / ep;
+  cfg.ep_size = ep;
+  cfg.residual = false;
+  // enough for the token-sized regions only
+  const uint64_t tight = loom::moe::detail::carve_saved<float>(cfg, kS, 0, nullptr).bytes;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string err =
+      forward_once(ex, p, kS, kS, c.rank * kS, x, 1, nullptr, 0.0, c.rank == 0 ? tight : 0);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 10.0) << "the ranks waited for the comm's timeout";
+  EXPECT_EQ(err.find("DEADLINE"), std::string::npos) << err;
+  if (c.rank == 0) {
+    EXPECT_NE(err.find("saved holds " + std::to_string(tight) + " bytes"), std::string::npos)
+        << err;
+    EXPECT_NE(err.find("expert-parallel rank 0 of " + std::to_string(ep)), std::string::npos)
+        << err;
+  } else {
+    EXPECT_NE(err.find("expert-parallel rank 0 of " + std::to_string(ep) + " was short by "),
+              std::string::npos)
+        << err;
+  }
+  // Still in step: the next call with the plan's buffers goes through on every rank.
+  EXPECT_EQ(forward_once(ex, p, kS, kS, c.rank * kS, x, 2, nullptr, 0.0, 0), "");
+}
+
+// Aux-loss-free balancing with data-parallel copies (ep 1 over the whole world, a different
+// batch per rank): the load is summed over every rank, so every copy's bias stays the same.
+TEST(MoeEpLayer, TheBalancingBiasIsTheSameOnEveryRank) {
+  Comm c("timeout_s = 20.0\n");
+  ASSERT_EQ(c.rc, LOOM_OK) << c.error;
+  const std::vector<int64_t> s = split(c.size);
+  int64_t n = 0, first = 0, most = 0;
+  for (int r = 0; r < c.size; ++r) {
+    if (r < c.rank) first += s[static_cast<std::size_t>(r)];
+    n += s[static_cast<std::size_t>(r)];
+    most = std::max(most, s[static_cast<std::size_t>(r)]);
+  }
+  const int64_t mine = s[static_cast<std::size_t>(c.rank)];
+  for (int ep : {1, 2}) {
+    if (c.size % ep != 0) continue;
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    Exchange ex(c.vt, c.obj, ep);
+    const Params p = init_params();
+    std::vector<float> bias(kE, 0.0f);
+    for (int step = 1; step <= 3; ++step) {
+      const Batch b = global_batch(n, step);
+      ASSERT_EQ(forward_once(ex, p, most, mine, first, b.x.data() + first * kM, step, bias.data(),
+                             0.25, 0),
+                "");
+    }
+    float moved = 0.0f;
+    for (float v : bias) moved = std::max(moved, std::fabs(v));
+    EXPECT_GT(moved, 0.0f) << "the bias never moved";
+    Buf hi(Dt::kF32, kE), lo(Dt::kF32, kE);
+    for (std::size_t e = 0; e < kE; ++e) {
+      hi.set(e, bias[e]);
+      lo.set(e, bias[e]);
+    }
+    ASSERT_EQ(c.allreduce(LOOM_REDUCE_MAX, nullptr, &hi.t).code, LOOM_OK);
+    ASSERT_EQ(c.allreduce(LOOM_REDUCE_MIN, nullptr, &lo.t).code, LOOM_OK);
+    for (std::size_t e = 0; e < kE; ++e) {
+      EXPECT_EQ(hi.get(e), bias[e]) << "expert " << e << " on rank " << c.rank;
+      EXPECT_EQ(lo.get(e), bias[e]) << "expert " << e << " on rank " << c.rank;
+    }
+  }
 }
 
 TEST(MoeEpLayer, ExpertParallelTrainingMatchesOneRank) {

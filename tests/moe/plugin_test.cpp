@@ -5,8 +5,16 @@
 #include <loom/embed.h>
 #include <loom/kinds/moe.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -157,6 +165,21 @@ TEST(MoePlugin, BadConfigurationsAreRefusedNamingTheValues) {
   {
     Session s("ep_size = 2\nnum_experts = 4");
     EXPECT_TRUE(has(s.error, "comm")) << s.error;
+  }
+  // counts beyond the schema's maxima (they are narrowed to int), and at plan
+  for (const char* bad :
+       {"num_experts = 70000", "k = 70000", "ep_size = 70000", "num_experts = 4294967304"}) {
+    Session s(bad);
+    EXPECT_TRUE(has(s.error, bad) || has(s.error, "65536")) << bad << ": " << s.error;
+    EXPECT_FALSE(s.error.empty()) << bad;
+  }
+  {
+    Session s("num_experts = 8");
+    ASSERT_TRUE(s.error.empty()) << s.error;
+    Moe m(s);
+    loom_moe_plan_args a = plan_args(10, 8, 16, -3);
+    EXPECT_EQ(m.take(m.t->plan(m.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(has(m.error, "-3")) << m.error;
   }
   // at plan: a layer planned with fewer experts than k, and another dtype
   Session s("k = 3");
@@ -333,6 +356,7 @@ TEST(MoePlugin, ForwardBackwardMatchTheCoreAndDispatchCombineAlone) {
   b.workspace_bytes = p.workspace_bytes;
   ASSERT_EQ(m.take(m.t->backward(m.obj, &b)), 0) << m.error;
   const std::vector<float> once = g[1];
+  const std::vector<std::vector<float>> g_once = g;
   const std::vector<float> dx1 = dx;
   ASSERT_EQ(m.take(m.t->backward(m.obj, &b)), 0) << m.error;
   double norm = 0.0;
@@ -342,6 +366,30 @@ TEST(MoePlugin, ForwardBackwardMatchTheCoreAndDispatchCombineAlone) {
   }
   EXPECT_GT(norm, 0.0);
   EXPECT_EQ(dx, dx1);  // written, not added
+
+  // the core's backward on its own saved, directly: the same dx and gradients bit for bit
+  std::vector<std::vector<float>> g2(g.size());
+  for (size_t i = 0; i < g.size(); ++i) g2[i].assign(g[i].size(), 0.0f);
+  std::vector<float> dx2(S * M, -7.0f);
+  loom::moe::BackwardCall<float> bcall;
+  bcall.tokens = S;
+  bcall.x = x.data();
+  bcall.w = call.w;
+  bcall.dy = dy.data();
+  bcall.dx = dx2.data();
+  bcall.g.gate_w = g2[0].data();
+  bcall.g.experts = {g2[1].data(), g2[2].data(), g2[3].data(), g2[4].data()};
+  bcall.g.residual = {g2[5].data(), g2[6].data(), g2[7].data(), g2[8].data()};
+  bcall.g.coef_w = g2[9].data();
+  bcall.g.coef_b = g2[10].data();
+  bcall.aux_loss_coef = 0.01;
+  bcall.saved = saved2.p;
+  bcall.saved_bytes = loom::moe::saved_bytes(c, 4);
+  bcall.workspace = ws2.p;
+  bcall.workspace_bytes = loom::moe::workspace_bytes(c, 4);
+  loom::moe::layer_backward<float>(c, ex, bcall);
+  EXPECT_EQ(dx2, dx1);
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g2[i], g_once[i]) << "gradient " << i;
 
   // dispatch alone: the rows of the routing, grouped by expert; combine brings them back
   std::vector<float> rows(p.max_expert_rows * M, -1.0f), back(S * M);
@@ -491,3 +539,52 @@ TEST(MoePlugin, BitIdenticalOnAnyThreadCount) {
   for (size_t t : {2u, 3u}) EXPECT_EQ(run_at(t), one) << t << " threads";
   EXPECT_EQ(loom_set_thread_count(before), 0);
 }
+
+#ifdef LOOM_CLI_PATH
+namespace {
+
+// `loom check FILE`: the exit code and stderr.
+std::pair<int, std::string> loom_check(const std::string& toml) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto file = dir / ("moe_check_" + std::to_string(::getpid()) + ".toml");
+  const auto err_file = dir / ("moe_check_" + std::to_string(::getpid()) + ".err");
+  {
+    std::ofstream out(file);
+    out << toml;
+  }
+  const std::string cmd = std::string("LOOM_PLUGIN_PATH= '") + LOOM_CLI_PATH + "' check '" +
+                          file.string() + "' >/dev/null 2>'" + err_file.string() + "'";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(err_file);
+  std::ostringstream os;
+  os << in.rdbuf();
+  std::filesystem::remove(file);
+  std::filesystem::remove(err_file);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, os.str()};
+}
+
+}  // namespace
+
+// `loom check` on a manifest with a [moe.NAME] section reports the configurations the
+// plugin refuses, naming the values.
+TEST(MoePlugin, LoomCheckReportsBadConfigurations) {
+  const std::string head = "[moe.m]\nplugin = \"moe\"\n";
+  auto [ok, ok_err] = loom_check(head + "num_experts = 8\nk = 2\n");
+  EXPECT_EQ(ok, 0) << ok_err;
+  struct Case {
+    const char* body;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {"num_experts = 2\nk = 3\n", {"k = 3", "num_experts = 2"}},
+      {"num_experts = 8\nep_size = 3\n", {"num_experts = 8", "ep_size = 3"}},
+      {"capacity_factor = 0.0\n", {"capacity_factor"}},
+      {"capacity_factor = -1.0\n", {"capacity_factor"}},
+  };
+  for (const Case& c : cases) {
+    const auto [code, err] = loom_check(head + c.body);
+    EXPECT_NE(code, 0) << c.body;
+    for (const std::string& w : c.says) EXPECT_TRUE(has(err, w)) << c.body << ": " << err;
+  }
+}
+#endif

@@ -27,6 +27,7 @@
 
 #if defined(LOOM_MOE_HAVE_CUDA) && LOOM_MOE_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <loom/sdk/cuda.hpp>
 #define LOOM_MOE_EXCHANGE_CUDA 1
 namespace loom::moe::cuda {
 // exchange_cuda.cu: v[i] = v[i] / by on the stream.
@@ -170,6 +171,28 @@ void ensure(std::vector<char>& v, std::size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// Pins the CUDA device of a call for its scope (nothing on the host or without CUDA).
+class DevicePin {
+ public:
+  explicit DevicePin(const DLDevice& d) {
+#if LOOM_MOE_EXCHANGE_CUDA
+    if (d.device_type == kDLCUDA)
+      guard_ = std::make_unique<loom::sdk::CudaDeviceGuard>(d.device_id);
+#else
+    (void)d;
+#endif
+  }
+
+ private:
+#if LOOM_MOE_EXCHANGE_CUDA
+  std::unique_ptr<loom::sdk::CudaDeviceGuard> guard_;
+#endif
+};
+
+}  // namespace
+
 struct Exchange::Impl {
   enum class Dir { kForward, kReverse };
   Impl(const loom_comm_v1* vt, void* comm, int ep_size);
@@ -182,12 +205,16 @@ struct Exchange::Impl {
   void reduce_gradients(DLTensor* const* tensors, int64_t count, void* stream);
   void sum_ep(int64_t* v, int64_t n);
   int64_t max_ep(int64_t v);
+  void sum_world(int64_t* v, int64_t n);
+  std::string agree_ep(int64_t status, const std::string& local_error, const char* unit);
   void check_plan(const Plan& plan, const char* what) const;
   // The EP group's communicator (the world itself when ep == world), or none when ep == 1.
   Ref ep_comm() const;
   // The expert-data-parallel group's (the world when ep == 1), or none when W == ep.
   Ref edp_comm() const;
   std::vector<int64_t> gather_ep(const int64_t* v, int64_t n);
+  // The allgather of n values from each of `ranks` ranks of c.
+  std::vector<int64_t> gather(const Ref& c, int ranks, const int64_t* v, int64_t n);
 
   Ref comm_;
   loom::sdk::SubComm ep_group_, edp_group_;
@@ -201,6 +228,8 @@ struct Exchange::Impl {
   std::vector<char> host_a_, host_b_, host_stage_;
   void* device_scratch_ = nullptr;  // CUDA scratch of a device-capable transport
   std::size_t device_scratch_bytes_ = 0;
+  int device_scratch_device_ = 0;  // where device_scratch_ lives
+  int last_device_ = -1;           // the CUDA device of the last device call (small() uses it)
 };
 
 Exchange::Impl::Impl(const loom_comm_v1* vt, void* comm, int ep_size) : ep_(ep_size) {
@@ -244,7 +273,15 @@ Exchange::Impl::Impl(const loom_comm_v1* vt, void* comm, int ep_size) : ep_(ep_s
 
 Exchange::Impl::~Impl() {
 #if LOOM_MOE_EXCHANGE_CUDA
-  if (device_scratch_ != nullptr) cudaFree(device_scratch_);
+  if (device_scratch_ != nullptr) {
+    // best effort: a destructor cannot throw
+    int current = 0;
+    if (cudaGetDevice(&current) == cudaSuccess) {
+      if (current != device_scratch_device_) (void)cudaSetDevice(device_scratch_device_);
+      (void)cudaFree(device_scratch_);
+      if (current != device_scratch_device_) (void)cudaSetDevice(current);
+    }
+  }
 #endif
 }
 
@@ -346,6 +383,8 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
     fail(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + ": a row buffer is NULL");
   }
   const bool dev = on_device(device);
+  const DevicePin pin(device);
+  if (dev) last_device_ = device.device_id;
   if (ep == 1) {  // one rank: the expert layout is the send layout
     if (in != out) copy_rows(out, in, static_cast<std::size_t>(sent) * rb, dev, stream);
     return;
@@ -412,12 +451,17 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
   if (El > 1 && recv_bytes > 0) {
     if (device_work) {
 #if LOOM_MOE_EXCHANGE_CUDA
-      if (device_scratch_bytes_ < recv_bytes) {
-        if (device_scratch_ != nullptr) cudaFree(device_scratch_);
+      if (device_scratch_bytes_ < recv_bytes || device_scratch_device_ != device.device_id) {
+        if (device_scratch_ != nullptr) {
+          // the previous call synchronised its stream, so nothing still uses the scratch
+          const loom::sdk::CudaDeviceGuard old(device_scratch_device_);
+          cudaFree(device_scratch_);
+        }
         device_scratch_ = nullptr;
         device_scratch_bytes_ = 0;
         cuda_ok(cudaMalloc(&device_scratch_, recv_bytes), "cudaMalloc (exchange scratch)");
         device_scratch_bytes_ = recv_bytes;
+        device_scratch_device_ = device.device_id;
       }
       stage = static_cast<char*>(device_scratch_);
 #endif
@@ -442,6 +486,13 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
                bytes_from.data(), bytes_to.data(), kBytes, comm_device, comm_stream);
   }
   if (dev && !native) to_device(out, host_b_.data(), out_bytes, stream);
+#if LOOM_MOE_EXCHANGE_CUDA
+  // The scratch is shared by every call (of any stream): the next call may reuse or free it
+  // only once this one's copies out of it are done.
+  if (device_work && stage != nullptr) {
+    cuda_ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  }
+#endif
 }
 
 void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, void* stream) {
@@ -479,6 +530,8 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
     }
     // Device: with a device transport (or no transport needed: W == ep) the sum and the
     // division stay on the device; otherwise the sum is made on the host and divided there.
+    const DevicePin pin(t.device);
+    last_device_ = t.device.device_id;
     const bool native = !c || loom::sdk::comm_supports_device(c, t.device);
     if (native) {
 #if LOOM_MOE_EXCHANGE_CUDA
@@ -497,23 +550,27 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
 }
 
 std::vector<int64_t> Exchange::Impl::gather_ep(const int64_t* v, int64_t n) {
+  return gather(ep_comm(), ep_, v, n);
+}
+
+std::vector<int64_t> Exchange::Impl::gather(const Ref& c, int ranks, const int64_t* v, int64_t n) {
   if (n < 0 || (n > 0 && v == nullptr)) {
     fail(LOOM_ERR_INVALID_ARGUMENT, "sum_ep: " + std::to_string(n) + " values at NULL");
   }
-  std::vector<int64_t> all(static_cast<std::size_t>(n) * static_cast<std::size_t>(ep_));
-  if (ep_ == 1) {
+  std::vector<int64_t> all(static_cast<std::size_t>(n) * static_cast<std::size_t>(ranks));
+  if (ranks == 1 || !c) {
     std::copy(v, v + n, all.begin());
     return all;
   }
-  small(v, n, all.data(), n * ep_, [&](const int64_t* in, int64_t* out, DLDevice where) {
+  small(v, n, all.data(), n * ranks, [&](const int64_t* in, int64_t* out, DLDevice where) {
     Flat s(in, n, kInt64, where);
-    Flat r(out, n * ep_, kInt64, where);
+    Flat r(out, n * ranks, kInt64, where);
     loom_allgather_args a{};
     a.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
     a.send = &s.t;
     a.recv = &r.t;
     a.stream = nullptr;
-    ep_comm().call(&loom_comm_v1::allgather, &a);
+    c.call(&loom_comm_v1::allgather, &a);
   });
   return all;
 }
@@ -526,10 +583,12 @@ void Exchange::Impl::small(const int64_t* send, int64_t send_n, int64_t* recv, i
     return;
   }
 #if LOOM_MOE_EXCHANGE_CUDA
-  // On the current device and its legacy default stream, synchronised: the values come from
-  // the host and go back to it.
-  int device = 0;
-  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  // On the legacy default stream, synchronised: the values come from the host and go back to
+  // it.
+  // On the device of the last device call (else the current one), pinned for the call.
+  int device = last_device_;
+  if (device < 0) cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  const loom::sdk::CudaDeviceGuard pin(device);
   const auto sb = static_cast<std::size_t>(send_n) * sizeof(int64_t);
   const auto rb = static_cast<std::size_t>(recv_n) * sizeof(int64_t);
   void* d = nullptr;
@@ -569,6 +628,41 @@ int64_t Exchange::Impl::max_ep(int64_t v) {
   return *std::max_element(all.begin(), all.end());
 }
 
+void Exchange::Impl::sum_world(int64_t* v, int64_t n) {
+  if (world_ == 1) return;
+  const std::vector<int64_t> all = gather(comm_, world_, v, n);
+  for (int64_t j = 0; j < n; ++j) {
+    int64_t s = 0;
+    for (int r = 0; r < world_; ++r) s += all[static_cast<std::size_t>(r * n + j)];
+    v[j] = s;
+  }
+}
+
+// One allgather of each rank's status, so a rank that cannot go on stops every rank of its
+// group at the same point instead of leaving them waiting in the next collective.
+std::string Exchange::Impl::agree_ep(int64_t status, const std::string& local_error,
+                                     const char* unit) {
+  const std::vector<int64_t> all = gather_ep(&status, 1);
+  int bad = -1;
+  for (int r = 0; r < ep_; ++r) {
+    if (all[static_cast<std::size_t>(r)] != 0) {
+      bad = r;
+      break;
+    }
+  }
+  if (bad < 0) return "";
+  const std::string tail = ep_ > 1 ? " (expert-parallel rank " + std::to_string(ep_rank_) + " of " +
+                                         std::to_string(ep_) + "; every rank of the group stops)"
+                                   : "";
+  if (status != 0) {
+    return (local_error.empty() ? "moe: this rank cannot go on" : local_error) + tail;
+  }
+  const int64_t v = all[static_cast<std::size_t>(bad)];
+  return "moe: expert-parallel rank " + std::to_string(bad) + " of " + std::to_string(ep_) +
+         (v > 0 ? " was short by " + std::to_string(v) + " " + unit : " refused the call") +
+         "; every rank of the group stops with it";
+}
+
 Exchange::Exchange(const loom_comm_v1* vt, void* comm, int ep_size)
     : impl_(std::make_unique<Impl>(vt, comm, ep_size)) {}
 Exchange::~Exchange() = default;
@@ -592,5 +686,9 @@ void Exchange::reduce_gradients(DLTensor* const* tensors, int64_t count, void* s
 }
 void Exchange::sum_ep(int64_t* v, int64_t n) { impl_->sum_ep(v, n); }
 int64_t Exchange::max_ep(int64_t v) { return impl_->max_ep(v); }
+void Exchange::sum_world(int64_t* v, int64_t n) { impl_->sum_world(v, n); }
+std::string Exchange::agree_ep(int64_t status, const std::string& local_error, const char* unit) {
+  return impl_->agree_ep(status, local_error, unit);
+}
 
 }  // namespace loom::moe

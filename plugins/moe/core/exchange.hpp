@@ -4,10 +4,8 @@
 // and the expert-data-parallel groups are the ranks with the same place in theirs
 // ({r : r % ep == i}). Global expert e lives on EP rank e / local_experts.
 //
-// Two implementations share this header: exchange_local.cpp (no comm; ep_size 1, every move is
-// a copy and every reduction the identity) and exchange.cpp (the comm's split and variable
-// all_to_all). The build links exactly one of them (plugins/moe/core/CMakeLists.txt picks
-// exchange.cpp when it exists).
+// exchange.cpp implements it over the comm's split and variable all_to_all; without a comm
+// (ep_size 1, one rank) every move is a copy and every reduction the identity.
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -15,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace loom::moe {
@@ -63,6 +62,16 @@ class Exchange {
   // one value over the EP group.
   void sum_ep(int64_t* v, int64_t n);
   int64_t max_ep(int64_t v);
+  // Sum of a small int64 vector over every rank of the comm (the data-parallel copies
+  // included): the aux-loss-free bias's load, so every copy moves its bias alike.
+  void sum_world(int64_t* v, int64_t n);
+
+  // Collective over the EP group, entered by every rank after its local checks: status 0 =
+  // this rank can go on, > 0 = short by that many `unit`, < 0 = another local error (then
+  // local_error says which). Returns "" on every rank when every rank is fine, else on
+  // every rank at once the error to raise: the failing rank's own message, and on the others
+  // which rank stopped the call and by how much it was short.
+  std::string agree_ep(int64_t status, const std::string& local_error, const char* unit);
 
  private:
   struct Impl;

@@ -149,9 +149,8 @@ void top_k_token(const GateConfig& cfg, const T* ps, int64_t s, const float* bia
   const int E = cfg.num_experts;
   const sdk::CounterRng rng(cfg.seed, cfg.step, cfg.layer, token_counter(cfg, s), kPurposeGumbel);
   for (int e = 0; e < E; ++e) {
-    T v = ps[e];
+    T v = cfg.rsample() ? gumbel_score(ps[e], rng.word(static_cast<uint64_t>(e))) : ps[e];
     if (bias != nullptr) v = v + static_cast<T>(bias[e]);
-    if (cfg.rsample()) v = v + static_cast<T>(gumbel(rng.word(static_cast<uint64_t>(e))));
     score[e] = v;
     taken[e] = 0;
   }

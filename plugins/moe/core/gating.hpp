@@ -4,7 +4,8 @@
 //
 //   logits[s, e] = x_gate[s] . gate_w[e]   (a dot product in feature order, one accumulator)
 //   p = softmax(logits)                   (max-subtracted, sum in expert order)
-//   score = p (+ bias) (+ Gumbel noise under RSample in training); top-k by score, ties to
+//   score = p, or log p + Gumbel noise under RSample in training (a sample of p), (+ bias);
+//           top-k by score, ties to
 //           the lower expert index; choice j = 0 is the highest score
 //   capacity: an expert keeps its first C choices ordered by (choice rank j, then a random
 //           key per token under use_rts in training, else p descending ("probs") or position

@@ -13,6 +13,7 @@ namespace loom::moe {
 
 using detail::carve_saved;
 using detail::carve_work;
+using detail::check_layout;
 using detail::kSavedMagic;
 using detail::num_experts;
 using detail::SavedHeader;
@@ -91,40 +92,71 @@ template <class T>
 void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& call,
                    LayerStats& stats) {
   const int64_t S = call.tokens;
-  check_buffers<T>(cfg, S, 0, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
-  need(S == 0 || (call.x != nullptr && call.y != nullptr), "x and y are required");
-  need(call.w.gate_w != nullptr && call.w.experts.w1 != nullptr && call.w.experts.b1 != nullptr &&
-           call.w.experts.w2 != nullptr && call.w.experts.b2 != nullptr,
-       "the gate and expert weights are required");
-  need(!cfg.residual || (call.w.residual.w1 != nullptr && call.w.residual.b1 != nullptr &&
-                         call.w.residual.w2 != nullptr && call.w.residual.b2 != nullptr &&
-                         call.w.coef_w != nullptr && call.w.coef_b != nullptr),
-       "use_residual needs res_w1, res_b1, res_w2, res_b2, coef_w and coef_b");
+  check_config(cfg);
   const int E = cfg.gate.num_experts;
   const int k = cfg.gate.k;
   const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
-  SavedView<T> sv = carve_saved<T>(cfg, S, 0, call.saved);
-  WorkView<T> wv = carve_work<T>(cfg, S, 0, call.workspace);
-
+  SavedView<T> sv{};
+  WorkView<T> wv{};
   std::vector<int64_t> load(static_cast<size_t>(E), 0);
+  std::vector<int64_t> send_counts(static_cast<size_t>(E), 0);
   RouteOut<T> ro;
-  ro.probs = sv.probs;
-  ro.choice = sv.choice;
-  ro.route = sv.route;
-  ro.weights = sv.weights;
-  ro.load = load.data();
-  route_tokens(cfg.gate, call.x, S, M, call.w.gate_w, call.expert_bias, ro);
+  int64_t send_rows = 0;
+  // Local checks and routing; a rank that fails them still takes part in the counts
+  // exchange (sending nothing) and in the agreement after it, so every rank of the
+  // expert-parallel group stops together instead of waiting in the row exchange.
+  std::string error;
+  int64_t status = 0;
+  try {
+    check_buffers<T>(cfg, S, 0, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
+    need(S == 0 || (call.x != nullptr && call.y != nullptr), "x and y are required");
+    need(call.w.gate_w != nullptr && call.w.experts.w1 != nullptr && call.w.experts.b1 != nullptr &&
+             call.w.experts.w2 != nullptr && call.w.experts.b2 != nullptr,
+         "the gate and expert weights are required");
+    need(!cfg.residual || (call.w.residual.w1 != nullptr && call.w.residual.b1 != nullptr &&
+                           call.w.residual.w2 != nullptr && call.w.residual.b2 != nullptr &&
+                           call.w.coef_w != nullptr && call.w.coef_b != nullptr),
+         "use_residual needs res_w1, res_b1, res_w2, res_b2, coef_w and coef_b");
+    sv = carve_saved<T>(cfg, S, 0, call.saved);
+    ro.probs = sv.probs;
+    ro.choice = sv.choice;
+    ro.route = sv.route;
+    ro.weights = sv.weights;
+    ro.load = load.data();
+    route_tokens(cfg.gate, call.x, S, M, call.w.gate_w, call.expert_bias, ro);
+    send_rows = build_slots(sv.route, S, k, E, sv.send_counts, sv.slot);
+    std::copy(sv.send_counts, sv.send_counts + E, send_counts.begin());
+  } catch (const std::exception& e) {
+    error = e.what();
+    status = -1;
+    std::fill(send_counts.begin(), send_counts.end(), 0);
+  }
+  const Exchange::Plan plan = ex.plan(send_counts.data(), E);
+  // the expert-layout regions, now that the rows are known
+  if (status == 0) {
+    const uint64_t ns = carve_saved<T>(cfg, S, plan.recv_rows, nullptr).bytes;
+    const uint64_t nw = carve_work<T>(cfg, S, plan.recv_rows, nullptr).bytes;
+    const int64_t short_s = ns > call.saved_bytes ? static_cast<int64_t>(ns - call.saved_bytes) : 0;
+    const int64_t short_w =
+        nw > call.workspace_bytes ? static_cast<int64_t>(nw - call.workspace_bytes) : 0;
+    status = std::max(short_s, short_w);
+    if (status > 0) {
+      try {
+        check_buffers<T>(cfg, S, plan.recv_rows, call.saved, call.saved_bytes, call.workspace,
+                         call.workspace_bytes);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+  }
+  const std::string stop = ex.agree_ep(status, error, "bytes of saved or workspace");
+  if (!stop.empty()) throw std::invalid_argument(stop);
   if (cfg.gate.training && cfg.bias_update_rate > 0.0 && call.expert_bias != nullptr) {
+    // The load over every rank (the data-parallel copies too), so each copy's bias moves alike.
     std::vector<int64_t> total = load;
-    ex.sum_ep(total.data(), E);
+    ex.sum_world(total.data(), E);
     update_expert_bias(call.expert_bias, total.data(), E, cfg.bias_update_rate);
   }
-
-  const int64_t send_rows = build_slots(sv.route, S, k, E, sv.send_counts, sv.slot);
-  const Exchange::Plan plan = ex.plan(sv.send_counts, E);
-  // the expert-layout regions, now that the rows are known
-  check_buffers<T>(cfg, S, plan.recv_rows, call.saved, call.saved_bytes, call.workspace,
-                   call.workspace_bytes);
   sv = carve_saved<T>(cfg, S, plan.recv_rows, call.saved);
   wv = carve_work<T>(cfg, S, plan.recv_rows, call.workspace);
   std::copy(plan.recv_counts.begin(), plan.recv_counts.end(), sv.recv_counts);
@@ -166,7 +198,7 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
   if (call.route_weights != nullptr) {
     for (int64_t i = 0; i < S * k; ++i) call.route_weights[i] = static_cast<float>(sv.weights[i]);
   }
-  *sv.hdr = SavedHeader{kSavedMagic, S, send_rows, plan.recv_rows, ro.capacity, sizeof(T)};
+  *sv.hdr = detail::make_header(cfg, S, send_rows, plan.recv_rows, ro.capacity, sizeof(T));
   stats.aux_loss = ro.aux_loss;
   stats.dropped = ro.dropped;
   stats.expert_rows = plan.recv_rows;
@@ -177,26 +209,38 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
 template <class T>
 void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>& call) {
   const int64_t S = call.tokens;
-  check_buffers<T>(cfg, S, 0, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
-  need(S == 0 || (call.x != nullptr && call.dy != nullptr && call.dx != nullptr),
-       "x, dy and dx are required");
-  need(call.g.gate_w != nullptr && call.g.experts.w1 != nullptr && call.g.experts.b1 != nullptr &&
-           call.g.experts.w2 != nullptr && call.g.experts.b2 != nullptr,
-       "the gate and expert gradients are required");
-  need(!cfg.residual || (call.g.residual.w1 != nullptr && call.g.residual.b1 != nullptr &&
-                         call.g.residual.w2 != nullptr && call.g.residual.b2 != nullptr &&
-                         call.g.coef_w != nullptr && call.g.coef_b != nullptr),
-       "use_residual needs the residual MLP's and the coefficient's gradients");
+  check_config(cfg);
   const int E = cfg.gate.num_experts;
   const int k = cfg.gate.k;
   const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
-  const auto* hdr = static_cast<const SavedHeader*>(call.saved);
-  need(hdr->magic == kSavedMagic && hdr->elem == sizeof(T),
-       "saved was not written by this layer's forward");
-  need(hdr->tokens == S, "backward's tokens (" + std::to_string(S) +
-                             ") differ from its forward's (" + std::to_string(hdr->tokens) + ")");
-  const int64_t R = hdr->recv_rows;
-  check_buffers<T>(cfg, S, R, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
+  // Local checks, then one agreement over the expert-parallel group before its row exchange.
+  std::string error;
+  int64_t R = 0;
+  try {
+    check_buffers<T>(cfg, S, 0, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
+    need(S == 0 || (call.x != nullptr && call.dy != nullptr && call.dx != nullptr),
+         "x, dy and dx are required");
+    need(call.g.gate_w != nullptr && call.g.experts.w1 != nullptr && call.g.experts.b1 != nullptr &&
+             call.g.experts.w2 != nullptr && call.g.experts.b2 != nullptr,
+         "the gate and expert gradients are required");
+    need(!cfg.residual || (call.g.residual.w1 != nullptr && call.g.residual.b1 != nullptr &&
+                           call.g.residual.w2 != nullptr && call.g.residual.b2 != nullptr &&
+                           call.g.coef_w != nullptr && call.g.coef_b != nullptr),
+         "use_residual needs the residual MLP's and the coefficient's gradients");
+    const auto* hdr = static_cast<const SavedHeader*>(call.saved);
+    need(hdr->magic == kSavedMagic && hdr->elem == sizeof(T),
+         "saved was not written by this layer's forward");
+    need(hdr->tokens == S, "backward's tokens (" + std::to_string(S) +
+                               ") differ from its forward's (" + std::to_string(hdr->tokens) + ")");
+    const std::string layout = check_layout(cfg, *hdr);
+    need(layout.empty(), layout);
+    R = hdr->recv_rows;
+    check_buffers<T>(cfg, S, R, call.saved, call.saved_bytes, call.workspace, call.workspace_bytes);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::string stop = ex.agree_ep(error.empty() ? 0 : -1, error, "bytes");
+  if (!stop.empty()) throw std::invalid_argument(stop);
   // const_cast: carving only computes addresses; backward never writes `saved`.
   const SavedView<T> sv = carve_saved<T>(cfg, S, R, const_cast<void*>(call.saved));
   WorkView<T> wv = carve_work<T>(cfg, S, R, call.workspace);

@@ -135,7 +135,6 @@ __global__ void coef_grad_kernel(const float* x, const float* dz, float* gw, flo
 void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float>& call,
                    LayerStats& stats, const Device& dev) {
   const int64_t S = call.tokens;
-  check_sizes(cfg, S, 0, call.saved_bytes, call.workspace_bytes);
   const loom::sdk::CudaDeviceGuard guard(dev.device);
   const cudaStream_t st = as_stream(dev.stream);
   const int E = cfg.gate.num_experts;
@@ -145,32 +144,64 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
   auto sv = carve_saved<float>(cfg, S, 0, call.saved);
   auto wv = carve_work<float>(cfg, S, 0, call.workspace);
 
-  gate_probs(cfg.gate, call.x, S, M, call.w.gate_w, sv.probs, dev.stream);
   std::vector<float> probs, bias;
-  to_host(probs, sv.probs, S * E, st);
-  if (call.expert_bias != nullptr) to_host(bias, call.expert_bias, E, st);
-  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
-  std::vector<int32_t> choice(static_cast<size_t>(S * k)), route(choice.size());
+  std::vector<int32_t> choice(static_cast<size_t>(std::max<int64_t>(S, 0) * k)),
+      route(choice.size());
   std::vector<float> weights(choice.size());
   std::vector<int64_t> load(static_cast<size_t>(E), 0), slot(choice.size());
-  top_k_choices<float>(cfg.gate, probs.data(), S, bias.empty() ? nullptr : bias.data(),
-                       choice.data());
-  const int64_t capacity = expert_capacity(cfg.gate, S);
-  const int64_t dropped =
-      apply_capacity<float>(cfg.gate, probs.data(), choice.data(), S, capacity, route.data());
-  combine_weights<float>(cfg.gate, probs.data(), route.data(), S, weights.data());
-  for (int32_t e : choice) ++load[static_cast<size_t>(e)];
-  const double aux = aux_loss<float>(cfg.gate, probs.data(), choice.data(), S);
+  std::vector<int64_t> send_counts(static_cast<size_t>(E), 0);
+  int64_t capacity = 0, dropped = 0, send_rows = 0;
+  double aux = 0.0;
+  // Local checks and routing; a rank that fails them still takes part in the counts
+  // exchange (sending nothing) and in the agreement after it, so the expert-parallel group
+  // stops together instead of waiting in the row exchange.
+  std::string error;
+  int64_t status = 0;
+  try {
+    check_sizes(cfg, S, 0, call.saved_bytes, call.workspace_bytes);
+    gate_probs(cfg.gate, call.x, S, M, call.w.gate_w, sv.probs, dev.stream);
+    to_host(probs, sv.probs, S * E, st);
+    if (call.expert_bias != nullptr) to_host(bias, call.expert_bias, E, st);
+    LOOM_MOE_CUDA(cudaStreamSynchronize(st));
+    top_k_choices<float>(cfg.gate, probs.data(), S, bias.empty() ? nullptr : bias.data(),
+                         choice.data());
+    capacity = expert_capacity(cfg.gate, S);
+    dropped =
+        apply_capacity<float>(cfg.gate, probs.data(), choice.data(), S, capacity, route.data());
+    combine_weights<float>(cfg.gate, probs.data(), route.data(), S, weights.data());
+    for (int32_t e : choice) ++load[static_cast<size_t>(e)];
+    aux = aux_loss<float>(cfg.gate, probs.data(), choice.data(), S);
+    send_rows = build_slots(route.data(), S, k, E, send_counts.data(), slot.data());
+  } catch (const std::exception& e) {
+    error = e.what();
+    status = -1;
+    std::fill(send_counts.begin(), send_counts.end(), 0);
+  }
+  const Exchange::Plan plan = ex.plan(send_counts.data(), E);
+  if (status == 0) {
+    const uint64_t ns = carve_saved<float>(cfg, S, plan.recv_rows, nullptr).bytes;
+    const uint64_t nw = carve_work<float>(cfg, S, plan.recv_rows, nullptr).bytes;
+    const int64_t short_s = ns > call.saved_bytes ? static_cast<int64_t>(ns - call.saved_bytes) : 0;
+    const int64_t short_w =
+        nw > call.workspace_bytes ? static_cast<int64_t>(nw - call.workspace_bytes) : 0;
+    status = std::max(short_s, short_w);
+    if (status > 0) {
+      try {
+        check_sizes(cfg, S, plan.recv_rows, call.saved_bytes, call.workspace_bytes);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+  }
+  const std::string stop = ex.agree_ep(status, error, "bytes of saved or workspace");
+  if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
   if (cfg.gate.training && cfg.bias_update_rate > 0.0 && call.expert_bias != nullptr) {
+    // The load over every rank (the data-parallel copies too), so each copy's bias moves alike.
     std::vector<int64_t> total = load;
-    ex.sum_ep(total.data(), E);
+    ex.sum_world(total.data(), E);
     update_expert_bias(bias.data(), total.data(), E, cfg.bias_update_rate);
     to_device(call.expert_bias, bias.data(), E, st);
   }
-  std::vector<int64_t> send_counts(static_cast<size_t>(E));
-  const int64_t send_rows = build_slots(route.data(), S, k, E, send_counts.data(), slot.data());
-  const Exchange::Plan plan = ex.plan(send_counts.data(), E);
-  check_sizes(cfg, S, plan.recv_rows, call.saved_bytes, call.workspace_bytes);
   sv = carve_saved<float>(cfg, S, plan.recv_rows, call.saved);
   wv = carve_work<float>(cfg, S, plan.recv_rows, call.workspace);
   to_device(sv.choice, choice.data(), S * k, st);
@@ -207,7 +238,8 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
                                   static_cast<size_t>(S * k) * sizeof(float),
                                   cudaMemcpyDeviceToDevice, st));
   }
-  const SavedHeader hdr{kSavedMagic, S, send_rows, plan.recv_rows, capacity, sizeof(float)};
+  const SavedHeader hdr =
+      detail::make_header(cfg, S, send_rows, plan.recv_rows, capacity, sizeof(float));
   to_device(sv.hdr, &hdr, 1, st);
   LOOM_MOE_CUDA(cudaStreamSynchronize(st));
   stats.aux_loss = aux;
@@ -227,16 +259,27 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
   const int k = cfg.gate.k;
   const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
   const DLDevice where{kDLCUDA, dev.device};
-  std::vector<SavedHeader> hdr;
-  to_host(hdr, static_cast<const SavedHeader*>(call.saved), 1, st);
-  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
-  need(hdr[0].magic == kSavedMagic && hdr[0].elem == sizeof(float),
-       "saved was not written by this layer's forward");
-  need(hdr[0].tokens == S, "backward's tokens (" + std::to_string(S) +
-                               ") differ from its forward's (" + std::to_string(hdr[0].tokens) +
-                               ")");
-  const int64_t R = hdr[0].recv_rows;
-  check_sizes(cfg, S, R, call.saved_bytes, call.workspace_bytes);
+  // Local checks, then one agreement over the expert-parallel group before its row exchange.
+  std::string error;
+  int64_t R = 0;
+  try {
+    std::vector<SavedHeader> hdr;
+    to_host(hdr, static_cast<const SavedHeader*>(call.saved), 1, st);
+    LOOM_MOE_CUDA(cudaStreamSynchronize(st));
+    need(hdr[0].magic == kSavedMagic && hdr[0].elem == sizeof(float),
+         "saved was not written by this layer's forward");
+    need(hdr[0].tokens == S, "backward's tokens (" + std::to_string(S) +
+                                 ") differ from its forward's (" + std::to_string(hdr[0].tokens) +
+                                 ")");
+    const std::string layout = detail::check_layout(cfg, hdr[0]);
+    need(layout.empty(), layout);
+    R = hdr[0].recv_rows;
+    check_sizes(cfg, S, R, call.saved_bytes, call.workspace_bytes);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::string stop = ex.agree_ep(error.empty() ? 0 : -1, error, "bytes");
+  if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
   const auto sv = carve_saved<float>(cfg, S, R, const_cast<void*>(call.saved));
   auto wv = carve_work<float>(cfg, S, R, call.workspace);
 
@@ -308,16 +351,26 @@ AloneRouting alone_routing(Exchange& ex, int E, int k, int64_t S, const int32_t*
   AloneRouting r;
   std::vector<int64_t> counts(static_cast<size_t>(E));
   r.slot.resize(static_cast<size_t>(S * k));
+  // A bad route or too few rows on one rank stops every rank of the group together (after
+  // the counts exchange, before the rows').
+  std::string error;
+  int64_t status = 0;
   try {
     r.send_rows = build_slots(route.data(), S, k, E, counts.data(), r.slot.data());
   } catch (const std::invalid_argument& e) {
-    need(false, e.what() + std::string(" (route_experts)"));
+    error = "moe: " + std::string(e.what()) + " (route_experts)";
+    status = -1;
+    std::fill(counts.begin(), counts.end(), 0);
   }
   r.plan = ex.plan(counts.data(), E);
-  need(r.plan.recv_rows <= row_capacity,
-       "rows has " + std::to_string(row_capacity) + " rows but the routing sends " +
-           std::to_string(r.plan.recv_rows) +
-           " to this rank's experts (size it by the plan's max_expert_rows)");
+  if (status == 0 && r.plan.recv_rows > row_capacity) {
+    status = r.plan.recv_rows - row_capacity;
+    error = "moe: rows has " + std::to_string(row_capacity) + " rows but the routing sends " +
+            std::to_string(r.plan.recv_rows) +
+            " to this rank's experts (size it by the plan's max_expert_rows)";
+  }
+  const std::string stop = ex.agree_ep(status, error, "rows");
+  if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
   return r;
 }
 

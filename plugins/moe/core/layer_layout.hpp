@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "layer.hpp"
 
@@ -11,6 +12,8 @@ namespace loom::moe::detail {
 
 constexpr uint64_t kSavedMagic = 0x4C4F4F4D4D4F4531ull;  // "LOOMMOE1"
 
+// `saved` records the layout and the routing inputs of the forward that wrote it; backward
+// refuses a configuration that differs (check_layout).
 struct SavedHeader {
   uint64_t magic;
   int64_t tokens;
@@ -18,7 +21,65 @@ struct SavedHeader {
   int64_t recv_rows;
   int64_t capacity;
   uint64_t elem;
+  int64_t num_experts;
+  int64_t k;
+  int64_t model_dim;
+  int64_t hidden_dim;
+  int64_t residual;
+  int64_t ep_size;
+  int64_t ep_rank;
+  int64_t layer;
+  uint64_t seed;
+  int64_t step;
+  int64_t first_token;
+  int64_t training;
 };
+
+inline SavedHeader make_header(const LayerConfig& cfg, int64_t tokens, int64_t send_rows,
+                               int64_t recv_rows, int64_t capacity, uint64_t elem) {
+  return SavedHeader{kSavedMagic,
+                     tokens,
+                     send_rows,
+                     recv_rows,
+                     capacity,
+                     elem,
+                     cfg.gate.num_experts,
+                     cfg.gate.k,
+                     cfg.model_dim,
+                     cfg.hidden_dim,
+                     cfg.residual ? 1 : 0,
+                     cfg.ep_size,
+                     cfg.ep_rank,
+                     cfg.gate.layer,
+                     cfg.gate.seed,
+                     cfg.gate.step,
+                     cfg.gate.first_token,
+                     cfg.gate.training ? 1 : 0};
+}
+
+// "" when `saved` was written by a forward of this configuration, else which field differs.
+inline std::string check_layout(const LayerConfig& cfg, const SavedHeader& h) {
+  const SavedHeader want = make_header(cfg, h.tokens, 0, 0, 0, h.elem);
+  auto diff = [](const char* name, auto got, auto forward) {
+    return "backward's " + std::string(name) + " (" + std::to_string(got) +
+           ") differs from the forward's that wrote saved (" + std::to_string(forward) + ")";
+  };
+  if (h.num_experts != want.num_experts)
+    return diff("num_experts", want.num_experts, h.num_experts);
+  if (h.k != want.k) return diff("k", want.k, h.k);
+  if (h.model_dim != want.model_dim) return diff("model_dim", want.model_dim, h.model_dim);
+  if (h.hidden_dim != want.hidden_dim) return diff("hidden_dim", want.hidden_dim, h.hidden_dim);
+  if (h.residual != want.residual) return diff("use_residual", want.residual, h.residual);
+  if (h.ep_size != want.ep_size) return diff("ep_size", want.ep_size, h.ep_size);
+  if (h.ep_rank != want.ep_rank) return diff("ep_rank", want.ep_rank, h.ep_rank);
+  if (h.layer != want.layer) return diff("layer", want.layer, h.layer);
+  if (h.seed != want.seed) return diff("seed", want.seed, h.seed);
+  if (h.step != want.step) return diff("step", want.step, h.step);
+  if (h.first_token != want.first_token)
+    return diff("first_token", want.first_token, h.first_token);
+  if (h.training != want.training) return diff("training", want.training, h.training);
+  return "";
+}
 
 // Carves 256-byte aligned regions out of a buffer (or only counts them when base is null).
 struct Carver {

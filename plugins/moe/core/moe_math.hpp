@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #if defined(__CUDACC__)
 #define LOOM_MOE_HD __host__ __device__
@@ -67,6 +68,14 @@ LOOM_MOE_HD inline float open_uniform(uint32_t word) {
 // Standard Gumbel noise from a random word: -ln(-ln u).
 LOOM_MOE_HD inline float gumbel(uint32_t word) {
   return -log_fixed(-log_fixed(open_uniform(word)));
+}
+
+// The RSample choice score of probability p: log p + Gumbel noise, so the top choice is a
+// sample of p (the Gumbel-max trick). p == 0 (an underflowed softmax) scores below any other.
+template <class T>
+inline T gumbel_score(T p, uint32_t word) {
+  if (!(p > T(0))) return std::numeric_limits<T>::lowest();
+  return log_fixed(p) + static_cast<T>(gumbel(word));
 }
 
 // The jitter factor U(1 - eps, 1 + eps) from a random word.

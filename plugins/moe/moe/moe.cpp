@@ -52,6 +52,20 @@ moe::Activation parse_activation(const std::string& s) {
   fail("activation = \"" + s + "\" is not an activation; expected \"gelu\", \"relu\" or \"silu\"");
 }
 
+// The most experts (and so the most choices per token and ranks per expert-parallel group) a
+// layer takes: counts and indices are int32 in the ABI and int in the core.
+constexpr int64_t kMaxExperts = 65536;
+
+// A count of experts as planned or passed to a call (0 there means the parameter), checked
+// before it is narrowed to int.
+int checked_experts(int64_t experts, const char* where) {
+  if (experts < 1 || experts > kMaxExperts) {
+    fail(std::string(where) + "num_experts = " + std::to_string(experts) + " is outside [1, " +
+         std::to_string(kMaxExperts) + "]");
+  }
+  return static_cast<int>(experts);
+}
+
 void check_k(int64_t k, int64_t experts, const char* where) {
   if (k > experts) {
     fail(std::string(where) + "k = " + std::to_string(k) + " is more than num_experts = " +
@@ -84,11 +98,13 @@ class MoeLayer : public loom::sdk::Moe {
             "E: experts of the layer over all ranks of its expert-parallel group. The trainer "
             "may plan a layer with another count (pyramid layouts); k and ep_size are checked "
             "against the count planned.")
-            .min(1),
+            .min(1)
+            .max(kMaxExperts),
         Int("k", 1,
             "Experts each token chooses (top-k by gate probability, ties to the lower expert "
             "index). k > num_experts is refused.")
-            .min(1),
+            .min(1)
+            .max(kMaxExperts),
         Float("capacity_factor", 1.0,
               "Training capacity: each expert takes at most max(ceil(k * capacity_factor * S / "
               "E), min_capacity) of the S tokens of a rank, never more than S.")
@@ -112,8 +128,9 @@ class MoeLayer : public loom::sdk::Moe {
              "here it is off unless asked). Evaluation never draws."),
         String("noisy_gate_policy", "none",
                "Noise on the gate in training: \"none\", \"Jitter\" (the gate's input times "
-               "U(1 - jitter_eps, 1 + jitter_eps) per element) or \"RSample\" (Gumbel noise on "
-               "the choice's scores; the combine weights stay the clean probabilities). "
+               "U(1 - jitter_eps, 1 + jitter_eps) per element) or \"RSample\" (the choice's "
+               "score is log p plus Gumbel noise, so the first choice is a sample of p; the "
+               "combine weights stay the clean probabilities). "
                "DeepSpeed spells none as None, which is accepted too.")
             .choices({"none", "None", "Jitter", "RSample"}),
         Float("jitter_eps", 0.01, "The half-width of the Jitter policy's multiplicative noise.")
@@ -135,7 +152,8 @@ class MoeLayer : public loom::sdk::Moe {
             "Ranks of an expert-parallel group (consecutive ranks of comm); each holds "
             "num_experts / ep_size experts. num_experts must be a multiple of it; > 1 needs "
             "comm.")
-            .min(1),
+            .min(1)
+            .max(kMaxExperts),
         Ref("comm", LOOM_KIND_COMM,
             "The data-parallel world (loom.comm/1) the expert-parallel groups are split from; "
             "its size must be a multiple of ep_size. Needed when ep_size > 1; without it "
@@ -305,7 +323,8 @@ class MoeLayer : public loom::sdk::Moe {
   void dispatch(const loom_moe_dispatch_args& a) {
     if (on_cuda(a.x->device)) {
 #if LOOM_MOE_HAVE_CUDA
-      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      const int64_t experts =
+          checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
         moe::cuda::dispatch_alone(
             *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
@@ -324,7 +343,6 @@ class MoeLayer : public loom::sdk::Moe {
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
     moe::gather_rows<float>(static_cast<const float*>(loom::sdk::first_element(*a.x)), a.tokens,
                             a.model_dim, r.k, r.slot.data(), r.weights, send.data());
-    check_rows(a, r.plan.recv_rows);
     run([&] {
       exchange_->forward(r.plan, send.data(), loom::sdk::first_element(*a.rows),
                          a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device, a.stream);
@@ -337,7 +355,8 @@ class MoeLayer : public loom::sdk::Moe {
   void combine(const loom_moe_dispatch_args& a) {
     if (on_cuda(a.x->device)) {
 #if LOOM_MOE_HAVE_CUDA
-      const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+      const int64_t experts =
+          checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
         moe::cuda::combine_alone(
             *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
@@ -353,7 +372,6 @@ class MoeLayer : public loom::sdk::Moe {
       return;
     }
     Routing r = routing(a);
-    check_rows(a, r.plan.recv_rows);
     std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
     run([&] {
       exchange_->reverse(r.plan, loom::sdk::first_element(*a.rows), send.data(),
@@ -377,30 +395,39 @@ class MoeLayer : public loom::sdk::Moe {
   };
 
   Routing routing(const loom_moe_dispatch_args& a) {
-    const int64_t experts = a.num_experts != 0 ? a.num_experts : num_experts_;
+    const int64_t experts = checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
     Routing r;
     r.k = a.top_k;
     r.counts.resize(static_cast<size_t>(experts));
     r.slot.resize(static_cast<size_t>(a.tokens * a.top_k));
     const auto* route = static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts));
-    run([&] {
+    // A bad route or too few rows on one rank stops every rank of the expert-parallel group
+    // together (after the counts exchange, before the rows').
+    std::string error;
+    int64_t status = 0;
+    try {
       r.send_rows = moe::build_slots(route, a.tokens, a.top_k, static_cast<int>(experts),
                                      r.counts.data(), r.slot.data());
-    });
+    } catch (const std::exception& e) {
+      error = std::string("moe: ") + e.what();
+      status = -1;
+      std::fill(r.counts.begin(), r.counts.end(), 0);
+    }
     r.weights = a.route_weights != nullptr
                     ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
                     : nullptr;
     run([&] { r.plan = exchange_->plan(r.counts.data(), static_cast<int>(experts)); });
-    return r;
-  }
-
-  static void check_rows(const loom_moe_dispatch_args& a, int64_t need) {
-    if (a.rows->shape[0] < need) {
-      fail("rows has " + std::to_string(a.rows->shape[0]) + " rows but the routing sends " +
-           std::to_string(need) +
-           " to this rank's experts (size it by the plan's "
-           "max_expert_rows)");
+    const int64_t have = a.rows->shape[0];
+    if (status == 0 && have < r.plan.recv_rows) {
+      status = r.plan.recv_rows - have;
+      error = "moe: rows has " + std::to_string(have) + " rows but the routing sends " +
+              std::to_string(r.plan.recv_rows) +
+              " to this rank's experts (size it by the plan's max_expert_rows)";
     }
+    std::string stop;
+    run([&] { stop = exchange_->agree_ep(status, error, "rows"); });
+    if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
+    return r;
   }
 
   static std::vector<int64_t> local_counts(const moe::Exchange::Plan& p) {
@@ -415,7 +442,7 @@ class MoeLayer : public loom::sdk::Moe {
 
   moe::LayerConfig config(int64_t tokens, int64_t model_dim, int64_t hidden_dim,
                           int32_t num_experts, bool training, const char* where) const {
-    const int64_t experts = num_experts != 0 ? num_experts : num_experts_;
+    const int64_t experts = checked_experts(num_experts != 0 ? num_experts : num_experts_, where);
     check_k(gate_.k, experts, where);
     check_ep(experts, ep_size_, where);
     moe::LayerConfig c;

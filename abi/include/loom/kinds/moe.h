@@ -81,7 +81,7 @@ typedef struct loom_moe_plan_args {
   int32_t layer;       /* 0 .. num_layers - 1 */
   int32_t num_layers;
   uint32_t training; /* 1: capacity_factor and noise; 0: eval_capacity_factor, no noise */
-  DLDataType dtype;  /* of x, y and every weight: float32 (CUDA also bfloat16) */
+  DLDataType dtype;  /* of x, y and every weight: float32 */
   /* out */
   uint32_t flags;        /* LOOM_MOE_* */
   int32_t experts;       /* E as resolved */
@@ -155,8 +155,10 @@ typedef struct loom_moe_forward_args {
   const loom_moe_weights* weights;
   /* aux-loss-free balancing (LOOM_MOE_EXPERT_BIAS): float32 [E], the caller's state; added to
    * the scores for the choice only (never to the combine weights); in training, forward then
-   * adds bias_update_rate * sign(mean load - load_e), the load summed over the expert-parallel
-   * group. NULL otherwise. */
+   * adds bias_update_rate * sign(mean load - load_e), the load summed over every rank of the
+   * comm (the expert-parallel group and its data-parallel copies), so every copy keeps the same
+   * bias; without a comm, this rank's load. Only after the call's checks pass on every rank of
+   * the group (a refused forward leaves it as it was). NULL otherwise. */
   DLTensor* expert_bias;
   DLTensor* y; /* out: [tokens, M] (written) */
   /* out, optional: int32 [tokens, k] the chosen experts (-1: dropped) and float32 [tokens, k]
