@@ -1,15 +1,19 @@
 // The MoE routing against a plain reference (reference.hpp) on fixed logits: top-1/2/3, ties,
 // capacity and drop order, RTS, dropless, eval determinism, aux loss, the bias update.
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 #include <loom/sdk/random.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gating.hpp"
 #include "moe_math.hpp"
 #include "reference.hpp"
+#include "simd.hpp"
 
 using loom::moe::DropPolicy;
 using loom::moe::GateConfig;
@@ -321,65 +325,112 @@ TEST(MoeRouting, BiasMovesTheChoiceNotTheWeightsAndUpdatesBySign) {
   EXPECT_EQ(b, (std::vector<float>{-0.25f, 0.25f, 0.0f}));
 }
 
-// The blocked, vectorised gate against the plain formulation it replaced, bit for bit: each
-// logit one sum in feature order from 0 (product and sum rounded apart), softmax with
-// exp_fixed. Shapes cover a short last token block, experts not a multiple of the lane
-// width, one expert, and jitter.
+// Runs body once per Highway target compiled in and supported by this CPU.
+template <class Body>
+void for_each_target(Body&& body) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// The blocked, vectorised gate against the plain formulation it replaced, bit for bit, on
+// every target: each logit one sum in feature order from 0 (product and sum rounded apart),
+// softmax with exp_fixed. Shapes cover a short last token block, experts not a multiple of
+// the lane width, one expert, more experts than one vector, and jitter.
 TEST(MoeRouting, BlockedGateIsBitIdenticalToThePlainLoop) {
-  struct Shape {
-    int64_t S, M;
-    int E;
-    bool jitter;
-  };
-  for (const Shape sh : {Shape{7, 37, 5, false}, Shape{13, 64, 16, true}, Shape{3, 9, 1, false},
-                         Shape{9, 20, 23, true}}) {
-    GateConfig cfg;
-    cfg.num_experts = sh.E;
-    cfg.k = 1;
-    cfg.training = sh.jitter;
-    cfg.noise = sh.jitter ? NoisePolicy::Jitter : NoisePolicy::None;
-    cfg.jitter_eps = 0.05f;
-    cfg.seed = 3;
-    cfg.step = 2;
-    std::vector<float> x(static_cast<size_t>(sh.S * sh.M)), w(static_cast<size_t>(sh.E * sh.M));
-    uint32_t h = 12345;
-    auto next = [&h] {
-      h = h * 1664525u + 1013904223u;
-      return static_cast<float>(static_cast<int32_t>(h >> 8) - (1 << 23)) / float(1 << 22);
+  for_each_target([] {
+    struct Shape {
+      int64_t S, M;
+      int E;
+      bool jitter;
     };
-    for (float& v : x) v = next();
-    for (float& v : w) v = next();
-    x[3] = -0.0f;  // a signed zero in the input
-    std::vector<float> got(static_cast<size_t>(sh.S * sh.E));
-    loom::moe::gate_probs<float>(cfg, x.data(), sh.S, sh.M, w.data(), got.data());
-    for (int64_t s = 0; s < sh.S; ++s) {
-      std::vector<float> lg(static_cast<size_t>(sh.E));
-      float mx = -INFINITY;
-      for (int e = 0; e < sh.E; ++e) {
-        float acc = 0.0f;
-        for (int64_t m = 0; m < sh.M; ++m) {
-          float xm = x[static_cast<size_t>(s * sh.M + m)];
-          if (sh.jitter) xm = xm * loom::moe::jitter_at(cfg, s, m);
-          const float p = xm * w[static_cast<size_t>(e * sh.M + m)];
-          acc = acc + p;
+    for (const Shape sh : {Shape{7, 37, 5, false}, Shape{13, 64, 16, true}, Shape{3, 9, 1, false},
+                           Shape{9, 20, 23, true}, Shape{17, 33, 40, false}}) {
+      GateConfig cfg;
+      cfg.num_experts = sh.E;
+      cfg.k = 1;
+      cfg.training = sh.jitter;
+      cfg.noise = sh.jitter ? NoisePolicy::Jitter : NoisePolicy::None;
+      cfg.jitter_eps = 0.05f;
+      cfg.seed = 3;
+      cfg.step = 2;
+      std::vector<float> x(static_cast<size_t>(sh.S * sh.M)), w(static_cast<size_t>(sh.E * sh.M));
+      uint32_t h = 12345;
+      auto next = [&h] {
+        h = h * 1664525u + 1013904223u;
+        return static_cast<float>(static_cast<int32_t>(h >> 8) - (1 << 23)) / float(1 << 22);
+      };
+      for (float& v : x) v = next();
+      for (float& v : w) v = next();
+      x[3] = -0.0f;  // a signed zero in the input
+      std::vector<float> got(static_cast<size_t>(sh.S * sh.E));
+      loom::moe::gate_probs<float>(cfg, x.data(), sh.S, sh.M, w.data(), got.data());
+      for (int64_t s = 0; s < sh.S; ++s) {
+        std::vector<float> lg(static_cast<size_t>(sh.E));
+        float mx = -INFINITY;
+        for (int e = 0; e < sh.E; ++e) {
+          float acc = 0.0f;
+          for (int64_t m = 0; m < sh.M; ++m) {
+            float xm = x[static_cast<size_t>(s * sh.M + m)];
+            if (sh.jitter) xm = xm * loom::moe::jitter_at(cfg, s, m);
+            const float p = xm * w[static_cast<size_t>(e * sh.M + m)];
+            acc = acc + p;
+          }
+          lg[static_cast<size_t>(e)] = acc;
+          mx = std::max(mx, acc);
         }
-        lg[static_cast<size_t>(e)] = acc;
-        mx = std::max(mx, acc);
-      }
-      float sum = 0.0f;
-      for (int e = 0; e < sh.E; ++e) {
-        lg[static_cast<size_t>(e)] = loom::moe::exp_fixed(lg[static_cast<size_t>(e)] - mx);
-        sum = sum + lg[static_cast<size_t>(e)];
-      }
-      for (int e = 0; e < sh.E; ++e) {
-        const float want = lg[static_cast<size_t>(e)] / sum;
-        const float have = got[static_cast<size_t>(s * sh.E + e)];
-        ASSERT_EQ(std::memcmp(&want, &have, sizeof want), 0)
-            << "S " << sh.S << " M " << sh.M << " E " << sh.E << ": token " << s << " expert " << e
-            << ": " << have << " vs " << want;
+        float sum = 0.0f;
+        for (int e = 0; e < sh.E; ++e) {
+          lg[static_cast<size_t>(e)] = loom::moe::exp_fixed(lg[static_cast<size_t>(e)] - mx);
+          sum = sum + lg[static_cast<size_t>(e)];
+        }
+        for (int e = 0; e < sh.E; ++e) {
+          const float want = lg[static_cast<size_t>(e)] / sum;
+          const float have = got[static_cast<size_t>(s * sh.E + e)];
+          ASSERT_EQ(std::memcmp(&want, &have, sizeof want), 0)
+              << "S " << sh.S << " M " << sh.M << " E " << sh.E << ": token " << s << " expert "
+              << e << ": " << have << " vs " << want;
+        }
       }
     }
+  });
+}
+
+// The vector GELU (tanh approximation) and its derivative against the libm formula
+// (act_forward / act_grad) on every target, over a dense range, the large |x| tails where
+// the formula saturates, zeros and a short tail: within 1e-6 * max(1, |x|) for the value and
+// 1e-6 for the derivative (a few ulp of float at the sizes involved).
+TEST(MoeExperts, VectorGeluMatchesTheLibmFormula) {
+  std::vector<float> x;
+  for (int i = -4000; i <= 4000; ++i) x.push_back(static_cast<float>(i) * 0.0025f);  // [-10, 10]
+  for (float v : {0.0f,  -0.0f,  1e-30f, -1e-30f, 9.99f, 10.0f, 10.01f, -9.99f, -10.0f, -10.01f,
+                  15.0f, -15.0f, 30.0f,  -30.0f,  1e3f,  -1e3f, 1e6f,   -1e6f,  3e12f,  -3e12f}) {
+    x.push_back(v);
   }
+  x.push_back(0.5f);  // an odd count: a partial last vector
+  const auto n = static_cast<int64_t>(x.size());
+  for_each_target([&] {
+    std::vector<float> y(x.size()), g(x.size()), dy(x.size(), 2.0f);
+    loom::moe::simd::gelu_forward(x.data(), y.data(), n);
+    loom::moe::simd::gelu_slope(x.data(), g.data(), n);
+    loom::moe::simd::gelu_grad_mul(x.data(), dy.data(), n);
+    const auto gelu = loom::moe::Activation::Gelu;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float want = loom::moe::act_forward(gelu, x[i]);
+      const float want_g = loom::moe::act_grad(gelu, x[i]);
+      ASSERT_LE(std::fabs(y[i] - want), 1e-6f * std::max(1.0f, std::fabs(x[i])))
+          << "gelu(" << x[i] << ") = " << y[i] << ", libm " << want;
+      ASSERT_LE(std::fabs(g[i] - want_g), 1e-6f)
+          << "gelu'(" << x[i] << ") = " << g[i] << ", libm " << want_g;
+      ASSERT_EQ(dy[i], 2.0f * g[i]) << "gelu_grad_mul at " << x[i];
+    }
+    EXPECT_EQ(y[static_cast<size_t>(4000)], 0.0f);   // gelu(0)
+    EXPECT_EQ(g[static_cast<size_t>(4000)], 0.5f);   // gelu'(0)
+    EXPECT_EQ(y[static_cast<size_t>(8000)], 10.0f);  // saturated: gelu(10) = 10 in float
+  });
 }
 
 // exp_fixed's library-free host twin (the gate's softmax) against exp_fixed itself over the

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
-#include <type_traits>
 
 #include "moe_math.hpp"
+#include "simd.hpp"
 
 namespace loom::moe {
 
@@ -46,73 +46,11 @@ float jitter_at(const GateConfig& cfg, int64_t s, int64_t m) {
 
 namespace {
 
-// The gate's logits are computed kTokenBlock tokens at a time, kLanes experts at a time: for
-// each feature m one row of the transposed weight (experts innermost) is loaded once and
-// multiplied into tokens x kLanes independent accumulators, so the additions of different
-// logits overlap instead of waiting on one another. Every logit is still its own sum in
-// feature order from 0 with one accumulator, the product and the sum rounded apart (no
-// contraction: this file is built with -ffp-contract=off and the AVX2 clone enables no FMA),
-// so each rounds exactly as the plain per-expert loop and the CUDA kernel.
-constexpr int64_t kTokenBlock = 8;
-constexpr int64_t kLanes = 8;
-
-// acc[t][l] = sum_m xs[t][m] * w[m * ldw + l] for t < B, l < kLanes, each sum in m order.
-template <class T, int B>
-[[gnu::always_inline]] inline void logits_kernel(const T* const* xs, int64_t M,
-                                                 const T* __restrict w, int64_t ldw,
-                                                 T (*__restrict acc)[kLanes]) {
-  T a[B][kLanes];
-  for (auto& row : a) {
-    for (T& v : row) v = T(0);
-  }
-  for (int64_t m = 0; m < M; ++m, w += ldw) {
-    T wl[kLanes];
-    for (int64_t l = 0; l < kLanes; ++l) wl[l] = w[l];
-    for (int t = 0; t < B; ++t) {
-      const T v = xs[t][m];
-      for (int64_t l = 0; l < kLanes; ++l) a[t][l] = a[t][l] + v * wl[l];
-    }
-  }
-  for (int t = 0; t < B; ++t) {
-    for (int64_t l = 0; l < kLanes; ++l) acc[t][l] = a[t][l];
-  }
-}
-
-// The baseline build (SSE2: two registers per token) runs four tokens at a time, so the
-// accumulators fit the sixteen registers; AVX2 (one register per token) eight.
-template <class T>
-void logits_block_base(const T* const* xs, int64_t M, const T* w, int64_t ldw, T (*acc)[kLanes]) {
-  logits_kernel<T, 4>(xs, M, w, ldw, acc);
-  logits_kernel<T, 4>(xs + 4, M, w, ldw, acc + 4);
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-#define LOOM_MOE_GATE_AVX2 1
-[[gnu::target("avx2")]] void logits_block_avx2(const float* const* xs, int64_t M, const float* w,
-                                               int64_t ldw, float (*acc)[kLanes]) {
-  logits_kernel<float, 8>(xs, M, w, ldw, acc);
-}
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") != 0;
-  return yes;
-}
-#else
-#define LOOM_MOE_GATE_AVX2 0
-#endif
-
-template <class T>
-void logits_block(const T* const* xs, int64_t M, const T* w, int64_t ldw, T (*acc)[kLanes]) {
-#if LOOM_MOE_GATE_AVX2
-  if constexpr (std::is_same_v<T, float>) {
-    if (have_avx2()) {
-      logits_block_avx2(xs, M, w, ldw, acc);
-      return;
-    }
-  }
-#endif
-  logits_block_base(xs, M, w, ldw, acc);
-}
-static_assert(kTokenBlock == 8, "logits_block runs eight tokens");
+// The gate's logits come from the vector kernel (simd.hpp) kTokenBlock tokens at a time over
+// the transposed weight: every logit its own sum in feature order, bit-identical to the plain
+// per-expert loop and the CUDA kernel on every target.
+constexpr int64_t kTokenBlock = simd::kGateTokens;
+constexpr int64_t kLanes = simd::kGateLanes;
 
 // exp_fixed (moe_math.hpp) bit for bit, without the library calls: floor by truncation and
 // a correction, the power of two built from its exponent bits (n stays in [-125, 127] for the
@@ -207,13 +145,7 @@ void gate_pass(const GateConfig& cfg, const T* x, int64_t tokens, int64_t model_
           xs[t] = xs[nt - 1];
         }
       }
-      for (int64_t c = 0; c < Ep; c += kLanes) {
-        T acc[kTokenBlock][kLanes];
-        logits_block(xs, M, wt.data() + c, Ep, acc);
-        for (int64_t t = 0; t < kTokenBlock; ++t) {
-          for (int64_t l = 0; l < kLanes; ++l) lg[static_cast<size_t>(t * Ep + c + l)] = acc[t][l];
-        }
-      }
+      simd::gate_logits(xs, M, wt.data(), Ep, lg.data());
       for (int64_t t = 0; t < nt; ++t) {
         const T* lt = lg.data() + t * Ep;
         T* ps = probs + (s0 + t) * E;
