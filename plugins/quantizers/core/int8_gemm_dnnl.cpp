@@ -2,8 +2,11 @@
 // GEMM is absent and have_int8_gemm() says so; the matmul around it is the same.
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
-#include <unordered_map>
+#include <tuple>
 #include <vector>
 
 #include "int8_gemm.hpp"
@@ -45,6 +48,40 @@ Handles cpu_engine() {
   return {e.engine, stream};
 }
 
+// The s8 x s8 -> s32 matmul primitive of one GEMM shape: rows m, columns n, a K slice of kg
+// codes out of rows of k (the leading dimension of x's and W's codes). Building one costs far
+// more than running it at the trainer's shapes (a primitive descriptor walks oneDNN's kernel
+// list and the primitive JIT-compiles its kernel), so they are kept, keyed by the shape. A
+// primitive holds no data pointers (the memories are bound at execute), and oneDNN lets
+// threads execute one primitive at once, each on its own stream. The cache is bounded: past
+// kMaxPrimitives shapes it starts again empty (the shapes of one model are a handful).
+using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+constexpr std::size_t kMaxPrimitives = 64;
+
+std::shared_ptr<const dnnl::matmul> cached_matmul(const dnnl::engine& engine, int64_t m, int64_t n,
+                                                  int64_t kg, int64_t k) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+  static std::mutex mu;
+  static std::map<PrimKey, std::shared_ptr<const dnnl::matmul>> cache;
+  const PrimKey key{m, n, kg, k};
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  // Built outside the lock (it is the slow part); two threads may both build one, and the
+  // first stored wins.
+  const memory::desc src_md({m, kg}, dt::s8, memory::dims{k, 1});
+  const memory::desc wei_md({kg, n}, dt::s8, memory::dims{1, k});
+  const memory::desc acc_md({m, n}, dt::s32, memory::dims{n, 1});
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, acc_md), engine);
+  auto prim = std::make_shared<const dnnl::matmul>(pd);
+  const std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() >= kMaxPrimitives) cache.clear();
+  return cache.emplace(key, std::move(prim)).first->second;
+}
+
 }  // namespace
 
 void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
@@ -67,12 +104,12 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
       const int64_t kg = std::min(g.k, k0 + g.group) - k0;
       const memory::desc src_md({g.m, kg}, dt::s8, memory::dims{g.k, 1});
       const memory::desc wei_md({kg, g.n}, dt::s8, memory::dims{1, g.k});
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, acc_md), e.engine);
-      const dnnl::matmul prim(pd);
+      const std::shared_ptr<const dnnl::matmul> prim = cached_matmul(e.engine, g.m, g.n, kg, g.k);
       memory src_mem(src_md, e.engine, const_cast<int8_t*>(g.xq + k0));
       memory wei_mem(wei_md, e.engine, const_cast<int8_t*>(g.wq + k0));
-      prim.execute(e.stream,
-                   {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, wei_mem}, {DNNL_ARG_DST, acc_mem}});
+      prim->execute(
+          e.stream,
+          {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, wei_mem}, {DNNL_ARG_DST, acc_mem}});
       e.stream.wait();
       const float* sw = g.sw;
       if (groups > 1) {
