@@ -12,6 +12,8 @@
 #include "int8_gemm.hpp"
 
 #if LOOM_QUANT_HAVE_DNNL
+#include <dlfcn.h>
+
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
@@ -48,14 +50,68 @@ Handles cpu_engine() {
   return {e.engine, stream};
 }
 
+// oneDNN's OpenMP threads keep spinning for a while after each parallel region; at the
+// trainer's shapes (well under a millisecond of work) that spinning competes with the host
+// pool's threads that quantize x and run the epilogue, and a call took 10-20 ms instead of
+// 0.1-0.3. GEMMs below kSmallGemmMacs multiply-adds therefore run on the calling thread alone:
+// its OpenMP thread count (a per-thread setting) is 1 while the primitive is built and run,
+// then restored. The OpenMP entry points are looked up in the process (oneDNN's runtime), so
+// nothing here links an OpenMP runtime of its own; without one this does nothing.
+constexpr int64_t kSmallGemmMacs = int64_t{1} << 28;
+
+struct OpenMp {
+  int (*get_max_threads)() = nullptr;
+  void (*set_num_threads)(int) = nullptr;
+};
+
+const OpenMp& openmp() {
+  static const OpenMp omp = [] {
+    OpenMp o;
+    void* get = dlsym(RTLD_DEFAULT, "omp_get_max_threads");
+    void* set = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (get != nullptr && set != nullptr) {
+      o.get_max_threads = reinterpret_cast<int (*)()>(get);
+      o.set_num_threads = reinterpret_cast<void (*)(int)>(set);
+    }
+    return o;
+  }();
+  return omp;
+}
+
+// While alive: the calling thread's OpenMP regions run on it alone (when `alone`).
+class OneThread {
+ public:
+  explicit OneThread(bool alone) {
+    const OpenMp& o = openmp();
+    if (!alone || o.get_max_threads == nullptr) return;
+    prev_ = o.get_max_threads();
+    if (prev_ > 1) o.set_num_threads(1);
+  }
+  ~OneThread() {
+    if (prev_ > 1) openmp().set_num_threads(prev_);
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+// The thread count a primitive built now is made for (oneDNN splits the work at creation).
+int64_t current_threads() {
+  const OpenMp& o = openmp();
+  return o.get_max_threads != nullptr ? o.get_max_threads() : 0;
+}
+
 // The s8 x s8 -> s32 matmul primitive of one GEMM shape: rows m, columns n, a K slice of kg
-// codes out of rows of k (the leading dimension of x's and W's codes). Building one costs far
+// codes out of rows of k (the leading dimension of x's and W's codes), for the current
+// OpenMP thread count. Building one costs far
 // more than running it at the trainer's shapes (a primitive descriptor walks oneDNN's kernel
 // list and the primitive JIT-compiles its kernel), so they are kept, keyed by the shape. A
 // primitive holds no data pointers (the memories are bound at execute), and oneDNN lets
 // threads execute one primitive at once, each on its own stream. The cache is bounded: past
 // kMaxPrimitives shapes it starts again empty (the shapes of one model are a handful).
-using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
 constexpr std::size_t kMaxPrimitives = 64;
 
 std::shared_ptr<const dnnl::matmul> cached_matmul(const dnnl::engine& engine, int64_t m, int64_t n,
@@ -64,7 +120,7 @@ std::shared_ptr<const dnnl::matmul> cached_matmul(const dnnl::engine& engine, in
   using dt = memory::data_type;
   static std::mutex mu;
   static std::map<PrimKey, std::shared_ptr<const dnnl::matmul>> cache;
-  const PrimKey key{m, n, kg, k};
+  const PrimKey key{m, n, kg, k, current_threads()};
   {
     const std::lock_guard<std::mutex> lock(mu);
     const auto it = cache.find(key);
@@ -97,6 +153,7 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
   }
   try {
     const Handles e = cpu_engine();
+    const OneThread alone(g.m * g.n * g.k < kSmallGemmMacs);
     const memory::desc acc_md({g.m, g.n}, dt::s32, memory::dims{g.n, 1});
     memory acc_mem(acc_md, e.engine, acc);
     for (int64_t gi = 0; gi < groups; ++gi) {
