@@ -138,7 +138,26 @@ std::shared_ptr<const dnnl::matmul> cached_matmul(const dnnl::engine& engine, in
   return cache.emplace(key, std::move(prim)).first->second;
 }
 
+// oneDNN's s8 x s8 kernels are exact only with VNNI (vpdpbusd accumulates the byte products
+// in int32): without it they shift x to unsigned bytes and multiply-add pairs into int16
+// lanes, which saturates at codes near +-127 ((127 + 128) * 127 * 2 > 32767). Elsewhere the
+// GEMM runs on int8_dot_exact. Decided once, from the ISA oneDNN itself will use (which
+// ONEDNN_MAX_CPU_ISA can lower).
+bool onednn_is_exact() {
+  static const bool exact = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const auto has = [isa](dnnl_cpu_isa_t want) {
+      const unsigned w = static_cast<unsigned>(want);
+      return (isa & w) == w;
+    };
+    return has(dnnl_cpu_isa_avx512_core_vnni) || has(dnnl_cpu_isa_avx2_vnni);
+  }();
+  return exact;
+}
+
 }  // namespace
+
+bool int8_gemm_uses_onednn() { return onednn_is_exact(); }
 
 void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
   using dnnl::memory;
@@ -152,6 +171,20 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
     return;
   }
   try {
+    if (!onednn_is_exact()) {
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const int64_t k0 = gi * g.group;
+        const int64_t kg = std::min(g.k, k0 + g.group) - k0;
+        int8_dot_exact(g.xq, g.wq, g.m, g.n, g.k, k0, kg, acc);
+        const float* sw = g.sw;
+        if (groups > 1) {
+          for (int64_t j = 0; j < g.n; ++j) sw_col[j] = g.sw[j * groups + gi];
+          sw = sw_col;
+        }
+        int8_epilogue(acc, g.m, g.n, g.sx, sw, g.bias, gi == 0, g.y);
+      }
+      return;
+    }
     const Handles e = cpu_engine();
     const OneThread alone(g.m * g.n * g.k < kSmallGemmMacs);
     const memory::desc acc_md({g.m, g.n}, dt::s32, memory::dims{g.n, 1});
@@ -183,6 +216,8 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
 #else
 
 bool have_int8_gemm() { return false; }
+
+bool int8_gemm_uses_onednn() { return false; }
 
 void int8_gemm(const Int8Gemm&, int32_t*, float*) {
   throw std::runtime_error(

@@ -386,6 +386,49 @@ void EpilogueRows(const int32_t* acc, int64_t n, const float* sx, const float* s
   }
 }
 
+// Exact int8 dot products for the INT8 GEMM where oneDNN's kernels are not exact (CPUs
+// without VNNI): acc[i, j] = sum over c in [k0, k0 + kg) of xq[i, c] * wq[j, c], rows
+// [r0, r1), every column j < n; xq [m, k] and wq [n, k] row-major. Codes are widened to int16
+// and multiplied pairwise into int32 (each pair at most 2 * 128 * 128 = 32768 in magnitude,
+// exact in int32), so no intermediate saturates.
+template <int R>
+HWY_INLINE void Int8DotBlock(const int8_t* xq, const int8_t* wq, int64_t n, int64_t k, int64_t k0,
+                             int64_t kg, int64_t i0, int32_t* acc) {
+  const hn::ScalableTag<int16_t> d16;
+  const hn::Rebind<int8_t, decltype(d16)> d8;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d16));
+  for (int64_t j = 0; j < n; ++j) {
+    const int8_t* wr = wq + j * k + k0;
+    hn::Vec<decltype(d32)> s0[R], s1[R];
+    for (int r = 0; r < R; ++r) {
+      s0[r] = hn::Zero(d32);
+      s1[r] = hn::Zero(d32);
+    }
+    int64_t c = 0;
+    for (; c + L <= kg; c += L) {
+      const auto wv = hn::PromoteTo(d16, hn::LoadU(d8, wr + c));
+      for (int r = 0; r < R; ++r) {
+        const auto xv = hn::PromoteTo(d16, hn::LoadU(d8, xq + (i0 + r) * k + k0 + c));
+        s0[r] = hn::ReorderWidenMulAccumulate(d32, xv, wv, s0[r], s1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      int32_t t = hn::GetLane(hn::SumOfLanes(d32, hn::Add(s0[r], s1[r])));
+      const int8_t* xr = xq + (i0 + r) * k + k0;
+      for (int64_t cc = c; cc < kg; ++cc) t += int32_t{xr[cc]} * int32_t{wr[cc]};
+      acc[(i0 + r) * n + j] = t;
+    }
+  }
+}
+
+void Int8DotRows(const int8_t* xq, const int8_t* wq, int64_t n, int64_t k, int64_t k0, int64_t kg,
+                 int32_t* acc, int64_t r0, int64_t r1) {
+  int64_t i = r0;
+  for (; i + 4 <= r1; i += 4) Int8DotBlock<4>(xq, wq, n, k, k0, kg, i, acc);
+  for (; i < r1; ++i) Int8DotBlock<1>(xq, wq, n, k, k0, kg, i, acc);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace loom::quant
 HWY_AFTER_NAMESPACE();
@@ -401,6 +444,7 @@ HWY_EXPORT(WidenRows);
 HWY_EXPORT(WeightOnlyCols);
 HWY_EXPORT(Deinterleave);
 HWY_EXPORT(EpilogueRows);
+HWY_EXPORT(Int8DotRows);
 
 namespace {
 
@@ -464,6 +508,17 @@ void int8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* sx, co
       static_cast<std::size_t>(m), grain, [&](std::size_t b, std::size_t e) {
         HWY_DYNAMIC_DISPATCH(EpilogueRows)
         (acc, n, sx, sw, bias, first, y, static_cast<int64_t>(b), static_cast<int64_t>(e));
+      });
+}
+
+void int8_dot_exact(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, int64_t k, int64_t k0,
+                    int64_t kg, int32_t* acc) {
+  const std::size_t grain = static_cast<std::size_t>(
+      std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(n * kg, 1)) / 4 * 4);
+  loom::plugins::parallel_for(
+      static_cast<std::size_t>(m), grain, [&](std::size_t b, std::size_t e) {
+        HWY_DYNAMIC_DISPATCH(Int8DotRows)
+        (xq, wq, n, k, k0, kg, acc, static_cast<int64_t>(b), static_cast<int64_t>(e));
       });
 }
 
