@@ -240,6 +240,11 @@ HWY_INLINE void WeightOnlyTile(const float* x, int64_t mb, const IntWeight* w, c
       const uint8_t* bytes = w->packed + n * half;
       int64_t j = c0 / 2;
       const int64_t j1 = c1 / 2;
+      // The odd columns accumulate apart from the even ones (two independent FMA chains per
+      // row instead of one of twice the depth: at M = 1 the chain's latency bounded the
+      // kernel); a group's two sums are added before its scale is applied.
+      hn::Vec<DF> acc_hi[R];
+      for (int r = 0; r < R; ++r) acc_hi[r] = hn::Zero(d);
       for (; j + N <= j1; j += N) {
         const auto b = hn::LoadU(du8, bytes + j);
         const auto lo =
@@ -249,9 +254,11 @@ HWY_INLINE void WeightOnlyTile(const float* x, int64_t mb, const IntWeight* w, c
         for (int r = 0; r < R; ++r) {
           const float* e = xe + (mb + r) * half + j;
           const float* o = xo + (mb + r) * half + j;
-          acc[r] = hn::MulAdd(lo, hn::LoadU(d, e), hn::MulAdd(hi, hn::LoadU(d, o), acc[r]));
+          acc[r] = hn::MulAdd(lo, hn::LoadU(d, e), acc[r]);
+          acc_hi[r] = hn::MulAdd(hi, hn::LoadU(d, o), acc_hi[r]);
         }
       }
+      for (int r = 0; r < R; ++r) acc[r] = hn::Add(acc[r], acc_hi[r]);
       c = 2 * j;
     } else {
       const uint8_t* codes = chunk;
@@ -544,8 +551,10 @@ void matmul_weight_only(const float* x, int64_t m, const IntWeight& w, const flo
     xo = workspace + m * (K / 2);
   }
   if (m == 0) return;
+  // About 64 K weights per block (a block of kColBlock columns at K = 4096): few enough
+  // blocks that handing them out costs nothing next to streaming them.
   const std::size_t grain =
-      static_cast<std::size_t>(std::max<int64_t>(1, 4096 / std::max<int64_t>(K, 1)));
+      static_cast<std::size_t>(std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1)));
   loom::plugins::parallel_for(
       static_cast<std::size_t>(gs.rows), grain, [&](std::size_t b, std::size_t e) {
         HWY_DYNAMIC_DISPATCH(WeightOnlyCols)
