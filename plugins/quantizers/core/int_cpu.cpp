@@ -196,8 +196,11 @@ void WidenRows(const IntWeight* w, int8_t* out, int64_t r0, int64_t r1) {
   }
 }
 
-// Activation rows sharing one decode of the weight: 8 where there are 32 vector registers.
-constexpr int64_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
+// Activation rows sharing one decode of the weight. 4 on every target: the 4-bit path reads
+// x's even and odd halves of R rows, 2 R streams whose rows lie a power of two apart (K / 2
+// floats) and so share an L1 set; at R = 8 the 16 streams overran the set's 8 ways and
+// M = 8 and 16 ran at a third of M = 4's rate per row.
+constexpr int64_t kRowBlock = 4;
 
 // The K tile of the weight-only kernel: x's tile for a block of rows stays in L1 while a
 // block of output columns runs over it.
