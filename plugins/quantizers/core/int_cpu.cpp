@@ -497,6 +497,12 @@ void dequantize_int(const IntWeight& w, float* x) {
 }
 
 void widen_to_int8(const IntWeight& w, int8_t* out) {
+  // Up to 256 K codes (the trainer's layers) the widening takes microseconds: waking the pool
+  // costs more than it saves.
+  if (w.gs.rows * w.gs.cols <= (int64_t{1} << 18)) {
+    HWY_DYNAMIC_DISPATCH(WidenRows)(&w, out, 0, w.gs.rows);
+    return;
+  }
   loom::plugins::parallel_for(static_cast<std::size_t>(w.gs.rows), row_grain(w.gs.cols, 8),
                               [&](std::size_t b, std::size_t e) {
                                 HWY_DYNAMIC_DISPATCH(WidenRows)
