@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/parallel_for.hpp"
 #include "int8_gemm.hpp"
 
 #if LOOM_QUANT_HAVE_DNNL
@@ -53,10 +54,11 @@ Handles cpu_engine() {
 // oneDNN's OpenMP threads keep spinning for a while after each parallel region; at the
 // trainer's shapes (well under a millisecond of work) that spinning competes with the host
 // pool's threads that quantize x and run the epilogue, and a call took 10-20 ms instead of
-// 0.1-0.3. GEMMs below kSmallGemmMacs multiply-adds therefore run on the calling thread alone:
-// its OpenMP thread count (a per-thread setting) is 1 while the primitive is built and run,
-// then restored. The OpenMP entry points are looked up in the process (oneDNN's runtime), so
-// nothing here links an OpenMP runtime of its own; without one this does nothing.
+// 0.1-0.3. GEMMs below kSmallGemmMacs multiply-adds therefore run as blocks of rows on the
+// host pool, each block's primitive on its pool thread alone: that thread's OpenMP thread
+// count (a per-thread setting) is 1 while the primitive is built and run, then restored. The OpenMP
+// entry points are looked up in the process (oneDNN's runtime), so nothing here links an OpenMP
+// runtime of its own; without one this does nothing.
 constexpr int64_t kSmallGemmMacs = int64_t{1} << 28;
 
 struct OpenMp {
@@ -185,22 +187,53 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
       }
       return;
     }
-    const Handles e = cpu_engine();
-    const OneThread alone(g.m * g.n * g.k < kSmallGemmMacs);
-    const memory::desc acc_md({g.m, g.n}, dt::s32, memory::dims{g.n, 1});
-    memory acc_mem(acc_md, e.engine, acc);
-    for (int64_t gi = 0; gi < groups; ++gi) {
-      const int64_t k0 = gi * g.group;
-      const int64_t kg = std::min(g.k, k0 + g.group) - k0;
-      const memory::desc src_md({g.m, kg}, dt::s8, memory::dims{g.k, 1});
+    const bool small = g.m * g.n * g.k < kSmallGemmMacs;
+    // Rows [i0, i1) of one K group's s32 products, on the calling thread's stream.
+    const auto rows = [&](int64_t i0, int64_t i1, int64_t k0, int64_t kg) {
+      const Handles e = cpu_engine();
+      const int64_t mb = i1 - i0;
+      const memory::desc acc_md({mb, g.n}, dt::s32, memory::dims{g.n, 1});
+      const memory::desc src_md({mb, kg}, dt::s8, memory::dims{g.k, 1});
       const memory::desc wei_md({kg, g.n}, dt::s8, memory::dims{1, g.k});
-      const std::shared_ptr<const dnnl::matmul> prim = cached_matmul(e.engine, g.m, g.n, kg, g.k);
-      memory src_mem(src_md, e.engine, const_cast<int8_t*>(g.xq + k0));
+      const std::shared_ptr<const dnnl::matmul> prim = cached_matmul(e.engine, mb, g.n, kg, g.k);
+      memory acc_mem(acc_md, e.engine, acc + i0 * g.n);
+      memory src_mem(src_md, e.engine, const_cast<int8_t*>(g.xq + i0 * g.k + k0));
       memory wei_mem(wei_md, e.engine, const_cast<int8_t*>(g.wq + k0));
       prim->execute(
           e.stream,
           {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, wei_mem}, {DNNL_ARG_DST, acc_mem}});
       e.stream.wait();
+    };
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int64_t k0 = gi * g.group;
+      const int64_t kg = std::min(g.k, k0 + g.group) - k0;
+      if (!small) {
+        rows(0, g.m, k0, kg);
+      } else {
+        // Small GEMMs: blocks of rows on the host pool, each block's GEMM on its pool thread
+        // alone (no OpenMP threads woken), so all cores work without oneDNN's spinning.
+        const int64_t block = std::max<int64_t>(
+            16, std::min<int64_t>(256, (int64_t{1} << 21) / std::max<int64_t>(g.n * kg, 1)));
+        const int64_t blocks = (g.m + block - 1) / block;
+        std::mutex err_mu;
+        std::string err;
+        loom::plugins::parallel_for(static_cast<std::size_t>(blocks), 1,
+                                    [&](std::size_t b, std::size_t e) {
+                                      try {
+                                        const OneThread alone(true);
+                                        for (std::size_t bi = b; bi < e; ++bi) {
+                                          const int64_t i0 = static_cast<int64_t>(bi) * block;
+                                          rows(i0, std::min(g.m, i0 + block), k0, kg);
+                                        }
+                                      } catch (const dnnl::error& ex) {
+                                        const std::lock_guard<std::mutex> lock(err_mu);
+                                        if (err.empty()) err = ex.what();
+                                      }
+                                    });
+        if (!err.empty()) {
+          throw std::runtime_error(std::string("oneDNN INT8 matmul failed: ") + err);
+        }
+      }
       const float* sw = g.sw;
       if (groups > 1) {
         for (int64_t j = 0; j < g.n; ++j) sw_col[j] = g.sw[j * groups + gi];
