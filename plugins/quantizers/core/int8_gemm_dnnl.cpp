@@ -212,8 +212,10 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
       } else {
         // Small GEMMs: blocks of rows on the host pool, each block's GEMM on its pool thread
         // alone (no OpenMP threads woken), so all cores work without oneDNN's spinning.
-        const int64_t block = std::max<int64_t>(
-            16, std::min<int64_t>(256, (int64_t{1} << 21) / std::max<int64_t>(g.n * kg, 1)));
+        // At least 2^23 multiply-adds per block (tens of microseconds): fewer, larger
+        // primitives run per call.
+        const int64_t block =
+            std::max<int64_t>(16, (int64_t{1} << 23) / std::max<int64_t>(g.n * kg, 1));
         const int64_t blocks = (g.m + block - 1) / block;
         std::mutex err_mu;
         std::string err;
