@@ -12,8 +12,8 @@
 //           weight read once and the packed codes plus scales written once, on libloom's pool
 //           (each 64 KiB block of W read, and its share of the output written with the router
 //           core's non-temporal stores, loom::routers::stream_copy_bytes).
-//   gemm:   zeroquant's W8A8 matmul (x quantized per token, INT8 x INT8 -> INT32, fused
-//           epilogue; per-row weight scales) against OpenBLAS sgemm of the same shape, at
+//   gemm:   zeroquant's W8A8 and W4A8 matmuls (x quantized per token, INT8 x INT8 -> INT32,
+//           fused epilogue; per-row weight scales) against OpenBLAS sgemm of the same shape, at
 //           M = N = K = S for each --gemm-sizes S and at the trainer's linear layers
 //           (M = 8 * 128 tokens, (N, K) = (384, 128), (128, 128), (512, 128), (128, 512)).
 //   decode: weight-only matmuls at batch M (the decode case): zeroquant INT4 (groups of G,
@@ -563,18 +563,21 @@ void run_matmul(const char* kind, const Quantizer& q, const char* label, int64_t
 }
 
 void run_gemm(const Options& o, std::vector<std::string>& table) {
-  auto opened = open_quantizer("zeroquant_w8a8",
-                               "plugin = \"zeroquant\"\nbits = 8\ngroup_size = 0\n"
-                               "activation_bits = 8\n",
-                               o.plugin_path);
-  if (!opened->ok) return;
-  for (int64_t s : o.gemm_sizes)
-    run_matmul("gemm", opened->q, "zeroquant_w8a8", s, s, s, o.reps, table);
-  if (o.trainer_shapes) {
-    // examples/train_*.toml: dim 128, MLP 4 * dim, batch 16 sequences of 128 over 2 ranks.
-    const int64_t nk[][2] = {{384, 128}, {128, 128}, {512, 128}, {128, 512}};
-    for (const auto& s : nk)
-      run_matmul("gemm", opened->q, "zeroquant_w8a8", 8 * 128, s[0], s[1], o.reps, table);
+  // W8A8 and W4A8 (INT4 codes widened to int8 in the workspace), per-row weight scales.
+  const char* specs[][2] = {{"zeroquant_w8a8", "bits = 8"}, {"zeroquant_w4a8", "bits = 4"}};
+  for (const auto& spec : specs) {
+    auto opened = open_quantizer(spec[0],
+                                 std::string("plugin = \"zeroquant\"\n") + spec[1] +
+                                     "\ngroup_size = 0\nactivation_bits = 8\n",
+                                 o.plugin_path);
+    if (!opened->ok) continue;
+    for (int64_t s : o.gemm_sizes) run_matmul("gemm", opened->q, spec[0], s, s, s, o.reps, table);
+    if (o.trainer_shapes) {
+      // examples/train_*.toml: dim 128, MLP 4 * dim, batch 16 sequences of 128 over 2 ranks.
+      const int64_t nk[][2] = {{384, 128}, {128, 128}, {512, 128}, {128, 512}};
+      for (const auto& s : nk)
+        run_matmul("gemm", opened->q, spec[0], 8 * 128, s[0], s[1], o.reps, table);
+    }
   }
 }
 

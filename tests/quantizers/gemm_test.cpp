@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <thread>
@@ -164,6 +166,94 @@ TEST(QuantGemm, ConcurrentMatmulsGetTheirOwnResults) {
   t2.join();
   EXPECT_EQ(got1, want1);
   EXPECT_EQ(got2, want2);
+}
+
+// Codes at +-127 with both signs mixed: x and W products of 127 * 127, pairs summing to
+// 2 * 127 * 127 = 32258 and, on a kernel that shifts the signed activations to unsigned bytes
+// (+128) before an 8-bit multiply-add into int16 lanes, (127 + 128) * 127 * 2 = 64770, which
+// saturates int16. The accumulator must still hold the exact int32 sums. Run as it is and
+// again with oneDNN capped to AVX2 (ONEDNN_MAX_CPU_ISA, its own ctest entry), the ISA of a CPU
+// without VNNI.
+TEST(QuantGemm, ExtremeCodesAccumulateExactly) {
+  if (!loom::quant::have_int8_gemm()) GTEST_SKIP() << "built without oneDNN";
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  // Capped to AVX2 oneDNN's kernels are not exact, so the GEMM must not use them.
+  if (cap != nullptr && std::string(cap) == "AVX2") {
+    EXPECT_FALSE(loom::quant::int8_gemm_uses_onednn());
+  }
+  std::printf("INT8 GEMM path: %s\n",
+              loom::quant::int8_gemm_uses_onednn() ? "oneDNN (VNNI)" : "exact Highway kernel");
+  struct Shape {
+    int64_t m, n, k, group;
+  };
+  const Shape shapes[] = {
+      {1, 40, 256, 256}, {16, 48, 256, 256}, {33, 17, 512, 128}, {64, 64, 128, 128}};
+  std::mt19937 rng(7);
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE("m " + std::to_string(sh.m) + " n " + std::to_string(sh.n) + " k " +
+                 std::to_string(sh.k) + " group " + std::to_string(sh.group));
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      std::vector<int8_t> xq(sh.m * sh.k), wq(sh.n * sh.k);
+      // 0: every x +127, every W -127 (the most negative sums); 1: random signs; 2: x and W of
+      // one sign per pair of K (pairs that add up to the largest magnitudes), mixed by row.
+      for (int64_t i = 0; i < sh.m; ++i) {
+        for (int64_t c = 0; c < sh.k; ++c) {
+          int8_t v = 127;
+          if (pattern == 1) v = (rng() & 1) != 0 ? 127 : -127;
+          if (pattern == 2) v = ((i + c / 2) % 3 == 0) ? -127 : 127;
+          xq[i * sh.k + c] = v;
+        }
+      }
+      for (int64_t j = 0; j < sh.n; ++j) {
+        for (int64_t c = 0; c < sh.k; ++c) {
+          int8_t v = -127;
+          if (pattern == 1) v = (rng() & 1) != 0 ? 127 : -127;
+          if (pattern == 2) v = ((j + c / 2) % 2 == 0) ? 127 : -127;
+          wq[j * sh.k + c] = v;
+        }
+      }
+      const int64_t groups = (sh.k + sh.group - 1) / sh.group;
+      std::vector<float> sx(sh.m, 1.0f), sw(sh.n * groups, 1.0f), y(sh.m * sh.n), sw_col(sh.n);
+      std::vector<int32_t> acc(sh.m * sh.n);
+      loom::quant::Int8Gemm g;
+      g.xq = xq.data();
+      g.sx = sx.data();
+      g.wq = wq.data();
+      g.sw = sw.data();
+      g.y = y.data();
+      g.m = sh.m;
+      g.n = sh.n;
+      g.k = sh.k;
+      g.group = sh.group;
+      loom::quant::int8_gemm(g, acc.data(), sw_col.data());
+      // The exact Highway kernel (the GEMM's path without VNNI) over all of K, whichever path
+      // int8_gemm took.
+      std::vector<int32_t> dot(sh.m * sh.n);
+      loom::quant::int8_dot_exact(xq.data(), wq.data(), sh.m, sh.n, sh.k, 0, sh.k, dot.data());
+      int64_t bad = 0;
+      for (int64_t i = 0; i < sh.m; ++i) {
+        for (int64_t j = 0; j < sh.n; ++j) {
+          int64_t total = 0, last = 0;
+          for (int64_t c = 0; c < sh.k; ++c) {
+            const int64_t prod = int64_t{xq[i * sh.k + c]} * int64_t{wq[j * sh.k + c]};
+            total += prod;
+            if (c >= (groups - 1) * sh.group) last += prod;
+          }
+          // The accumulator holds the last group's sums; y their total (exact in float: at
+          // most 127 * 127 * 512 < 2^24).
+          if (acc[i * sh.n + j] != last || y[i * sh.n + j] != static_cast<float>(total) ||
+              dot[i * sh.n + j] != total) {
+            if (++bad <= 3) {
+              ADD_FAILURE() << "pattern " << pattern << " [" << i << ", " << j << "]: acc "
+                            << acc[i * sh.n + j] << " want " << last << ", y " << y[i * sh.n + j]
+                            << " want " << total;
+            }
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0) << "pattern " << pattern;
+    }
+  }
 }
 
 TEST(QuantGemm, AsymmetricEightBitIsRefusedWithAReason) {

@@ -34,6 +34,10 @@ struct Int8Gemm {
   int64_t group = 0;  // >= 1 (k for one group per row)
 };
 // acc: m * n int32; sw_col: n floats (used when there are several groups).
+// The products run on oneDNN only where its int8 kernels are exact (VNNI: avx512_core_vnni,
+// avx2_vnni or later, as dnnl_get_effective_cpu_isa() reports); elsewhere on an exact
+// Highway kernel (int8_dot_exact). int8_gemm_uses_onednn() says which.
+bool int8_gemm_uses_onednn();
 void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col);
 
 // The regions of a W8A8 / W4A8 matmul's workspace, carved in this order from a 64-byte

@@ -2,13 +2,19 @@
 // GEMM is absent and have_int8_gemm() says so; the matmul around it is the same.
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
-#include <unordered_map>
+#include <tuple>
 #include <vector>
 
+#include "common/parallel_for.hpp"
 #include "int8_gemm.hpp"
 
 #if LOOM_QUANT_HAVE_DNNL
+#include <dlfcn.h>
+
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
@@ -45,7 +51,115 @@ Handles cpu_engine() {
   return {e.engine, stream};
 }
 
+// oneDNN's OpenMP threads keep spinning for a while after each parallel region; at the
+// trainer's shapes (well under a millisecond of work) that spinning competes with the host
+// pool's threads that quantize x and run the epilogue, and a call took 10-20 ms instead of
+// 0.1-0.3. GEMMs below kSmallGemmMacs multiply-adds therefore run as blocks of rows on the
+// host pool, each block's primitive on its pool thread alone: that thread's OpenMP thread
+// count (a per-thread setting) is 1 while the primitive is built and run, then restored. The OpenMP
+// entry points are looked up in the process (oneDNN's runtime), so nothing here links an OpenMP
+// runtime of its own; without one this does nothing.
+constexpr int64_t kSmallGemmMacs = int64_t{1} << 28;
+
+struct OpenMp {
+  int (*get_max_threads)() = nullptr;
+  void (*set_num_threads)(int) = nullptr;
+};
+
+const OpenMp& openmp() {
+  static const OpenMp omp = [] {
+    OpenMp o;
+    void* get = dlsym(RTLD_DEFAULT, "omp_get_max_threads");
+    void* set = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (get != nullptr && set != nullptr) {
+      o.get_max_threads = reinterpret_cast<int (*)()>(get);
+      o.set_num_threads = reinterpret_cast<void (*)(int)>(set);
+    }
+    return o;
+  }();
+  return omp;
+}
+
+// While alive: the calling thread's OpenMP regions run on it alone (when `alone`).
+class OneThread {
+ public:
+  explicit OneThread(bool alone) {
+    const OpenMp& o = openmp();
+    if (!alone || o.get_max_threads == nullptr) return;
+    prev_ = o.get_max_threads();
+    if (prev_ > 1) o.set_num_threads(1);
+  }
+  ~OneThread() {
+    if (prev_ > 1) openmp().set_num_threads(prev_);
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+// The thread count a primitive built now is made for (oneDNN splits the work at creation).
+int64_t current_threads() {
+  const OpenMp& o = openmp();
+  return o.get_max_threads != nullptr ? o.get_max_threads() : 0;
+}
+
+// The s8 x s8 -> s32 matmul primitive of one GEMM shape: rows m, columns n, a K slice of kg
+// codes out of rows of k (the leading dimension of x's and W's codes), for the current
+// OpenMP thread count. Building one costs far
+// more than running it at the trainer's shapes (a primitive descriptor walks oneDNN's kernel
+// list and the primitive JIT-compiles its kernel), so they are kept, keyed by the shape. A
+// primitive holds no data pointers (the memories are bound at execute), and oneDNN lets
+// threads execute one primitive at once, each on its own stream. The cache is bounded: past
+// kMaxPrimitives shapes it starts again empty (the shapes of one model are a handful).
+using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+constexpr std::size_t kMaxPrimitives = 64;
+
+std::shared_ptr<const dnnl::matmul> cached_matmul(const dnnl::engine& engine, int64_t m, int64_t n,
+                                                  int64_t kg, int64_t k) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+  static std::mutex mu;
+  static std::map<PrimKey, std::shared_ptr<const dnnl::matmul>> cache;
+  const PrimKey key{m, n, kg, k, current_threads()};
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  // Built outside the lock (it is the slow part); two threads may both build one, and the
+  // first stored wins.
+  const memory::desc src_md({m, kg}, dt::s8, memory::dims{k, 1});
+  const memory::desc wei_md({kg, n}, dt::s8, memory::dims{1, k});
+  const memory::desc acc_md({m, n}, dt::s32, memory::dims{n, 1});
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, acc_md), engine);
+  auto prim = std::make_shared<const dnnl::matmul>(pd);
+  const std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() >= kMaxPrimitives) cache.clear();
+  return cache.emplace(key, std::move(prim)).first->second;
+}
+
+// oneDNN's s8 x s8 kernels are exact only with VNNI (vpdpbusd accumulates the byte products
+// in int32): without it they shift x to unsigned bytes and multiply-add pairs into int16
+// lanes, which saturates at codes near +-127 ((127 + 128) * 127 * 2 > 32767). Elsewhere the
+// GEMM runs on int8_dot_exact. Decided once, from the ISA oneDNN itself will use (which
+// ONEDNN_MAX_CPU_ISA can lower).
+bool onednn_is_exact() {
+  static const bool exact = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const auto has = [isa](dnnl_cpu_isa_t want) {
+      const unsigned w = static_cast<unsigned>(want);
+      return (isa & w) == w;
+    };
+    return has(dnnl_cpu_isa_avx512_core_vnni) || has(dnnl_cpu_isa_avx2_vnni);
+  }();
+  return exact;
+}
+
 }  // namespace
+
+bool int8_gemm_uses_onednn() { return onednn_is_exact(); }
 
 void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
   using dnnl::memory;
@@ -59,21 +173,69 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
     return;
   }
   try {
-    const Handles e = cpu_engine();
-    const memory::desc acc_md({g.m, g.n}, dt::s32, memory::dims{g.n, 1});
-    memory acc_mem(acc_md, e.engine, acc);
+    if (!onednn_is_exact()) {
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const int64_t k0 = gi * g.group;
+        const int64_t kg = std::min(g.k, k0 + g.group) - k0;
+        int8_dot_exact(g.xq, g.wq, g.m, g.n, g.k, k0, kg, acc);
+        const float* sw = g.sw;
+        if (groups > 1) {
+          for (int64_t j = 0; j < g.n; ++j) sw_col[j] = g.sw[j * groups + gi];
+          sw = sw_col;
+        }
+        int8_epilogue(acc, g.m, g.n, g.sx, sw, g.bias, gi == 0, g.y);
+      }
+      return;
+    }
+    const bool small = g.m * g.n * g.k < kSmallGemmMacs;
+    // Rows [i0, i1) of one K group's s32 products, on the calling thread's stream.
+    const auto rows = [&](int64_t i0, int64_t i1, int64_t k0, int64_t kg) {
+      const Handles e = cpu_engine();
+      const int64_t mb = i1 - i0;
+      const memory::desc acc_md({mb, g.n}, dt::s32, memory::dims{g.n, 1});
+      const memory::desc src_md({mb, kg}, dt::s8, memory::dims{g.k, 1});
+      const memory::desc wei_md({kg, g.n}, dt::s8, memory::dims{1, g.k});
+      const std::shared_ptr<const dnnl::matmul> prim = cached_matmul(e.engine, mb, g.n, kg, g.k);
+      memory acc_mem(acc_md, e.engine, acc + i0 * g.n);
+      memory src_mem(src_md, e.engine, const_cast<int8_t*>(g.xq + i0 * g.k + k0));
+      memory wei_mem(wei_md, e.engine, const_cast<int8_t*>(g.wq + k0));
+      prim->execute(
+          e.stream,
+          {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, wei_mem}, {DNNL_ARG_DST, acc_mem}});
+      e.stream.wait();
+    };
     for (int64_t gi = 0; gi < groups; ++gi) {
       const int64_t k0 = gi * g.group;
       const int64_t kg = std::min(g.k, k0 + g.group) - k0;
-      const memory::desc src_md({g.m, kg}, dt::s8, memory::dims{g.k, 1});
-      const memory::desc wei_md({kg, g.n}, dt::s8, memory::dims{1, g.k});
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, acc_md), e.engine);
-      const dnnl::matmul prim(pd);
-      memory src_mem(src_md, e.engine, const_cast<int8_t*>(g.xq + k0));
-      memory wei_mem(wei_md, e.engine, const_cast<int8_t*>(g.wq + k0));
-      prim.execute(e.stream,
-                   {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, wei_mem}, {DNNL_ARG_DST, acc_mem}});
-      e.stream.wait();
+      if (!small) {
+        rows(0, g.m, k0, kg);
+      } else {
+        // Small GEMMs: blocks of rows on the host pool, each block's GEMM on its pool thread
+        // alone (no OpenMP threads woken), so all cores work without oneDNN's spinning.
+        // At least 2^23 multiply-adds per block (tens of microseconds): fewer, larger
+        // primitives run per call.
+        const int64_t block =
+            std::max<int64_t>(16, (int64_t{1} << 23) / std::max<int64_t>(g.n * kg, 1));
+        const int64_t blocks = (g.m + block - 1) / block;
+        std::mutex err_mu;
+        std::string err;
+        loom::plugins::parallel_for(static_cast<std::size_t>(blocks), 1,
+                                    [&](std::size_t b, std::size_t e) {
+                                      try {
+                                        const OneThread alone(true);
+                                        for (std::size_t bi = b; bi < e; ++bi) {
+                                          const int64_t i0 = static_cast<int64_t>(bi) * block;
+                                          rows(i0, std::min(g.m, i0 + block), k0, kg);
+                                        }
+                                      } catch (const dnnl::error& ex) {
+                                        const std::lock_guard<std::mutex> lock(err_mu);
+                                        if (err.empty()) err = ex.what();
+                                      }
+                                    });
+        if (!err.empty()) {
+          throw std::runtime_error(std::string("oneDNN INT8 matmul failed: ") + err);
+        }
+      }
       const float* sw = g.sw;
       if (groups > 1) {
         for (int64_t j = 0; j < g.n; ++j) sw_col[j] = g.sw[j * groups + gi];
@@ -89,6 +251,8 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
 #else
 
 bool have_int8_gemm() { return false; }
+
+bool int8_gemm_uses_onednn() { return false; }
 
 void int8_gemm(const Int8Gemm&, int32_t*, float*) {
   throw std::runtime_error(

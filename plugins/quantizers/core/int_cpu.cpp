@@ -196,8 +196,11 @@ void WidenRows(const IntWeight* w, int8_t* out, int64_t r0, int64_t r1) {
   }
 }
 
-// Activation rows sharing one decode of the weight: 8 where there are 32 vector registers.
-constexpr int64_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
+// Activation rows sharing one decode of the weight. 4 on every target: the 4-bit path reads
+// x's even and odd halves of R rows, 2 R streams whose rows lie a power of two apart (K / 2
+// floats) and so share an L1 set; at R = 8 the 16 streams overran the set's 8 ways and
+// M = 8 and 16 ran at a third of M = 4's rate per row.
+constexpr int64_t kRowBlock = 4;
 
 // The K tile of the weight-only kernel: x's tile for a block of rows stays in L1 while a
 // block of output columns runs over it.
@@ -240,6 +243,11 @@ HWY_INLINE void WeightOnlyTile(const float* x, int64_t mb, const IntWeight* w, c
       const uint8_t* bytes = w->packed + n * half;
       int64_t j = c0 / 2;
       const int64_t j1 = c1 / 2;
+      // The odd columns accumulate apart from the even ones (two independent FMA chains per
+      // row instead of one of twice the depth: at M = 1 the chain's latency bounded the
+      // kernel); a group's two sums are added before its scale is applied.
+      hn::Vec<DF> acc_hi[R];
+      for (int r = 0; r < R; ++r) acc_hi[r] = hn::Zero(d);
       for (; j + N <= j1; j += N) {
         const auto b = hn::LoadU(du8, bytes + j);
         const auto lo =
@@ -249,9 +257,11 @@ HWY_INLINE void WeightOnlyTile(const float* x, int64_t mb, const IntWeight* w, c
         for (int r = 0; r < R; ++r) {
           const float* e = xe + (mb + r) * half + j;
           const float* o = xo + (mb + r) * half + j;
-          acc[r] = hn::MulAdd(lo, hn::LoadU(d, e), hn::MulAdd(hi, hn::LoadU(d, o), acc[r]));
+          acc[r] = hn::MulAdd(lo, hn::LoadU(d, e), acc[r]);
+          acc_hi[r] = hn::MulAdd(hi, hn::LoadU(d, o), acc_hi[r]);
         }
       }
+      for (int r = 0; r < R; ++r) acc[r] = hn::Add(acc[r], acc_hi[r]);
       c = 2 * j;
     } else {
       const uint8_t* codes = chunk;
@@ -386,6 +396,49 @@ void EpilogueRows(const int32_t* acc, int64_t n, const float* sx, const float* s
   }
 }
 
+// Exact int8 dot products for the INT8 GEMM where oneDNN's kernels are not exact (CPUs
+// without VNNI): acc[i, j] = sum over c in [k0, k0 + kg) of xq[i, c] * wq[j, c], rows
+// [r0, r1), every column j < n; xq [m, k] and wq [n, k] row-major. Codes are widened to int16
+// and multiplied pairwise into int32 (each pair at most 2 * 128 * 128 = 32768 in magnitude,
+// exact in int32), so no intermediate saturates.
+template <int R>
+HWY_INLINE void Int8DotBlock(const int8_t* xq, const int8_t* wq, int64_t n, int64_t k, int64_t k0,
+                             int64_t kg, int64_t i0, int32_t* acc) {
+  const hn::ScalableTag<int16_t> d16;
+  const hn::Rebind<int8_t, decltype(d16)> d8;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d16));
+  for (int64_t j = 0; j < n; ++j) {
+    const int8_t* wr = wq + j * k + k0;
+    hn::Vec<decltype(d32)> s0[R], s1[R];
+    for (int r = 0; r < R; ++r) {
+      s0[r] = hn::Zero(d32);
+      s1[r] = hn::Zero(d32);
+    }
+    int64_t c = 0;
+    for (; c + L <= kg; c += L) {
+      const auto wv = hn::PromoteTo(d16, hn::LoadU(d8, wr + c));
+      for (int r = 0; r < R; ++r) {
+        const auto xv = hn::PromoteTo(d16, hn::LoadU(d8, xq + (i0 + r) * k + k0 + c));
+        s0[r] = hn::ReorderWidenMulAccumulate(d32, xv, wv, s0[r], s1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      int32_t t = hn::GetLane(hn::SumOfLanes(d32, hn::Add(s0[r], s1[r])));
+      const int8_t* xr = xq + (i0 + r) * k + k0;
+      for (int64_t cc = c; cc < kg; ++cc) t += int32_t{xr[cc]} * int32_t{wr[cc]};
+      acc[(i0 + r) * n + j] = t;
+    }
+  }
+}
+
+void Int8DotRows(const int8_t* xq, const int8_t* wq, int64_t n, int64_t k, int64_t k0, int64_t kg,
+                 int32_t* acc, int64_t r0, int64_t r1) {
+  int64_t i = r0;
+  for (; i + 4 <= r1; i += 4) Int8DotBlock<4>(xq, wq, n, k, k0, kg, i, acc);
+  for (; i < r1; ++i) Int8DotBlock<1>(xq, wq, n, k, k0, kg, i, acc);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace loom::quant
 HWY_AFTER_NAMESPACE();
@@ -401,6 +454,7 @@ HWY_EXPORT(WidenRows);
 HWY_EXPORT(WeightOnlyCols);
 HWY_EXPORT(Deinterleave);
 HWY_EXPORT(EpilogueRows);
+HWY_EXPORT(Int8DotRows);
 
 namespace {
 
@@ -443,6 +497,12 @@ void dequantize_int(const IntWeight& w, float* x) {
 }
 
 void widen_to_int8(const IntWeight& w, int8_t* out) {
+  // Up to 256 K codes (the trainer's layers) the widening takes microseconds: waking the pool
+  // costs more than it saves.
+  if (w.gs.rows * w.gs.cols <= (int64_t{1} << 18)) {
+    HWY_DYNAMIC_DISPATCH(WidenRows)(&w, out, 0, w.gs.rows);
+    return;
+  }
   loom::plugins::parallel_for(static_cast<std::size_t>(w.gs.rows), row_grain(w.gs.cols, 8),
                               [&](std::size_t b, std::size_t e) {
                                 HWY_DYNAMIC_DISPATCH(WidenRows)
@@ -464,6 +524,17 @@ void int8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* sx, co
       static_cast<std::size_t>(m), grain, [&](std::size_t b, std::size_t e) {
         HWY_DYNAMIC_DISPATCH(EpilogueRows)
         (acc, n, sx, sw, bias, first, y, static_cast<int64_t>(b), static_cast<int64_t>(e));
+      });
+}
+
+void int8_dot_exact(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, int64_t k, int64_t k0,
+                    int64_t kg, int32_t* acc) {
+  const std::size_t grain = static_cast<std::size_t>(
+      std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(n * kg, 1)) / 4 * 4);
+  loom::plugins::parallel_for(
+      static_cast<std::size_t>(m), grain, [&](std::size_t b, std::size_t e) {
+        HWY_DYNAMIC_DISPATCH(Int8DotRows)
+        (xq, wq, n, k, k0, kg, acc, static_cast<int64_t>(b), static_cast<int64_t>(e));
       });
 }
 
@@ -489,8 +560,10 @@ void matmul_weight_only(const float* x, int64_t m, const IntWeight& w, const flo
     xo = workspace + m * (K / 2);
   }
   if (m == 0) return;
+  // About 64 K weights per block (a block of kColBlock columns at K = 4096): few enough
+  // blocks that handing them out costs nothing next to streaming them.
   const std::size_t grain =
-      static_cast<std::size_t>(std::max<int64_t>(1, 4096 / std::max<int64_t>(K, 1)));
+      static_cast<std::size_t>(std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1)));
   loom::plugins::parallel_for(
       static_cast<std::size_t>(gs.rows), grain, [&](std::size_t b, std::size_t e) {
         HWY_DYNAMIC_DISPATCH(WeightOnlyCols)

@@ -53,4 +53,10 @@ void widen_to_int8(const IntWeight& w, int8_t* out);
 void int8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* sx, const float* sw,
                    const float* bias, bool first, float* y);
 
+// Exact int32 sums of int8 code products (Highway, over the host pool): acc[i, j] = sum over
+// c in [k0, k0 + kg) of xq[i, c] * wq[j, c]; xq [m, k], wq [n, k] row-major, acc [m, n]. The
+// INT8 GEMM's kernel where oneDNN's int8 kernels could saturate (no VNNI).
+void int8_dot_exact(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, int64_t k, int64_t k0,
+                    int64_t kg, int32_t* acc);
+
 }  // namespace loom::quant
