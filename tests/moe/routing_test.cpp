@@ -452,30 +452,31 @@ TEST(MoeRouting, FastExpMatchesExpFixedBitForBit) {
     const float sum = 1.0f + e1;
     const float want[2] = {1.0f / sum, e1 / sum};
     ASSERT_EQ(std::memcmp(want, p, sizeof p), 0) << "d " << d << ": " << p[1] << " vs " << want[1];
+  }
+}
 
-    // RSample is the Gumbel-max trick on the log-probabilities: the first choice is a sample of
-    // p, so over many tokens with the same gate the choice frequencies follow p (4 000 tokens:
-    // a standard deviation under 0.008 per expert; the bound is 0.03). Noise added to p itself
-    // would flatten them towards uniform (about 0.31 for the 0.5 expert here).
-    TEST(MoeRouting, RSampleChoicesFollowTheProbabilities) {
-      GateConfig c = base(4, 1);
-      c.noise = NoisePolicy::RSample;
-      c.training = true;
-      c.drop_tokens = false;
-      c.seed = 11;
-      c.step = 2;
-      const std::vector<float> want = {0.5f, 0.25f, 0.15f, 0.10f};
-      const int64_t S = 4000;
-      std::vector<float> logits(static_cast<size_t>(S * 4));
-      for (int64_t s = 0; s < S; ++s) {
-        for (int e = 0; e < 4; ++e) logits[static_cast<size_t>(s * 4 + e)] = std::log(want[e]);
-      }
-      const Routed r = route(c, logits, S);
-      std::vector<int64_t> count(4, 0);
-      for (int32_t e : r.choice) ++count[static_cast<size_t>(e)];
-      for (int e = 0; e < 4; ++e) {
-        const double f =
-            static_cast<double>(count[static_cast<size_t>(e)]) / static_cast<double>(S);
-        EXPECT_NEAR(f, want[static_cast<size_t>(e)], 0.03) << "expert " << e;
-      }
-    }
+// RSample is the Gumbel-max trick on the log-probabilities: the first choice is a sample of
+// p, so over many tokens with the same gate the choice frequencies follow p (4 000 tokens:
+// a standard deviation under 0.008 per expert; the bound is 0.03). Noise added to p itself
+// would flatten them towards uniform (about 0.31 for the 0.5 expert here).
+TEST(MoeRouting, RSampleChoicesFollowTheProbabilities) {
+  GateConfig c = base(4, 1);
+  c.noise = NoisePolicy::RSample;
+  c.training = true;
+  c.drop_tokens = false;
+  c.seed = 11;
+  c.step = 2;
+  const std::vector<float> want = {0.5f, 0.25f, 0.15f, 0.10f};
+  const int64_t S = 4000;
+  std::vector<float> logits(static_cast<size_t>(S * 4));
+  for (int64_t s = 0; s < S; ++s) {
+    for (int e = 0; e < 4; ++e) logits[static_cast<size_t>(s * 4 + e)] = std::log(want[e]);
+  }
+  const Routed r = route(c, logits, S);
+  std::vector<int64_t> count(4, 0);
+  for (int32_t e : r.choice) ++count[static_cast<size_t>(e)];
+  for (int e = 0; e < 4; ++e) {
+    const double f = static_cast<double>(count[static_cast<size_t>(e)]) / static_cast<double>(S);
+    EXPECT_NEAR(f, want[static_cast<size_t>(e)], 0.03) << "expert " << e;
+  }
+}
