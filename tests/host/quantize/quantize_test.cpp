@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <loom/embed.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -186,6 +188,67 @@ TEST_F(TensorFile, RefusesEachDefectNamingIt) {
   loom_tensor_file* f = nullptr;
   EXPECT_EQ(loom_tensor_file_open((dir_.path() / "missing").c_str(), &f), LOOM_ERR_NOT_FOUND);
   EXPECT_THAT(loom_last_error(), HasSubstr("cannot open"));
+}
+
+// A file holding one quantized tensor 'w' (symmetric INT, LSB first, F32 scales) of `shape`,
+// with `group_size` in its record, the given code bytes and scales [rows, scale_cols].
+std::string quantized_file(const std::vector<int64_t>& shape, uint32_t bits, int64_t group_size,
+                           const std::string& codes, const std::vector<float>& scales,
+                           int64_t scale_cols) {
+  const nlohmann::json record = {{"version", 1},
+                                 {"scheme", "int"},
+                                 {"bits", bits},
+                                 {"flags", {"symmetric"}},
+                                 {"packing", "lsb_first"},
+                                 {"axis", 1},
+                                 {"group_size", group_size},
+                                 {"shape", shape},
+                                 {"dtype", "F32"},
+                                 {"scale_dtype", "F32"},
+                                 {"plugin", "p"},
+                                 {"quantizer", "q"},
+                                 {"parameters", nlohmann::json::object()}};
+  const auto n = static_cast<int64_t>(codes.size());
+  const nlohmann::json header = {
+      {"__metadata__", {{"loom.quant.w", record.dump()}}},
+      {"w.qcodes", {{"dtype", "U8"}, {"shape", {n}}, {"data_offsets", {0, n}}}},
+      {"w.qscale",
+       {{"dtype", "F32"},
+        {"shape", {shape[0], scale_cols}},
+        {"data_offsets", {n, n + static_cast<int64_t>(scales.size() * 4)}}}}};
+  return file_bytes(header.dump(), codes + floats(scales));
+}
+
+TEST_F(TensorFile, AHugeGroupSizeIsOneGroupPerRow) {
+  // group_size INT64_MAX: the scale shape is [2, 1], computed without overflow.
+  const std::string codes = {1, 2, 3, 4, -1, -2, -3, -4};
+  path_ = dir_.write("q.safetensors", quantized_file({2, 4}, 8, std::numeric_limits<int64_t>::max(),
+                                                     codes, {0.5f, 2.0f}, 1));
+  loom_tensor_file* f = nullptr;
+  ASSERT_EQ(loom_tensor_file_open(path_.c_str(), &f), LOOM_OK) << loom_last_error();
+  std::vector<float> got(8);
+  ASSERT_EQ(loom_tensor_file_read_f32(f, 0, got.data(), got.size()), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(got, (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f, -2.0f, -4.0f, -6.0f, -8.0f}));
+  loom_tensor_file_close(f);
+}
+
+TEST_F(TensorFile, RefusesNonZeroPaddingBitsInTheLastCodeByte) {
+  // Three 2-bit codes fill 6 bits of the one byte; its top 2 bits must be 0.
+  auto read = [&](char byte) {
+    path_ =
+        dir_.write("q.safetensors", quantized_file({1, 3}, 2, 3, std::string(1, byte), {1.0f}, 1));
+    loom_tensor_file* f = nullptr;
+    EXPECT_EQ(loom_tensor_file_open(path_.c_str(), &f), LOOM_OK) << loom_last_error();
+    std::vector<float> got(3);
+    const int32_t rc = loom_tensor_file_read_f32(f, 0, got.data(), got.size());
+    error_ = loom_last_error();
+    loom_tensor_file_close(f);
+    return rc;
+  };
+  EXPECT_EQ(read(0x39), LOOM_OK) << error_;  // codes 1, -2, -1
+  EXPECT_EQ(read(static_cast<char>(0x79)), LOOM_ERR_DATA_LOSS);
+  EXPECT_THAT(error_, HasSubstr("'w'"));
+  EXPECT_THAT(error_, HasSubstr("unused bits of its last code byte are not 0"));
 }
 
 TEST_F(TensorFile, CopiesAMisalignedTensorSoItsDataIsAligned) {
