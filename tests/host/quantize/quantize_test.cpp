@@ -590,6 +590,39 @@ TEST_F(QuantizeCli, AFailureLeavesNoOutputBehind) {
   EXPECT_EQ(files, 3U);  // in, q.toml, out: no temporary left
 }
 
+TEST_F(QuantizeCli, CopiesAnEmptyMatchedTensorUnchanged) {
+  const std::vector<float> w(4 * 8, 0.5f);
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F32, {4, 8}, w.data()}, {"e", st::Dtype::F32, {0, 8}, w.data()}},
+                 {});
+  dir_.write("q.toml",
+             std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w8\"\n");
+  const auto r =
+      loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("e: copied, 0 B (empty: copied unchanged)"));
+  const st::MappedFile raw((dir_.path() / "out.safetensors").string());
+  const auto* e = raw.header().find("e");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->shape, (std::vector<int64_t>{0, 8}));
+  EXPECT_NE(raw.header().find("w.qcodes"), nullptr);
+}
+
+TEST_F(QuantizeCli, RefusesAnF64ValueBeyondFloat32Range) {
+  std::vector<double> w(2 * 3, 1.0);
+  w[4] = 1e300;
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F64, {2, 3}, w.data()}}, {});
+  dir_.write("q.toml",
+             std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w8\"\n");
+  const auto r =
+      loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("tensor 'w': element (1, 1) = 1"));
+  EXPECT_THAT(r.err, HasSubstr("e+300 is out of float32 range"));
+  EXPECT_FALSE(fs::exists(dir_.path() / "out.safetensors"));
+}
+
 TEST_F(QuantizeCli, RefusesABadInputOrManifest) {
   dir_.write("q.toml",
              std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w9\"\n");
