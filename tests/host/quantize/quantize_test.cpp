@@ -292,6 +292,20 @@ TEST(SafetensorsWriter, WritesAlignedDataAndReadsBack) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
 }
 
+TEST(SafetensorsWriter, TheFileModeFollowsTheUmask) {
+  loom_test::TempDir dir;
+  const float v[2] = {1, 2};
+  for (const mode_t mask : {mode_t{077}, mode_t{022}}) {
+    const mode_t old = ::umask(mask);
+    const auto path = (dir.path() / "m.safetensors").string();
+    st::write_file(path, {{"v", st::Dtype::F32, {2}, v}}, {});
+    ::umask(old);
+    struct stat sb {};
+    ASSERT_EQ(::stat(path.c_str(), &sb), 0);
+    EXPECT_EQ(sb.st_mode & 0777, 0666 & ~mask) << std::oct << mask;
+  }
+}
+
 TEST(SafetensorsWriter, LeavesNothingBehindWithoutCommit) {
   loom_test::TempDir dir;
   const auto path = (dir.path() / "w.safetensors").string();
