@@ -333,6 +333,8 @@ TEST(XtcPlugin, RefusesBadParameters) {
       {"mode = \"quaternary\"", "mode"},
       {"threshold = 0.0", "threshold"},
       {"threshold = -0.5", "threshold"},
+      {"threshold = 1e39", "(0, 1000]"},  // beyond float32: Delta would be inf
+      {"threshold = 1000.5", "(0, 1000]"},
       {"group_size = -1", "group_size"},
   };
   for (const Case& c : cases) {
@@ -387,6 +389,7 @@ TEST(XtcPlugin, DescribeDocumentsEveryParameter) {
   const CliRun r = loom_cli("describe xtc");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("threshold"), std::string::npos) << r.out;
+  EXPECT_NE(kind["params"][2]["doc"].get<std::string>().find("(0, 1000]"), std::string::npos);
 }
 
 TEST(XtcPlugin, CheckReportsBadParametersAtTheKey) {
