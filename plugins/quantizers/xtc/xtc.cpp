@@ -140,6 +140,15 @@ class Xtc : public loom::sdk::Quantizer {
                 ? loom::quant::binary_quantize(w, s, q.codes, scales)
                 : loom::quant::ternary_quantize(w, s, threshold_, q.codes, scales);
     }
+    if (bad >= s.numel()) {
+      const int64_t g = bad - s.numel();
+      const int64_t gpr = s.groups_per_row();
+      fail_argument("x: group " + std::to_string(g % gpr) + " of row " + std::to_string(g / gpr) +
+                    ": the weights are finite but " +
+                    (mode_ == Mode::kBinary ? "their |w| sum overflows float32 (alpha = inf)"
+                                            : "Delta = threshold * mean |w| overflows float32") +
+                    "; scale the weights down");
+    }
     if (bad >= 0) {
       fail_argument("x" + element(bad, s.cols) +
                     " is not finite (NaN or infinite); xtc quantizes finite weights only");
