@@ -185,7 +185,7 @@ int cmd_check(const std::string& manifest, const std::string& plugin_path) {
 
 std::string bytes_text(uint64_t b) {
   char buf[32];
-  if (b < 10 * 1024) {
+  if (b < uint64_t{10} * 1024) {
     std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   } else if (b < 10ull * 1024 * 1024) {
     std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
@@ -202,7 +202,7 @@ void print_quantize_report(void* /*ctx*/, const loom_quantize_report* r) {
     return;
   }
   const int width = static_cast<int>(std::to_string(r->count).size());
-  std::printf("[%*llu/%llu] %s: ", width, static_cast<unsigned long long>(r->index + 1),
+  std::printf("[%*llu/%llu] %s: ", width, static_cast<unsigned long long>(r->index) + 1,
               static_cast<unsigned long long>(r->count), r->tensor);
   if (r->quantizer == nullptr) {
     std::printf("copied, %s (%s)\n", bytes_text(r->bytes_in).c_str(), r->note);
@@ -239,14 +239,15 @@ int cmd_quantize(const std::string& manifest, const std::string& in, const std::
     return kExitError;
   }
   loom_close(session);
-  std::printf("%llu tensors, %llu quantized; %s: %s -> %s: %s (%.2fx smaller)\n",
+  const double ratio = summary.out_file_bytes > 0 ? static_cast<double>(summary.in_file_bytes) /
+                                                        static_cast<double>(summary.out_file_bytes)
+                                                  : 0.0;
+  std::printf("%llu tensors, %llu quantized; %s: %s -> %s: %s (%.2fx %s)\n",
               static_cast<unsigned long long>(summary.tensors),
               static_cast<unsigned long long>(summary.quantized), in.c_str(),
               bytes_text(summary.in_file_bytes).c_str(), out.c_str(),
-              bytes_text(summary.out_file_bytes).c_str(),
-              summary.out_file_bytes > 0 ? static_cast<double>(summary.in_file_bytes) /
-                                               static_cast<double>(summary.out_file_bytes)
-                                         : 0.0);
+              bytes_text(summary.out_file_bytes).c_str(), ratio >= 1 ? ratio : 1 / ratio,
+              ratio >= 1 ? "smaller" : "larger");
   return 0;
 }
 

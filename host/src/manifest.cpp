@@ -341,8 +341,10 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
     return m;
   }
   const toml::table& root = parsed.table();
-  auto sections = known_sections();
-  sections.emplace_back("quantize");
+  const auto sections = known_sections();
+  // [[quantize]] rules are not a kind's section, but a misspelling of them is caught too.
+  auto candidates = sections;
+  candidates.emplace_back("quantize");
   for (const auto& [key, node] : root) {
     const std::string k(key.str());
     const SourcePos kpos = pos_of(key.source(), origin);
@@ -364,7 +366,7 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
     } else {
       std::string known;
       for (const auto& s : sections) known += (known.empty() ? "" : ", ") + s;
-      diags.error(kpos, "unknown section '" + k + "'" + did_you_mean(k, sections) +
+      diags.error(kpos, "unknown section '" + k + "'" + did_you_mean(k, candidates) +
                             "; known sections: " + known);
     }
   }

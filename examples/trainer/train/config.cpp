@@ -305,6 +305,7 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   }
 
   read_moe(sect("moe"), c, errors);
+
   Reader q = sect("quantization");
   q.str("quantizer", c.quantizer);
   auto str_list = [&](const char* key, std::vector<std::string>& out) {

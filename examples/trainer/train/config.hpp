@@ -154,6 +154,7 @@ std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::stri
 // The `comm` the manifest's [moe.NAME] (NAME = c.moe) names, "" when it names none or the
 // manifest does not parse.
 std::string moe_instance_comm(const TrainConfig& c);
+
 // The names of the model's parameters [quantization] selects (its tensors and layers), and
 // the problems of its patterns (one per pattern that matches nothing, at the tensors key).
 std::vector<std::string> quantized_tensor_names(const TrainConfig& c,

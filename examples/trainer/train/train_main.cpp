@@ -1071,1367 +1071,1347 @@ class Trainer {
 
   bool is_expert_param(const std::string& name) const {
     return std::find(expert_names_.begin(), expert_names_.end(), name) != expert_names_.end();
-    // [quantization]: the quantizer instance, the tensors it takes, the fp32 weights the model
-    // starts from and the teacher.
-    void open_quantization() {
-      if (c_.quantizer.empty()) return;
-      quant_who_ = c_.quantizer_at + ": [quantization] quantizer '" + c_.quantizer + "'";
-      loom_instance* qi = nullptr;
-      if (loom_find_instance(session_.get(), "quantizer", c_.quantizer.c_str(), &qi) != LOOM_OK) {
-        throw ConfigError(quant_who_ + ": " + loom_last_error());
-      }
-      quant_ = plugin_quantizer(qi, quant_who_);
-      quant_plugin_ = loom_instance_plugin(qi);
-      quant_names_ = quantized_tensor_names(c_);
-      if (!c_.weights.empty()) {
-        try {
-          load_safetensors(c_.weights, model_->parameters());
-        } catch (const std::exception& e) {
-          throw ConfigError(c_.weights_at + ": [quantization] weights: " + e.what());
-        }
-      }
-      if (!c_.teacher.empty()) {
-        teacher_.emplace(c_.model, c_.seed);
-        try {
-          load_safetensors(c_.teacher, teacher_->parameters());
-        } catch (const std::exception& e) {
-          throw ConfigError((c_.teacher_at.empty() ? c_.weights_at : c_.teacher_at) +
-                            ": [quantization] teacher: " + e.what());
-        }
-      }
-      // Every tensor packs (the quantizer refuses a shape it cannot take, naming it) before
-      // anything runs.
-      QuantizedEval probe(*model_, *quant_, quant_names_);
-    }
+  }
 
-    // --eval-only without [quantization] weights: the run directory's latest checkpoint.
-    void eval_weights() {
-      run_dir_ = c_.run_dir;
-      metrics_path_ = run_dir_ / "metrics.jsonl";
-      if (!c_.weights.empty() || !c_.checkpoint.empty()) return;
-      const fs::path latest = run_dir_ / "checkpoints" / "latest";
-      if (!fs::exists(latest)) {
-        throw TrainError("--eval-only: no weights to evaluate: " + c_.config_path +
-                         " has no [quantization] weights and " + run_dir_.string() +
-                         " holds no checkpoint");
+  // [quantization]: the quantizer instance, the tensors it takes, the fp32 weights the model
+  // starts from and the teacher.
+  void open_quantization() {
+    if (c_.quantizer.empty()) return;
+    quant_who_ = c_.quantizer_at + ": [quantization] quantizer '" + c_.quantizer + "'";
+    loom_instance* qi = nullptr;
+    if (loom_find_instance(session_.get(), "quantizer", c_.quantizer.c_str(), &qi) != LOOM_OK) {
+      throw ConfigError(quant_who_ + ": " + loom_last_error());
+    }
+    quant_ = plugin_quantizer(qi, quant_who_);
+    quant_plugin_ = loom_instance_plugin(qi);
+    quant_names_ = quantized_tensor_names(c_);
+    if (!c_.weights.empty()) {
+      try {
+        load_safetensors(c_.weights, model_->parameters());
+      } catch (const std::exception& e) {
+        throw ConfigError(c_.weights_at + ": [quantization] weights: " + e.what());
       }
-      std::string name = read_text(latest);
-      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back())))
-        name.pop_back();
-      load_safetensors((run_dir_ / "checkpoints" / name /
-                        ("model.rank" + std::to_string(rank_) + ".safetensors"))
-                           .string(),
-                       model_->parameters());
     }
-
-    // A batch for the layer-by-layer distillation: the same rows on every rank (the blocks'
-    // weights stay identical across ranks).
-    void lkd_batch(int64_t i, std::vector<int32_t> & tokens, int& b, int& t) {
-      std::vector<int32_t> targets;
-      fill_batch(*ds_, c_, i + 1, 0, local_batch_, tokens, targets);
-      b = local_batch_;
-      t = c_.seq_len;
-    }
-
-    // ZeroQuant's layer-by-layer distillation before training (or before --eval-only).
-    void distill_layers() {
-      const auto t0 = clk::now();
-      const auto res =
-          layerwise_distill(*model_, *teacher_, *quant_, quant_names_, c_.lkd_steps, c_.lkd_lr,
-                            [this](int64_t i, std::vector<int32_t>& tok, int& b, int& t) {
-                              lkd_batch(i, tok, b, t);
-                            });
-      const double secs = std::chrono::duration<double>(clk::now() - t0).count();
-      if (!root_) return;
-      for (const auto& r : res) {
-        std::printf("lkd layer %d: block MSE %.6g -> %.6g (%lld steps)\n", r.layer, r.mse_before,
-                    r.mse_after, static_cast<long long>(c_.lkd_steps));
-        nlohmann::json j = {{"type", "lkd"},
-                            {"step", 0},
-                            {"layer", r.layer},
-                            {"mse_before", r.mse_before},
-                            {"mse_after", r.mse_after},
-                            {"lkd_steps", c_.lkd_steps}};
-        lkd_log_.push_back(j);
-        if (metrics_.is_open()) metrics_ << j.dump() << "\n";
+    if (!c_.teacher.empty()) {
+      teacher_.emplace(c_.model, c_.seed);
+      try {
+        load_safetensors(c_.teacher, teacher_->parameters());
+      } catch (const std::exception& e) {
+        throw ConfigError((c_.teacher_at.empty() ? c_.weights_at : c_.teacher_at) +
+                          ": [quantization] teacher: " + e.what());
       }
-      std::printf("lkd: %d blocks in %.1f s\n", c_.model.layers, secs);
-      std::fflush(stdout);
     }
+    // Every tensor packs (the quantizer refuses a shape it cannot take, naming it) before
+    // anything runs.
+    QuantizedEval probe(*model_, *quant_, quant_names_);
+  }
 
-    // --eval-only: the weights evaluated in fp32 and, with [quantization], through the
-    // quantizer's matmuls (after LKD when lkd_steps is set); eval.json in the run directory.
-    int eval_only() {
-      nlohmann::json out = {{"config", c_.config_path}};
-      if (!c_.weights.empty()) out["weights"] = c_.weights;
-      if (!c_.checkpoint.empty()) return eval_checkpoint(out);
-      const double fp32 = evaluate(false);
-      out["fp32_eval_loss"] = fp32;
-      out["fp32_eval_ppl"] = std::exp(fp32);
-      if (root_) std::printf("fp32 eval loss: %.4f (perplexity %.2f)\n", fp32, std::exp(fp32));
-      if (quant_) {
-        if (c_.lkd_steps > 0) {
-          distill_layers();
-          // The distilled fp32 weights, for loom quantize.
-          if (root_) {
-            std::error_code ec;
-            fs::create_directories(run_dir_, ec);
-            save_safetensors((run_dir_ / "lkd.safetensors").string(), model_->parameters());
-            out["lkd_weights"] = (run_dir_ / "lkd.safetensors").string();
-            std::printf("lkd weights: %s\n", (run_dir_ / "lkd.safetensors").string().c_str());
-          }
-        }
-        const double q = evaluate(true);
-        out["eval_loss"] = q;
-        out["eval_ppl"] = std::exp(q);
-        out["quantizer"] = c_.quantizer;
-        out["plugin"] = quant_plugin_;
-        out["quantized_tensors"] = quant_names_;
-        out["packed_bytes"] = quant_packed_bytes_;
-        out["float_bytes"] = quant_float_bytes_;
-        out["quantized_matmuls"] = quant_calls_;
-        if (!lkd_log_.empty()) out["lkd"] = lkd_log_;
+  // --eval-only without [quantization] weights: the run directory's latest checkpoint.
+  void eval_weights() {
+    run_dir_ = c_.run_dir;
+    metrics_path_ = run_dir_ / "metrics.jsonl";
+    if (!c_.weights.empty() || !c_.checkpoint.empty()) return;
+    const fs::path latest = run_dir_ / "checkpoints" / "latest";
+    if (!fs::exists(latest)) {
+      throw TrainError("--eval-only: no weights to evaluate: " + c_.config_path +
+                       " has no [quantization] weights and " + run_dir_.string() +
+                       " holds no checkpoint");
+    }
+    std::string name = read_text(latest);
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    load_safetensors(
+        (run_dir_ / "checkpoints" / name / ("model.rank" + std::to_string(rank_) + ".safetensors"))
+            .string(),
+        model_->parameters());
+  }
+
+  // A batch for the layer-by-layer distillation: the same rows on every rank (the blocks'
+  // weights stay identical across ranks).
+  void lkd_batch(int64_t i, std::vector<int32_t>& tokens, int& b, int& t) {
+    std::vector<int32_t> targets;
+    fill_batch(*ds_, c_, i + 1, 0, local_batch_, tokens, targets);
+    b = local_batch_;
+    t = c_.seq_len;
+  }
+
+  // ZeroQuant's layer-by-layer distillation before training (or before --eval-only).
+  void distill_layers() {
+    const auto t0 = clk::now();
+    const auto res = layerwise_distill(
+        *model_, *teacher_, *quant_, quant_names_, c_.lkd_steps, c_.lkd_lr,
+        [this](int64_t i, std::vector<int32_t>& tok, int& b, int& t) { lkd_batch(i, tok, b, t); });
+    const double secs = std::chrono::duration<double>(clk::now() - t0).count();
+    if (!root_) return;
+    for (const auto& r : res) {
+      std::printf("lkd layer %d: block MSE %.6g -> %.6g (%lld steps)\n", r.layer, r.mse_before,
+                  r.mse_after, static_cast<long long>(c_.lkd_steps));
+      nlohmann::json j = {{"type", "lkd"},
+                          {"step", 0},
+                          {"layer", r.layer},
+                          {"mse_before", r.mse_before},
+                          {"mse_after", r.mse_after},
+                          {"lkd_steps", c_.lkd_steps}};
+      lkd_log_.push_back(j);
+      if (metrics_.is_open()) metrics_ << j.dump() << "\n";
+    }
+    std::printf("lkd: %d blocks in %.1f s\n", c_.model.layers, secs);
+    std::fflush(stdout);
+  }
+
+  // --eval-only: the weights evaluated in fp32 and, with [quantization], through the
+  // quantizer's matmuls (after LKD when lkd_steps is set); eval.json in the run directory.
+  int eval_only() {
+    nlohmann::json out = {{"config", c_.config_path}};
+    if (!c_.weights.empty()) out["weights"] = c_.weights;
+    if (!c_.checkpoint.empty()) return eval_checkpoint(out);
+    const double fp32 = evaluate(false);
+    out["fp32_eval_loss"] = fp32;
+    out["fp32_eval_ppl"] = std::exp(fp32);
+    if (root_) std::printf("fp32 eval loss: %.4f (perplexity %.2f)\n", fp32, std::exp(fp32));
+    if (quant_) {
+      if (c_.lkd_steps > 0) {
+        distill_layers();
+        // The distilled fp32 weights, for loom quantize.
         if (root_) {
-          std::printf("quantized eval loss (%s, %s): %.4f (perplexity %.2f, %+.2f%% vs fp32)\n",
-                      c_.quantizer.c_str(), quant_plugin_.c_str(), q, std::exp(q),
-                      100.0 * (std::exp(q) / std::exp(fp32) - 1.0));
-          std::printf("quantized tensors: %zu, %s packed (%s as float32)\n", quant_names_.size(),
-                      human_bytes(static_cast<double>(quant_packed_bytes_)).c_str(),
-                      human_bytes(static_cast<double>(quant_float_bytes_)).c_str());
+          std::error_code ec;
+          fs::create_directories(run_dir_, ec);
+          save_safetensors((run_dir_ / "lkd.safetensors").string(), model_->parameters());
+          out["lkd_weights"] = (run_dir_ / "lkd.safetensors").string();
+          std::printf("lkd weights: %s\n", (run_dir_ / "lkd.safetensors").string().c_str());
         }
       }
-      if (root_) {
-        std::error_code ec;
-        fs::create_directories(run_dir_, ec);
-        const std::string text = out.dump(2) + "\n";
-        write_file_atomic((run_dir_ / "eval.json").string(), text.data(), text.size());
-        std::printf("eval: %s\n", (run_dir_ / "eval.json").string().c_str());
-      }
-      comm_.barrier();
-      return 0;
-    }
-
-    // --eval-only with [quantization] checkpoint: a `loom quantize` file, its quantized
-    // tensors through the quantizer instances it names (the manifest's), the rest float; and
-    // beside it the same weights decoded, through the float matmuls.
-    int eval_checkpoint(nlohmann::json & out) {
-      std::vector<std::pair<std::string, std::unique_ptr<WeightQuantizer>>> qs;
-      QuantizedCheckpoint ck =
-          load_quantized_checkpoint(c_.checkpoint, *model_, session_.get(), qs,
-                                    c_.checkpoint_at + ": [quantization] checkpoint");
-      out["checkpoint"] = c_.checkpoint;
-      out["file_bytes"] = ck.file_bytes;
-      out["quantized_tensors"] = ck.names;
-      out["quantizers"] = ck.instances;
-      const double deq = evaluate(false);
-      out["dequantized_eval_loss"] = deq;
-      out["dequantized_eval_ppl"] = std::exp(deq);
-      double q = 0;
-      {
-        QuantizedEval qe(*model_, std::move(ck.entries));
-        q = evaluate(false);
-        out["packed_bytes"] = qe.packed_bytes();
-        out["float_bytes"] = qe.float_bytes();
-        out["quantized_matmuls"] = qe.matmul_calls();
-      }
+      const double q = evaluate(true);
       out["eval_loss"] = q;
       out["eval_ppl"] = std::exp(q);
+      out["quantizer"] = c_.quantizer;
+      out["plugin"] = quant_plugin_;
+      out["quantized_tensors"] = quant_names_;
+      out["packed_bytes"] = quant_packed_bytes_;
+      out["float_bytes"] = quant_float_bytes_;
+      out["quantized_matmuls"] = quant_calls_;
+      if (!lkd_log_.empty()) out["lkd"] = lkd_log_;
       if (root_) {
-        std::printf("dequantized weights, float matmuls: eval loss %.4f (perplexity %.2f)\n", deq,
-                    std::exp(deq));
-        std::printf("quantized matmuls: eval loss %.4f (perplexity %.2f)\n", q, std::exp(q));
-        std::printf("%s: %s, %zu quantized tensors\n", c_.checkpoint.c_str(),
-                    human_bytes(static_cast<double>(ck.file_bytes)).c_str(), ck.names.size());
-        std::error_code ec;
-        fs::create_directories(run_dir_, ec);
-        const std::string text = out.dump(2) + "\n";
-        write_file_atomic((run_dir_ / "eval.json").string(), text.data(), text.size());
-        std::printf("eval: %s\n", (run_dir_ / "eval.json").string().c_str());
+        std::printf("quantized eval loss (%s, %s): %.4f (perplexity %.2f, %+.2f%% vs fp32)\n",
+                    c_.quantizer.c_str(), quant_plugin_.c_str(), q, std::exp(q),
+                    100.0 * (std::exp(q) / std::exp(fp32) - 1.0));
+        std::printf("quantized tensors: %zu, %s packed (%s as float32)\n", quant_names_.size(),
+                    human_bytes(static_cast<double>(quant_packed_bytes_)).c_str(),
+                    human_bytes(static_cast<double>(quant_float_bytes_)).c_str());
       }
-      comm_.barrier();
-      return 0;
     }
-
-    // Optimizer groups: matrices decay (the manifest's weight_decay), vectors do not.
-    void build_groups() {
-      auto& params = model_->parameters();
-      pt_.resize(params.size());
-      gt_.resize(params.size());
-      // The momentum mask of the position embedding: rows < seq_len are 1, the rest (never
-      // used, so their gradient is always 0) are 0. See TrainConfig::mask_unused_positions.
-      for (size_t i = 0; i < params.size(); ++i) {
-        auto& p = params[i];
-        pt_[i] = DLTensor{};
-        pt_[i].data = p.value;
-        pt_[i].device = {kDLCPU, 0};
-        pt_[i].ndim = static_cast<int32_t>(p.shape.size());
-        pt_[i].dtype = {kDLFloat, 32, 1};
-        pt_[i].shape = p.shape.data();
-        gt_[i] = pt_[i];
-        gt_[i].data = p.grad;
-        const DLTensor* mask = nullptr;
-        if (p.name == "wpe" && c_.mask_unused_positions && c_.seq_len < c_.model.context) {
-          const auto row = static_cast<size_t>(p.shape[1]);
-          wpe_mask_.assign(p.numel, 0.0f);
-          std::fill(wpe_mask_.begin(), wpe_mask_.begin() + static_cast<ptrdiff_t>(row * c_.seq_len),
-                    1.0f);
-          wpe_mask_t_ = pt_[i];
-          wpe_mask_t_.data = wpe_mask_.data();
-          mask = &wpe_mask_t_;
-        }
-        const bool expert_bias =
-            p.name.size() > 11 && (p.name.compare(p.name.size() - 11, 11, ".experts.b1") == 0 ||
-                                   p.name.compare(p.name.size() - 11, 11, ".experts.b2") == 0);
-        expert_.push_back(is_expert_param(p.name));
-        (p.shape.size() >= 2 && !expert_bias ? decay_ : no_decay_)
-            .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt_[i], &gt_[i], nullptr, mask});
-      }
-      if (!decay_.empty())
-        groups_.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, decay_.data(), decay_.size(), 1.0, NAN});
-      if (!no_decay_.empty()) {
-        groups_.push_back(
-            {LOOM_OPTIMIZER_GROUP_SIZE, 0, no_decay_.data(), no_decay_.size(), 1.0, 0.0});
-      }
-      contiguous_ = true;
-      for (size_t i = 1; i < params.size(); ++i) {
-        contiguous_ &= params[i].grad == params[i - 1].grad + params[i - 1].numel;
-      }
-      flat_.assign(contiguous_ ? 0 : numel_, 0.0f);
-    }
-
-    // Run directory and resume: refuses to overwrite checkpoints unless --resume or --fresh.
-    void resume_or_start() {
-      run_dir_ = c_.run_dir;
-      ckpt_root_ = run_dir_ / "checkpoints";
-      metrics_path_ = run_dir_ / "metrics.jsonl";
-      latest_file_ = ckpt_root_ / "latest";
+    if (root_) {
       std::error_code ec;
-      fs::create_directories(ckpt_root_, ec);
-      if (ec) throw TrainError(ckpt_root_.string() + ": cannot create: " + ec.message());
-      st_.seed = c_.seed;
-      st_.world = world_;
-      const bool has_ckpt = fs::exists(latest_file_);
-      if (has_ckpt && !args_.resume && !args_.fresh) {
-        std::string name = read_text(latest_file_);
-        while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back())))
-          name.pop_back();
-        throw TrainError(run_dir_.string() + " already holds checkpoints (latest: " + name +
-                         "); pass --resume to continue or --fresh to start over");
-      }
-      comm_.barrier();  // every rank has looked before anyone deletes
-      if (args_.fresh || !has_ckpt) {
-        if (root_) {
-          fs::remove_all(ckpt_root_, ec);
-          fs::create_directories(ckpt_root_, ec);
-          fs::remove(metrics_path_, ec);
-        }
-      } else {
-        load_checkpoint();
-      }
-      comm_.barrier();
-      loss_acc_ = st_.loss_acc;  // see TrainerState
-      acc_steps_ = st_.acc_steps;
+      fs::create_directories(run_dir_, ec);
+      const std::string text = out.dump(2) + "\n";
+      write_file_atomic((run_dir_ / "eval.json").string(), text.data(), text.size());
+      std::printf("eval: %s\n", (run_dir_ / "eval.json").string().c_str());
     }
+    comm_.barrier();
+    return 0;
+  }
 
-    // Restores the checkpoint `latest` names: trainer state, model, optimizer state.
-    void load_checkpoint() {
+  // --eval-only with [quantization] checkpoint: a `loom quantize` file, its quantized
+  // tensors through the quantizer instances it names (the manifest's), the rest float; and
+  // beside it the same weights decoded, through the float matmuls.
+  int eval_checkpoint(nlohmann::json& out) {
+    std::vector<std::pair<std::string, std::unique_ptr<WeightQuantizer>>> qs;
+    QuantizedCheckpoint ck =
+        load_quantized_checkpoint(c_.checkpoint, *model_, session_.get(), qs,
+                                  c_.checkpoint_at + ": [quantization] checkpoint");
+    out["checkpoint"] = c_.checkpoint;
+    out["file_bytes"] = ck.file_bytes;
+    out["quantized_tensors"] = ck.names;
+    out["quantizers"] = ck.instances;
+    const double deq = evaluate(false);
+    out["dequantized_eval_loss"] = deq;
+    out["dequantized_eval_ppl"] = std::exp(deq);
+    double q = 0;
+    {
+      QuantizedEval qe(*model_, std::move(ck.entries));
+      q = evaluate(false);
+      out["packed_bytes"] = qe.packed_bytes();
+      out["float_bytes"] = qe.float_bytes();
+      out["quantized_matmuls"] = qe.matmul_calls();
+    }
+    out["eval_loss"] = q;
+    out["eval_ppl"] = std::exp(q);
+    if (root_) {
+      std::printf("dequantized weights, float matmuls: eval loss %.4f (perplexity %.2f)\n", deq,
+                  std::exp(deq));
+      std::printf("quantized matmuls: eval loss %.4f (perplexity %.2f)\n", q, std::exp(q));
+      std::printf("%s: %s, %zu quantized tensors\n", c_.checkpoint.c_str(),
+                  human_bytes(static_cast<double>(ck.file_bytes)).c_str(), ck.names.size());
+      std::error_code ec;
+      fs::create_directories(run_dir_, ec);
+      const std::string text = out.dump(2) + "\n";
+      write_file_atomic((run_dir_ / "eval.json").string(), text.data(), text.size());
+      std::printf("eval: %s\n", (run_dir_ / "eval.json").string().c_str());
+    }
+    comm_.barrier();
+    return 0;
+  }
+
+  // Optimizer groups: matrices decay (the manifest's weight_decay), vectors do not.
+  void build_groups() {
+    auto& params = model_->parameters();
+    pt_.resize(params.size());
+    gt_.resize(params.size());
+    // The momentum mask of the position embedding: rows < seq_len are 1, the rest (never
+    // used, so their gradient is always 0) are 0. See TrainConfig::mask_unused_positions.
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& p = params[i];
+      pt_[i] = DLTensor{};
+      pt_[i].data = p.value;
+      pt_[i].device = {kDLCPU, 0};
+      pt_[i].ndim = static_cast<int32_t>(p.shape.size());
+      pt_[i].dtype = {kDLFloat, 32, 1};
+      pt_[i].shape = p.shape.data();
+      gt_[i] = pt_[i];
+      gt_[i].data = p.grad;
+      const DLTensor* mask = nullptr;
+      if (p.name == "wpe" && c_.mask_unused_positions && c_.seq_len < c_.model.context) {
+        const auto row = static_cast<size_t>(p.shape[1]);
+        wpe_mask_.assign(p.numel, 0.0f);
+        std::fill(wpe_mask_.begin(), wpe_mask_.begin() + static_cast<ptrdiff_t>(row * c_.seq_len),
+                  1.0f);
+        wpe_mask_t_ = pt_[i];
+        wpe_mask_t_.data = wpe_mask_.data();
+        mask = &wpe_mask_t_;
+      }
+      const bool expert_bias =
+          p.name.size() > 11 && (p.name.compare(p.name.size() - 11, 11, ".experts.b1") == 0 ||
+                                 p.name.compare(p.name.size() - 11, 11, ".experts.b2") == 0);
+      expert_.push_back(is_expert_param(p.name));
+      (p.shape.size() >= 2 && !expert_bias ? decay_ : no_decay_)
+          .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt_[i], &gt_[i], nullptr, mask});
+    }
+    if (!decay_.empty())
+      groups_.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, decay_.data(), decay_.size(), 1.0, NAN});
+    if (!no_decay_.empty()) {
+      groups_.push_back(
+          {LOOM_OPTIMIZER_GROUP_SIZE, 0, no_decay_.data(), no_decay_.size(), 1.0, 0.0});
+    }
+    contiguous_ = true;
+    for (size_t i = 1; i < params.size(); ++i) {
+      contiguous_ &= params[i].grad == params[i - 1].grad + params[i - 1].numel;
+    }
+    flat_.assign(contiguous_ ? 0 : numel_, 0.0f);
+  }
+
+  // Run directory and resume: refuses to overwrite checkpoints unless --resume or --fresh.
+  void resume_or_start() {
+    run_dir_ = c_.run_dir;
+    ckpt_root_ = run_dir_ / "checkpoints";
+    metrics_path_ = run_dir_ / "metrics.jsonl";
+    latest_file_ = ckpt_root_ / "latest";
+    std::error_code ec;
+    fs::create_directories(ckpt_root_, ec);
+    if (ec) throw TrainError(ckpt_root_.string() + ": cannot create: " + ec.message());
+    st_.seed = c_.seed;
+    st_.world = world_;
+    const bool has_ckpt = fs::exists(latest_file_);
+    if (has_ckpt && !args_.resume && !args_.fresh) {
       std::string name = read_text(latest_file_);
       while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back())))
         name.pop_back();
-      const fs::path dir = ckpt_root_ / name;
-      if (name.rfind("step_", 0) != 0 || !fs::is_directory(dir)) {
-        throw CheckpointError(latest_file_.string() + ": names '" + name +
-                              "', which is not a checkpoint directory");
-      }
-      const std::string rs = "rank" + std::to_string(rank_);
-      const std::string tfile = (dir / ("trainer." + rs + ".bin")).string();
-      st_ = decode(load_blob(tfile, BlobKind::kTrainer), tfile);
-      if (st_.world != world_) {
-        throw CheckpointError(dir.string() + ": written by " + std::to_string(st_.world) +
-                              " ranks; resume with the same number of ranks (now " +
-                              std::to_string(world_) + ")");
-      }
-      if (st_.seed != c_.seed) throw CheckpointError(tfile + ": written with another seed");
-      // Before LTS5 there was no routing: every layer processed every token.
-      if (!st_.has_layer_tokens) {
-        st_.layer_tokens = st_.tokens_seen * static_cast<uint64_t>(c_.model.layers);
-        st_.warmup_layer_tokens = st_.warmup_tokens * static_cast<uint64_t>(c_.model.layers);
-        st_.has_layer_tokens = true;
-      }
-      // The [moe] state first: a config without the layers would otherwise meet their weights.
-      const std::string mfile = (dir / ("moe." + rs + ".bin")).string();
-      if (!moe_.empty()) {
-        if (!fs::exists(mfile)) {
-          throw CheckpointError(dir.string() + ": has no moe." + rs +
-                                ".bin: it was written by a run without [moe]; resume with the "
-                                "config it was written with");
-        }
-        decode_moe(load_blob(mfile, BlobKind::kMoe), mfile);
-      } else if (fs::exists(mfile)) {
-        throw CheckpointError(dir.string() +
-                              ": was written with [moe] layers, which this config lacks; resume "
-                              "with the config it was written with");
-      }
-      load_safetensors((dir / ("model." + rs + ".safetensors")).string(), model_->parameters());
-      const std::string ofile = (dir / ("optimizer." + rs + ".bin")).string();
-      const auto blob = load_blob(ofile, BlobKind::kOptimizer);
-      if (loom_instance_import_state(opt_, blob.data(), blob.size()) != LOOM_OK) {
-        throw CheckpointError(ofile + ": the optimizer refused its state: " + loom_last_error());
-      }
-      for (const auto& [inst, file] : curriculum_files()) {
-        const std::string f = (dir / (file + "." + rs + ".bin")).string();
-        if (!fs::exists(f)) {
-          throw CheckpointError(dir.string() + ": has no " + file + "." + rs +
-                                ".bin: it was written by a run without [curriculum] " + file +
-                                "; resume with the config it was written with");
-        }
-        const auto state = load_blob(f, BlobKind::kCurriculum);
-        if (loom_instance_import_state(inst, state.data(), state.size()) != LOOM_OK) {
-          throw CheckpointError(f + ": the " + file + " '" + loom_instance_name(inst) +
-                                "' refused its state: " + loom_last_error());
-        }
-      }
-      const std::string rfile = (dir / ("router." + rs + ".bin")).string();
-      if (router_inst_ != nullptr) {
-        if (!fs::exists(rfile)) {
-          throw CheckpointError(dir.string() + ": has no router." + rs +
-                                ".bin: it was written by a run without [routing]; resume with the "
-                                "config it was written with");
-        }
-        const auto state = load_blob(rfile, BlobKind::kRouter);
-        if (loom_instance_import_state(router_inst_, state.data(), state.size()) != LOOM_OK) {
-          throw CheckpointError(rfile + ": the router '" + c_.router +
-                                "' refused its state: " + loom_last_error());
-        }
-      } else if (fs::exists(rfile)) {
-        throw CheckpointError(dir.string() +
-                              ": was written with a [routing] router, which this config lacks; "
-                              "resume with the config it was written with");
-      }
-      for (const char* file : {"sampler", "seqlen"}) {
-        const bool used =
-            std::string(file) == "sampler" ? cur_.sampler != nullptr : cur_.seqlen != nullptr;
-        if (!used && fs::exists(dir / (std::string(file) + "." + rs + ".bin"))) {
-          throw CheckpointError(dir.string() + ": was written with a [curriculum] " + file +
-                                ", which this config lacks; resume with the config it was "
-                                "written with");
-        }
-      }
-      comm_.grad_bytes_sent = st_.grad_bytes_sent;
-      comm_.grad_bytes_received = st_.grad_bytes_received;
-      comm_.grad_rounds = st_.grad_rounds;
-      // Metrics past the checkpoint are recomputed: drop them.
-      if (root_ && fs::exists(metrics_path_)) {
-        std::ifstream in(metrics_path_);
-        std::string line, kept;
-        while (std::getline(in, line)) {
-          auto j = nlohmann::json::parse(line, nullptr, false);
-          if (!j.is_discarded() && j.value("step", int64_t{0}) <= st_.step) kept += line + "\n";
-        }
-        write_file_atomic(metrics_path_.string(), kept.data(), kept.size());
-      }
-      if (root_)
-        std::cerr << "loom train: resumed from " << dir.string() << " (step " << st_.step << ")\n";
+      throw TrainError(run_dir_.string() + " already holds checkpoints (latest: " + name +
+                       "); pass --resume to continue or --fresh to start over");
     }
-
-    void open_metrics() {
+    comm_.barrier();  // every rank has looked before anyone deletes
+    if (args_.fresh || !has_ckpt) {
       if (root_) {
-        metrics_.open(metrics_path_, std::ios::app);
-        if (!metrics_) throw TrainError(metrics_path_.string() + ": cannot open for writing");
+        fs::remove_all(ckpt_root_, ec);
+        fs::create_directories(ckpt_root_, ec);
+        fs::remove(metrics_path_, ec);
+      }
+    } else {
+      load_checkpoint();
+    }
+    comm_.barrier();
+    loss_acc_ = st_.loss_acc;  // see TrainerState
+    acc_steps_ = st_.acc_steps;
+  }
+
+  // Restores the checkpoint `latest` names: trainer state, model, optimizer state.
+  void load_checkpoint() {
+    std::string name = read_text(latest_file_);
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    const fs::path dir = ckpt_root_ / name;
+    if (name.rfind("step_", 0) != 0 || !fs::is_directory(dir)) {
+      throw CheckpointError(latest_file_.string() + ": names '" + name +
+                            "', which is not a checkpoint directory");
+    }
+    const std::string rs = "rank" + std::to_string(rank_);
+    const std::string tfile = (dir / ("trainer." + rs + ".bin")).string();
+    st_ = decode(load_blob(tfile, BlobKind::kTrainer), tfile);
+    if (st_.world != world_) {
+      throw CheckpointError(dir.string() + ": written by " + std::to_string(st_.world) +
+                            " ranks; resume with the same number of ranks (now " +
+                            std::to_string(world_) + ")");
+    }
+    if (st_.seed != c_.seed) throw CheckpointError(tfile + ": written with another seed");
+    // Before LTS5 there was no routing: every layer processed every token.
+    if (!st_.has_layer_tokens) {
+      st_.layer_tokens = st_.tokens_seen * static_cast<uint64_t>(c_.model.layers);
+      st_.warmup_layer_tokens = st_.warmup_tokens * static_cast<uint64_t>(c_.model.layers);
+      st_.has_layer_tokens = true;
+    }
+    // The [moe] state first: a config without the layers would otherwise meet their weights.
+    const std::string mfile = (dir / ("moe." + rs + ".bin")).string();
+    if (!moe_.empty()) {
+      if (!fs::exists(mfile)) {
+        throw CheckpointError(dir.string() + ": has no moe." + rs +
+                              ".bin: it was written by a run without [moe]; resume with the "
+                              "config it was written with");
+      }
+      decode_moe(load_blob(mfile, BlobKind::kMoe), mfile);
+    } else if (fs::exists(mfile)) {
+      throw CheckpointError(dir.string() +
+                            ": was written with [moe] layers, which this config lacks; resume "
+                            "with the config it was written with");
+    }
+    load_safetensors((dir / ("model." + rs + ".safetensors")).string(), model_->parameters());
+    const std::string ofile = (dir / ("optimizer." + rs + ".bin")).string();
+    const auto blob = load_blob(ofile, BlobKind::kOptimizer);
+    if (loom_instance_import_state(opt_, blob.data(), blob.size()) != LOOM_OK) {
+      throw CheckpointError(ofile + ": the optimizer refused its state: " + loom_last_error());
+    }
+    for (const auto& [inst, file] : curriculum_files()) {
+      const std::string f = (dir / (file + "." + rs + ".bin")).string();
+      if (!fs::exists(f)) {
+        throw CheckpointError(dir.string() + ": has no " + file + "." + rs +
+                              ".bin: it was written by a run without [curriculum] " + file +
+                              "; resume with the config it was written with");
+      }
+      const auto state = load_blob(f, BlobKind::kCurriculum);
+      if (loom_instance_import_state(inst, state.data(), state.size()) != LOOM_OK) {
+        throw CheckpointError(f + ": the " + file + " '" + loom_instance_name(inst) +
+                              "' refused its state: " + loom_last_error());
       }
     }
-
-    // A progress line on a terminal, log lines elsewhere. OpenMPI gives its ranks a pty for
-    // stdout whatever mpirun's own output is, so under a launcher it is log lines unless
-    // LOOM_PROGRESS=tty asks for the progress line (LOOM_PROGRESS=lines forces log lines).
-    void choose_progress() {
-      const char* progress = std::getenv("LOOM_PROGRESS");
-      const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_RANK") ||
-                            std::getenv("PMIX_RANK");
-      tty_ = root_ && ::isatty(STDOUT_FILENO) && !launched;
-      if (progress && std::string(progress) == "tty") tty_ = root_;
-      if (progress && std::string(progress) == "lines") tty_ = false;
-      per_step_uncompressed_ =
-          world_ > 1 ? 2.0 * (world_ - 1) / world_ * 4.0 * static_cast<double>(numel_) : 0.0;
-      choose_nonfinite_injection();
+    const std::string rfile = (dir / ("router." + rs + ".bin")).string();
+    if (router_inst_ != nullptr) {
+      if (!fs::exists(rfile)) {
+        throw CheckpointError(dir.string() + ": has no router." + rs +
+                              ".bin: it was written by a run without [routing]; resume with the "
+                              "config it was written with");
+      }
+      const auto state = load_blob(rfile, BlobKind::kRouter);
+      if (loom_instance_import_state(router_inst_, state.data(), state.size()) != LOOM_OK) {
+        throw CheckpointError(rfile + ": the router '" + c_.router +
+                              "' refused its state: " + loom_last_error());
+      }
+    } else if (fs::exists(rfile)) {
+      throw CheckpointError(dir.string() +
+                            ": was written with a [routing] router, which this config lacks; "
+                            "resume with the config it was written with");
     }
-
-    // LOOM_TRAIN_NONFINITE_GRAD=STEP[:RANK] (a test aid): at global step STEP, rank RANK (the
-    // last rank when omitted) puts a NaN into its first gradient element right after the
-    // backward pass, so the optimizer's skipped-step path can be exercised end to end.
-    void choose_nonfinite_injection() {
-      const char* v = std::getenv("LOOM_TRAIN_NONFINITE_GRAD");
-      if (v == nullptr || *v == '\0') return;
-      const std::string text = v;
-      char* end = nullptr;
-      const long long step = std::strtoll(text.c_str(), &end, 10);
-      bool ok = end != text.c_str();
-      long long rank = world_ - 1;
-      if (ok && *end == ':') {
-        const char* r = end + 1;
-        rank = std::strtoll(r, &end, 10);
-        ok = end != r;
-      }
-      ok = ok && *end == '\0';
-      if (!ok || step < 1 || rank < 0 || rank >= world_) {
-        throw TrainError("LOOM_TRAIN_NONFINITE_GRAD='" + text +
-                         "': expected STEP or STEP:RANK with STEP >= 1 and RANK in 0.." +
-                         std::to_string(world_ - 1));
-      }
-      inject_step_ = step;
-      inject_rank_ = static_cast<int>(rank);
-    }
-
-    void print_banner() const {
-      if (!root_) return;
-      std::cout << "loom train: " << numel_ << " parameters, " << world_ << " rank(s), optimizer '"
-                << loom_instance_plugin(opt_) << "', " << c_.steps << " steps of " << c_.batch_size
-                << " x " << c_.seq_len << " tokens; run dir " << run_dir_.string() << std::endl;
-      std::cout << "loom train: CPU " << loom::trainer::cpu_description() << std::endl;
-      if (cur_.sampler != nullptr) {
-        std::cout << "loom train: batches from sampler '" << c_.sampler << "' ("
-                  << loom_instance_plugin(cur_.sampler) << ") over the " << samples_
-                  << " samples of " << c_.seq_len + 1 << " tokens" << std::endl;
-      }
-      if (router_ != nullptr) {
-        std::cout << "loom train: token routing by '" << c_.router << "' ("
-                  << loom_instance_plugin(router_inst_) << ")"
-                  << (router_weights_.empty() ? std::string()
-                                              : "; learned weights " + router_weights_)
-                  << std::endl;
-      }
-      if (!moe_.empty()) {
-        std::cout << "loom train: MoE layers by '" << c_.moe << "' ("
-                  << loom_instance_plugin(moe_inst_) << "):";
-        for (size_t i = 0; i < moe_.size(); ++i) {
-          const loom_moe_plan_args& p = moe_[i]->plan();
-          std::cout << (i ? ", " : " ") << c_.moe_layers[i] << " (" << p.experts << " experts, top-"
-                    << p.top_k << (moe_[i]->residual() ? ", residual" : "") << ")";
-        }
-        std::cout << "; expert hidden " << (c_.moe_hidden > 0 ? c_.moe_hidden : 4 * c_.model.dim)
-                  << ", aux_loss_coef " << c_.moe_aux_loss_coef
-                  << (moe_ep_ > 1 ? ", ep_size " + std::to_string(moe_ep_) : std::string())
-                  << std::endl;
-      }
-      if (cur_.seqlen != nullptr) {
-        std::cout << "loom train: sequence length from '" << c_.seqlen << "' ("
-                  << loom_instance_plugin(cur_.seqlen) << ", "
-                  << (cur_.cut == SeqLenCut::kReshape ? "reshape" : "truncate")
-                  << "), a multiple of 8 up to " << c_.seq_len << std::endl;
-      }
-      if (c_.train_tokens > 0) {
-        std::cout << "loom train: stops at " << c_.train_tokens << " tokens (or step " << c_.steps
-                  << ")" << std::endl;
-      }
-      if (c_.train_layer_tokens > 0) {
-        std::cout << "loom train: stops at " << c_.train_layer_tokens << " layer tokens (or step "
-                  << c_.steps << ")" << std::endl;
-      }
-      if (!wpe_mask_.empty()) {
-        std::cout << "loom train: position rows " << c_.seq_len << ".." << c_.model.context - 1
-                  << " are never used (seq_len < context); their momentum is masked" << std::endl;
+    for (const char* file : {"sampler", "seqlen"}) {
+      const bool used =
+          std::string(file) == "sampler" ? cur_.sampler != nullptr : cur_.seqlen != nullptr;
+      if (!used && fs::exists(dir / (std::string(file) + "." + rs + ".bin"))) {
+        throw CheckpointError(dir.string() + ": was written with a [curriculum] " + file +
+                              ", which this config lacks; resume with the config it was "
+                              "written with");
       }
     }
-
-    // ---- one step
-
-    loom_optimizer_comm_info comm_info() {
-      loom_optimizer_comm_info ci{};
-      ci.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
-      check_loom(loom_optimizer_get_comm_info(opt_, &ci), "optimizer comm_info");
-      return ci;
+    comm_.grad_bytes_sent = st_.grad_bytes_sent;
+    comm_.grad_bytes_received = st_.grad_bytes_received;
+    comm_.grad_rounds = st_.grad_rounds;
+    // Metrics past the checkpoint are recomputed: drop them.
+    if (root_ && fs::exists(metrics_path_)) {
+      std::ifstream in(metrics_path_);
+      std::string line, kept;
+      while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.value("step", int64_t{0}) <= st_.step) kept += line + "\n";
+      }
+      write_file_atomic(metrics_path_.string(), kept.data(), kept.size());
     }
+    if (root_)
+      std::cerr << "loom train: resumed from " << dir.string() << " (step " << st_.step << ")\n";
+  }
 
-    StepResult train_step(int64_t step) {
-      auto& params = model_->parameters();
-      StepResult r;
-      if (cur_.sampler != nullptr) {
-        const auto sampler_start = clk::now();
-        r.difficulty = cur_.next(step, c_.seed, rank_, world_, local_batch_);
-        sampler_s_ += std::chrono::duration<double>(clk::now() - sampler_start).count();
-        fill_samples(ds_->train(), c_.seq_len,
-                     std::span<const int64_t>(cur_.ids.data(), static_cast<size_t>(local_batch_)),
-                     x_, y_);
-      } else {
-        fill_batch(*ds_, c_, step, rank_ * local_batch_, local_batch_, x_, y_);
+  void open_metrics() {
+    if (root_) {
+      metrics_.open(metrics_path_, std::ios::app);
+      if (!metrics_) throw TrainError(metrics_path_.string() + ": cannot open for writing");
+    }
+  }
+
+  // A progress line on a terminal, log lines elsewhere. OpenMPI gives its ranks a pty for
+  // stdout whatever mpirun's own output is, so under a launcher it is log lines unless
+  // LOOM_PROGRESS=tty asks for the progress line (LOOM_PROGRESS=lines forces log lines).
+  void choose_progress() {
+    const char* progress = std::getenv("LOOM_PROGRESS");
+    const bool launched =
+        std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_RANK") || std::getenv("PMIX_RANK");
+    tty_ = root_ && ::isatty(STDOUT_FILENO) && !launched;
+    if (progress && std::string(progress) == "tty") tty_ = root_;
+    if (progress && std::string(progress) == "lines") tty_ = false;
+    per_step_uncompressed_ =
+        world_ > 1 ? 2.0 * (world_ - 1) / world_ * 4.0 * static_cast<double>(numel_) : 0.0;
+    choose_nonfinite_injection();
+  }
+
+  // LOOM_TRAIN_NONFINITE_GRAD=STEP[:RANK] (a test aid): at global step STEP, rank RANK (the
+  // last rank when omitted) puts a NaN into its first gradient element right after the
+  // backward pass, so the optimizer's skipped-step path can be exercised end to end.
+  void choose_nonfinite_injection() {
+    const char* v = std::getenv("LOOM_TRAIN_NONFINITE_GRAD");
+    if (v == nullptr || *v == '\0') return;
+    const std::string text = v;
+    char* end = nullptr;
+    const long long step = std::strtoll(text.c_str(), &end, 10);
+    bool ok = end != text.c_str();
+    long long rank = world_ - 1;
+    if (ok && *end == ':') {
+      const char* r = end + 1;
+      rank = std::strtoll(r, &end, 10);
+      ok = end != r;
+    }
+    ok = ok && *end == '\0';
+    if (!ok || step < 1 || rank < 0 || rank >= world_) {
+      throw TrainError("LOOM_TRAIN_NONFINITE_GRAD='" + text +
+                       "': expected STEP or STEP:RANK with STEP >= 1 and RANK in 0.." +
+                       std::to_string(world_ - 1));
+    }
+    inject_step_ = step;
+    inject_rank_ = static_cast<int>(rank);
+  }
+
+  void print_banner() const {
+    if (!root_) return;
+    std::cout << "loom train: " << numel_ << " parameters, " << world_ << " rank(s), optimizer '"
+              << loom_instance_plugin(opt_) << "', " << c_.steps << " steps of " << c_.batch_size
+              << " x " << c_.seq_len << " tokens; run dir " << run_dir_.string() << std::endl;
+    std::cout << "loom train: CPU " << loom::trainer::cpu_description() << std::endl;
+    if (cur_.sampler != nullptr) {
+      std::cout << "loom train: batches from sampler '" << c_.sampler << "' ("
+                << loom_instance_plugin(cur_.sampler) << ") over the " << samples_ << " samples of "
+                << c_.seq_len + 1 << " tokens" << std::endl;
+    }
+    if (router_ != nullptr) {
+      std::cout << "loom train: token routing by '" << c_.router << "' ("
+                << loom_instance_plugin(router_inst_) << ")"
+                << (router_weights_.empty() ? std::string()
+                                            : "; learned weights " + router_weights_)
+                << std::endl;
+    }
+    if (!moe_.empty()) {
+      std::cout << "loom train: MoE layers by '" << c_.moe << "' ("
+                << loom_instance_plugin(moe_inst_) << "):";
+      for (size_t i = 0; i < moe_.size(); ++i) {
+        const loom_moe_plan_args& p = moe_[i]->plan();
+        std::cout << (i ? ", " : " ") << c_.moe_layers[i] << " (" << p.experts << " experts, top-"
+                  << p.top_k << (moe_[i]->residual() ? ", residual" : "") << ")";
       }
-      // Sequence-length warmup: the step's length L, and the batch cut to it.
-      r.seq_len = cur_.seqlen != nullptr ? step_seq_len(cur_.at(step), c_.seq_len) : c_.seq_len;
-      int rows = local_batch_;
-      const int32_t* bx = x_.data();
-      const int32_t* by = y_.data();
-      if (r.seq_len < c_.seq_len) {
-        rows = cut_batch(cur_.cut, x_.data(), y_.data(), local_batch_, c_.seq_len, r.seq_len, cx_,
-                         cy_);
-        bx = cx_.data();
-        by = cy_.data();
+      std::cout << "; expert hidden " << (c_.moe_hidden > 0 ? c_.moe_hidden : 4 * c_.model.dim)
+                << ", aux_loss_coef " << c_.moe_aux_loss_coef
+                << (moe_ep_ > 1 ? ", ep_size " + std::to_string(moe_ep_) : std::string())
+                << std::endl;
+    }
+    if (cur_.seqlen != nullptr) {
+      std::cout << "loom train: sequence length from '" << c_.seqlen << "' ("
+                << loom_instance_plugin(cur_.seqlen) << ", "
+                << (cur_.cut == SeqLenCut::kReshape ? "reshape" : "truncate")
+                << "), a multiple of 8 up to " << c_.seq_len << std::endl;
+    }
+    if (c_.train_tokens > 0) {
+      std::cout << "loom train: stops at " << c_.train_tokens << " tokens (or step " << c_.steps
+                << ")" << std::endl;
+    }
+    if (c_.train_layer_tokens > 0) {
+      std::cout << "loom train: stops at " << c_.train_layer_tokens << " layer tokens (or step "
+                << c_.steps << ")" << std::endl;
+    }
+    if (!wpe_mask_.empty()) {
+      std::cout << "loom train: position rows " << c_.seq_len << ".." << c_.model.context - 1
+                << " are never used (seq_len < context); their momentum is masked" << std::endl;
+    }
+  }
+
+  // ---- one step
+
+  loom_optimizer_comm_info comm_info() {
+    loom_optimizer_comm_info ci{};
+    ci.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
+    check_loom(loom_optimizer_get_comm_info(opt_, &ci), "optimizer comm_info");
+    return ci;
+  }
+
+  StepResult train_step(int64_t step) {
+    auto& params = model_->parameters();
+    StepResult r;
+    if (cur_.sampler != nullptr) {
+      const auto sampler_start = clk::now();
+      r.difficulty = cur_.next(step, c_.seed, rank_, world_, local_batch_);
+      sampler_s_ += std::chrono::duration<double>(clk::now() - sampler_start).count();
+      fill_samples(ds_->train(), c_.seq_len,
+                   std::span<const int64_t>(cur_.ids.data(), static_cast<size_t>(local_batch_)), x_,
+                   y_);
+    } else {
+      fill_batch(*ds_, c_, step, rank_ * local_batch_, local_batch_, x_, y_);
+    }
+    // Sequence-length warmup: the step's length L, and the batch cut to it.
+    r.seq_len = cur_.seqlen != nullptr ? step_seq_len(cur_.at(step), c_.seq_len) : c_.seq_len;
+    int rows = local_batch_;
+    const int32_t* bx = x_.data();
+    const int32_t* by = y_.data();
+    if (r.seq_len < c_.seq_len) {
+      rows =
+          cut_batch(cur_.cut, x_.data(), y_.data(), local_batch_, c_.seq_len, r.seq_len, cx_, cy_);
+      bx = cx_.data();
+      by = cy_.data();
+    }
+    // Every rank has the same rows; the step's tokens over all ranks.
+    const uint64_t step_tokens = static_cast<uint64_t>(rows) * world_ * r.seq_len;
+    // The router sees the step and this rank's first row in the step's global batch.
+    if (router_ != nullptr) router_->set_step(step, static_cast<int64_t>(rank_) * rows);
+    for (MoeLayer* m : moe_) m->set_step(step, static_cast<int64_t>(rank_) * rows * r.seq_len);
+    model_->zero_grad();
+    if (quant_ && (c_.qat || c_.kd)) {
+      // Quantization-aware: the forward and backward see dequantize(quantize(W)), the
+      // gradient lands on the float weights (straight-through). kd without qat: the same
+      // distillation in float (a QAT run's control).
+      Distillation d;
+      if (c_.kd) {
+        tlogits_.resize(static_cast<size_t>(rows) * r.seq_len * c_.model.vocab_size);
+        teacher_->forward_logits(bx, rows, r.seq_len, tlogits_.data());
+        d.teacher_logits = tlogits_.data();
+        d.logit_weight = c_.kd_weight;
+        for (int l = 0; l < c_.model.layers; ++l)
+          d.teacher_hidden.push_back(teacher_->layer_output(l));
+        d.hidden_weight = c_.hidden_weight;
+        model_->set_distillation(&d);
       }
-      // Every rank has the same rows; the step's tokens over all ranks.
-      const uint64_t step_tokens = static_cast<uint64_t>(rows) * world_ * r.seq_len;
-      // The router sees the step and this rank's first row in the step's global batch.
-      if (router_ != nullptr) router_->set_step(step, static_cast<int64_t>(rank_) * rows);
-      for (MoeLayer* m : moe_) m->set_step(step, static_cast<int64_t>(rank_) * rows * r.seq_len);
-      model_->zero_grad();
-      if (quant_ && (c_.qat || c_.kd)) {
-        // Quantization-aware: the forward and backward see dequantize(quantize(W)), the
-        // gradient lands on the float weights (straight-through). kd without qat: the same
-        // distillation in float (a QAT run's control).
-        Distillation d;
-        if (c_.kd) {
-          tlogits_.resize(static_cast<size_t>(rows) * r.seq_len * c_.model.vocab_size);
-          teacher_->forward_logits(bx, rows, r.seq_len, tlogits_.data());
-          d.teacher_logits = tlogits_.data();
-          d.logit_weight = c_.kd_weight;
-          for (int l = 0; l < c_.model.layers; ++l)
-            d.teacher_hidden.push_back(teacher_->layer_output(l));
-          d.hidden_weight = c_.hidden_weight;
-          model_->set_distillation(&d);
-        }
-        {
-          std::optional<FakeQuantScope> fq;
-          if (c_.qat) fq.emplace(*model_, *quant_, quant_names_);
-          r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
-        }
-        model_->set_distillation(nullptr);
-        if (c_.kd) r.kd = model_->distillation_terms();
-      } else {
+      {
+        std::optional<FakeQuantScope> fq;
+        if (c_.qat) fq.emplace(*model_, *quant_, quant_names_);
         r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
       }
-      r.kept = model_->kept();
-      for (const MoeLayer* m : moe_) r.aux += c_.moe_aux_loss_coef * m->aux_loss();
-      r.layer_tokens = static_cast<uint64_t>(model_->layer_tokens()) * world_;
-      if (step == inject_step_ && rank_ == inject_rank_ && !params.empty() && params[0].numel > 0) {
-        params[0].grad[0] = std::numeric_limits<float>::quiet_NaN();
+      model_->set_distillation(nullptr);
+      if (c_.kd) r.kd = model_->distillation_terms();
+    } else {
+      r.loss = model_->forward_backward(bx, by, rows, r.seq_len);
+    }
+    r.kept = model_->kept();
+    for (const MoeLayer* m : moe_) r.aux += c_.moe_aux_loss_coef * m->aux_loss();
+    r.layer_tokens = static_cast<uint64_t>(model_->layer_tokens()) * world_;
+    if (step == inject_step_ && rank_ == inject_rank_ && !params.empty() && params[0].numel > 0) {
+      params[0].grad[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+    if (!std::isfinite(r.loss)) {
+      throw TrainError("step " + std::to_string(step) + ": the loss is " + std::to_string(r.loss) +
+                       " (diverged; lower lr or clip_grad_norm)");
+    }
+    r.owns = comm_info().owns_communication != 0;
+    if (!r.owns && world_ > 1 && moe_ep_ > 1) {
+      // Expert parallelism: the experts' gradients by the instance (over the
+      // expert-data-parallel group), the rest by the world average. Without it every rank
+      // holds every expert and the world average is theirs too (the instance's
+      // reduce_gradients averages over its own comm, which it then need not have).
+      size_t o = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (expert_[i]) continue;
+        std::memcpy(flat_.data() + o, params[i].grad, 4 * params[i].numel);
+        o += params[i].numel;
       }
-      if (!std::isfinite(r.loss)) {
-        throw TrainError("step " + std::to_string(step) + ": the loss is " +
-                         std::to_string(r.loss) + " (diverged; lower lr or clip_grad_norm)");
+      comm_.average(flat_.data(), o, true);
+      o = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (expert_[i]) continue;
+        std::memcpy(params[i].grad, flat_.data() + o, 4 * params[i].numel);
+        o += params[i].numel;
       }
-      r.owns = comm_info().owns_communication != 0;
-      if (!r.owns && world_ > 1 && moe_ep_ > 1) {
-        // Expert parallelism: the experts' gradients by the instance (over the
-        // expert-data-parallel group), the rest by the world average. Without it every rank
-        // holds every expert and the world average is theirs too (the instance's
-        // reduce_gradients averages over its own comm, which it then need not have).
+      for (MoeLayer* m : moe_) m->reduce_gradients();
+    } else if (!r.owns && world_ > 1) {
+      if (contiguous_) {
+        comm_.average(params[0].grad, numel_, true);
+      } else {
         size_t o = 0;
-        for (size_t i = 0; i < params.size(); ++i) {
-          if (expert_[i]) continue;
-          std::memcpy(flat_.data() + o, params[i].grad, 4 * params[i].numel);
-          o += params[i].numel;
-        }
-        comm_.average(flat_.data(), o, true);
+        for (auto& p : params) std::memcpy(flat_.data() + o, p.grad, 4 * p.numel), o += p.numel;
+        comm_.average(flat_.data(), numel_, true);
         o = 0;
-        for (size_t i = 0; i < params.size(); ++i) {
-          if (expert_[i]) continue;
-          std::memcpy(params[i].grad, flat_.data() + o, 4 * params[i].numel);
-          o += params[i].numel;
-        }
-        for (MoeLayer* m : moe_) m->reduce_gradients();
-      } else if (!r.owns && world_ > 1) {
-        if (contiguous_) {
-          comm_.average(params[0].grad, numel_, true);
-        } else {
-          size_t o = 0;
-          for (auto& p : params) std::memcpy(flat_.data() + o, p.grad, 4 * p.numel), o += p.numel;
-          comm_.average(flat_.data(), numel_, true);
-          o = 0;
-          for (auto& p : params) std::memcpy(p.grad, flat_.data() + o, 4 * p.numel), o += p.numel;
-        }
+        for (auto& p : params) std::memcpy(p.grad, flat_.data() + o, 4 * p.numel), o += p.numel;
       }
-      // Global-norm clipping: of the averaged gradient when the trainer averages, of the local
-      // gradient when the optimizer owns communication (each rank its own coefficient).
-      // With expert parallelism each rank holds only its experts: their squares are summed over
-      // the world (each expert set held by world / ep_size ranks), so every rank clips by the
-      // same norm.
-      double sq = 0, sq_expert = 0;
-      for (size_t j = 0; j < params.size(); ++j) {
-        const auto& p = params[j];
-        double s = 0;
-        for (size_t i = 0; i < p.numel; ++i) s += static_cast<double>(p.grad[i]) * p.grad[i];
-        (!expert_.empty() && expert_[j] ? sq_expert : sq) += s;
-      }
-      if (moe_ep_ > 1) {
-        sq_expert = comm_.sum({sq_expert})[0] / static_cast<double>(world_ / moe_ep_);
-      }
-      sq += sq_expert;
-      r.gnorm = std::sqrt(sq);
-      if (c_.clip_grad_norm > 0 && r.gnorm > c_.clip_grad_norm) {
-        const float s = static_cast<float>(c_.clip_grad_norm / (r.gnorm + 1e-6));
-        for (auto& p : params)
-          for (size_t i = 0; i < p.numel; ++i) p.grad[i] *= s;
-      }
-      r.lr = c_.lr_unit == "tokens"
-                 ? lr_at_tokens(c_, step, st_.tokens_seen + step_tokens, st_.warmup_tokens)
-             : c_.lr_unit == "layer_tokens"
-                 ? lr_at_layer_tokens(c_, step, st_.layer_tokens + r.layer_tokens,
-                                      st_.warmup_layer_tokens)
-                 : lr_at(c_, step);
-      // found_inf: the optimizer checks the gradients and skips a step with a NaN or an Inf
-      // (every rank skips the same one); parameters and its state stay as they were.
-      int32_t found_inf = 0;
-      loom_optimizer_step_args sa{LOOM_OPTIMIZER_STEP_ARGS_SIZE,
-                                  0,
-                                  groups_.data(),
-                                  groups_.size(),
-                                  r.lr,
-                                  1.0,
-                                  step,
-                                  nullptr};
-      sa.found_inf = &found_inf;
-      check_loom(loom_optimizer_step(opt_, &sa), "optimizer step " + std::to_string(step));
-      if (found_inf != 0) {
-        r.skipped = true;
-        ++st_.skipped_steps;
-        if (root_) {
-          if (tty_) std::cout << "\n";
-          std::printf(
-              "step %lld: skipped by the optimizer (a gradient is NaN or Inf); %llu skipped "
-              "so far\n",
-              static_cast<long long>(step), static_cast<unsigned long long>(st_.skipped_steps));
-          std::fflush(stdout);
-        }
-      }
-      st_.tokens_seen += step_tokens;
-      // The router's accounting of the step (every rank; the same numbers on each), which
-      // must agree with what the model ran.
-      if (router_ != nullptr) {
-        const loom_router_advance_args a =
-            router_->advance(step, static_cast<int64_t>(rows) * world_, r.seq_len, c_.model.layers);
-        if (a.layer_tokens < 0 || static_cast<uint64_t>(a.layer_tokens) != r.layer_tokens ||
-            a.consumed_layer_tokens != st_.layer_tokens + r.layer_tokens) {
-          throw TrainError(router_who_ + ": advance (step " + std::to_string(step) + ") counted " +
-                           std::to_string(a.layer_tokens) + " layer tokens (" +
-                           std::to_string(a.consumed_layer_tokens) +
-                           " consumed), but the model ran " + std::to_string(r.layer_tokens) +
-                           " (" + std::to_string(st_.layer_tokens + r.layer_tokens) + ")");
-        }
-      }
-      st_.layer_tokens += r.layer_tokens;
-      if (step == c_.warmup_steps) {
-        st_.warmup_tokens = st_.tokens_seen;
-        st_.warmup_layer_tokens = st_.layer_tokens;
-      }
-      st_.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed_);
-      loss_acc_ += r.loss;
-      aux_acc_ += r.aux;
-      ++acc_steps_;
-      return r;
     }
-
-    // ---- logging
-
-    // The mean loss since the last log line (over the ranks), a metrics record and a line.
-    void log_step(int64_t step, const StepResult& r) {
-      const auto tot = comm_.sum({loss_acc_, static_cast<double>(acc_steps_), aux_acc_});
-      const double mean_loss = tot[0] / tot[1];
-      const double mean_aux = tot[2] / tot[1];
-      // The MoE layers of this step: aux loss (mean over the ranks), load per expert and dropped
-      // choices (summed over the ranks).
-      nlohmann::json moe_json = nlohmann::json::array();
-      if (!moe_.empty()) {
-        std::vector<double> v;
-        for (const MoeLayer* m : moe_) {
-          v.push_back(m->aux_loss());
-          v.push_back(static_cast<double>(m->dropped()));
-          for (const int64_t l : m->load()) v.push_back(static_cast<double>(l));
-        }
-        v = comm_.sum(v);
-        size_t o = 0;
-        for (size_t i = 0; i < moe_.size(); ++i) {
-          nlohmann::json e = {{"layer", c_.moe_layers[i]},
-                              {"experts", moe_[i]->experts()},
-                              {"aux_loss", v[o] / world_},
-                              {"dropped", static_cast<int64_t>(v[o + 1])}};
-          std::vector<int64_t> load;
-          for (int k = 0; k < moe_[i]->experts(); ++k)
-            load.push_back(static_cast<int64_t>(v[o + 2 + static_cast<size_t>(k)]));
-          e["load"] = load;
-          o += 2 + static_cast<size_t>(moe_[i]->experts());
-          moe_json.push_back(std::move(e));
-        }
-      }
-      const auto now = clk::now();
-      const double dt = std::chrono::duration<double>(now - t_log_).count();
-      const double tps = static_cast<double>(st_.tokens_seen - log_tokens_) / std::max(dt, 1e-9);
-      const auto ci = comm_info();
-      const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
-      const uint64_t rounds = comm_.grad_rounds + ci.rounds;
-      const double elapsed =
-          elapsed_before_ + std::chrono::duration<double>(now - t_start_).count();
+    // Global-norm clipping: of the averaged gradient when the trainer averages, of the local
+    // gradient when the optimizer owns communication (each rank its own coefficient).
+    // With expert parallelism each rank holds only its experts: their squares are summed over
+    // the world (each expert set held by world / ep_size ranks), so every rank clips by the
+    // same norm.
+    double sq = 0, sq_expert = 0;
+    for (size_t j = 0; j < params.size(); ++j) {
+      const auto& p = params[j];
+      double s = 0;
+      for (size_t i = 0; i < p.numel; ++i) s += static_cast<double>(p.grad[i]) * p.grad[i];
+      (!expert_.empty() && expert_[j] ? sq_expert : sq) += s;
+    }
+    if (moe_ep_ > 1) {
+      sq_expert = comm_.sum({sq_expert})[0] / static_cast<double>(world_ / moe_ep_);
+    }
+    sq += sq_expert;
+    r.gnorm = std::sqrt(sq);
+    if (c_.clip_grad_norm > 0 && r.gnorm > c_.clip_grad_norm) {
+      const float s = static_cast<float>(c_.clip_grad_norm / (r.gnorm + 1e-6));
+      for (auto& p : params)
+        for (size_t i = 0; i < p.numel; ++i) p.grad[i] *= s;
+    }
+    r.lr = c_.lr_unit == "tokens"
+               ? lr_at_tokens(c_, step, st_.tokens_seen + step_tokens, st_.warmup_tokens)
+           : c_.lr_unit == "layer_tokens"
+               ? lr_at_layer_tokens(c_, step, st_.layer_tokens + r.layer_tokens,
+                                    st_.warmup_layer_tokens)
+               : lr_at(c_, step);
+    // found_inf: the optimizer checks the gradients and skips a step with a NaN or an Inf
+    // (every rank skips the same one); parameters and its state stay as they were.
+    int32_t found_inf = 0;
+    loom_optimizer_step_args sa{
+        LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups_.data(), groups_.size(), r.lr, 1.0, step, nullptr};
+    sa.found_inf = &found_inf;
+    check_loom(loom_optimizer_step(opt_, &sa), "optimizer step " + std::to_string(step));
+    if (found_inf != 0) {
+      r.skipped = true;
+      ++st_.skipped_steps;
       if (root_) {
-        nlohmann::json j = {{"type", "train"},
-                            {"step", step},
-                            {"loss", mean_loss},
-                            {"lr", r.lr},
-                            {"grad_norm", r.gnorm},
-                            {"tokens_per_s", tps},
-                            {"tokens", st_.tokens_seen},
-                            {"comm_bytes_sent", sent},
-                            {"comm_bytes_received", comm_.grad_bytes_received + ci.bytes_received},
-                            {"comm_rounds", rounds},
-                            {"uncompressed_bytes", st_.uncompressed_bytes},
-                            {"owns_communication", r.owns},
-                            {"skipped_steps", st_.skipped_steps},
-                            {"elapsed_s", elapsed},
-                            {"seq_len", r.seq_len},
-                            {"layer_tokens", r.layer_tokens},
-                            {"consumed_layer_tokens", st_.layer_tokens}};
-        if (router_ != nullptr) j["kept"] = r.kept;
-        if (!moe_.empty()) {
-          j["aux_loss"] = mean_aux;
-          j["moe"] = moe_json;
-          if (r.kd) {
-            j["kd_ce"] = r.kd->ce;
-            j["kd_soft_ce"] = r.kd->soft_ce;
-            j["kd_hidden_mse"] = r.kd->hidden_mse;
-          }
-          // The sampler's difficulty (null when it is not a curriculum: NaN).
-          if (cur_.sampler != nullptr) {
-            j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
-          }
-          metrics_ << j.dump() << "\n" << std::flush;
-          double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
-                       static_cast<double>(c_.steps - step);
-          if (c_.train_tokens > 0 && st_.tokens_seen > start_tokens_) {  // the budget may end first
-            const double left = static_cast<double>(c_.train_tokens) -
-                                static_cast<double>(std::min<uint64_t>(
-                                    st_.tokens_seen, static_cast<uint64_t>(c_.train_tokens)));
-            eta = std::min(eta, (elapsed - elapsed_before_) * left /
-                                    static_cast<double>(st_.tokens_seen - start_tokens_));
-          }
-          if (c_.train_layer_tokens > 0 && st_.layer_tokens > start_layer_tokens_) {  // likewise
-            const double left =
-                static_cast<double>(c_.train_layer_tokens) -
-                static_cast<double>(std::min<uint64_t>(
-                    st_.layer_tokens, static_cast<uint64_t>(c_.train_layer_tokens)));
-            eta = std::min(eta, (elapsed - elapsed_before_) * left /
-                                    static_cast<double>(st_.layer_tokens - start_layer_tokens_));
-          }
-          char line[256];
-          std::snprintf(
-              line, sizeof(line), "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  sent %s  ETA %s",
-              static_cast<long long>(step), static_cast<long long>(c_.steps), mean_loss, r.lr, tps,
-              human_bytes(static_cast<double>(sent)).c_str(), human_time(eta).c_str());
-          if (tty_)
-            std::cout << "\r" << line << "\033[K" << std::flush;
-          else
-            std::cout << line << std::endl;
-        }
-        loss_acc_ = 0;
-        aux_acc_ = 0;
-        acc_steps_ = 0;
-        log_from_step_ = step;
-        log_tokens_ = st_.tokens_seen;
-        t_log_ = clk::now();
-      }
-
-      // Eval: the first eval_batches * batch_size windows of seq_len + 1 heldout tokens (fewer
-      // when the split is small); window w goes to rank w % world.
-      double evaluate() { return evaluate(quant_ != nullptr); }
-      double evaluate(bool quantized) {
-        std::optional<QuantizedEval> qe;
-        if (quantized) qe.emplace(*model_, *quant_, quant_names_);
-        const auto h = ds_->heldout();
-        size_t windows = std::min<size_t>(static_cast<size_t>(c_.eval_batches) * c_.batch_size,
-                                          (h.size() - 1) / c_.seq_len);
-        // Expert parallelism: every rank of a group makes the same forwards (they exchange
-        // tokens), so each rank gets the same number of windows.
-        if (moe_ep_ > 1 && windows >= static_cast<size_t>(world_)) windows -= windows % world_;
-        std::vector<size_t> mine;
-        for (size_t w = rank_; w < windows; w += world_) mine.push_back(w);
-        double sum = 0;
-        // Evaluation forwards pass training = 0 at the last step run (1 before any).
-        if (router_ != nullptr) router_->set_step(std::max<int64_t>(1, last_step_), 0);
-        for (MoeLayer* m : moe_) m->set_step(std::max<int64_t>(1, last_step_), 0);
-        for (size_t b = 0; b < mine.size(); b += local_batch_) {
-          const int n = static_cast<int>(std::min<size_t>(local_batch_, mine.size() - b));
-          x_.resize(static_cast<size_t>(n) * c_.seq_len);
-          y_.resize(x_.size());
-          for (int i = 0; i < n; ++i) {
-            const size_t off = mine[b + i] * c_.seq_len;
-            for (int j = 0; j < c_.seq_len; ++j) {
-              x_[static_cast<size_t>(i) * c_.seq_len + j] = h[off + j];
-              y_[static_cast<size_t>(i) * c_.seq_len + j] = h[off + j + 1];
-            }
-          }
-          sum += static_cast<double>(model_->forward_loss(x_.data(), y_.data(), n, c_.seq_len)) * n;
-        }
-        if (qe) {
-          quant_packed_bytes_ = qe->packed_bytes();
-          quant_float_bytes_ = qe->float_bytes();
-          quant_calls_ = qe->matmul_calls();
-        }
-        const auto tot = comm_.sum({sum, static_cast<double>(mine.size())});
-        return tot[0] / std::max(1.0, tot[1]);
-      }
-
-      void eval_step(int64_t step) {
-        last_eval_ = evaluate();
-        if (root_) {
-          nlohmann::json j = {{"type", "eval"},
-                              {"step", step},
-                              {"eval_loss", last_eval_},
-                              {"eval_ppl", std::exp(last_eval_)}};
-          metrics_ << j.dump() << "\n" << std::flush;
-          if (tty_) std::cout << "\n";
-          std::printf("eval step %lld: loss %.4f, perplexity %.2f\n", static_cast<long long>(step),
-                      last_eval_, std::exp(last_eval_));
-          std::fflush(stdout);
-        }
-      }
-
-      // ---- checkpoints
-
-      // step_N.tmp on every rank, renamed into place by rank 0 once all have written; the last
-      // two are kept. The optimizer's state is exported once (size query, then the copy from
-      // the same serialisation).
-      void save_checkpoint(int64_t step) {
-        std::error_code ec;
-        const fs::path tmp = ckpt_root_ / (step_dir_name(step) + ".tmp");
-        const fs::path dir = ckpt_root_ / step_dir_name(step);
-        if (root_) {
-          fs::remove_all(tmp, ec);
-          fs::create_directories(tmp, ec);
-          if (ec) throw CheckpointError(tmp.string() + ": cannot create: " + ec.message());
-        }
-        comm_.barrier();
-        const std::string rs = "rank" + std::to_string(rank_);
-        save_safetensors((tmp / ("model." + rs + ".safetensors")).string(), model_->parameters(),
-                         {{"step", std::to_string(step)}});
-        size_t n = 0;
-        check_loom(loom_instance_export_state(opt_, nullptr, 0, &n), "optimizer export_state");
-        std::vector<uint8_t> blob(n);
-        check_loom(loom_instance_export_state(opt_, blob.data(), blob.size(), &n),
-                   "optimizer export_state");
-        blob.resize(n);
-        save_blob((tmp / ("optimizer." + rs + ".bin")).string(), BlobKind::kOptimizer, blob);
-        // The sampler's position and the seqlen schedule's state, so a resume continues
-        // mid-epoch and mid-schedule.
-        for (const auto& [inst, file] : curriculum_files()) {
-          size_t m = 0;
-          check_loom(loom_instance_export_state(inst, nullptr, 0, &m), file + " export_state");
-          std::vector<uint8_t> state(m);
-          check_loom(loom_instance_export_state(inst, state.data(), state.size(), &m),
-                     file + " export_state");
-          state.resize(m);
-          save_blob((tmp / (file + "." + rs + ".bin")).string(), BlobKind::kCurriculum, state);
-        }
-        if (router_inst_ != nullptr) {
-          size_t m = 0;
-          check_loom(loom_instance_export_state(router_inst_, nullptr, 0, &m),
-                     "router export_state");
-          std::vector<uint8_t> state(m);
-          check_loom(loom_instance_export_state(router_inst_, state.data(), state.size(), &m),
-                     "router export_state");
-          state.resize(m);
-          save_blob((tmp / ("router." + rs + ".bin")).string(), BlobKind::kRouter, state);
-        }
-        if (!moe_.empty()) {
-          save_blob((tmp / ("moe." + rs + ".bin")).string(), BlobKind::kMoe, encode_moe());
-        }
-        TrainerState s = st_;
-        s.step = step;
-        s.grad_bytes_sent = comm_.grad_bytes_sent;
-        s.grad_bytes_received = comm_.grad_bytes_received;
-        s.grad_rounds = comm_.grad_rounds;
-        s.loss_acc = loss_acc_;
-        s.acc_steps = acc_steps_;
-        save_blob((tmp / ("trainer." + rs + ".bin")).string(), BlobKind::kTrainer, encode(s));
-        comm_.barrier();
-        if (root_) {
-          fs::remove_all(dir, ec);
-          fs::rename(tmp, dir, ec);
-          if (ec)
-            throw CheckpointError(dir.string() + ": cannot rename into place: " + ec.message());
-          const std::string name = step_dir_name(step) + "\n";
-          write_file_atomic(latest_file_.string(), name.data(), name.size());
-          // Keep the last two checkpoints.
-          std::vector<fs::path> old;
-          for (const auto& e : fs::directory_iterator(ckpt_root_, ec)) {
-            const auto f = e.path().filename().string();
-            if (e.is_directory() && f.rfind("step_", 0) == 0 &&
-                f.find(".tmp") == std::string::npos && f < step_dir_name(step))
-              old.push_back(e.path());
-          }
-          std::sort(old.begin(), old.end());
-          for (size_t i = 0; i + 1 < old.size(); ++i) fs::remove_all(old[i], ec);
-        }
-        comm_.barrier();
-      }
-
-      // The [moe] trainer state: "LMO1", the aux-loss sum since the last metrics line (double),
-      // the layer count (uint32), then per layer its index and expert count (int32 each) and
-      // the expert bias (float32 [E], or nothing, count 0, without aux-loss-free balancing).
-      static constexpr uint32_t kMoeStateMagic = 0x314f4d4c;
-      std::vector<uint8_t> encode_moe() {
-        std::vector<uint8_t> b;
-        put(b, kMoeStateMagic);
-        put(b, aux_acc_);
-        put(b, static_cast<uint32_t>(moe_.size()));
-        for (size_t i = 0; i < moe_.size(); ++i) {
-          put(b, static_cast<int32_t>(c_.moe_layers[i]));
-          put(b, static_cast<int32_t>(moe_[i]->experts()));
-          const std::vector<float>& bias = moe_[i]->expert_bias();
-          put(b, static_cast<uint32_t>(bias.size()));
-          for (const float v : bias) put(b, v);
-        }
-        return b;
-      }
-      void decode_moe(const std::vector<uint8_t>& b, const std::string& file) {
-        size_t o = 0;
-        if (take<uint32_t>(b, o, file) != kMoeStateMagic) {
-          throw CheckpointError(file + ": not a [moe] state of this version of loom-train");
-        }
-        const auto acc = take<double>(b, o, file);
-        const auto n = take<uint32_t>(b, o, file);
-        if (n != moe_.size()) {
-          throw CheckpointError(file + ": holds " + std::to_string(n) + " MoE layers, the config " +
-                                std::to_string(moe_.size()) +
-                                "; resume with the config it was written with");
-        }
-        for (size_t i = 0; i < moe_.size(); ++i) {
-          const auto layer = take<int32_t>(b, o, file);
-          const auto experts = take<int32_t>(b, o, file);
-          const auto count = take<uint32_t>(b, o, file);
-          std::vector<float>& bias = moe_[i]->expert_bias();
-          if (layer != c_.moe_layers[i] || experts != moe_[i]->experts() || count != bias.size()) {
-            throw CheckpointError(
-                file + ": MoE layer #" + std::to_string(i) + " is layer " + std::to_string(layer) +
-                " with " + std::to_string(experts) + " experts (" + std::to_string(count) +
-                " biases), the config's layer " + std::to_string(c_.moe_layers[i]) + " with " +
-                std::to_string(moe_[i]->experts()) + " (" + std::to_string(bias.size()) +
-                "); resume with the config it was "
-                "written with");
-          }
-          for (float& v : bias) v = take<float>(b, o, file);
-        }
-        if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the [moe] state");
-        aux_acc_ = acc;
-      }
-
-      // The curriculum instances whose state a checkpoint holds, with their file stems.
-      std::vector<std::pair<loom_instance*, std::string>> curriculum_files() const {
-        std::vector<std::pair<loom_instance*, std::string>> out;
-        if (cur_.sampler != nullptr) out.emplace_back(cur_.sampler, "sampler");
-        if (cur_.seqlen != nullptr) out.emplace_back(cur_.seqlen, "seqlen");
-        return out;
-      }
-
-      // ---- the end: final eval, summary.json, the totals and the plot
-
-      void finish() {
-        if (std::isnan(last_eval_)) last_eval_ = evaluate();  // resumed at the end: report again
-        // [quantization]: the float weights' loss beside the quantized one (every rank).
-        const double fp32_eval = quant_ ? evaluate(false) : NAN;
-        const auto ci = comm_info();
-        const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
-        const uint64_t rounds = comm_.grad_rounds + ci.rounds;
-        if (root_) {
-          nlohmann::json summary = {{"final_eval_loss", last_eval_},
-                                    {"final_eval_ppl", std::exp(last_eval_)},
-                                    {"steps", last_step_},
-                                    {"tokens", st_.tokens_seen},
-                                    {"layer_tokens", st_.layer_tokens},
-                                    {"ranks", world_},
-                                    {"optimizer", loom_instance_plugin(opt_)},
-                                    {"parameters", numel_},
-                                    {"comm_bytes_sent", sent},
-                                    {"comm_rounds", rounds},
-                                    {"uncompressed_bytes", st_.uncompressed_bytes},
-                                    {"skipped_steps", st_.skipped_steps},
-                                    {"elapsed_s", st_.elapsed_s}};
-          if (!moe_.empty()) {
-            nlohmann::json layers = nlohmann::json::array();
-            for (size_t i = 0; i < moe_.size(); ++i) {
-              layers.push_back({{"layer", c_.moe_layers[i]},
-                                {"experts", moe_[i]->experts()},
-                                {"top_k", moe_[i]->plan().top_k},
-                                {"residual", moe_[i]->residual()}});
-            }
-            summary["moe"] = {
-                {"layers", layers}, {"ep_size", moe_ep_}, {"aux_loss_coef", c_.moe_aux_loss_coef}};
-            if (quant_) {
-              summary["quantizer"] = c_.quantizer;
-              summary["quantizer_plugin"] = quant_plugin_;
-              summary["quantized_tensors"] = quant_names_;
-              summary["qat"] = c_.qat;
-              summary["kd"] = c_.kd;
-              summary["lkd_steps"] = c_.lkd_steps;
-              summary["packed_bytes"] = quant_packed_bytes_;
-              summary["float_bytes"] = quant_float_bytes_;
-              summary["final_fp32_eval_loss"] = fp32_eval;
-            }
-            // The sampler's cost beside the steps it fed, timed in this process (rank 0; since
-            // the start or the resume): what the sampler adds to a step.
-            if (cur_.sampler != nullptr && train_step_s_ > 0) {
-              summary["sampler_s"] = sampler_s_;
-              summary["train_step_s"] = train_step_s_;
-              summary["sampler_share_of_step"] = sampler_s_ / train_step_s_;
-            }
-            const std::string s = summary.dump(2) + "\n";
-            write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());
-            if (tty_) std::cout << "\n";
-            std::printf("final eval loss: %.4f (perplexity %.2f)\n", last_eval_,
-                        std::exp(last_eval_));
-            if (st_.skipped_steps > 0) {
-              std::printf("steps skipped for a NaN or Inf gradient: %llu\n",
-                          static_cast<unsigned long long>(st_.skipped_steps));
-            }
-            if (world_ > 1) {
-              std::printf(
-                  "bytes sent by rank 0 for gradient sync: %s in %llu rounds; uncompressed Adam "
-                  "would have sent %s (%.2fx)\n",
-                  human_bytes(static_cast<double>(sent)).c_str(),
-                  static_cast<unsigned long long>(rounds),
-                  human_bytes(static_cast<double>(st_.uncompressed_bytes)).c_str(),
-                  sent > 0 ? static_cast<double>(st_.uncompressed_bytes) / static_cast<double>(sent)
-                           : 0.0);
-            } else {
-              std::printf("bytes sent: 0 (one rank; nothing to average)\n");
-            }
-            std::printf("metrics: %s\n", metrics_path_.string().c_str());
-            std::fflush(stdout);
-            if (!c_.plot.empty()) {
-              std::error_code ec;
-              const fs::path self = fs::canonical("/proc/self/exe", ec);
-              const fs::path plotter = self.parent_path() / "loom-plot";
-              const std::string cmd =
-                  "'" + plotter.string() + "' '" + run_dir_.string() + "' -o '" + c_.plot + "'";
-              if (std::system(cmd.c_str()) == 0) {
-                std::printf("plot: %s\n", c_.plot.c_str());
-              } else {
-                std::printf("plot: not written (loom-plot failed; see above)\n");
-              }
-            }
-          }
-          comm_.barrier();
-        }
-
-        // Declared in the order they are made, so they are destroyed in reverse: the model and
-        // the metrics file before the session, the session before the dataset.
-        const Args& args_;
-        TrainConfig c_;
-        std::optional<Dataset> ds_;
-        std::unique_ptr<loom_session, void (*)(loom_session*)> session_{nullptr, loom_close};
-        loom_instance* opt_ = nullptr;
-        Curriculum cur_;
-        std::unique_ptr<WeightQuantizer> quant_;  // [quantization] (nullptr: none)
-        std::string quant_who_, quant_plugin_;
-        std::vector<std::string> quant_names_;
-        std::optional<Model> teacher_;  // the fp32 teacher of LKD and KD
-        std::vector<float> tlogits_;
-        std::vector<nlohmann::json> lkd_log_;
-        uint64_t quant_packed_bytes_ = 0, quant_float_bytes_ = 0;
-        int64_t quant_calls_ = 0;
-        loom_instance* router_inst_ = nullptr;  // [routing] router (nullptr: none)
-        PluginRouter* router_ = nullptr;        // its hook, owned by the model
-        std::string router_who_;
-        std::string router_weights_;         // the learned router weights' names, for the banner
-        loom_instance* moe_inst_ = nullptr;  // [moe] instance (nullptr: a dense model)
-        std::vector<MoeLayer*> moe_;  // the MoE layers, owned by the model, as [moe] lists them
-        std::string moe_who_;
-        int moe_ep_ = 1;                         // the instance's ep_size
-        std::vector<std::string> expert_names_;  // the expert parameters (reduce_gradients)
-        std::vector<bool> expert_;               // per parameter: an expert parameter
-        double aux_acc_ = 0;                     // like loss_acc_, of StepResult::aux
-        uint64_t samples_ = 0;  // the dataset's fixed samples at seq_len (what the sampler draws)
-        Comm comm_;
-        int rank_ = 0, world_ = 1;
-        bool root_ = true;
-        int local_batch_ = 0;
-        std::optional<Model> model_;
-        size_t numel_ = 0;
-
-        // The optimizer's view of the parameters (pointers into these vectors and into
-        // wpe_mask_t_, so Trainer is neither copied nor moved).
-        std::vector<DLTensor> pt_, gt_;
-        std::vector<loom_optimizer_tensor> decay_, no_decay_;
-        std::vector<float> wpe_mask_;
-        DLTensor wpe_mask_t_{};
-        std::vector<loom_optimizer_group> groups_;
-        bool contiguous_ = true;
-        std::vector<float> flat_;  // gradient staging when the gradients are not one block
-
-        fs::path run_dir_, ckpt_root_, metrics_path_, latest_file_;
-        TrainerState st_;
-        std::ofstream metrics_;
-        double loss_acc_ = 0;  // see TrainerState
-        int64_t acc_steps_ = 0;
-        std::vector<int32_t> x_, y_;    // the batch (and eval windows)
-        std::vector<int32_t> cx_, cy_;  // the batch cut to a shorter step's length
-        bool tty_ = false;
-        int64_t inject_step_ = 0;  // LOOM_TRAIN_NONFINITE_GRAD (0: none)
-        int inject_rank_ = 0;
-        double per_step_uncompressed_ = 0;
-
-        clk::time_point t_start_, t_log_;
-        double elapsed_before_ = 0;
-        double sampler_s_ = 0;     // time in the sampler's next, this process
-        double train_step_s_ = 0;  // time in train_step (sampler included), this process
-        int64_t log_from_step_ = 0;
-        uint64_t log_tokens_ = 0;          // tokens_seen at the last log line
-        uint64_t start_tokens_ = 0;        // tokens_seen when this process started training
-        uint64_t start_layer_tokens_ = 0;  // layer_tokens then
-        int64_t last_step_ = 0;
-        double last_eval_ = NAN;
-
-       public:
-        Trainer(const Trainer&) = delete;
-        Trainer& operator=(const Trainer&) = delete;
-      };
-
-      int run(const Args& args) {
-        Trainer trainer(args);
-        return trainer.run();
-      }
-
-      // --check (what `loom check CONFIG` runs): every problem of the config, of the manifest it
-      // names (as `loom check MANIFEST` reports them) and of the dataset, without training. 0 or 2.
-      int check(const Args& args) {
-        TrainConfig c;
-        std::vector<std::string> problems;
-        try {
-          c = read_config(args.config, problems);
-        } catch (const ConfigError& e) {
-          for (const auto& line : e.errors()) std::cerr << line << "\n";
-          return 2;
-        }
-        for (const auto& line : problems) std::cerr << line << "\n";
-        bool ok = problems.empty();
-        if (c.manifest.empty()) return 2;  // [manifest] path missing: said above
-        loom_open_options opts{};
-        opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
-        opts.validate_only = 1;
-        opts.log_level = LOOM_LOG_WARN;
-        opts.plugin_path = args.plugin_path.empty() ? nullptr : args.plugin_path.c_str();
-        loom_session* session = nullptr;
-        bool manifest_ok = true;
-        TrainConfig cc = c;  // the curriculum instances the manifest has, for the checks below
-        if (loom_open_file(c.manifest.c_str(), &opts, &session) != LOOM_OK) {
-          std::cerr << loom_last_error() << "\n";
-          ok = manifest_ok = false;
-        } else {
-          loom_close(session);
-          for (const auto& problem : manifest_name_problems(c)) {
-            std::cerr << problem << "\n";
-            ok = false;
-            if (!c.sampler.empty() &&
-                problem.rfind(c.sampler_at + ": [curriculum] sampler", 0) == 0) {
-              cc.sampler.clear();
-            }
-            if (!c.seqlen.empty() && problem.rfind(c.seqlen_at + ": [curriculum] seqlen", 0) == 0) {
-              cc.seqlen.clear();
-            }
-            if (!c.router.empty() && problem.rfind(c.router_at + ": [routing] router", 0) == 0) {
-              cc.router.clear();
-            }
-            if (!c.moe.empty() && problem.rfind(c.moe_at + ": [moe] instance", 0) == 0)
-              cc.moe.clear();
-            if (!c.quantizer.empty() &&
-                problem.rfind(c.quantizer_at + ": [quantization] quantizer", 0) == 0) {
-              cc.quantizer.clear();
-            }
-          }
-        }
-        // A quantized checkpoint: it opens (every header check of the tensor-file reader).
-        if (!c.checkpoint.empty()) {
-          loom_tensor_file* f = nullptr;
-          if (loom_tensor_file_open(c.checkpoint.c_str(), &f) != LOOM_OK) {
-            std::cerr << c.checkpoint_at << ": [quantization] checkpoint: " << loom_last_error()
-                      << "\n";
-            ok = false;
-          }
-          loom_tensor_file_close(f);
-        }
-        std::optional<Dataset> ds;
-        if (problems.empty()) {  // the dataset checks need a sound config
-          try {
-            ds.emplace(c.dataset);
-            fit_to_dataset(c, *ds);
-          } catch (const std::exception& e) {
-            std::cerr << e.what() << "\n";
-            ok = false;
-            ds.reset();
-          }
-        }
-        // The curriculum's and the router's instances: created (alone: the manifest's [loom],
-        // [curriculum.*], [sampler.*] and [router.*]), checked for kind and role, and planned, the
-        // sampler over this dataset, the router for every layer at seq_len.
-        if (manifest_ok && ds &&
-            (!cc.sampler.empty() || !cc.seqlen.empty() || !cc.router.empty() ||
-             !cc.quantizer.empty())) {
-          loom_open_options co = opts;
-          co.validate_only = 0;
-          const std::string text = curriculum_manifest(c);
-          loom_session* cs = nullptr;
-          if (loom_open_string(text.c_str(), c.manifest.c_str(), &co, &cs) != LOOM_OK) {
-            std::cerr << loom_last_error() << "\n";
-            ok = false;
-          } else {
-            std::vector<std::string> cp;
-            Curriculum cur;
-            cc.model = c.model;  // the vocabulary size the dataset gave
-            cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len),
-                     ds->header().payload_checksum, 1, cp);
-            // The router: its kind, and its plan of every layer at seq_len (step 1, training).
-            if (!cc.router.empty()) {
-              const std::string who = c.router_at + ": [routing] router '" + c.router + "'";
-              loom_instance* ri = nullptr;
-              if (loom_find_instance(cs, "router", c.router.c_str(), &ri) != LOOM_OK) {
-                cp.push_back(who + ": " + loom_last_error());
-              } else {
-                try {
-                  PluginRouter router(ri, who, c.seed, c.seq_len, c.model.dim);
-                  router.set_step(1, 0);
-                  for (int l = 0; l < c.model.layers; ++l) {
-                    (void)router.has_weight(l, c.model.layers);
-                    (void)router.plan(l, c.model.layers, c.batch_size, c.seq_len, true);
-                  }
-                } catch (const std::exception& e) {
-                  cp.push_back(e.what());
-                }
-              }
-            }
-            // The quantizer: its kind, and every selected tensor's shape packed (it refuses a
-            // shape its parameters cannot take, naming the tensor).
-            if (!cc.quantizer.empty()) {
-              const std::string who =
-                  c.quantizer_at + ": [quantization] quantizer '" + c.quantizer + "'";
-              loom_instance* qi = nullptr;
-              if (loom_find_instance(cs, "quantizer", c.quantizer.c_str(), &qi) != LOOM_OK) {
-                cp.push_back(who + ": " + loom_last_error());
-              } else {
-                try {
-                  auto q = plugin_quantizer(qi, who);
-                  const int64_t C = c.model.dim;
-                  for (const auto& name : quantized_tensor_names(c)) {
-                    int64_t rows = C, cols = C;
-                    if (name == "wte") rows = c.model.vocab_size;
-                    if (name == "wpe") rows = c.model.context;
-                    if (name.find("attn.qkv.w") != std::string::npos) rows = 3 * C;
-                    if (name.find("mlp.fc.w") != std::string::npos) rows = 4 * C;
-                    if (name.find("mlp.proj.w") != std::string::npos) cols = 4 * C;
-                    std::vector<float> zeros(static_cast<size_t>(rows * cols), 0.0f);
-                    (void)q->pack(name, zeros.data(), rows, cols);
-                  }
-                } catch (const std::exception& e) {
-                  cp.push_back(e.what());
-                }
-              }
-            }
-            for (const auto& line : cp) std::cerr << line << "\n";
-            ok = ok && cp.empty();
-            if (cp.empty()) {
-              for (const auto& w : cur.warnings(cc)) std::cerr << w << "\n";
-            }
-            loom_close(cs);
-          }
-        }
-        // The MoE instance (alone: the manifest's [loom] and [moe.*], without its comm) and its
-        // plan of every [moe] layer (training and evaluation at the batch's tokens); the experts'
-        // split over the expert-parallel group is checked here, the group needing the comm.
-        if (manifest_ok && problems.empty() && !cc.moe.empty()) {
-          std::vector<std::string> mp;
-          int64_t ep_size = 1;
-          std::string ep_at;
-          const std::string text = moe_check_manifest(c, ep_size, ep_at);
-          const std::string who = c.moe_at + ": [moe] instance '" + c.moe + "'";
-          loom_open_options mo = opts;
-          mo.validate_only = 0;
-          loom_session* ms = nullptr;
-          if (text.empty()) {
-            mp.push_back(who + ": " + c.manifest +
-                         " could not be read as tables, one key per line, to plan the MoE layers");
-          } else if (loom_open_string(text.c_str(), c.manifest.c_str(), &mo, &ms) != LOOM_OK) {
-            mp.push_back(loom_last_error());
-          } else {
-            loom_instance* mi = nullptr;
-            if (loom_find_instance(ms, "moe", c.moe.c_str(), &mi) != LOOM_OK) {
-              mp.push_back(who + ": " + loom_last_error());
-            } else {
-              const int hidden = c.moe_hidden > 0 ? c.moe_hidden : 4 * c.model.dim;
-              const int64_t tokens = static_cast<int64_t>(c.batch_size) * c.seq_len;
-              for (size_t i = 0; i < c.moe_layers.size(); ++i) {
-                try {
-                  for (const bool training : {true, false}) {
-                    const loom_moe_plan_args p =
-                        MoeLayer::plan_layer(mi, who, c.moe_layers[i], c.model.layers, c.model.dim,
-                                             hidden, c.moe_experts[i], tokens, training);
-                    if (training && ep_size > 1 && p.experts % ep_size != 0) {
-                      mp.push_back(
-                          c.moe_experts_at + ": [moe] experts: layer " +
-                          std::to_string(c.moe_layers[i]) + " has " + std::to_string(p.experts) +
-                          " experts, which the expert-parallel group of " + ep_at + " ep_size " +
-                          std::to_string(ep_size) + " cannot hold evenly (a multiple of " +
-                          std::to_string(ep_size) + " is needed)");
-                    }
-                  }
-                } catch (const std::exception& e) {
-                  mp.push_back(e.what());
-                }
-              }
-            }
-            loom_close(ms);
-          }
-          for (const auto& line : mp) std::cerr << line << "\n";
-          ok = ok && mp.empty();
-        }
-        if (problems.empty()) {
-          for (const auto& w : config_warnings(c)) std::cerr << w << "\n";
-        }
-        if (!ok) return 2;
-        std::cout << args.config << ": ok (trainer config; manifest " << c.manifest << ", dataset "
-                  << c.dataset << ")\n";
-        return 0;
-      }
-
-    }  // namespace
-
-    int main(int argc, char** argv) {
-      loom::trainer::install_crash_report("loom train");
-      CLI::App app{"Train a model with the reference trainer (docs/trainer.md)"};
-      loom_cli::configure(app, "loom train");
-      Args a;
-      app.add_option("CONFIG", a.config, "Trainer config (TOML) naming a Loom manifest")
-          ->required()
-          ->type_name("FILE");
-      auto* resume =
-          app.add_flag("--resume", a.resume, "Continue from the run directory's last checkpoint");
-      app.add_flag("--fresh", a.fresh, "Start over, deleting the run directory's checkpoints")
-          ->excludes(resume);
-      app.add_option("--steps", a.steps, "Override [train] steps (0: the config's)")
-          ->check(loom_cli::integer_in(0, int64_t{1} << 40))
-          ->type_name("N");
-      app.add_option("--stop-after", a.stop_after, "Exit after this step (for tests; -1: never)")
-          ->check(loom_cli::integer_in(-1, int64_t{1} << 40))
-          ->type_name("STEP");
-      app.add_option("--run-dir", a.run_dir, "Override [train] run_dir")->type_name("DIR");
-      app.add_flag("--no-plot", a.no_plot, "Do not draw the plot at the end");
-      app.add_flag(
-          "--eval-only", a.eval_only,
-          "Evaluate the weights ([quantization] weights, else the run's latest checkpoint) "
-          "in fp32 and quantized, write RUN_DIR/eval.json, and exit");
-      app.add_option("--weights", a.weights,
-                     "With --eval-only: the weights to evaluate (a loom quantize output, or fp32 "
-                     "weights the config's [quantization] quantizer quantizes)")
-          ->type_name("FILE");
-      app.add_flag(
-          "--check", a.check,
-          "Validate the config, its manifest and dataset, and exit (what loom check does)");
-      app.add_option("--plugin-path", a.plugin_path,
-                     "Extra plugin folders (':'-separated), searched after the manifest's")
-          ->type_name("DIRS");
-      if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
-      try {
-        if (a.check) return check(a);
-        return run(a);
-      } catch (const ConfigError& e) {
-        std::cout << std::flush;
-        for (const auto& line : e.errors()) std::cerr << "loom train: error: " << line << "\n";
-        return 2;
-      } catch (const std::exception& e) {
-        std::cout << std::flush;
-        std::cerr << "loom train: error: " << e.what() << std::endl;
-        return 2;
+        if (tty_) std::cout << "\n";
+        std::printf(
+            "step %lld: skipped by the optimizer (a gradient is NaN or Inf); %llu skipped "
+            "so far\n",
+            static_cast<long long>(step), static_cast<unsigned long long>(st_.skipped_steps));
+        std::fflush(stdout);
       }
     }
+    st_.tokens_seen += step_tokens;
+    // The router's accounting of the step (every rank; the same numbers on each), which
+    // must agree with what the model ran.
+    if (router_ != nullptr) {
+      const loom_router_advance_args a =
+          router_->advance(step, static_cast<int64_t>(rows) * world_, r.seq_len, c_.model.layers);
+      if (a.layer_tokens < 0 || static_cast<uint64_t>(a.layer_tokens) != r.layer_tokens ||
+          a.consumed_layer_tokens != st_.layer_tokens + r.layer_tokens) {
+        throw TrainError(router_who_ + ": advance (step " + std::to_string(step) + ") counted " +
+                         std::to_string(a.layer_tokens) + " layer tokens (" +
+                         std::to_string(a.consumed_layer_tokens) +
+                         " consumed), but the model ran " + std::to_string(r.layer_tokens) + " (" +
+                         std::to_string(st_.layer_tokens + r.layer_tokens) + ")");
+      }
+    }
+    st_.layer_tokens += r.layer_tokens;
+    if (step == c_.warmup_steps) {
+      st_.warmup_tokens = st_.tokens_seen;
+      st_.warmup_layer_tokens = st_.layer_tokens;
+    }
+    st_.uncompressed_bytes += static_cast<uint64_t>(per_step_uncompressed_);
+    loss_acc_ += r.loss;
+    aux_acc_ += r.aux;
+    ++acc_steps_;
+    return r;
+  }
+
+  // ---- logging
+
+  // The mean loss since the last log line (over the ranks), a metrics record and a line.
+  void log_step(int64_t step, const StepResult& r) {
+    const auto tot = comm_.sum({loss_acc_, static_cast<double>(acc_steps_), aux_acc_});
+    const double mean_loss = tot[0] / tot[1];
+    const double mean_aux = tot[2] / tot[1];
+    // The MoE layers of this step: aux loss (mean over the ranks), load per expert and dropped
+    // choices (summed over the ranks).
+    nlohmann::json moe_json = nlohmann::json::array();
+    if (!moe_.empty()) {
+      std::vector<double> v;
+      for (const MoeLayer* m : moe_) {
+        v.push_back(m->aux_loss());
+        v.push_back(static_cast<double>(m->dropped()));
+        for (const int64_t l : m->load()) v.push_back(static_cast<double>(l));
+      }
+      v = comm_.sum(v);
+      size_t o = 0;
+      for (size_t i = 0; i < moe_.size(); ++i) {
+        nlohmann::json e = {{"layer", c_.moe_layers[i]},
+                            {"experts", moe_[i]->experts()},
+                            {"aux_loss", v[o] / world_},
+                            {"dropped", static_cast<int64_t>(v[o + 1])}};
+        std::vector<int64_t> load;
+        for (int k = 0; k < moe_[i]->experts(); ++k)
+          load.push_back(static_cast<int64_t>(v[o + 2 + static_cast<size_t>(k)]));
+        e["load"] = load;
+        o += 2 + static_cast<size_t>(moe_[i]->experts());
+        moe_json.push_back(std::move(e));
+      }
+    }
+    const auto now = clk::now();
+    const double dt = std::chrono::duration<double>(now - t_log_).count();
+    const double tps = static_cast<double>(st_.tokens_seen - log_tokens_) / std::max(dt, 1e-9);
+    const auto ci = comm_info();
+    const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
+    const uint64_t rounds = comm_.grad_rounds + ci.rounds;
+    const double elapsed = elapsed_before_ + std::chrono::duration<double>(now - t_start_).count();
+    if (root_) {
+      nlohmann::json j = {{"type", "train"},
+                          {"step", step},
+                          {"loss", mean_loss},
+                          {"lr", r.lr},
+                          {"grad_norm", r.gnorm},
+                          {"tokens_per_s", tps},
+                          {"tokens", st_.tokens_seen},
+                          {"comm_bytes_sent", sent},
+                          {"comm_bytes_received", comm_.grad_bytes_received + ci.bytes_received},
+                          {"comm_rounds", rounds},
+                          {"uncompressed_bytes", st_.uncompressed_bytes},
+                          {"owns_communication", r.owns},
+                          {"skipped_steps", st_.skipped_steps},
+                          {"elapsed_s", elapsed},
+                          {"seq_len", r.seq_len},
+                          {"layer_tokens", r.layer_tokens},
+                          {"consumed_layer_tokens", st_.layer_tokens}};
+      if (router_ != nullptr) j["kept"] = r.kept;
+      if (!moe_.empty()) {
+        j["aux_loss"] = mean_aux;
+        j["moe"] = moe_json;
+      }
+      if (r.kd) {
+        j["kd_ce"] = r.kd->ce;
+        j["kd_soft_ce"] = r.kd->soft_ce;
+        j["kd_hidden_mse"] = r.kd->hidden_mse;
+      }
+      // The sampler's difficulty (null when it is not a curriculum: NaN).
+      if (cur_.sampler != nullptr) {
+        j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
+      }
+      metrics_ << j.dump() << "\n" << std::flush;
+      double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
+                   static_cast<double>(c_.steps - step);
+      if (c_.train_tokens > 0 && st_.tokens_seen > start_tokens_) {  // the budget may end first
+        const double left = static_cast<double>(c_.train_tokens) -
+                            static_cast<double>(std::min<uint64_t>(
+                                st_.tokens_seen, static_cast<uint64_t>(c_.train_tokens)));
+        eta = std::min(eta, (elapsed - elapsed_before_) * left /
+                                static_cast<double>(st_.tokens_seen - start_tokens_));
+      }
+      if (c_.train_layer_tokens > 0 && st_.layer_tokens > start_layer_tokens_) {  // likewise
+        const double left = static_cast<double>(c_.train_layer_tokens) -
+                            static_cast<double>(std::min<uint64_t>(
+                                st_.layer_tokens, static_cast<uint64_t>(c_.train_layer_tokens)));
+        eta = std::min(eta, (elapsed - elapsed_before_) * left /
+                                static_cast<double>(st_.layer_tokens - start_layer_tokens_));
+      }
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  sent %s  ETA %s",
+                    static_cast<long long>(step), static_cast<long long>(c_.steps), mean_loss, r.lr,
+                    tps, human_bytes(static_cast<double>(sent)).c_str(), human_time(eta).c_str());
+      if (tty_)
+        std::cout << "\r" << line << "\033[K" << std::flush;
+      else
+        std::cout << line << std::endl;
+    }
+    loss_acc_ = 0;
+    aux_acc_ = 0;
+    acc_steps_ = 0;
+    log_from_step_ = step;
+    log_tokens_ = st_.tokens_seen;
+    t_log_ = clk::now();
+  }
+
+  // Eval: the first eval_batches * batch_size windows of seq_len + 1 heldout tokens (fewer
+  // when the split is small); window w goes to rank w % world.
+  double evaluate() { return evaluate(quant_ != nullptr); }
+  double evaluate(bool quantized) {
+    std::optional<QuantizedEval> qe;
+    if (quantized) qe.emplace(*model_, *quant_, quant_names_);
+    const auto h = ds_->heldout();
+    size_t windows = std::min<size_t>(static_cast<size_t>(c_.eval_batches) * c_.batch_size,
+                                      (h.size() - 1) / c_.seq_len);
+    // Expert parallelism: every rank of a group makes the same forwards (they exchange
+    // tokens), so each rank gets the same number of windows.
+    if (moe_ep_ > 1 && windows >= static_cast<size_t>(world_)) windows -= windows % world_;
+    std::vector<size_t> mine;
+    for (size_t w = rank_; w < windows; w += world_) mine.push_back(w);
+    double sum = 0;
+    // Evaluation forwards pass training = 0 at the last step run (1 before any).
+    if (router_ != nullptr) router_->set_step(std::max<int64_t>(1, last_step_), 0);
+    for (MoeLayer* m : moe_) m->set_step(std::max<int64_t>(1, last_step_), 0);
+    for (size_t b = 0; b < mine.size(); b += local_batch_) {
+      const int n = static_cast<int>(std::min<size_t>(local_batch_, mine.size() - b));
+      x_.resize(static_cast<size_t>(n) * c_.seq_len);
+      y_.resize(x_.size());
+      for (int i = 0; i < n; ++i) {
+        const size_t off = mine[b + i] * c_.seq_len;
+        for (int j = 0; j < c_.seq_len; ++j) {
+          x_[static_cast<size_t>(i) * c_.seq_len + j] = h[off + j];
+          y_[static_cast<size_t>(i) * c_.seq_len + j] = h[off + j + 1];
+        }
+      }
+      sum += static_cast<double>(model_->forward_loss(x_.data(), y_.data(), n, c_.seq_len)) * n;
+    }
+    if (qe) {
+      quant_packed_bytes_ = qe->packed_bytes();
+      quant_float_bytes_ = qe->float_bytes();
+      quant_calls_ = qe->matmul_calls();
+    }
+    const auto tot = comm_.sum({sum, static_cast<double>(mine.size())});
+    return tot[0] / std::max(1.0, tot[1]);
+  }
+
+  void eval_step(int64_t step) {
+    last_eval_ = evaluate();
+    if (root_) {
+      nlohmann::json j = {{"type", "eval"},
+                          {"step", step},
+                          {"eval_loss", last_eval_},
+                          {"eval_ppl", std::exp(last_eval_)}};
+      metrics_ << j.dump() << "\n" << std::flush;
+      if (tty_) std::cout << "\n";
+      std::printf("eval step %lld: loss %.4f, perplexity %.2f\n", static_cast<long long>(step),
+                  last_eval_, std::exp(last_eval_));
+      std::fflush(stdout);
+    }
+  }
+
+  // ---- checkpoints
+
+  // step_N.tmp on every rank, renamed into place by rank 0 once all have written; the last
+  // two are kept. The optimizer's state is exported once (size query, then the copy from
+  // the same serialisation).
+  void save_checkpoint(int64_t step) {
+    std::error_code ec;
+    const fs::path tmp = ckpt_root_ / (step_dir_name(step) + ".tmp");
+    const fs::path dir = ckpt_root_ / step_dir_name(step);
+    if (root_) {
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      if (ec) throw CheckpointError(tmp.string() + ": cannot create: " + ec.message());
+    }
+    comm_.barrier();
+    const std::string rs = "rank" + std::to_string(rank_);
+    save_safetensors((tmp / ("model." + rs + ".safetensors")).string(), model_->parameters(),
+                     {{"step", std::to_string(step)}});
+    size_t n = 0;
+    check_loom(loom_instance_export_state(opt_, nullptr, 0, &n), "optimizer export_state");
+    std::vector<uint8_t> blob(n);
+    check_loom(loom_instance_export_state(opt_, blob.data(), blob.size(), &n),
+               "optimizer export_state");
+    blob.resize(n);
+    save_blob((tmp / ("optimizer." + rs + ".bin")).string(), BlobKind::kOptimizer, blob);
+    // The sampler's position and the seqlen schedule's state, so a resume continues
+    // mid-epoch and mid-schedule.
+    for (const auto& [inst, file] : curriculum_files()) {
+      size_t m = 0;
+      check_loom(loom_instance_export_state(inst, nullptr, 0, &m), file + " export_state");
+      std::vector<uint8_t> state(m);
+      check_loom(loom_instance_export_state(inst, state.data(), state.size(), &m),
+                 file + " export_state");
+      state.resize(m);
+      save_blob((tmp / (file + "." + rs + ".bin")).string(), BlobKind::kCurriculum, state);
+    }
+    if (router_inst_ != nullptr) {
+      size_t m = 0;
+      check_loom(loom_instance_export_state(router_inst_, nullptr, 0, &m), "router export_state");
+      std::vector<uint8_t> state(m);
+      check_loom(loom_instance_export_state(router_inst_, state.data(), state.size(), &m),
+                 "router export_state");
+      state.resize(m);
+      save_blob((tmp / ("router." + rs + ".bin")).string(), BlobKind::kRouter, state);
+    }
+    if (!moe_.empty()) {
+      save_blob((tmp / ("moe." + rs + ".bin")).string(), BlobKind::kMoe, encode_moe());
+    }
+    TrainerState s = st_;
+    s.step = step;
+    s.grad_bytes_sent = comm_.grad_bytes_sent;
+    s.grad_bytes_received = comm_.grad_bytes_received;
+    s.grad_rounds = comm_.grad_rounds;
+    s.loss_acc = loss_acc_;
+    s.acc_steps = acc_steps_;
+    save_blob((tmp / ("trainer." + rs + ".bin")).string(), BlobKind::kTrainer, encode(s));
+    comm_.barrier();
+    if (root_) {
+      fs::remove_all(dir, ec);
+      fs::rename(tmp, dir, ec);
+      if (ec) throw CheckpointError(dir.string() + ": cannot rename into place: " + ec.message());
+      const std::string name = step_dir_name(step) + "\n";
+      write_file_atomic(latest_file_.string(), name.data(), name.size());
+      // Keep the last two checkpoints.
+      std::vector<fs::path> old;
+      for (const auto& e : fs::directory_iterator(ckpt_root_, ec)) {
+        const auto f = e.path().filename().string();
+        if (e.is_directory() && f.rfind("step_", 0) == 0 && f.find(".tmp") == std::string::npos &&
+            f < step_dir_name(step))
+          old.push_back(e.path());
+      }
+      std::sort(old.begin(), old.end());
+      for (size_t i = 0; i + 1 < old.size(); ++i) fs::remove_all(old[i], ec);
+    }
+    comm_.barrier();
+  }
+
+  // The [moe] trainer state: "LMO1", the aux-loss sum since the last metrics line (double),
+  // the layer count (uint32), then per layer its index and expert count (int32 each) and
+  // the expert bias (float32 [E], or nothing, count 0, without aux-loss-free balancing).
+  static constexpr uint32_t kMoeStateMagic = 0x314f4d4c;
+  std::vector<uint8_t> encode_moe() {
+    std::vector<uint8_t> b;
+    put(b, kMoeStateMagic);
+    put(b, aux_acc_);
+    put(b, static_cast<uint32_t>(moe_.size()));
+    for (size_t i = 0; i < moe_.size(); ++i) {
+      put(b, static_cast<int32_t>(c_.moe_layers[i]));
+      put(b, static_cast<int32_t>(moe_[i]->experts()));
+      const std::vector<float>& bias = moe_[i]->expert_bias();
+      put(b, static_cast<uint32_t>(bias.size()));
+      for (const float v : bias) put(b, v);
+    }
+    return b;
+  }
+  void decode_moe(const std::vector<uint8_t>& b, const std::string& file) {
+    size_t o = 0;
+    if (take<uint32_t>(b, o, file) != kMoeStateMagic) {
+      throw CheckpointError(file + ": not a [moe] state of this version of loom-train");
+    }
+    const auto acc = take<double>(b, o, file);
+    const auto n = take<uint32_t>(b, o, file);
+    if (n != moe_.size()) {
+      throw CheckpointError(file + ": holds " + std::to_string(n) + " MoE layers, the config " +
+                            std::to_string(moe_.size()) +
+                            "; resume with the config it was written with");
+    }
+    for (size_t i = 0; i < moe_.size(); ++i) {
+      const auto layer = take<int32_t>(b, o, file);
+      const auto experts = take<int32_t>(b, o, file);
+      const auto count = take<uint32_t>(b, o, file);
+      std::vector<float>& bias = moe_[i]->expert_bias();
+      if (layer != c_.moe_layers[i] || experts != moe_[i]->experts() || count != bias.size()) {
+        throw CheckpointError(
+            file + ": MoE layer #" + std::to_string(i) + " is layer " + std::to_string(layer) +
+            " with " + std::to_string(experts) + " experts (" + std::to_string(count) +
+            " biases), the config's layer " + std::to_string(c_.moe_layers[i]) + " with " +
+            std::to_string(moe_[i]->experts()) + " (" + std::to_string(bias.size()) +
+            "); resume with the config it was "
+            "written with");
+      }
+      for (float& v : bias) v = take<float>(b, o, file);
+    }
+    if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the [moe] state");
+    aux_acc_ = acc;
+  }
+
+  // The curriculum instances whose state a checkpoint holds, with their file stems.
+  std::vector<std::pair<loom_instance*, std::string>> curriculum_files() const {
+    std::vector<std::pair<loom_instance*, std::string>> out;
+    if (cur_.sampler != nullptr) out.emplace_back(cur_.sampler, "sampler");
+    if (cur_.seqlen != nullptr) out.emplace_back(cur_.seqlen, "seqlen");
+    return out;
+  }
+
+  // ---- the end: final eval, summary.json, the totals and the plot
+
+  void finish() {
+    if (std::isnan(last_eval_)) last_eval_ = evaluate();  // resumed at the end: report again
+    // [quantization]: the float weights' loss beside the quantized one (every rank).
+    const double fp32_eval = quant_ ? evaluate(false) : NAN;
+    const auto ci = comm_info();
+    const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
+    const uint64_t rounds = comm_.grad_rounds + ci.rounds;
+    if (root_) {
+      nlohmann::json summary = {{"final_eval_loss", last_eval_},
+                                {"final_eval_ppl", std::exp(last_eval_)},
+                                {"steps", last_step_},
+                                {"tokens", st_.tokens_seen},
+                                {"layer_tokens", st_.layer_tokens},
+                                {"ranks", world_},
+                                {"optimizer", loom_instance_plugin(opt_)},
+                                {"parameters", numel_},
+                                {"comm_bytes_sent", sent},
+                                {"comm_rounds", rounds},
+                                {"uncompressed_bytes", st_.uncompressed_bytes},
+                                {"skipped_steps", st_.skipped_steps},
+                                {"elapsed_s", st_.elapsed_s}};
+      if (!moe_.empty()) {
+        nlohmann::json layers = nlohmann::json::array();
+        for (size_t i = 0; i < moe_.size(); ++i) {
+          layers.push_back({{"layer", c_.moe_layers[i]},
+                            {"experts", moe_[i]->experts()},
+                            {"top_k", moe_[i]->plan().top_k},
+                            {"residual", moe_[i]->residual()}});
+        }
+        summary["moe"] = {
+            {"layers", layers}, {"ep_size", moe_ep_}, {"aux_loss_coef", c_.moe_aux_loss_coef}};
+      }
+      if (quant_) {
+        summary["quantizer"] = c_.quantizer;
+        summary["quantizer_plugin"] = quant_plugin_;
+        summary["quantized_tensors"] = quant_names_;
+        summary["qat"] = c_.qat;
+        summary["kd"] = c_.kd;
+        summary["lkd_steps"] = c_.lkd_steps;
+        summary["packed_bytes"] = quant_packed_bytes_;
+        summary["float_bytes"] = quant_float_bytes_;
+        summary["final_fp32_eval_loss"] = fp32_eval;
+      }
+      // The sampler's cost beside the steps it fed, timed in this process (rank 0; since
+      // the start or the resume): what the sampler adds to a step.
+      if (cur_.sampler != nullptr && train_step_s_ > 0) {
+        summary["sampler_s"] = sampler_s_;
+        summary["train_step_s"] = train_step_s_;
+        summary["sampler_share_of_step"] = sampler_s_ / train_step_s_;
+      }
+      const std::string s = summary.dump(2) + "\n";
+      write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());
+      if (tty_) std::cout << "\n";
+      std::printf("final eval loss: %.4f (perplexity %.2f)\n", last_eval_, std::exp(last_eval_));
+      if (st_.skipped_steps > 0) {
+        std::printf("steps skipped for a NaN or Inf gradient: %llu\n",
+                    static_cast<unsigned long long>(st_.skipped_steps));
+      }
+      if (world_ > 1) {
+        std::printf(
+            "bytes sent by rank 0 for gradient sync: %s in %llu rounds; uncompressed Adam "
+            "would have sent %s (%.2fx)\n",
+            human_bytes(static_cast<double>(sent)).c_str(), static_cast<unsigned long long>(rounds),
+            human_bytes(static_cast<double>(st_.uncompressed_bytes)).c_str(),
+            sent > 0 ? static_cast<double>(st_.uncompressed_bytes) / static_cast<double>(sent)
+                     : 0.0);
+      } else {
+        std::printf("bytes sent: 0 (one rank; nothing to average)\n");
+      }
+      std::printf("metrics: %s\n", metrics_path_.string().c_str());
+      std::fflush(stdout);
+      if (!c_.plot.empty()) {
+        std::error_code ec;
+        const fs::path self = fs::canonical("/proc/self/exe", ec);
+        const fs::path plotter = self.parent_path() / "loom-plot";
+        const std::string cmd =
+            "'" + plotter.string() + "' '" + run_dir_.string() + "' -o '" + c_.plot + "'";
+        if (std::system(cmd.c_str()) == 0) {
+          std::printf("plot: %s\n", c_.plot.c_str());
+        } else {
+          std::printf("plot: not written (loom-plot failed; see above)\n");
+        }
+      }
+    }
+    comm_.barrier();
+  }
+
+  // Declared in the order they are made, so they are destroyed in reverse: the model and
+  // the metrics file before the session, the session before the dataset.
+  const Args& args_;
+  TrainConfig c_;
+  std::optional<Dataset> ds_;
+  std::unique_ptr<loom_session, void (*)(loom_session*)> session_{nullptr, loom_close};
+  loom_instance* opt_ = nullptr;
+  Curriculum cur_;
+  std::unique_ptr<WeightQuantizer> quant_;  // [quantization] (nullptr: none)
+  std::string quant_who_, quant_plugin_;
+  std::vector<std::string> quant_names_;
+  std::optional<Model> teacher_;  // the fp32 teacher of LKD and KD
+  std::vector<float> tlogits_;
+  std::vector<nlohmann::json> lkd_log_;
+  uint64_t quant_packed_bytes_ = 0, quant_float_bytes_ = 0;
+  int64_t quant_calls_ = 0;
+  loom_instance* router_inst_ = nullptr;  // [routing] router (nullptr: none)
+  PluginRouter* router_ = nullptr;        // its hook, owned by the model
+  std::string router_who_;
+  std::string router_weights_;         // the learned router weights' names, for the banner
+  loom_instance* moe_inst_ = nullptr;  // [moe] instance (nullptr: a dense model)
+  std::vector<MoeLayer*> moe_;         // the MoE layers, owned by the model, as [moe] lists them
+  std::string moe_who_;
+  int moe_ep_ = 1;                         // the instance's ep_size
+  std::vector<std::string> expert_names_;  // the expert parameters (reduce_gradients)
+  std::vector<bool> expert_;               // per parameter: an expert parameter
+  double aux_acc_ = 0;                     // like loss_acc_, of StepResult::aux
+  uint64_t samples_ = 0;  // the dataset's fixed samples at seq_len (what the sampler draws)
+  Comm comm_;
+  int rank_ = 0, world_ = 1;
+  bool root_ = true;
+  int local_batch_ = 0;
+  std::optional<Model> model_;
+  size_t numel_ = 0;
+
+  // The optimizer's view of the parameters (pointers into these vectors and into
+  // wpe_mask_t_, so Trainer is neither copied nor moved).
+  std::vector<DLTensor> pt_, gt_;
+  std::vector<loom_optimizer_tensor> decay_, no_decay_;
+  std::vector<float> wpe_mask_;
+  DLTensor wpe_mask_t_{};
+  std::vector<loom_optimizer_group> groups_;
+  bool contiguous_ = true;
+  std::vector<float> flat_;  // gradient staging when the gradients are not one block
+
+  fs::path run_dir_, ckpt_root_, metrics_path_, latest_file_;
+  TrainerState st_;
+  std::ofstream metrics_;
+  double loss_acc_ = 0;  // see TrainerState
+  int64_t acc_steps_ = 0;
+  std::vector<int32_t> x_, y_;    // the batch (and eval windows)
+  std::vector<int32_t> cx_, cy_;  // the batch cut to a shorter step's length
+  bool tty_ = false;
+  int64_t inject_step_ = 0;  // LOOM_TRAIN_NONFINITE_GRAD (0: none)
+  int inject_rank_ = 0;
+  double per_step_uncompressed_ = 0;
+
+  clk::time_point t_start_, t_log_;
+  double elapsed_before_ = 0;
+  double sampler_s_ = 0;     // time in the sampler's next, this process
+  double train_step_s_ = 0;  // time in train_step (sampler included), this process
+  int64_t log_from_step_ = 0;
+  uint64_t log_tokens_ = 0;          // tokens_seen at the last log line
+  uint64_t start_tokens_ = 0;        // tokens_seen when this process started training
+  uint64_t start_layer_tokens_ = 0;  // layer_tokens then
+  int64_t last_step_ = 0;
+  double last_eval_ = NAN;
+
+ public:
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+};
+
+int run(const Args& args) {
+  Trainer trainer(args);
+  return trainer.run();
+}
+
+// --check (what `loom check CONFIG` runs): every problem of the config, of the manifest it
+// names (as `loom check MANIFEST` reports them) and of the dataset, without training. 0 or 2.
+int check(const Args& args) {
+  TrainConfig c;
+  std::vector<std::string> problems;
+  try {
+    c = read_config(args.config, problems);
+  } catch (const ConfigError& e) {
+    for (const auto& line : e.errors()) std::cerr << line << "\n";
+    return 2;
+  }
+  for (const auto& line : problems) std::cerr << line << "\n";
+  bool ok = problems.empty();
+  if (c.manifest.empty()) return 2;  // [manifest] path missing: said above
+  loom_open_options opts{};
+  opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+  opts.validate_only = 1;
+  opts.log_level = LOOM_LOG_WARN;
+  opts.plugin_path = args.plugin_path.empty() ? nullptr : args.plugin_path.c_str();
+  loom_session* session = nullptr;
+  bool manifest_ok = true;
+  TrainConfig cc = c;  // the curriculum instances the manifest has, for the checks below
+  if (loom_open_file(c.manifest.c_str(), &opts, &session) != LOOM_OK) {
+    std::cerr << loom_last_error() << "\n";
+    ok = manifest_ok = false;
+  } else {
+    loom_close(session);
+    for (const auto& problem : manifest_name_problems(c)) {
+      std::cerr << problem << "\n";
+      ok = false;
+      if (!c.sampler.empty() && problem.rfind(c.sampler_at + ": [curriculum] sampler", 0) == 0) {
+        cc.sampler.clear();
+      }
+      if (!c.seqlen.empty() && problem.rfind(c.seqlen_at + ": [curriculum] seqlen", 0) == 0) {
+        cc.seqlen.clear();
+      }
+      if (!c.router.empty() && problem.rfind(c.router_at + ": [routing] router", 0) == 0) {
+        cc.router.clear();
+      }
+      if (!c.moe.empty() && problem.rfind(c.moe_at + ": [moe] instance", 0) == 0) cc.moe.clear();
+      if (!c.quantizer.empty() &&
+          problem.rfind(c.quantizer_at + ": [quantization] quantizer", 0) == 0) {
+        cc.quantizer.clear();
+      }
+    }
+  }
+  // A quantized checkpoint: it opens (every header check of the tensor-file reader).
+  if (!c.checkpoint.empty()) {
+    loom_tensor_file* f = nullptr;
+    if (loom_tensor_file_open(c.checkpoint.c_str(), &f) != LOOM_OK) {
+      std::cerr << c.checkpoint_at << ": [quantization] checkpoint: " << loom_last_error() << "\n";
+      ok = false;
+    }
+    loom_tensor_file_close(f);
+  }
+  std::optional<Dataset> ds;
+  if (problems.empty()) {  // the dataset checks need a sound config
+    try {
+      ds.emplace(c.dataset);
+      fit_to_dataset(c, *ds);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      ok = false;
+      ds.reset();
+    }
+  }
+  // The curriculum's and the router's instances: created (alone: the manifest's [loom],
+  // [curriculum.*], [sampler.*] and [router.*]), checked for kind and role, and planned, the
+  // sampler over this dataset, the router for every layer at seq_len.
+  if (manifest_ok && ds &&
+      (!cc.sampler.empty() || !cc.seqlen.empty() || !cc.router.empty() || !cc.quantizer.empty())) {
+    loom_open_options co = opts;
+    co.validate_only = 0;
+    const std::string text = curriculum_manifest(c);
+    loom_session* cs = nullptr;
+    if (loom_open_string(text.c_str(), c.manifest.c_str(), &co, &cs) != LOOM_OK) {
+      std::cerr << loom_last_error() << "\n";
+      ok = false;
+    } else {
+      std::vector<std::string> cp;
+      Curriculum cur;
+      cc.model = c.model;  // the vocabulary size the dataset gave
+      cur.open(cs, cc, sample_count(ds->train().size(), c.seq_len), ds->header().payload_checksum,
+               1, cp);
+      // The router: its kind, and its plan of every layer at seq_len (step 1, training).
+      if (!cc.router.empty()) {
+        const std::string who = c.router_at + ": [routing] router '" + c.router + "'";
+        loom_instance* ri = nullptr;
+        if (loom_find_instance(cs, "router", c.router.c_str(), &ri) != LOOM_OK) {
+          cp.push_back(who + ": " + loom_last_error());
+        } else {
+          try {
+            PluginRouter router(ri, who, c.seed, c.seq_len, c.model.dim);
+            router.set_step(1, 0);
+            for (int l = 0; l < c.model.layers; ++l) {
+              (void)router.has_weight(l, c.model.layers);
+              (void)router.plan(l, c.model.layers, c.batch_size, c.seq_len, true);
+            }
+          } catch (const std::exception& e) {
+            cp.push_back(e.what());
+          }
+        }
+      }
+      // The quantizer: its kind, and every selected tensor's shape packed (it refuses a
+      // shape its parameters cannot take, naming the tensor).
+      if (!cc.quantizer.empty()) {
+        const std::string who = c.quantizer_at + ": [quantization] quantizer '" + c.quantizer + "'";
+        loom_instance* qi = nullptr;
+        if (loom_find_instance(cs, "quantizer", c.quantizer.c_str(), &qi) != LOOM_OK) {
+          cp.push_back(who + ": " + loom_last_error());
+        } else {
+          try {
+            auto q = plugin_quantizer(qi, who);
+            const int64_t C = c.model.dim;
+            for (const auto& name : quantized_tensor_names(c)) {
+              int64_t rows = C, cols = C;
+              if (name == "wte") rows = c.model.vocab_size;
+              if (name == "wpe") rows = c.model.context;
+              if (name.find("attn.qkv.w") != std::string::npos) rows = 3 * C;
+              if (name.find("mlp.fc.w") != std::string::npos) rows = 4 * C;
+              if (name.find("mlp.proj.w") != std::string::npos) cols = 4 * C;
+              std::vector<float> zeros(static_cast<size_t>(rows * cols), 0.0f);
+              (void)q->pack(name, zeros.data(), rows, cols);
+            }
+          } catch (const std::exception& e) {
+            cp.push_back(e.what());
+          }
+        }
+      }
+      for (const auto& line : cp) std::cerr << line << "\n";
+      ok = ok && cp.empty();
+      if (cp.empty()) {
+        for (const auto& w : cur.warnings(cc)) std::cerr << w << "\n";
+      }
+      loom_close(cs);
+    }
+  }
+  // The MoE instance (alone: the manifest's [loom] and [moe.*], without its comm) and its
+  // plan of every [moe] layer (training and evaluation at the batch's tokens); the experts'
+  // split over the expert-parallel group is checked here, the group needing the comm.
+  if (manifest_ok && problems.empty() && !cc.moe.empty()) {
+    std::vector<std::string> mp;
+    int64_t ep_size = 1;
+    std::string ep_at;
+    const std::string text = moe_check_manifest(c, ep_size, ep_at);
+    const std::string who = c.moe_at + ": [moe] instance '" + c.moe + "'";
+    loom_open_options mo = opts;
+    mo.validate_only = 0;
+    loom_session* ms = nullptr;
+    if (text.empty()) {
+      mp.push_back(who + ": " + c.manifest +
+                   " could not be read as tables, one key per line, to plan the MoE layers");
+    } else if (loom_open_string(text.c_str(), c.manifest.c_str(), &mo, &ms) != LOOM_OK) {
+      mp.push_back(loom_last_error());
+    } else {
+      loom_instance* mi = nullptr;
+      if (loom_find_instance(ms, "moe", c.moe.c_str(), &mi) != LOOM_OK) {
+        mp.push_back(who + ": " + loom_last_error());
+      } else {
+        const int hidden = c.moe_hidden > 0 ? c.moe_hidden : 4 * c.model.dim;
+        const int64_t tokens = static_cast<int64_t>(c.batch_size) * c.seq_len;
+        for (size_t i = 0; i < c.moe_layers.size(); ++i) {
+          try {
+            for (const bool training : {true, false}) {
+              const loom_moe_plan_args p =
+                  MoeLayer::plan_layer(mi, who, c.moe_layers[i], c.model.layers, c.model.dim,
+                                       hidden, c.moe_experts[i], tokens, training);
+              if (training && ep_size > 1 && p.experts % ep_size != 0) {
+                mp.push_back(c.moe_experts_at + ": [moe] experts: layer " +
+                             std::to_string(c.moe_layers[i]) + " has " + std::to_string(p.experts) +
+                             " experts, which the expert-parallel group of " + ep_at + " ep_size " +
+                             std::to_string(ep_size) + " cannot hold evenly (a multiple of " +
+                             std::to_string(ep_size) + " is needed)");
+              }
+            }
+          } catch (const std::exception& e) {
+            mp.push_back(e.what());
+          }
+        }
+      }
+      loom_close(ms);
+    }
+    for (const auto& line : mp) std::cerr << line << "\n";
+    ok = ok && mp.empty();
+  }
+  if (problems.empty()) {
+    for (const auto& w : config_warnings(c)) std::cerr << w << "\n";
+  }
+  if (!ok) return 2;
+  std::cout << args.config << ": ok (trainer config; manifest " << c.manifest << ", dataset "
+            << c.dataset << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  loom::trainer::install_crash_report("loom train");
+  CLI::App app{"Train a model with the reference trainer (docs/trainer.md)"};
+  loom_cli::configure(app, "loom train");
+  Args a;
+  app.add_option("CONFIG", a.config, "Trainer config (TOML) naming a Loom manifest")
+      ->required()
+      ->type_name("FILE");
+  auto* resume =
+      app.add_flag("--resume", a.resume, "Continue from the run directory's last checkpoint");
+  app.add_flag("--fresh", a.fresh, "Start over, deleting the run directory's checkpoints")
+      ->excludes(resume);
+  app.add_option("--steps", a.steps, "Override [train] steps (0: the config's)")
+      ->check(loom_cli::integer_in(0, int64_t{1} << 40))
+      ->type_name("N");
+  app.add_option("--stop-after", a.stop_after, "Exit after this step (for tests; -1: never)")
+      ->check(loom_cli::integer_in(-1, int64_t{1} << 40))
+      ->type_name("STEP");
+  app.add_option("--run-dir", a.run_dir, "Override [train] run_dir")->type_name("DIR");
+  app.add_flag("--no-plot", a.no_plot, "Do not draw the plot at the end");
+  app.add_flag("--eval-only", a.eval_only,
+               "Evaluate the weights ([quantization] weights, else the run's latest checkpoint) "
+               "in fp32 and quantized, write RUN_DIR/eval.json, and exit");
+  app.add_option("--weights", a.weights,
+                 "With --eval-only: the weights to evaluate (a loom quantize output, or fp32 "
+                 "weights the config's [quantization] quantizer quantizes)")
+      ->type_name("FILE");
+  app.add_flag("--check", a.check,
+               "Validate the config, its manifest and dataset, and exit (what loom check does)");
+  app.add_option("--plugin-path", a.plugin_path,
+                 "Extra plugin folders (':'-separated), searched after the manifest's")
+      ->type_name("DIRS");
+  if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
+  try {
+    if (a.check) return check(a);
+    return run(a);
+  } catch (const ConfigError& e) {
+    std::cout << std::flush;
+    for (const auto& line : e.errors()) std::cerr << "loom train: error: " << line << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cout << std::flush;
+    std::cerr << "loom train: error: " << e.what() << std::endl;
+    return 2;
+  }
+}

@@ -332,6 +332,7 @@ std::vector<LogicalTensor> logical_tensors(const safetensors::Header& header,
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
+  out.reserve(items.size());
   for (auto& [off, lt] : items) out.push_back(std::move(lt));
   return out;
 }
@@ -414,6 +415,10 @@ void decode(const QuantRecord& r, const uint8_t* codes, const uint8_t* scales,
   uint64_t numel = 1;
   for (const int64_t d : r.shape) numel *= static_cast<uint64_t>(d);
   if (numel == 0) return;
+  if (r.bits < 1 || r.bits > 8 ||
+      (r.bits < 2 && r.scheme == LOOM_QUANT_INT && (r.flags & LOOM_QUANT_SYMMETRIC) != 0)) {
+    throw Error(LOOM_ERR_DATA_LOSS, what + ": " + std::to_string(r.bits) + "-bit codes");
+  }
   // quant_format.h: the bits after the last code in its byte are 0 (LSB first: the high
   // bits; MSB first: the low bits).
   const uint64_t used = (numel * r.bits) % 8;

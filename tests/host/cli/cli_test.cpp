@@ -319,7 +319,8 @@ TEST_F(Cli, HelpListsEveryCommandAndExitsZero) {
     EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
     EXPECT_THAT(r.out, StartsWith("loom: a plugin host"));
     EXPECT_THAT(r.out, HasSubstr("Usage: loom [OPTIONS] [SUBCOMMAND]"));
-    for (const char* cmd : {"plugins", "describe", "check", "bench", "train", "data", "plot"}) {
+    for (const char* cmd :
+         {"plugins", "describe", "check", "quantize", "bench", "train", "data", "plot"}) {
       EXPECT_TRUE(std::regex_search(r.out, std::regex(std::string("\\n  ") + cmd + " +\\S")))
           << cmd << " in:\n"
           << r.out;
@@ -330,7 +331,7 @@ TEST_F(Cli, HelpListsEveryCommandAndExitsZero) {
 }
 
 TEST_F(Cli, HelpOfEachCommandMatchesItsHelpOption) {
-  for (const std::string cmd : {"plugins", "describe", "check"}) {
+  for (const std::string cmd : {"plugins", "describe", "check", "quantize"}) {
     const auto a = loom("help " + cmd);
     const auto b = loom(cmd + " --help");
     EXPECT_EQ(a.exit_code, 0) << a.err;

@@ -267,6 +267,48 @@ TEST_F(TensorFile, CopiesAMisalignedTensorSoItsDataIsAligned) {
   loom_tensor_file_close(f);
 }
 
+// The host decodes every scheme by quant_format.h's rules, with no plugin: hand-packed files
+// (the fuzzer's seeds) with their values worked out by hand.
+std::vector<float> decoded(const std::string& seed, const char* name) {
+  const auto path = std::string(LOOM_SAFETENSORS_CORPUS) + "/" + seed;
+  loom_tensor_file* f = nullptr;
+  EXPECT_EQ(loom_tensor_file_open(path.c_str(), &f), LOOM_OK) << loom_last_error();
+  size_t i = 0;
+  EXPECT_EQ(loom_tensor_file_find(f, name, &i), LOOM_OK);
+  loom_tensor_info info{};
+  info.struct_size = LOOM_TENSOR_INFO_SIZE;
+  EXPECT_EQ(loom_tensor_file_info(f, i, &info), LOOM_OK);
+  size_t n = 1;
+  for (int d = 0; d < info.tensor.ndim; ++d) n *= static_cast<size_t>(info.tensor.shape[d]);
+  std::vector<float> v(n);
+  EXPECT_EQ(loom_tensor_file_read_f32(f, i, v.data(), n), LOOM_OK) << loom_last_error();
+  loom_tensor_file_close(f);
+  return v;
+}
+
+TEST(QuantDecode, TernaryMsbFirstInGroupsOfThree) {
+  // [2, 5], codes 1 2 0 1 0 | 2 1 0 2 1, scales [[0.5, 0.25], [1, 2]].
+  EXPECT_THAT(
+      decoded("ternary_binary.safetensors", "t"),
+      ::testing::ElementsAre(0.5f, -0.5f, 0.0f, 0.25f, 0.0f, -1.0f, 1.0f, 0.0f, -2.0f, 2.0f));
+}
+
+TEST(QuantDecode, BinaryLsbFirstOneScale) {
+  const float a = 0.75f;
+  EXPECT_THAT(decoded("ternary_binary.safetensors", "b"),
+              ::testing::ElementsAre(-a, a, -a, -a, a, a, -a, a, a));
+}
+
+TEST(QuantDecode, Int4WithZeroPointsInGroupsOfFour) {
+  // [2, 6], codes 1..12 (low nibble first), scales [[0.1, 0.2], [0.3, 0.4]], zeros [[8, 7], [1,
+  // 0]].
+  const auto v = decoded("int4_asym.safetensors", "w");
+  const float want[12] = {0.1f * -7, 0.1f * -6, 0.1f * -5, 0.1f * -4, 0.2f * -2, 0.2f * -1,
+                          0.3f * 6,  0.3f * 7,  0.3f * 8,  0.3f * 9,  0.4f * 11, 0.4f * 12};
+  ASSERT_EQ(v.size(), 12U);
+  for (size_t i = 0; i < 12; ++i) EXPECT_FLOAT_EQ(v[i], want[i]) << i;
+}
+
 TEST(SafetensorsWriter, WritesAlignedDataAndReadsBack) {
   loom_test::TempDir dir;
   const auto path = (dir.path() / "w.safetensors").string();
@@ -637,6 +679,14 @@ TEST_F(QuantizeCli, RefusesAnF64ValueBeyondFloat32Range) {
   EXPECT_FALSE(fs::exists(dir_.path() / "out.safetensors"));
 }
 
+TEST_F(QuantizeCli, MissingArgumentsAreAUsageError) {
+  const auto r = loom("quantize " + p("q.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("loom quantize: "));
+  EXPECT_THAT(r.err, HasSubstr("IN is required"));
+}
+
 TEST_F(QuantizeCli, RefusesABadInputOrManifest) {
   dir_.write("q.toml",
              std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w9\"\n");
@@ -656,5 +706,68 @@ TEST_F(QuantizeCli, RefusesABadInputOrManifest) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("the manifest has no [[quantize]] rules"));
 }
+
+#ifdef LOOM_HAVE_QUANT_PLUGINS
+// The bundled plugins: zeroquant INT4 in groups of 16 and xtc ternary per row, decoded by the
+// host to exactly the error the run reported (the host's decoder and the plugins' dequantize
+// agree).
+TEST_F(QuantizeCli, QuantizesWithZeroquantAndXtc) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> a(8 * 64), b(8 * 64);
+  for (auto& x : a) x = normal(rng);
+  for (auto& x : b) x = normal(rng);
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"h.0.mlp.fc.w", st::Dtype::F32, {8, 64}, a.data()},
+                  {"h.0.mlp.proj.w", st::Dtype::F32, {8, 64}, b.data()}},
+                 {});
+  dir_.write("q.toml", R"([quantizer.w4]
+plugin = "zeroquant"
+bits = 4
+group_size = 16
+
+[quantizer.tern]
+plugin = "xtc"
+
+[[quantize]]
+tensors = ["*.fc.w"]
+quantizer = "w4"
+
+[[quantize]]
+tensors = ["*.proj.w"]
+quantizer = "tern"
+)");
+  const auto r =
+      loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto lines = loom_test::lines(r.out);
+  ASSERT_EQ(lines.size(), 4U) << r.out;
+  // 4-bit codes: 256 bytes + 8 x 4 scales; 2-bit: 128 bytes + 8 scales.
+  EXPECT_THAT(lines[1], HasSubstr("h.0.mlp.fc.w: w4, 2048 B -> 384 B"));
+  EXPECT_THAT(lines[2], HasSubstr("h.0.mlp.proj.w: tern, 2048 B -> 160 B"));
+  loom_tensor_file* f = nullptr;
+  ASSERT_EQ(loom_tensor_file_open((dir_.path() / "out.safetensors").c_str(), &f), LOOM_OK)
+      << loom_last_error();
+  const std::vector<float>* want[2] = {&a, &b};
+  for (size_t t = 0; t < 2; ++t) {
+    loom_tensor_info info{};
+    info.struct_size = LOOM_TENSOR_INFO_SIZE;
+    ASSERT_EQ(loom_tensor_file_info(f, t, &info), LOOM_OK);
+    EXPECT_EQ(info.format.scheme, t == 0 ? LOOM_QUANT_INT : LOOM_QUANT_TERNARY);
+    EXPECT_EQ(info.format.bits, t == 0 ? 4U : 2U);
+    EXPECT_STREQ(info.plugin, t == 0 ? "zeroquant" : "xtc");
+    std::vector<float> got(want[t]->size());
+    ASSERT_EQ(loom_tensor_file_read_f32(f, t, got.data(), got.size()), LOOM_OK);
+    double worst = 0;
+    for (size_t k = 0; k < got.size(); ++k) {
+      worst = std::max(worst, std::fabs(double(got[k]) - (*want[t])[k]));
+    }
+    const auto at = lines[1 + t].find("max abs error ");
+    const double reported = std::stod(lines[1 + t].substr(at + 14));
+    EXPECT_NEAR(worst, reported, reported * 1e-2) << lines[1 + t];
+  }
+  loom_tensor_file_close(f);
+}
+#endif
 
 }  // namespace
