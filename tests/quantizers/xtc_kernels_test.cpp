@@ -103,6 +103,34 @@ TEST(XtcKernels, TernaryQuantizeMatchesReferenceBitForBit) {
   });
 }
 
+// Finite weights whose |w| sum overflows float32 (two 3e38 in one of the 16 partial sums'
+// fold): group 1 of row 2 (groups of 16, 2 per row) is reported as numel + 2 * 2 + 1 by the
+// reference and by every target, not written as alpha = inf.
+TEST(XtcKernels, AnOverflowingGroupSumIsReported) {
+  for_each_target([] {
+    const GroupedShape s{4, 32, 16};
+    std::vector<float> w(static_cast<size_t>(s.numel()), 0.25f);
+    w[2 * 32 + 16] = 3e38f;
+    w[2 * 32 + 16 + 8] = -3e38f;
+    const int64_t want = s.numel() + 2 * 2 + 1;
+    std::vector<uint8_t> p(loom::quant::packed_bytes_of(s, 2));
+    std::vector<float> sc(static_cast<size_t>(s.groups()));
+    EXPECT_EQ(loom::quant::binary_quantize_ref(w.data(), s, p.data(), sc.data()), want);
+    EXPECT_EQ(loom::quant::binary_quantize(w.data(), s, p.data(), sc.data()), want);
+    EXPECT_EQ(loom::quant::ternary_quantize_ref(w.data(), s, 0.7f, p.data(), sc.data()), want);
+    EXPECT_EQ(loom::quant::ternary_quantize(w.data(), s, 0.7f, p.data(), sc.data()), want);
+    // Delta alone may overflow: mean |w| = 1e37 is finite, 1000 * mean is not.
+    std::vector<float> v(16, 1e37f);
+    const GroupedShape one{1, 16, 16};
+    EXPECT_EQ(loom::quant::ternary_quantize(v.data(), one, 1000.0f, p.data(), sc.data()), 16);
+    EXPECT_EQ(loom::quant::ternary_quantize_ref(v.data(), one, 1000.0f, p.data(), sc.data()), 16);
+    // A NaN comes first, even after an overflowing group.
+    w[3 * 32 + 5] = std::nanf("");
+    EXPECT_EQ(loom::quant::binary_quantize(w.data(), s, p.data(), sc.data()), 3 * 32 + 5);
+    EXPECT_EQ(loom::quant::ternary_quantize(w.data(), s, 0.7f, p.data(), sc.data()), 3 * 32 + 5);
+  });
+}
+
 // The formulas on a group worked by hand: w = {0.5, -1.0, 0.1, 0.0, -0.2, 2.0}, one group.
 TEST(XtcKernels, FormulasOnAHandWorkedGroup) {
   const std::vector<float> w = {0.5f, -1.0f, 0.1f, 0.0f, -0.2f, 2.0f};

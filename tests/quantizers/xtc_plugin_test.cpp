@@ -291,6 +291,22 @@ TEST(XtcPlugin, RefusesNonFiniteWeightsNamingTheElement) {
   EXPECT_NE(q.error.find("x(3, 7) is not finite"), std::string::npos) << q.error;
 }
 
+TEST(XtcPlugin, RefusesFiniteWeightsWhoseScaleWouldOverflow) {
+  for (const char* mode : {"binary", "ternary"}) {
+    SCOPED_TRACE(mode);
+    Session s(manifest(std::string("mode = \"") + mode + "\"\ngroup_size = 16"));
+    ASSERT_TRUE(s.error.empty()) << s.error;
+    Quant q(s);
+    Weight w(4, 32, 4);
+    ASSERT_EQ(w.lay_out(q), 0) << q.error;
+    w.w[2 * 32 + 16] = 3e38f;
+    w.w[2 * 32 + 24] = 3e38f;
+    EXPECT_EQ(w.code(q, true), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(q.error.find("group 1 of row 2"), std::string::npos) << q.error;
+    EXPECT_NE(q.error.find("overflows float32"), std::string::npos) << q.error;
+  }
+}
+
 TEST(XtcPlugin, RefusesTheInvalidTernaryCode) {
   Session s(manifest(""));
   ASSERT_TRUE(s.error.empty()) << s.error;
@@ -333,6 +349,8 @@ TEST(XtcPlugin, RefusesBadParameters) {
       {"mode = \"quaternary\"", "mode"},
       {"threshold = 0.0", "threshold"},
       {"threshold = -0.5", "threshold"},
+      {"threshold = 1e39", "(0, 1000]"},  // beyond float32: Delta would be inf
+      {"threshold = 1000.5", "(0, 1000]"},
       {"group_size = -1", "group_size"},
   };
   for (const Case& c : cases) {
@@ -387,6 +405,7 @@ TEST(XtcPlugin, DescribeDocumentsEveryParameter) {
   const CliRun r = loom_cli("describe xtc");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("threshold"), std::string::npos) << r.out;
+  EXPECT_NE(kind["params"][2]["doc"].get<std::string>().find("(0, 1000]"), std::string::npos);
 }
 
 TEST(XtcPlugin, CheckReportsBadParametersAtTheKey) {

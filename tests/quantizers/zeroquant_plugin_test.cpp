@@ -230,6 +230,22 @@ TEST(ZeroQuantPlugin, GroupSizeNotDividingKIsRefusedForTheInt8Gemm) {
   EXPECT_EQ(l.a.scale_count, 8);
 }
 
+TEST(ZeroQuantPlugin, AKGroupBeyondTheInt32AccumulatorIsRefused) {
+  // 127 * 128 * 132104 fits int32; one more column does not.
+  Session s(kManifest);
+  Quantizer w8(s, "w8");
+  Laid l;
+  EXPECT_EQ(lay_out(w8, LOOM_QUANTIZER_WEIGHT, 1, 132104, 0, l), 0) << w8.error;
+  EXPECT_EQ(lay_out(w8, LOOM_QUANTIZER_WEIGHT, 1, 132105, 0, l), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(w8.error.find("group_size 0 (one group of K = 132105) is over 132104"),
+            std::string::npos)
+      << w8.error;
+  EXPECT_NE(w8.error.find("int32 accumulator"), std::string::npos) << w8.error;
+  // Weight-only matmul has no int32 accumulator.
+  Quantizer only(s, "w4only");
+  EXPECT_EQ(lay_out(only, LOOM_QUANTIZER_WEIGHT, 1, 132105, 0, l), 0) << only.error;
+}
+
 TEST(ZeroQuantPlugin, QuantizeAndDequantizeAreTheReferences) {
   Session s(kManifest);
   const int64_t n = 5, k = 48;

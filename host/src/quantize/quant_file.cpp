@@ -114,7 +114,9 @@ std::vector<int64_t> QuantRecord::scale_shape() const {
   if (group_size == 0) return {1};
   std::vector<int64_t> s = shape;
   const auto a = static_cast<size_t>(axis);
-  s[a] = (s[a] + group_size - 1) / group_size;
+  // ceil(s[a] / group_size) without forming s[a] + group_size, which overflows for a
+  // group_size near INT64_MAX (a file's metadata may hold any non-negative int64).
+  s[a] = s[a] == 0 ? 0 : 1 + (s[a] - 1) / group_size;
   return s;
 }
 
@@ -416,6 +418,18 @@ void decode(const QuantRecord& r, const uint8_t* codes, const uint8_t* scales,
   if (r.bits < 1 || r.bits > 8 ||
       (r.bits < 2 && r.scheme == LOOM_QUANT_INT && (r.flags & LOOM_QUANT_SYMMETRIC) != 0)) {
     throw Error(LOOM_ERR_DATA_LOSS, what + ": " + std::to_string(r.bits) + "-bit codes");
+  }
+  // quant_format.h: the bits after the last code in its byte are 0 (LSB first: the high
+  // bits; MSB first: the low bits).
+  const uint64_t used = (numel * r.bits) % 8;
+  if (used != 0) {
+    const uint8_t last = codes[(numel * r.bits) / 8];
+    const uint32_t pad =
+        r.packing == LOOM_QUANT_PACK_LSB_FIRST ? last >> used : last & ((1u << (8 - used)) - 1u);
+    if (pad != 0) {
+      throw Error(LOOM_ERR_DATA_LOSS, what + ": the " + std::to_string(8 - used) +
+                                          " unused bits of its last code byte are not 0");
+    }
   }
   // Element i's group: its coordinates with the axis coordinate divided by group_size,
   // row-major over the scale shape.

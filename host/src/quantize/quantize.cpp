@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -185,6 +186,10 @@ QuantizeSummary quantize_file(Session& session, const std::string& in, const std
       p.note = std::string(safetensors::dtype_name(t.dtype)) + ": only float tensors are quantized";
       continue;
     }
+    if (t.numel == 0) {
+      p.note = "empty: copied unchanged";  // nothing to quantize, and no buffers to hand over
+      continue;
+    }
     for (const char* suffix : {quant::kCodesSuffix, quant::kScaleSuffix, quant::kZeroSuffix}) {
       if (names.count(t.name + suffix) != 0) {
         throw Error(LOOM_ERR_INVALID_ARGUMENT,
@@ -299,6 +304,24 @@ QuantizeSummary quantize_file(Session& session, const std::string& in, const std
     }
     std::vector<float> x(t.numel);
     quant::to_float32(file.data(t), t.dtype, t.numel, x.data());
+    if (t.dtype == Dtype::F64) {
+      // A finite double beyond float32's range would become inf and be reported as such.
+      for (uint64_t e = 0; e < t.numel; ++e) {
+        if (std::isinf(x[e])) {
+          double v = 0;
+          std::memcpy(&v, file.data(t) + e * sizeof v, sizeof v);
+          if (std::isfinite(v)) {
+            const auto cols = static_cast<uint64_t>(t.shape[1]);
+            char text[32];
+            std::snprintf(text, sizeof text, "%.17g", v);
+            throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                        in + ": tensor '" + t.name + "': element (" + std::to_string(e / cols) +
+                            ", " + std::to_string(e % cols) + ") = " + text +
+                            " is out of float32 range; quantizers take float32 values");
+          }
+        }
+      }
+    }
     const uint64_t scale_bytes = writer.tensor_bytes(p.out_scales);
     const uint64_t zero_bytes = p.record.has_zero_points ? writer.tensor_bytes(p.out_zeros) : 0;
     Buffer packed = aligned_buffer(p.layout.packed_bytes);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "../status.hpp"
@@ -381,8 +382,19 @@ Writer::Writer(const std::string& path, std::vector<OutTensor> tensors,
   const auto slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  tmp_ = dir + "." + base + ".tmp-XXXXXX";
-  fd_ = ::mkstemp(tmp_.data());
+  // Not mkstemp: its file is mode 0600 whatever the umask. A fresh name opened with O_EXCL
+  // and mode 0666 gets what the umask allows, as a file the program wrote directly would.
+  std::random_device seed;
+  std::mt19937_64 rng((static_cast<uint64_t>(seed()) << 32) ^ seed() ^
+                      static_cast<uint64_t>(::getpid()));
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string suffix(6, 'x');
+    for (char& c : suffix) c = kChars[rng() % (sizeof kChars - 1)];
+    tmp_ = dir + "." + base + ".tmp-" + suffix;
+    fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ >= 0 || errno != EEXIST) break;
+  }
   if (fd_ < 0) {
     throw Error(LOOM_ERR_NOT_FOUND,
                 path + ": cannot create a file beside it (" + tmp_ + "): " + std::strerror(errno));
@@ -428,7 +440,7 @@ void Writer::commit() {
                                          " was never written");
     }
   }
-  if (::fchmod(fd_, 0644) != 0 || ::fsync(fd_) != 0) {
+  if (::fsync(fd_) != 0) {
     throw Error(LOOM_ERR_INTERNAL, tmp_ + ": cannot flush: " + std::string(std::strerror(errno)));
   }
   const int rc = ::close(fd_);

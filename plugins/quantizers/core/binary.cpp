@@ -37,9 +37,14 @@ int64_t BinaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, 
       const int64_t n = std::min(s.group_size, s.cols - c0);
       const float sum =
           BinarySumAndCodes(row + c0, n, packed, static_cast<uint64_t>(r * s.cols + c0));
-      if (!std::isfinite(sum) && bad < 0) {
+      if (!std::isfinite(sum) && (bad < 0 || bad >= s.numel())) {
+        // A non-finite weight, or finite ones whose |w| sum overflows (group numel() + g).
         const int64_t at = FirstNonFinite(row + c0, n);
-        if (at >= 0) bad = r * s.cols + c0 + at;
+        if (at >= 0) {
+          bad = r * s.cols + c0 + at;
+        } else if (bad < 0) {
+          bad = s.numel() + r * gpr + g;
+        }
       }
       scales[r * gpr + g] = sum / static_cast<float>(n);
     }
@@ -219,7 +224,9 @@ int64_t binary_quantize_ref(const float* w, const GroupedShape& s, uint8_t* pack
       const int64_t c0 = g * s.group_size;
       const int64_t n = std::min(s.group_size, s.cols - c0);
       const float* p = w + r * s.cols + c0;
-      scales[r * gpr + g] = group_abs_sum_ref(p, n, -1.0f, nullptr) / static_cast<float>(n);
+      const float sum = group_abs_sum_ref(p, n, -1.0f, nullptr);
+      if (!std::isfinite(sum)) return s.numel() + r * gpr + g;
+      scales[r * gpr + g] = sum / static_cast<float>(n);
       for (int64_t i = 0; i < n; ++i) {
         const auto e = static_cast<uint64_t>(r * s.cols + c0 + i);
         if (p[i] >= 0.0f) packed[e / 8] = static_cast<uint8_t>(packed[e / 8] | (1u << (e % 8)));

@@ -21,7 +21,9 @@ __global__ void binary_scale_kernel(const float* w, int64_t groups, int64_t gpr,
   int64_t first = detail::kNone;
   const float sum = detail::group_abs_sum(w + r * cols + c0, n, -1.0f, &kept, &first);
   scales[g] = __fdiv_rn(sum, static_cast<float>(n));
-  bad[g] = first == detail::kNone ? detail::kNone : r * cols + c0 + first;
+  // As the CPU: a non-finite weight, else numel + g when finite weights' sum overflows.
+  const int64_t overflow = fabsf(sum) <= 3.40282347e38f ? detail::kNone : (groups / gpr) * cols + g;
+  bad[g] = first == detail::kNone ? overflow : r * cols + c0 + first;
 }
 
 __global__ void binary_code_kernel(const float* w, int64_t numel, int64_t bytes, uint8_t* packed) {

@@ -95,7 +95,9 @@ inline uint64_t xtc_cuda_workspace_bytes(const GroupedShape& s) {
 // --- Binary: scalar reference --------------------------------------------------------------
 
 // Codes (packed, packed_bytes_of(s, 1) bytes, written whole) and scales (s.groups()). Returns
-// the row-major index of the first non-finite weight (nothing meaningful written), or -1.
+// the row-major index of the first non-finite weight (nothing meaningful written); else
+// s.numel() + g for the first group g (row-major over the scales) whose finite weights' |w| sum
+// overflows float32, so alpha would be inf; else -1. The fast kernels and CUDA return the same.
 int64_t binary_quantize_ref(const float* w, const GroupedShape& s, uint8_t* packed, float* scales);
 // w = alpha * (code ? +1 : -1).
 void binary_dequantize_ref(const uint8_t* packed, const float* scales, const GroupedShape& s,

@@ -54,11 +54,17 @@ int64_t TernaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp,
         const int64_t c0 = g * s.group_size;
         const int64_t n = std::min(s.group_size, s.cols - c0);
         const float sum = AbsSum(row + c0, n);
-        if (!std::isfinite(sum) && bad < 0) {
+        const float d = threshold * (sum / static_cast<float>(n));
+        if (!std::isfinite(d) && (bad < 0 || bad >= s.numel())) {
+          // A non-finite weight, or finite ones whose Delta overflows (group numel() + g).
           const int64_t at = FirstNonFinite(row + c0, n);
-          if (at >= 0) bad = r * s.cols + c0 + at;
+          if (at >= 0) {
+            bad = r * s.cols + c0 + at;
+          } else if (bad < 0) {
+            bad = s.numel() + r * gpr + g;
+          }
         }
-        delta[g - g0] = threshold * (sum / static_cast<float>(n));
+        delta[g - g0] = d;
       }
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t c0 = g * s.group_size;
@@ -274,6 +280,7 @@ int64_t ternary_quantize_ref(const float* w, const GroupedShape& s, float thresh
       const float* p = w + r * s.cols + c0;
       const float mean = group_abs_sum_ref(p, n, -1.0f, nullptr) / static_cast<float>(n);
       const float delta = threshold * mean;
+      if (!std::isfinite(delta)) return s.numel() + r * gpr + g;
       int64_t kept = 0;
       const float kept_sum = group_abs_sum_ref(p, n, delta, &kept);
       scales[r * gpr + g] = kept > 0 ? kept_sum / static_cast<float>(kept) : 0.0f;

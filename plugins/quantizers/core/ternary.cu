@@ -32,7 +32,9 @@ __global__ void ternary_scale_kernel(const float* w, int64_t groups, int64_t gpr
   const float kept_sum = detail::group_abs_sum(p, n, d, &kept, &unused);
   scales[g] = kept > 0 ? __fdiv_rn(kept_sum, static_cast<float>(kept)) : 0.0f;
   delta[g] = d;
-  bad[g] = first == detail::kNone ? detail::kNone : r * cols + c0 + first;
+  // As the CPU: a non-finite weight, else numel + g when Delta overflows.
+  const int64_t overflow = fabsf(d) <= 3.40282347e38f ? detail::kNone : (groups / gpr) * cols + g;
+  bad[g] = first == detail::kNone ? overflow : r * cols + c0 + first;
 }
 
 __global__ void ternary_code_kernel(const float* w, int64_t numel, int64_t bytes, int64_t gpr,

@@ -15,7 +15,8 @@ namespace loom::quant {
 // --- scalar reference ----------------------------------------------------------------------
 
 // Codes (packed_bytes_of(s, 2) bytes, written whole) and scales alpha (s.groups()); threshold
-// > 0. Returns the row-major index of the first non-finite weight, or -1.
+// > 0. Returns the row-major index of the first non-finite weight; else s.numel() + g for the
+// first group g whose Delta (threshold * mean |w|) overflows float32; else -1 (as binary.hpp).
 int64_t ternary_quantize_ref(const float* w, const GroupedShape& s, float threshold,
                              uint8_t* packed, float* scales);
 // Returns the row-major index of the first code 3 (w then unspecified), or -1.

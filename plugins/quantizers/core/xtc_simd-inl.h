@@ -16,9 +16,6 @@
 
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
-#if HWY_ARCH_X86
-#include <immintrin.h>
-#endif
 
 #include <cmath>
 #include <cstdint>
@@ -33,6 +30,11 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using DM = hn::CappedTag<float, 16>;
+// Every kernel here keeps the 16 partial sums in 16 / N vectors (at most four, see
+// FoldAccumulators) and reads 16-entry lane tables (kBit, kPlus), so N must be 4, 8 or 16:
+// a 1-lane (HWY_SCALAR) or wider target would silently sum in another order.
+static_assert(hn::MaxLanes(DM()) == 4 || hn::MaxLanes(DM()) == 8 || hn::MaxLanes(DM()) == 16,
+              "the xtc kernels need 4, 8 or 16 float lanes");
 
 // Bits [bit, bit + count) of the stream (count <= 32): one unaligned 8-byte load when the
 // stream has 8 bytes there, else byte by byte.
@@ -77,26 +79,16 @@ HWY_INLINE uint32_t MaskWord(D d, hn::Mask<D> m) {
   return static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8;
 }
 
-// Spreads 16 bits to the even bits of 32 (bit i to bit 2 i), a byte at a time.
-struct SpreadTable {
-  uint16_t v[256];
-  constexpr SpreadTable() : v() {
-    for (int x = 0; x < 256; ++x) {
-      uint16_t r = 0;
-      for (int b = 0; b < 8; ++b) r = static_cast<uint16_t>(r | (((x >> b) & 1) << (2 * b)));
-      v[x] = r;
-    }
-  }
-};
-inline constexpr SpreadTable kSpread{};
-
+// Spreads the low 16 bits of x to the even bits of 32 (bit i to bit 2 i) by shifts and masks:
+// the same on every target, and cheap everywhere (BMI2's pdep would do it in one instruction,
+// but it is microcoded and very slow on AMD Zen 1 and 2, which run the AVX2 target).
 HWY_INLINE uint32_t Spread16(uint32_t x) {
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET <= HWY_AVX3)
-  return _pdep_u32(x, 0x55555555u);  // these targets imply BMI2
-#else
-  return static_cast<uint32_t>(kSpread.v[x & 0xFF]) |
-         static_cast<uint32_t>(kSpread.v[(x >> 8) & 0xFF]) << 16;
-#endif
+  x &= 0xFFFFu;
+  x = (x | (x << 8)) & 0x00FF00FFu;
+  x = (x | (x << 4)) & 0x0F0F0F0Fu;
+  x = (x | (x << 2)) & 0x33333333u;
+  x = (x | (x << 1)) & 0x55555555u;
+  return x;
 }
 
 // The fixed-order group sums (binary.hpp group_abs_sum_ref): the 16 partials live in 16 / N

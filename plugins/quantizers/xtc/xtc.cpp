@@ -36,10 +36,16 @@ Mode parse_mode(const std::string& m) {
   fail_argument("mode = \"" + m + "\" is not an xtc mode; expected \"binary\" or \"ternary\"");
 }
 
+// The largest threshold. TWN uses about 0.7, and a threshold of n or more zeroes every weight
+// of an n-element group (no |w| exceeds n times the group's mean |w|), so far larger values
+// are mistakes; the bound also keeps the float32 threshold finite (quantize still refuses a
+// group whose Delta = threshold * mean |w| overflows).
+constexpr double kMaxThreshold = 1e3;
+
 void check_threshold(double t) {
-  if (!(t > 0.0) || !std::isfinite(t)) {
+  if (!(t > 0.0) || !(t <= kMaxThreshold)) {
     fail_argument("threshold = " + std::to_string(t) +
-                  " must be a finite number > 0: ternary keeps the weights with |w| > threshold * "
+                  " must be in (0, 1000]: ternary keeps the weights with |w| > threshold * "
                   "mean |w| of their group");
   }
 }
@@ -72,8 +78,10 @@ class Xtc : public loom::sdk::Quantizer {
             .min(0),
         loom::sdk::Float("threshold", 0.7,
                          "Ternary only: Delta = threshold * mean |w| of the group; weights with "
-                         "|w| > Delta keep their sign, alpha is the mean |w| of those kept.")
-            .greater_than(0),
+                         "|w| > Delta keep their sign, alpha is the mean |w| of those kept. "
+                         "In (0, 1000].")
+            .greater_than(0)
+            .max(kMaxThreshold),
     };
   }
 
@@ -131,6 +139,15 @@ class Xtc : public loom::sdk::Quantizer {
       bad = mode_ == Mode::kBinary
                 ? loom::quant::binary_quantize(w, s, q.codes, scales)
                 : loom::quant::ternary_quantize(w, s, threshold_, q.codes, scales);
+    }
+    if (bad >= s.numel()) {
+      const int64_t g = bad - s.numel();
+      const int64_t gpr = s.groups_per_row();
+      fail_argument("x: group " + std::to_string(g % gpr) + " of row " + std::to_string(g / gpr) +
+                    ": the weights are finite but " +
+                    (mode_ == Mode::kBinary ? "their |w| sum overflows float32 (alpha = inf)"
+                                            : "Delta = threshold * mean |w| overflows float32") +
+                    "; scale the weights down");
     }
     if (bad >= 0) {
       fail_argument("x" + element(bad, s.cols) +

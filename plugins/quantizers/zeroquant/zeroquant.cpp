@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "int8_gemm.hpp"
@@ -179,6 +180,19 @@ class ZeroQuant : public loom::sdk::Quantizer {
                       "per whole K group; use a group size that divides K, 0 (one group per "
                       "row), or activation_bits 0",
                   "group_size");
+    }
+    // The INT8 GEMM accumulates a K group in int32: |acc| <= 127 * 128 * kg must fit.
+    constexpr int64_t kMaxInt8Group = std::numeric_limits<int32_t>::max() / (127 * 128);
+    if (p_.activation_bits == 8 && f.group_size > kMaxInt8Group) {
+      throw Error(
+          LOOM_ERR_INVALID_ARGUMENT,
+          (p_.group_size > 0 ? "group_size " + std::to_string(p_.group_size)
+                             : "group_size 0 (one group of K = " + std::to_string(k) + ")") +
+              " is over " + std::to_string(kMaxInt8Group) +
+              ", the longest K group whose INT8 x INT8 sum fits the GEMM's int32 "
+              "accumulator (activation_bits 8); use a smaller group_size or "
+              "activation_bits 0",
+          "group_size");
     }
     if ((a.flags & LOOM_QUANTIZER_HAS_MATMUL) != 0) {
       const int64_t m = a.matmul_rows;

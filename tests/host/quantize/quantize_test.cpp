@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <loom/embed.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -188,6 +190,67 @@ TEST_F(TensorFile, RefusesEachDefectNamingIt) {
   EXPECT_THAT(loom_last_error(), HasSubstr("cannot open"));
 }
 
+// A file holding one quantized tensor 'w' (symmetric INT, LSB first, F32 scales) of `shape`,
+// with `group_size` in its record, the given code bytes and scales [rows, scale_cols].
+std::string quantized_file(const std::vector<int64_t>& shape, uint32_t bits, int64_t group_size,
+                           const std::string& codes, const std::vector<float>& scales,
+                           int64_t scale_cols) {
+  const nlohmann::json record = {{"version", 1},
+                                 {"scheme", "int"},
+                                 {"bits", bits},
+                                 {"flags", {"symmetric"}},
+                                 {"packing", "lsb_first"},
+                                 {"axis", 1},
+                                 {"group_size", group_size},
+                                 {"shape", shape},
+                                 {"dtype", "F32"},
+                                 {"scale_dtype", "F32"},
+                                 {"plugin", "p"},
+                                 {"quantizer", "q"},
+                                 {"parameters", nlohmann::json::object()}};
+  const auto n = static_cast<int64_t>(codes.size());
+  const nlohmann::json header = {
+      {"__metadata__", {{"loom.quant.w", record.dump()}}},
+      {"w.qcodes", {{"dtype", "U8"}, {"shape", {n}}, {"data_offsets", {0, n}}}},
+      {"w.qscale",
+       {{"dtype", "F32"},
+        {"shape", {shape[0], scale_cols}},
+        {"data_offsets", {n, n + static_cast<int64_t>(scales.size() * 4)}}}}};
+  return file_bytes(header.dump(), codes + floats(scales));
+}
+
+TEST_F(TensorFile, AHugeGroupSizeIsOneGroupPerRow) {
+  // group_size INT64_MAX: the scale shape is [2, 1], computed without overflow.
+  const std::string codes = {1, 2, 3, 4, -1, -2, -3, -4};
+  path_ = dir_.write("q.safetensors", quantized_file({2, 4}, 8, std::numeric_limits<int64_t>::max(),
+                                                     codes, {0.5f, 2.0f}, 1));
+  loom_tensor_file* f = nullptr;
+  ASSERT_EQ(loom_tensor_file_open(path_.c_str(), &f), LOOM_OK) << loom_last_error();
+  std::vector<float> got(8);
+  ASSERT_EQ(loom_tensor_file_read_f32(f, 0, got.data(), got.size()), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(got, (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f, -2.0f, -4.0f, -6.0f, -8.0f}));
+  loom_tensor_file_close(f);
+}
+
+TEST_F(TensorFile, RefusesNonZeroPaddingBitsInTheLastCodeByte) {
+  // Three 2-bit codes fill 6 bits of the one byte; its top 2 bits must be 0.
+  auto read = [&](char byte) {
+    path_ =
+        dir_.write("q.safetensors", quantized_file({1, 3}, 2, 3, std::string(1, byte), {1.0f}, 1));
+    loom_tensor_file* f = nullptr;
+    EXPECT_EQ(loom_tensor_file_open(path_.c_str(), &f), LOOM_OK) << loom_last_error();
+    std::vector<float> got(3);
+    const int32_t rc = loom_tensor_file_read_f32(f, 0, got.data(), got.size());
+    error_ = loom_last_error();
+    loom_tensor_file_close(f);
+    return rc;
+  };
+  EXPECT_EQ(read(0x39), LOOM_OK) << error_;  // codes 1, -2, -1
+  EXPECT_EQ(read(static_cast<char>(0x79)), LOOM_ERR_DATA_LOSS);
+  EXPECT_THAT(error_, HasSubstr("'w'"));
+  EXPECT_THAT(error_, HasSubstr("unused bits of its last code byte are not 0"));
+}
+
 TEST_F(TensorFile, CopiesAMisalignedTensorSoItsDataIsAligned) {
   // A one-byte U8 tensor first puts the F32 one at an odd offset.
   std::string h = R"({"u":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
@@ -269,6 +332,20 @@ TEST(SafetensorsWriter, WritesAlignedDataAndReadsBack) {
   EXPECT_EQ(m.data(*m.header().find("u"))[2], 3);
   // Only the file itself is left: the temporary was renamed.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+TEST(SafetensorsWriter, TheFileModeFollowsTheUmask) {
+  loom_test::TempDir dir;
+  const float v[2] = {1, 2};
+  for (const mode_t mask : {mode_t{077}, mode_t{022}}) {
+    const mode_t old = ::umask(mask);
+    const auto path = (dir.path() / "m.safetensors").string();
+    st::write_file(path, {{"v", st::Dtype::F32, {2}, v}}, {});
+    ::umask(old);
+    struct stat sb {};
+    ASSERT_EQ(::stat(path.c_str(), &sb), 0);
+    EXPECT_EQ(sb.st_mode & 0777, 0666 & ~mask) << std::oct << mask;
+  }
 }
 
 TEST(SafetensorsWriter, LeavesNothingBehindWithoutCommit) {
@@ -567,6 +644,39 @@ TEST_F(QuantizeCli, AFailureLeavesNoOutputBehind) {
   for (const auto& e : fs::directory_iterator(dir_.path()))
     files += e.path().filename() != "stderr.txt";
   EXPECT_EQ(files, 3U);  // in, q.toml, out: no temporary left
+}
+
+TEST_F(QuantizeCli, CopiesAnEmptyMatchedTensorUnchanged) {
+  const std::vector<float> w(4 * 8, 0.5f);
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F32, {4, 8}, w.data()}, {"e", st::Dtype::F32, {0, 8}, w.data()}},
+                 {});
+  dir_.write("q.toml",
+             std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w8\"\n");
+  const auto r =
+      loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("e: copied, 0 B (empty: copied unchanged)"));
+  const st::MappedFile raw((dir_.path() / "out.safetensors").string());
+  const auto* e = raw.header().find("e");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->shape, (std::vector<int64_t>{0, 8}));
+  EXPECT_NE(raw.header().find("w.qcodes"), nullptr);
+}
+
+TEST_F(QuantizeCli, RefusesAnF64ValueBeyondFloat32Range) {
+  std::vector<double> w(2 * 3, 1.0);
+  w[4] = 1e300;
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F64, {2, 3}, w.data()}}, {});
+  dir_.write("q.toml",
+             std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w8\"\n");
+  const auto r =
+      loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("tensor 'w': element (1, 1) = 1"));
+  EXPECT_THAT(r.err, HasSubstr("e+300 is out of float32 range"));
+  EXPECT_FALSE(fs::exists(dir_.path() / "out.safetensors"));
 }
 
 TEST_F(QuantizeCli, MissingArgumentsAreAUsageError) {
