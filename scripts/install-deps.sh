@@ -9,7 +9,7 @@ packages=(
   libboost-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdlpack-dev libcli11-dev nlohmann-json3-dev
-  libucx-dev libopenmpi-dev openmpi-bin libhwy-dev libopenblas-dev libdnnl-dev
+  libucx-dev libopenmpi-dev openmpi-bin libhwy-dev libopenblas-dev libopenblas-serial-dev libdnnl-dev
   iproute2 python3 qemu-user
   python3-pytest python3-numpy python3-torch python3-venv
   fortunes gnuplot-nox
