@@ -39,15 +39,27 @@ int blas_int(int64_t v) {
   return static_cast<int>(v);
 }
 
+// The plugin links OpenBLAS's serial build (the pthread one starts threads when it loads),
+// which is built without locking: two calls at once share its buffers. So the pool's blocks
+// take turns in the GEMM itself (the gathers, activations and scatters around it still run
+// on every thread). In a process that already has the pthread build this only orders calls
+// that would have been safe anyway.
+std::mutex& blas_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // C[m, n] = alpha * op(A) op(B) + beta * C, row-major.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const std::lock_guard<std::mutex> lock(blas_mutex());
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               blas_int(m), blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb),
               beta, c, blas_int(ldc));
 }
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
           int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  const std::lock_guard<std::mutex> lock(blas_mutex());
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               blas_int(m), blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb),
               beta, c, blas_int(ldc));
