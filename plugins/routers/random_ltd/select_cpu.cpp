@@ -78,11 +78,12 @@ void select_row(const SelectJob& job, int64_t b, uint64_t* keys, std::vector<uin
 void select_cpu(const SelectJob& job, int32_t* indices, uint64_t* workspace) {
   // A sequence per task: a long one is thousands of Philox blocks and an nth_element. The
   // keys go to the workspace (row b at b * seq_len) when there is one; nth_element's copy is
-  // a per-thread buffer that grows once, so a call allocates nothing after the first.
+  // a buffer per task (not thread_local: the plugin is a dlopen'ed library, and a dynamic TLS
+  // block left behind by an unloaded one is what LeakSanitizer's exit scan trips over).
   const std::size_t grain = job.seq_len >= 4096 ? 1 : static_cast<std::size_t>(4096 / job.seq_len);
   loom::sdk::parallel_for(
       static_cast<std::size_t>(job.batch), grain, [&](std::size_t lo, std::size_t hi) {
-        thread_local std::vector<uint64_t> scratch;
+        std::vector<uint64_t> scratch;
         std::vector<uint64_t> own;
         if (workspace == nullptr && job.kept < job.seq_len) {
           own.resize(static_cast<std::size_t>(job.seq_len));
