@@ -11,7 +11,7 @@
 // elementwise kernels split rows over the same pool.
 #pragma once
 
-#include <cblas.h>
+#include <loom/sdk/blas.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -112,15 +112,15 @@ std::string cap_simd_from_env();
 
 // ---- GEMM ------------------------------------------------------------------------------------
 
+// loom/sdk/blas.hpp: OpenBLAS single-threaded per call, concurrent calls only where the loaded
+// build allows them (the pthread one, which the trainer links).
 inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
+  ::loom::sdk::blas::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda,
                  const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
+  ::loom::sdk::blas::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, row-major, split over the pool along

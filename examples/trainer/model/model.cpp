@@ -1,12 +1,10 @@
 // Model: the float instantiation of Gpt (gpt.hpp); its kernels run on libloom's thread pool.
 #include "model.hpp"
 
-#include <cblas.h>
-
 #include <loom/embed.h>
+#include <loom/sdk/blas.hpp>
 
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -14,13 +12,6 @@
 
 namespace loom::trainer {
 namespace {
-
-// Every sgemm runs single-threaded inside one of the pool's threads (layers::par_gemm splits
-// the output), so OpenBLAS's own threads would only oversubscribe the cores.
-void single_threaded_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
 
 using BlockFn = std::function<void(size_t, size_t)>;
 
@@ -53,7 +44,9 @@ class MlpAdapter final : public MlpT<float> {
 namespace layers {
 // libloom's process-wide pool: the one the plugins' kernels run on too.
 void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
-  single_threaded_blas();
+  // Every sgemm runs single-threaded inside one of the pool's threads (layers::par_gemm
+  // splits the output), so OpenBLAS's own threads would only oversubscribe the cores.
+  sdk::blas::use_one_thread_per_call();
   if (loom_parallel_for(n, grain, &run_block, const_cast<BlockFn*>(&fn)) != LOOM_OK) {
     throw std::runtime_error(std::string("loom::trainer: ") + loom_last_error());
   }
@@ -62,7 +55,7 @@ int pool_threads() { return static_cast<int>(loom_thread_count()); }
 }  // namespace layers
 
 void set_num_threads(int threads) {
-  single_threaded_blas();
+  sdk::blas::use_one_thread_per_call();
   if (loom_set_thread_count(threads < 1 ? 0 : static_cast<size_t>(threads)) != LOOM_OK) {
     throw std::runtime_error(std::string("loom::trainer: ") + loom_last_error());
   }

@@ -6,12 +6,10 @@
 
 #include "simd.hpp"
 
-#include <cblas.h>
+#include <loom/sdk/blas.hpp>
 #include <loom/sdk/parallel.hpp>
 
 #include <algorithm>
-#include <climits>
-#include <mutex>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -19,11 +17,6 @@
 namespace loom::moe {
 
 namespace {
-
-void single_threaded_blas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
 
 // Row offsets of the experts' segments.
 std::vector<int64_t> offsets(int local_experts, const int64_t* rows) {
@@ -34,35 +27,15 @@ std::vector<int64_t> offsets(int local_experts, const int64_t* rows) {
   return off;
 }
 
-int blas_int(int64_t v) {
-  if (v > INT_MAX) throw std::invalid_argument("moe: a GEMM dimension exceeds the BLAS range");
-  return static_cast<int>(v);
-}
-
-// The plugin links OpenBLAS's serial build (the pthread one starts threads when it loads),
-// which is built without locking: two calls at once share its buffers. So the pool's blocks
-// take turns in the GEMM itself (the gathers, activations and scatters around it still run
-// on every thread). In a process that already has the pthread build this only orders calls
-// that would have been safe anyway.
-std::mutex& blas_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-// C[m, n] = alpha * op(A) op(B) + beta * C, row-major.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const std::lock_guard<std::mutex> lock(blas_mutex());
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              blas_int(m), blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb),
-              beta, c, blas_int(ldc));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  const std::lock_guard<std::mutex> lock(blas_mutex());
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              blas_int(m), blas_int(n), blas_int(k), alpha, a, blas_int(lda), b, blas_int(ldb),
-              beta, c, blas_int(ldc));
+// C[m, n] = alpha * op(A) op(B) + beta * C, row-major. loom/sdk/blas.hpp: the plugin links
+// OpenBLAS's serial build (the pthread one starts threads when it loads), which has no locking,
+// so there the pool's blocks take turns in the GEMM itself (the gathers, activations and
+// scatters around it still run on every thread); in a process with the pthread build (the
+// trainer) the calls run at once.
+template <class T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  sdk::blas::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // h = act(pre) and dh *= act'(pre) over n values; GELU in fp32 through the vector kernel
@@ -136,7 +109,7 @@ template <class T>
 void experts_forward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
                      int64_t hidden_dim, const T* in, const ExpertWeights<T>& w, T* pre, T* h,
                      T* out) {
-  single_threaded_blas();
+  sdk::blas::use_one_thread_per_call();
   const int64_t M = model_dim;
   const int64_t H = hidden_dim;
   const std::vector<int64_t> offs = offsets(local_experts, rows);
@@ -160,7 +133,7 @@ template <class T>
 void experts_backward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
                       int64_t hidden_dim, const T* in, const T* pre, const T* dout,
                       const ExpertWeights<T>& w, const ExpertGrads<T>& g, T* h, T* dh, T* din) {
-  single_threaded_blas();
+  sdk::blas::use_one_thread_per_call();
   const int64_t M = model_dim;
   const int64_t H = hidden_dim;
   const std::vector<int64_t> offs = offsets(local_experts, rows);

@@ -3,6 +3,7 @@
 // determinism, bad inputs, and the MLP seam.
 #include <gtest/gtest.h>
 #include <hwy/highway.h>
+#include <loom/sdk/blas.hpp>
 
 #include <stdlib.h>
 
@@ -579,6 +580,15 @@ TEST(TrainerModel, TinyTrainingRunLowersLoss) {
   const float after = m.forward_loss(tok.data(), tgt.data(), B, T);
   EXPECT_NEAR(first, std::log(16.0f), 0.2f);
   EXPECT_LT(after, 0.5f * first) << "first " << first << " last " << last;
+}
+
+// The matmuls run on several pool threads at once, which only OpenBLAS's pthread build allows
+// at full speed (loom/sdk/blas.hpp makes any other build take turns). A trainer linked to the
+// serial build (what Debian's alternatives pick when only libopenblas-serial-dev is installed)
+// fails here.
+TEST(TrainerModel, LinksOpenBlasPthreadBuild) {
+  EXPECT_EQ(openblas_get_parallel(), loom::sdk::blas::kPthreadBuild) << openblas_get_config();
+  EXPECT_TRUE(loom::sdk::blas::concurrent_calls_safe());
 }
 
 TEST(TrainerModel, DeterministicForSameSeed) {
