@@ -221,6 +221,24 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
     throw ConfigError(where(path, e.source()) + ": " + std::string(e.description()));
   }
   const toml::table& root = r.table();
+  // A file with none of the trainer's own tables is not a config with many mistakes but some
+  // other file, most often the Loom manifest a config names: one message that says so.
+  if (root["manifest"].as_table() == nullptr && root["model"].as_table() == nullptr &&
+      root["data"].as_table() == nullptr && root["train"].as_table() == nullptr) {
+    const toml::node* loom = root.get("loom");
+    const std::string what =
+        loom != nullptr && loom->is_table()
+            ? where(path, loom->source()) + ": this is a Loom manifest, not a trainer config"
+            : path +
+                  ": not a trainer config: it has none of the [manifest], [model], [data] "
+                  "and [train] tables";
+    throw ConfigError(
+        what +
+        ". `loom train` takes a trainer config: a TOML file whose [manifest] table names the "
+        "manifest (path = \"MANIFEST.toml\", optimizer = \"NAME\"), with [model], [data] and "
+        "[train] tables (docs/trainer.md; examples/train_adam.toml is one). `loom check FILE` "
+        "validates a manifest.");
+  }
   TrainConfig c;
   c.config_path = path;
   Errors errors;

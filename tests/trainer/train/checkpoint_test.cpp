@@ -181,6 +181,14 @@ TEST(Config, ReadsResolvesAndValidates) {
   EXPECT_NE(err(base + "[optimizer]\nx = 1\n").find("unknown top-level"), std::string::npos);
   EXPECT_NE(err("[data]\ndataset = \"x\"\n").find("[manifest] path is required"),
             std::string::npos);
+  // A manifest given where a config belongs: one message saying so, not a list of mistakes.
+  const std::string manifest = "[loom]\nabi = 1\n[optimizer.main]\nplugin = \"adam\"\n";
+  EXPECT_EQ(
+      err(manifest).find(cfg.string() + ":1:1: this is a Loom manifest, not a trainer config"), 0U)
+      << err(manifest);
+  EXPECT_EQ(err(manifest).find("unknown"), std::string::npos) << err(manifest);
+  EXPECT_NE(err("[optimizer.main]\nplugin = \"adam\"\n").find("not a trainer config"),
+            std::string::npos);
   EXPECT_NE(err("[manifest\n").find(cfg.string() + ":1:"), std::string::npos) << err("[manifest\n");
   EXPECT_NE(error_of([&] { load_config((dir / "none.toml").string()); }).find("cannot open"),
             std::string::npos);
