@@ -567,6 +567,19 @@ std::pair<int, std::string> loom_check(const std::string& toml) {
 
 // `loom check` on a manifest with a [moe.NAME] section reports the configurations the
 // plugin refuses, naming the values.
+// Every cross-parameter problem in one report, each at its own key (test.toml:LINE:COL), not
+// one at a time at the instance's table.
+TEST(MoePlugin, CrossParameterProblemsComeTogetherAtTheirKeys) {
+  Session s("num_experts = 6\nk = 7\nep_size = 4");
+  EXPECT_TRUE(has(s.error, "test.toml:4:1: parameter 'k' of moe.m")) << s.error;
+  EXPECT_TRUE(has(s.error, "k = 7 is more than num_experts = 6")) << s.error;
+  EXPECT_TRUE(has(s.error,
+                  "parameter 'ep_size': num_experts = 6 is not a multiple of "
+                  "ep_size = 4"))
+      << s.error;
+  EXPECT_TRUE(has(s.error, "needs comm")) << s.error;
+}
+
 TEST(MoePlugin, LoomCheckReportsBadConfigurations) {
   const std::string head = "[moe.m]\nplugin = \"moe\"\n";
   auto [ok, ok_err] = loom_check(head + "num_experts = 8\nk = 2\n");

@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch.hpp"
@@ -66,27 +67,34 @@ int checked_experts(int64_t experts, const char* where) {
   return static_cast<int>(experts);
 }
 
+// The cross-parameter rules, each as the problem it finds ("" when none), so validate_params
+// can report every one at its key and plan can throw the first.
+std::string k_problem(int64_t k, int64_t experts) {
+  if (k <= experts) return {};
+  return "k = " + std::to_string(k) + " is more than num_experts = " + std::to_string(experts) +
+         ": a token cannot choose more experts than there are";
+}
+
+std::string ep_problem(int64_t experts, int64_t ep_size) {
+  if (experts % ep_size == 0) return {};
+  return "num_experts = " + std::to_string(experts) +
+         " is not a multiple of ep_size = " + std::to_string(ep_size) +
+         ": every rank of an expert-parallel group holds the same number of experts";
+}
+
+std::string positive_problem(double v, const char* name) {
+  if (v > 0.0) return {};
+  return std::string(name) + " = " + std::to_string(v) +
+         " must be > 0 (it scales the tokens each expert takes; drop_tokens = false removes "
+         "the limit)";
+}
+
 void check_k(int64_t k, int64_t experts, const char* where) {
-  if (k > experts) {
-    fail(std::string(where) + "k = " + std::to_string(k) + " is more than num_experts = " +
-         std::to_string(experts) + ": a token cannot choose more experts than there are");
-  }
+  if (auto p = k_problem(k, experts); !p.empty()) fail(where + p);
 }
 
 void check_ep(int64_t experts, int64_t ep_size, const char* where) {
-  if (experts % ep_size != 0) {
-    fail(std::string(where) + "num_experts = " + std::to_string(experts) +
-         " is not a multiple of ep_size = " + std::to_string(ep_size) +
-         ": every rank of an expert-parallel group holds the same number of experts");
-  }
-}
-
-void check_positive(double v, const char* name) {
-  if (!(v > 0.0)) {
-    fail(std::string(name) + " = " + std::to_string(v) +
-         " must be > 0 (it scales the tokens each expert takes; drop_tokens = false removes "
-         "the limit)");
-  }
+  if (auto p = ep_problem(experts, ep_size); !p.empty()) fail(where + p);
 }
 
 class MoeLayer : public loom::sdk::Moe {
@@ -164,20 +172,36 @@ class MoeLayer : public loom::sdk::Moe {
     };
   }
 
+  // Every cross-parameter problem at once: the host reports one status per instance, so the
+  // first problem's key is blamed and the message lists the others with theirs.
   static void validate_params(Context& params) {
     const int64_t experts = params.get_int("num_experts");
-    check_k(params.get_int("k"), experts, "");
-    check_ep(experts, params.get_int("ep_size"), "");
-    check_positive(params.get_float("capacity_factor"), "capacity_factor");
-    check_positive(params.get_float("eval_capacity_factor"), "eval_capacity_factor");
+    const int64_t ep = params.get_int("ep_size");
+    std::vector<std::pair<std::string, std::string>> problems;  // (key, problem)
+    auto note = [&](const char* key, std::string problem) {
+      if (!problem.empty()) problems.emplace_back(key, std::move(problem));
+    };
+    note("k", k_problem(params.get_int("k"), experts));
+    note("ep_size", ep_problem(experts, ep));
+    note("capacity_factor",
+         positive_problem(params.get_float("capacity_factor"), "capacity_factor"));
+    note("eval_capacity_factor",
+         positive_problem(params.get_float("eval_capacity_factor"), "eval_capacity_factor"));
+    if (ep > 1 && params.find_ref<loom_comm_v1>("comm").name().empty()) {
+      note("ep_size", "ep_size = " + std::to_string(ep) +
+                          " needs comm (a loom.comm instance to split the expert-parallel "
+                          "groups from)");
+    }
+    if (!problems.empty()) {
+      std::string message = problems[0].second;
+      for (size_t i = 1; i < problems.size(); ++i) {
+        message += "; and parameter '" + problems[i].first + "': " + problems[i].second;
+      }
+      throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, message, problems[0].first);
+    }
     (void)parse_drop_policy(params.get_string("drop_policy"));
     (void)parse_noise(params.get_string("noisy_gate_policy"));
     (void)parse_activation(params.get_string("activation"));
-    const int64_t ep = params.get_int("ep_size");
-    if (ep > 1 && params.find_ref<loom_comm_v1>("comm").name().empty()) {
-      fail("ep_size = " + std::to_string(ep) +
-           " needs comm (a loom.comm instance to split the expert-parallel groups from)");
-    }
   }
 
   explicit MoeLayer(Context& ctx) : comm_(ctx.find_ref<loom_comm_v1>("comm")) {
