@@ -12,6 +12,12 @@ from loom import _abi
 
 # (ctypes struct, C type, header)
 STRUCTS = [
+    (_abi.CurriculumPlanArgs, "loom_curriculum_plan_args", "loom/kinds/curriculum.h"),
+    (_abi.CurriculumSamples, "loom_curriculum_samples", "loom/kinds/curriculum.h"),
+    (_abi.CurriculumCountArgs, "loom_curriculum_count_args", "loom/kinds/curriculum.h"),
+    (_abi.CurriculumScoreArgs, "loom_curriculum_score_args", "loom/kinds/curriculum.h"),
+    (_abi.CurriculumAtArgs, "loom_curriculum_at_args", "loom/kinds/curriculum.h"),
+    (_abi.CurriculumV1, "loom_curriculum_v1", "loom/kinds/curriculum.h"),
     (_abi.MoePlanArgs, "loom_moe_plan_args", "loom/kinds/moe.h"),
     (_abi.MoeWeights, "loom_moe_weights", "loom/kinds/moe.h"),
     (_abi.MoeStats, "loom_moe_stats", "loom/kinds/moe.h"),
@@ -32,6 +38,17 @@ STRUCTS = [
 
 # The Python constants against the header's macros: (python value, C expression).
 CONSTANTS = [
+    (_abi.CURRICULUM_PLAN_ARGS_SIZE, "LOOM_CURRICULUM_PLAN_ARGS_SIZE"),
+    (_abi.CURRICULUM_SAMPLES_SIZE, "LOOM_CURRICULUM_SAMPLES_SIZE"),
+    (_abi.CURRICULUM_COUNT_ARGS_SIZE, "LOOM_CURRICULUM_COUNT_ARGS_SIZE"),
+    (_abi.CURRICULUM_SCORE_ARGS_SIZE, "LOOM_CURRICULUM_SCORE_ARGS_SIZE"),
+    (_abi.CURRICULUM_AT_ARGS_SIZE, "LOOM_CURRICULUM_AT_ARGS_SIZE"),
+    (_abi.CURRICULUM_V1_SIZE, "LOOM_CURRICULUM_V1_SIZE"),
+    (_abi.CURRICULUM_METRIC, "LOOM_CURRICULUM_METRIC"),
+    (_abi.CURRICULUM_SCHEDULE, "LOOM_CURRICULUM_SCHEDULE"),
+    (_abi.SEQ_LEN_NONE, "LOOM_SEQ_LEN_NONE"),
+    (_abi.SEQ_LEN_TRUNCATE, "LOOM_SEQ_LEN_TRUNCATE"),
+    (_abi.SEQ_LEN_RESHAPE, "LOOM_SEQ_LEN_RESHAPE"),
     (_abi.MOE_PLAN_ARGS_SIZE, "LOOM_MOE_PLAN_ARGS_SIZE"),
     (_abi.MOE_WEIGHTS_SIZE, "LOOM_MOE_WEIGHTS_SIZE"),
     (_abi.MOE_STATS_SIZE, "LOOM_MOE_STATS_SIZE"),

@@ -248,8 +248,16 @@ def test_command_line(tmp_path):
     with loom.Session(str(tmp_path / "run.toml"), validate_only=True, log_level="error"):
         pass
 
+    # The metric's index: the analyzer's manifest is written beside, and the note names it.
+    analyze = (tmp_path / "run.analyze.toml").read_text()
+    assert '[curriculum.vocabularyrarity]\nplugin = "vocabulary_rarity"' in analyze
+    assert "[sampler" not in analyze and "[optimizer" not in analyze
+    assert f"loom data analyze {tmp_path / 'run.analyze.toml'} --dataset DATA.bin" in text
+
     r = _cli(str(cfg), "-q", cwd=str(tmp_path))
-    assert r.returncode == 0 and r.stderr == "" and r.stdout == text
+    # on stdout, the notes name RUN.analyze.toml (no file is written beside stdout)
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == convert(str(cfg)).manifest
+    assert "loom data analyze RUN.analyze.toml --dataset DATA.bin" in r.stdout
 
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -381,7 +389,15 @@ def test_compression_training_maps_to_quantizer_sections():
     assert "no bit schedule" in u[f"{p}.different_groups.wq1.params.quantization_period"]
     assert "target_bits from the start" in u[f"{p}.different_groups.wq2.params.start_bits"]
     assert f"{p}.different_groups.wq1.params.start_bits" not in u  # start = target
-    assert "loom quantize" in u[f"{p}.different_groups.wq1.modules"]
+    # modules are loom quantize's rules: the groups that name modules first, then the first
+    # group over every module (DeepSpeed's default scope); a second such group gets none
+    assert conv.rules == [
+        {"tensors": ["*attention.self*", "*intermediate*"], "quantizer": "wq1"},
+        {"tensors": ["*output.dense*"], "quantizer": "wq2"},
+        {"tensors": ["*"], "quantizer": "wq3"}]
+    assert f"{p}.different_groups.wq1.modules" not in u
+    assert "wq3's already" in u[f"{p}.different_groups.wq4.modules"]
+    assert "[[quantize]]\ntensors = [\"*output.dense*\"]\nquantizer = \"wq2\"" in conv.manifest
     assert f"{p}.shared_parameters.quantize_weight_in_forward" not in u  # true is Loom's
     assert f"{p}.shared_parameters.rounding" not in u
     assert "pruning" in u["compression_training.sparse_pruning"]

@@ -182,3 +182,87 @@ def test_cuda_matches_cpu(plugin, params):
         assert torch.equal(qg.qscale.cpu(), qc.qscale)
         x = torch.randn(3, 32)
         torch.testing.assert_close(qg(x.cuda()).cpu(), qc(x), atol=1e-5, rtol=1e-5)
+
+
+# ---- range = "deepspeed" against DeepSpeed's simulated quantizer (docs/quantization.md,
+# "Exact and DeepSpeed ranges"), reproduced here from its published arithmetic: one group
+# per row (DeepSpeed's num_groups = rows), q_range = 2^b.
+
+def deepspeed_symmetric(w, bits):
+    """s = 2 max|x| / 2^b, q = clamp(round(x / s), -2^(b-1), 2^(b-1) - 1), out = q s."""
+    q_range = 2 ** bits
+    s = 2 * w.abs().amax(dim=1, keepdim=True) / q_range
+    q = torch.clamp(torch.round(w / s), -q_range // 2, q_range // 2 - 1)
+    return q, s, q * s
+
+
+def deepspeed_asymmetric(w, bits):
+    """s = (max - min) / 2^b, the zero point as a float, zp = round(min / s) s,
+    q = clamp(round((x - zp) / s), 0, 2^b - 1), out = q s + zp."""
+    q_range = 2 ** bits
+    lo = w.amin(dim=1, keepdim=True)
+    hi = w.amax(dim=1, keepdim=True)
+    s = (hi - lo) / q_range
+    zp = torch.round(lo / s) * s
+    q = torch.clamp(torch.round((w - zp) / s), 0, q_range - 1)
+    return q, s, -torch.round(lo / s), q * s + zp
+
+
+def loom_codes(q, bits, signed):
+    """The codes of a QuantizedTensor as float, unpacked (LSB first) and sign-extended."""
+    n, k = q.shape
+    raw = q.codes.to(torch.int32)
+    if bits == 4:
+        raw = torch.stack([raw & 0xF, raw >> 4], dim=1).reshape(-1)
+    codes = raw[: n * k].reshape(n, k)
+    if signed:
+        codes = torch.where(codes >= 2 ** (bits - 1), codes - 2 ** bits, codes)
+    return codes.to(torch.float32)
+
+
+def deepspeed_weights(seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(24, 64, generator=g) * torch.rand(24, 1, generator=g) * 3
+    w[:, 0] = -w[:, 0].abs() - 0.01  # every row holds both signs (docs: the asymmetric case
+    w[:, 1] = w[:, 1].abs() + 0.01   # where DeepSpeed's zero point fits a uint8)
+    return w
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_deepspeed_range_symmetric_matches_deepspeed(bits):
+    w = deepspeed_weights(bits)
+    with session("zeroquant", bits=bits, range='"deepspeed"', activation_bits=0) as s:
+        q = loom.torch.quantize(w, s.instance("quantizer", "q"))
+        codes, scale, ds = deepspeed_symmetric(w, bits)
+        assert torch.equal(loom_codes(q, bits, signed=True), codes)
+        assert torch.equal(q.scales.reshape(scale.shape), scale)
+        deq = loom.torch.dequantize(q)
+        # the same values; only the sign of zero differs: DeepSpeed's -0.0 (round(x / s)
+        # of a small negative x is -0.0, times s) is Loom's +0.0
+        assert torch.equal(deq, ds)
+        negative_zero = (ds == 0) & torch.signbit(ds)
+        assert negative_zero.any()  # the data has such codes
+        assert not ((deq == 0) & torch.signbit(deq)).any()
+        assert torch.equal(negative_zero, (codes == 0) & (w < 0))
+        same = ~negative_zero
+        assert torch.equal(deq[same].view(torch.int32), ds[same].view(torch.int32))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_deepspeed_range_asymmetric_matches_deepspeed_within_the_bound(bits):
+    w = deepspeed_weights(10 + bits)
+    with session("zeroquant", bits=bits, symmetric="false", range='"deepspeed"',
+                 activation_bits=0) as s:
+        q = loom.torch.quantize(w, s.instance("quantizer", "q"))
+        codes, scale, zero, ds = deepspeed_asymmetric(w, bits)
+        # codes, scales and zero points: identical
+        assert torch.equal(loom_codes(q, bits, signed=False), codes)
+        assert torch.equal(q.scales.reshape(scale.shape), scale)
+        assert torch.equal(q.zero_points.reshape(zero.shape).to(torch.float32), zero)
+        deq = loom.torch.dequantize(q)
+        # Loom decodes s (q - z) (q - z exact, one rounding), DeepSpeed q s + round(min/s) s
+        # (three roundings): within 2^-21 max|x| of the group, not always equal
+        assert torch.equal(deq, scale * (codes - zero))
+        bound = 2.0 ** -21 * w.abs().amax(dim=1, keepdim=True)
+        assert bool(((deq - ds).abs() <= bound).all())
+        assert not torch.equal(deq, ds)

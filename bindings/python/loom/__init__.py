@@ -12,7 +12,7 @@ Main entry points:
   (``loom.torch.distributed_bootstrap()`` builds one over torch.distributed).
 - :mod:`loom.data`: ``loom.data.CurriculumSampler``, a sampler plugin as a batch sampler.
 - :func:`from_deepspeed`: the Loom manifest for a DeepSpeed config (also
-  ``python -m loom.deepspeed ds_config.json``).
+  ``python3 -m loom.deepspeed ds_config.json``).
 - :mod:`loom.errors`: one exception class per Loom status code.
 
 A session and its instances are used from one thread at a time. Tensors cross zero-copy through DLPack (:mod:`loom.tensor`). libloom is found from

@@ -206,6 +206,88 @@ class SamplerV1(ctypes.Structure):
 SAMPLER_V1_SIZE = _size(SamplerV1, "next")
 
 
+# ---- loom.curriculum/1 (abi/include/loom/kinds/curriculum.h)
+CURRICULUM_METRIC = 1 << 0
+CURRICULUM_SCHEDULE = 1 << 1
+SEQ_LEN_NONE = 0
+SEQ_LEN_TRUNCATE = 1
+SEQ_LEN_RESHAPE = 2
+SEQ_LEN_MODES = {0: "none", 1: "truncate", 2: "reshape"}
+
+
+class CurriculumPlanArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("vocab_size", ctypes.c_uint32), ("reserved2", ctypes.c_uint32),
+        ("roles", ctypes.c_uint32), ("seq_len_mode", ctypes.c_uint32),
+        ("stats_count", ctypes.c_uint64),
+    ]
+
+
+CURRICULUM_PLAN_ARGS_SIZE = _size(CurriculumPlanArgs, "stats_count")
+
+
+class CurriculumSamples(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("tokens", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
+    ]
+
+
+CURRICULUM_SAMPLES_SIZE = _size(CurriculumSamples, "offsets")
+
+
+class CurriculumCountArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("samples", CurriculumSamples),
+        ("vocab_size", ctypes.c_uint32), ("reserved2", ctypes.c_uint32),
+        ("stats", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+    ]
+
+
+CURRICULUM_COUNT_ARGS_SIZE = _size(CurriculumCountArgs, "stream")
+
+
+class CurriculumScoreArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("samples", CurriculumSamples),
+        ("vocab_size", ctypes.c_uint32), ("reserved2", ctypes.c_uint32),
+        ("stats", ctypes.c_void_p), ("scores", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+    ]
+
+
+CURRICULUM_SCORE_ARGS_SIZE = _size(CurriculumScoreArgs, "stream")
+
+
+class CurriculumAtArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("step", ctypes.c_int64), ("difficulty", ctypes.c_double), ("seq_len", ctypes.c_int64),
+    ]
+
+
+CURRICULUM_AT_ARGS_SIZE = _size(CurriculumAtArgs, "seq_len")
+
+
+class CurriculumV1(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("plan", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.POINTER(CurriculumPlanArgs))),
+        ("count", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.POINTER(CurriculumCountArgs))),
+        ("score", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.POINTER(CurriculumScoreArgs))),
+        ("at", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.POINTER(CurriculumAtArgs))),
+    ]
+
+
+CURRICULUM_V1_SIZE = _size(CurriculumV1, "at")
+
+
 ROUTER_ROUTED = 1
 ROUTER_LEARNED = 2
 

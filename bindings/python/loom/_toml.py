@@ -48,9 +48,19 @@ def table(header: str, entries: Dict[str, Any], comments: Dict[str, str] = None)
     return "\n".join(lines) + "\n"
 
 
-def manifest(tables: List[Tuple[str, Dict[str, Any]]], header_comment: str = "") -> str:
+def array_table(header: str, entries: Dict[str, Any]) -> str:
+    """One entry of an array of tables: ``[[header]]`` and its ``key = value`` lines."""
+    head, body = table(header, entries).split("\n", 1)
+    return f"[{head}]\n{body}"
+
+
+def manifest(tables: List[Tuple[str, Dict[str, Any]]], header_comment: str = "",
+             arrays: List[Tuple[str, Dict[str, Any]]] = ()) -> str:
+    """The manifest text: the comment, the ``tables`` in order, then the ``arrays``
+    entries (``[[quantize]]`` rules), each as ``[[header]]``."""
     parts = []
     if header_comment:
         parts.append("".join(f"# {line}\n" if line else "#\n" for line in header_comment.split("\n")))
     parts += [table(h, e) for h, e in tables]
+    parts += [array_table(h, e) for h, e in arrays]
     return "\n".join(parts)

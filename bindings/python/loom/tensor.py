@@ -9,6 +9,7 @@ one or one on an unsupported device is refused with :class:`loom.InvalidArgument
 naming it.
 """
 
+import ctypes
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
 from . import _abi
@@ -143,3 +144,18 @@ def borrow(obj: Any, name: str = "tensor", *, dtypes: Iterable[str] = ("float32"
 def borrow_all(objs: Sequence[Any], name: str, **kwargs: Any) -> list:
     """borrow() for each element, named ``name[i]``."""
     return [borrow(o, f"{name}[{i}]", **kwargs) for i, o in enumerate(objs)]
+
+
+def host_workspace(workspace: Optional[int], nbytes: int, like: Any, what: str) -> tuple:
+    """(holder, address): the caller's workspace, or for host tensors a 256-byte aligned
+    host buffer of nbytes made here when the caller gave none."""
+    if workspace is not None or nbytes <= 0:
+        return None, workspace
+    if like.device[0] not in ("cpu", "cuda_host"):
+        raise InvalidArgumentError(
+            f"{what}: the plugin asks for a {nbytes}-byte workspace and the tensors are on "
+            f"{like.device[0]}:{like.device[1]}; pass workspace= (the address of a 256-byte "
+            "aligned buffer of workspace_bytes on that device): a host buffer is made "
+            "only for host tensors")
+    host = ctypes.create_string_buffer(int(nbytes) + 256)
+    return host, (ctypes.addressof(host) + 255) // 256 * 256

@@ -1,0 +1,88 @@
+"""docs/python.md's commands and examples, run as written: the virtual environment is made
+with Debian's interpreter, the curriculum example gives what its comments say, and the
+DeepSpeed importer's command line works from a checkout."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+DOC = os.path.join(ROOT, "docs", "python.md")
+
+
+def doc():
+    with open(DOC, encoding="utf-8") as f:
+        return f.read()
+
+
+def blocks(lang):
+    return re.findall(rf"```{lang}\n(.*?)```", doc(), flags=re.S)
+
+
+def shell_lines():
+    """Every command of the sh blocks (continuation lines joined, comments dropped)."""
+    out = []
+    for b in blocks("sh"):
+        for line in b.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def test_python_commands_name_an_interpreter_with_torch():
+    """A bare `python` is not on Debian, and a `python3` first in PATH may be another one
+    (pyenv, conda) without Debian's numpy and torch: the doc's commands name
+    /usr/bin/python3 or the virtual environment's python."""
+    lines = shell_lines()
+    assert lines
+    venvs = [ln for ln in lines if "-m venv" in ln]
+    assert venvs and all(ln.startswith("/usr/bin/python3 -m venv --system-site-packages ")
+                         for ln in venvs), venvs
+    commands = 0
+    for ln in lines:
+        for segment in re.split(r"[;&|]+", ln):
+            words = [w for w in segment.split() if "=" not in w and w not in ("do", "then")]
+            if words and os.path.basename(words[0]) in ("python", "python3"):
+                commands += 1
+                assert words[0] in ("/usr/bin/python3", "venv/bin/python"), ln
+    assert commands >= 4
+
+
+def test_the_curriculum_example_runs_as_written():
+    pytest.importorskip("numpy")
+    text = doc()
+    section = text[text.index("## Curriculum schedules and metrics"):]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    scope = {}
+    exec(compile(code, "docs/python.md", "exec"), scope)  # noqa: S102 (the doc's own example)
+    slw, voc = scope["slw"], scope["voc"]
+    assert slw.curriculum_plan() == {"roles": 2, "metric": False, "schedule": True,
+                                     "seq_len_mode": "truncate", "stats_count": 0}
+    assert slw.curriculum_at(10000) == {"difficulty": 256.0, "seq_len": 256}
+    assert scope["stats"].tolist()[:8] == [0, 3, 1, 1, 0, 1, 0, 1]
+    assert (scope["scores"] > 0).all()
+    assert "# {\"difficulty\": 256.0, \"seq_len\": 256}" in code
+    scope["s"].close()
+
+
+def test_the_deepspeed_command_runs_as_written_from_a_checkout(tmp_path):
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no /usr/bin/python3")
+    line = next(ln for ln in shell_lines() if ln.startswith("PYTHONPATH=bindings/python "))
+    assert line == ("PYTHONPATH=bindings/python /usr/bin/python3 -m loom.deepspeed "
+                    "ds_config.json -o run.toml --check")
+    # the checkout's package, and a config of the shape of DeepSpeed's GPT-2 ZeroQuant recipe
+    os.symlink(os.path.join(ROOT, "bindings"), tmp_path / "bindings")
+    shutil.copy(os.path.join(os.path.dirname(__file__), "deepspeed_configs",
+                             "gpt2_zeroquant.json"), tmp_path / "ds_config.json")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(["bash", "-c", line], cwd=str(tmp_path), env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "run.toml").read_text()
+    assert "[quantizer.wq1]" in text and "[[quantize]]" in text
+    assert "ds_config.json: optimizer.params.lr: not mapped" in r.stderr
