@@ -666,9 +666,13 @@ std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksu
                  std::to_string(c.seq_len) + ")";
     }
   } catch (const std::exception& e) {
-    problem = e.what();
+    problem = with_run_values(e.what(), c);
   }
   return problem;
+}
+
+std::string with_run_values(const std::string& message, const TrainConfig& c) {
+  return loom::data::fill_analyze_hint(message, c.dataset, c.seq_len);
 }
 
 std::vector<std::string> quantized_tensor_names(const TrainConfig& c,

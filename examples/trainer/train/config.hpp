@@ -134,6 +134,10 @@ struct SamplerIndexRef {
 };
 std::optional<SamplerIndexRef> sampler_index_ref(const TrainConfig& c);
 
+// `message` (an error from opening the manifest) with the index hint's DATASET and SEQ_LEN
+// filled in from this config, so the `loom data analyze` command it gives runs as printed.
+std::string with_run_values(const std::string& message, const TrainConfig& c);
+
 // "" when the index the config's sampler reads was written for this dataset (its payload
 // checksum, `dataset_checksum`) and for sample length seq_len; else the problem, naming the
 // index folder and both values (the caller prefixes the config key). No index: "".

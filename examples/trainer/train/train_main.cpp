@@ -957,7 +957,9 @@ class Trainer {
     opts.log_level = -1;
     opts.plugin_path = args_.plugin_path.empty() ? nullptr : args_.plugin_path.c_str();
     loom_session* session = nullptr;
-    check_loom(loom_open_file(c_.manifest.c_str(), &opts, &session), "loom manifest");
+    if (loom_open_file(c_.manifest.c_str(), &opts, &session) != LOOM_OK) {
+      throw TrainError("loom manifest: " + with_run_values(loom_last_error(), c_));
+    }
     loom::trainer::install_crash_report("loom train");  // again: UCX and MPI installed theirs
     session_.reset(session);
     check_loom(loom_find_instance(session, "optimizer", c_.optimizer.c_str(), &opt_),
@@ -2249,7 +2251,7 @@ int check(const Args& args) {
     const std::string text = curriculum_manifest(c);
     loom_session* cs = nullptr;
     if (loom_open_string(text.c_str(), c.manifest.c_str(), &co, &cs) != LOOM_OK) {
-      std::cerr << loom_last_error() << "\n";
+      std::cerr << with_run_values(loom_last_error(), c) << "\n";
       ok = false;
     } else {
       std::vector<std::string> cp;

@@ -447,6 +447,26 @@ void MetricIndex::release() noexcept {
   }
 }
 
+std::string analyze_hint(const std::string& dir, const std::string& metric) {
+  return "loom data analyze MANIFEST --dataset DATASET --seq-len SEQ_LEN --metric " + metric +
+         " --output " + dir + " (MANIFEST: one that declares [curriculum." + metric +
+         "], such as examples/data_efficiency/analyze.toml for the bundled metrics" +
+         std::string(kAnalyzeHintRunValues) + "; docs/data.md)";
+}
+
+std::string fill_analyze_hint(std::string message, const std::string& dataset, int64_t seq_len) {
+  const std::string placeholders = "--dataset DATASET --seq-len SEQ_LEN";
+  const size_t at = message.find(placeholders);
+  if (at == std::string::npos) return message;
+  message.replace(at, placeholders.size(),
+                  "--dataset " + dataset + " --seq-len " + std::to_string(seq_len));
+  const size_t clause = message.find(kAnalyzeHintRunValues, at);
+  if (clause != std::string::npos) {
+    message.erase(clause, std::char_traits<char>::length(kAnalyzeHintRunValues));
+  }
+  return message;
+}
+
 MetricIndex MetricIndex::open(const std::string& dir, const std::string& metric) {
   if (std::string p = name_problem(metric); !p.empty()) {
     throw IndexError(dir + ": the metric name \"" + metric + "\" " + p);
@@ -462,8 +482,8 @@ MetricIndex MetricIndex::open(const std::string& dir, const std::string& metric)
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       throw IndexError(path + ": cannot open the index file: " + errno_text() +
-                       " (write it with `loom data analyze MANIFEST --metric " + metric +
-                       " --output " + dir + " ...`)");
+                       "; write it first with: mkdir -p " + dir + " && " +
+                       analyze_hint(dir, metric));
     }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

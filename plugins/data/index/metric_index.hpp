@@ -71,6 +71,15 @@ enum class IndexFile : uint32_t { sample_to_metric = 1, sorted = 2, percentiles 
 // The path of one file of metric `metric` in folder `dir`.
 std::string index_file_path(const std::string& dir, const std::string& metric, IndexFile file);
 
+// The command that writes metric `metric`'s index into `dir`, for messages. MANIFEST, DATASET
+// and SEQ_LEN are placeholders; a caller that knows the run (the trainer) replaces the
+// "--dataset DATASET --seq-len SEQ_LEN" part with fill_analyze_hint().
+inline constexpr const char* kAnalyzeHintRunValues =
+    "; DATASET and SEQ_LEN: the training run's dataset and [train] seq_len";
+std::string analyze_hint(const std::string& dir, const std::string& metric);
+// `message` with the hint's DATASET and SEQ_LEN replaced by these values.
+std::string fill_analyze_hint(std::string message, const std::string& dataset, int64_t seq_len);
+
 // FNV-1a 64, the checksum of the dataset and index files.
 uint64_t index_fnv1a64(const void* data, size_t bytes, uint64_t seed = 0xcbf29ce484222325ull);
 

@@ -145,6 +145,23 @@ TEST_F(IndexTest, MissingFile) {
   write();
   fs::remove(path(IndexFile::sorted));
   expect_error(IndexFile::sorted, "cannot open the index file");
+  // The message gives the command that writes the index, and a caller that knows the run
+  // fills in its dataset and sequence length.
+  const std::string dir = dir_.string(), metric = info_.metric;
+  const std::string command = "mkdir -p " + dir + " && loom data analyze MANIFEST --dataset " +
+                              "DATASET --seq-len SEQ_LEN --metric " + metric + " --output " + dir;
+  expect_error(IndexFile::sorted, command);
+  try {
+    (void)MetricIndex::open(dir, metric);
+  } catch (const IndexError& e) {
+    const std::string filled = loom::data::fill_analyze_hint(e.what(), "data.bin", 128);
+    EXPECT_NE(filled.find("loom data analyze MANIFEST --dataset data.bin --seq-len 128 --metric " +
+                          metric + " --output " + dir),
+              std::string::npos)
+        << filled;
+    EXPECT_EQ(filled.find("DATASET"), std::string::npos) << filled;
+    EXPECT_NE(filled.find("examples/data_efficiency/analyze.toml"), std::string::npos) << filled;
+  }
 }
 
 TEST_F(IndexTest, Truncated) {
