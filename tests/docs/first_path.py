@@ -50,7 +50,6 @@ not reach). Exit status 0 when every command ran, 1 when one failed, the time ra
 run was interrupted, 2 for a usage error or a guide without a well-formed first path.
 """
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -59,7 +58,9 @@ import tempfile
 import time
 
 MARKER = "<!-- first-path -->"
-FENCE = re.compile(r"^(\s*)```\s*([A-Za-z0-9_+-]*)\s*$")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_toml_blocks import blocks  # noqa: E402  the one reader of fenced blocks
 
 
 def usage(msg=None):
@@ -72,33 +73,27 @@ def usage(msg=None):
 def first_path_blocks(path):
     """[(first line of the block's text, 1-based, [lines])] for each marked ```sh block."""
     lines = open(path, encoding="utf-8").read().splitlines()
-    found, last_text, i = [], None, 0  # last_text: (line number, text) of the last non-blank
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            if lines[i].strip():
-                if lines[i].strip() == MARKER and last_text and last_text[1] == MARKER:
-                    raise SystemExit(f"{path}:{i + 1}: two {MARKER} markers in a row")
-                last_text = (i + 1, lines[i].strip())
-            i += 1
+    fenced = blocks(path)  # check_toml_blocks.py's reader: (language, first text line, text)
+    inside = set()
+    for _, start, text in fenced:
+        inside.update(range(start - 1, start + len(text.splitlines()) + 1))
+    markers = [n for n, line in enumerate(lines, 1)
+               if line.strip() == MARKER and n not in inside]
+    found, used = [], set()
+    for lang, start, text in fenced:
+        before = start - 2  # the fence's line number minus one
+        while before >= 1 and not lines[before - 1].strip():
+            before -= 1
+        if before < 1 or lines[before - 1].strip() != MARKER:
             continue
-        marked = last_text is not None and last_text[1] == MARKER
-        lang, start, body = m.group(2).lower(), i + 2, []
-        i += 1
-        while i < len(lines) and not FENCE.match(lines[i]):
-            body.append(lines[i])
-            i += 1
-        if i == len(lines):
-            raise SystemExit(f"{path}:{start - 1}: unterminated ``` fence")
-        if marked:
-            if lang != "sh":
-                raise SystemExit(f"{path}:{start - 1}: the {MARKER} marker on line "
-                                 f"{last_text[0]} is followed by a ```{lang} block, not ```sh")
-            found.append((start, body))
-        last_text = (i + 1, "```")
-        i += 1
-    if last_text is not None and last_text[1] == MARKER:
-        raise SystemExit(f"{path}:{last_text[0]}: {MARKER} is not followed by a ```sh block")
+        if lang != "sh":
+            raise SystemExit(f"{path}:{start - 1}: the {MARKER} marker on line {before} is "
+                             f"followed by a ```{lang} block, not ```sh")
+        used.add(before)
+        found.append((start, text.splitlines()))
+    for n in markers:
+        if n not in used:
+            raise SystemExit(f"{path}:{n}: {MARKER} is not followed by a ```sh block")
     return found
 
 

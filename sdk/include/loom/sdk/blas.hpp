@@ -22,6 +22,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace loom::sdk::blas {
 
@@ -62,25 +63,22 @@ void run(Call&& call) {
 }
 }  // namespace detail
 
-// C[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * C, row-major.
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// C[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * C, row-major; T is float or double.
+template <class T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "sgemm or dgemm");
   const int im = detail::dim(m, "m"), in = detail::dim(n, "n"), ik = detail::dim(k, "k");
-  const int ia = detail::dim(lda, "lda"), ib = detail::dim(ldb, "ldb"),
-            ic = detail::dim(ldc, "ldc");
+  const int ia = detail::dim(lda, "lda"), ib = detail::dim(ldb, "ldb");
+  const int ic = detail::dim(ldc, "ldc");
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
   detail::run([&] {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im,
-                in, ik, alpha, a, ia, b, ib, beta, c, ic);
-  });
-}
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  const int im = detail::dim(m, "m"), in = detail::dim(n, "n"), ik = detail::dim(k, "k");
-  const int ia = detail::dim(lda, "lda"), ib = detail::dim(ldb, "ldb"),
-            ic = detail::dim(ldc, "ldc");
-  detail::run([&] {
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, im,
-                in, ik, alpha, a, ia, b, ib, beta, c, ic);
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, opa, opb, im, in, ik, alpha, a, ia, b, ib, beta, c, ic);
+    } else {
+      cblas_dgemm(CblasRowMajor, opa, opb, im, in, ik, alpha, a, ia, b, ib, beta, c, ic);
+    }
   });
 }
 
