@@ -5,6 +5,7 @@
 // of the scaled group sums and the bias.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -166,6 +167,71 @@ TEST(QuantGemm, ConcurrentMatmulsGetTheirOwnResults) {
   t2.join();
   EXPECT_EQ(got1, want1);
   EXPECT_EQ(got2, want2);
+}
+
+// The trainer's shapes (a W8A8 GPT of dim 128, 2048 tokens a step) run as blocks of rows, one
+// primitive per block shape shared by the threads: oneDNN's brgemm s8 matmul copies W's block
+// and its compensation into a scratchpad, and with the library's scratchpad (one per
+// primitive) threads running one primitive at once overwrote each other's, so some calls came
+// out wrong (about 1 in 100 per thread with two threads, 1 in 5 with four). Several threads at
+// once, each its own x and W, each call's y compared with the exact sums.
+TEST(QuantGemm, OneShapeOnManyThreadsAtOnceIsExact) {
+  if (!loom::quant::have_int8_gemm()) GTEST_SKIP() << "built without oneDNN";
+  struct Shape {
+    int64_t m, n, k, group;
+  };
+  // 170 rows: one row block of n 384, K 128 (the attention's qkv); 128 x 128 x 512 the MLP's
+  // projection; two K groups of 128.
+  const Shape shapes[] = {{170, 384, 128, 128}, {128, 128, 512, 512}, {170, 384, 256, 128}};
+  constexpr int kThreads = 4;
+  constexpr int kReps = 150;
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE("m " + std::to_string(sh.m) + " n " + std::to_string(sh.n) + " k " +
+                 std::to_string(sh.k) + " group " + std::to_string(sh.group));
+    const int64_t groups = (sh.k + sh.group - 1) / sh.group;
+    std::vector<int> wrong(kThreads, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937 rng(static_cast<uint32_t>(100 + t));
+        std::uniform_int_distribution<int> code(-127, 127);
+        std::vector<int8_t> xq(sh.m * sh.k), wq(sh.n * sh.k);
+        for (auto& v : xq) v = static_cast<int8_t>(code(rng));
+        for (auto& v : wq) v = static_cast<int8_t>(code(rng));
+        // Exact in float: |sum| <= 127 * 127 * 512 < 2^24, so are the group sums' sums.
+        std::vector<float> want(sh.m * sh.n);
+        for (int64_t i = 0; i < sh.m; ++i) {
+          for (int64_t j = 0; j < sh.n; ++j) {
+            int64_t sum = 0;
+            for (int64_t c = 0; c < sh.k; ++c) sum += int64_t{xq[i * sh.k + c]} * wq[j * sh.k + c];
+            want[i * sh.n + j] = static_cast<float>(sum);
+          }
+        }
+        std::vector<float> sx(sh.m, 1.0f), sw(sh.n * groups, 1.0f), y(sh.m * sh.n), sw_col(sh.n);
+        std::vector<int32_t> acc(sh.m * sh.n);
+        loom::quant::Int8Gemm g;
+        g.xq = xq.data();
+        g.sx = sx.data();
+        g.wq = wq.data();
+        g.sw = sw.data();
+        g.y = y.data();
+        g.m = sh.m;
+        g.n = sh.n;
+        g.k = sh.k;
+        g.group = sh.group;
+        for (int rep = 0; rep < kReps; ++rep) {
+          std::fill(y.begin(), y.end(), NAN);
+          loom::quant::int8_gemm(g, acc.data(), sw_col.data());
+          if (y != want) ++wrong[t];
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) {
+      EXPECT_EQ(wrong[t], 0) << "thread " << t << ": " << wrong[t] << " of " << kReps
+                             << " calls not the exact sums";
+    }
+  }
 }
 
 // Codes at +-127 with both signs mixed: x and W products of 127 * 127, pairs summing to

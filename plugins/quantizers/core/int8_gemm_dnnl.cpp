@@ -1,6 +1,7 @@
 // int8_gemm.hpp on oneDNN (Debian's libdnnl-dev). Without it (LOOM_QUANT_HAVE_DNNL 0) the
 // GEMM is absent and have_int8_gemm() says so; the matmul around it is the same.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -109,19 +110,42 @@ int64_t current_threads() {
 // codes out of rows of k (the leading dimension of x's and W's codes), for the current
 // OpenMP thread count. Building one costs far
 // more than running it at the trainer's shapes (a primitive descriptor walks oneDNN's kernel
-// list and the primitive JIT-compiles its kernel), so they are kept, keyed by the shape. A
-// primitive holds no data pointers (the memories are bound at execute), and oneDNN lets
-// threads execute one primitive at once, each on its own stream. The cache is bounded: past
-// kMaxPrimitives shapes it starts again empty (the shapes of one model are a handful).
+// list and the primitive JIT-compiles its kernel), so they are kept, keyed by the shape, and
+// one primitive runs on several threads at once (the row blocks of one GEMM have one shape).
+// A primitive holds no data pointers (the memories are bound at execute), but in oneDNN's
+// default scratchpad mode (library) it holds its scratchpad, where the brgemm s8 kernel
+// copies W's block and its compensation for the s8 source: two threads running one
+// primitive at once overwrite each other's copy and rows come out wrong (measured on
+// avx512_core_vnni with Debian's 2.6: about 1 call in 100 per thread with two threads, 1 in
+// 5 with four; oneDNN's documentation: "the same primitive cannot be run concurrently from
+// two different threads"). So the primitives are built for a user scratchpad, and each
+// thread passes its own (thread_scratchpad). The cache is bounded: past kMaxPrimitives shapes
+// it starts again empty (the shapes of one model are a handful).
 using PrimKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
 constexpr std::size_t kMaxPrimitives = 64;
 
-std::shared_ptr<const dnnl::matmul> cached_matmul(const dnnl::engine& engine, int64_t m, int64_t n,
-                                                  int64_t kg, int64_t k) {
+struct Matmul {
+  dnnl::matmul prim;
+  dnnl::memory::desc scratchpad;  // what execute needs as DNNL_ARG_SCRATCHPAD (size 0: none)
+};
+
+// The calling thread's scratchpad of at least `bytes` bytes, page aligned; grown, never
+// shrunk. A thread runs one primitive at a time (rows waits on its stream), so one per
+// thread is enough.
+void* thread_scratchpad(std::size_t bytes) {
+  constexpr std::size_t kAlign = 4096;
+  thread_local std::vector<unsigned char> buf;
+  if (buf.size() < bytes + kAlign) buf.assign(bytes + kAlign, 0);
+  const auto at = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((kAlign - at % kAlign) % kAlign);
+}
+
+std::shared_ptr<const Matmul> cached_matmul(const dnnl::engine& engine, int64_t m, int64_t n,
+                                            int64_t kg, int64_t k) {
   using dnnl::memory;
   using dt = memory::data_type;
   static std::mutex mu;
-  static std::map<PrimKey, std::shared_ptr<const dnnl::matmul>> cache;
+  static std::map<PrimKey, std::shared_ptr<const Matmul>> cache;
   const PrimKey key{m, n, kg, k, current_threads()};
   {
     const std::lock_guard<std::mutex> lock(mu);
@@ -133,8 +157,10 @@ std::shared_ptr<const dnnl::matmul> cached_matmul(const dnnl::engine& engine, in
   const memory::desc src_md({m, kg}, dt::s8, memory::dims{k, 1});
   const memory::desc wei_md({kg, n}, dt::s8, memory::dims{1, k});
   const memory::desc acc_md({m, n}, dt::s32, memory::dims{n, 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, acc_md), engine);
-  auto prim = std::make_shared<const dnnl::matmul>(pd);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, acc_md), attr, engine);
+  auto prim = std::make_shared<const Matmul>(Matmul{dnnl::matmul(pd), pd.scratchpad_desc()});
   const std::lock_guard<std::mutex> lock(mu);
   if (cache.size() >= kMaxPrimitives) cache.clear();
   return cache.emplace(key, std::move(prim)).first->second;
@@ -195,13 +221,15 @@ void int8_gemm(const Int8Gemm& g, int32_t* acc, float* sw_col) {
       const memory::desc acc_md({mb, g.n}, dt::s32, memory::dims{g.n, 1});
       const memory::desc src_md({mb, kg}, dt::s8, memory::dims{g.k, 1});
       const memory::desc wei_md({kg, g.n}, dt::s8, memory::dims{1, g.k});
-      const std::shared_ptr<const dnnl::matmul> prim = cached_matmul(e.engine, mb, g.n, kg, g.k);
+      const std::shared_ptr<const Matmul> mm = cached_matmul(e.engine, mb, g.n, kg, g.k);
       memory acc_mem(acc_md, e.engine, acc + i0 * g.n);
       memory src_mem(src_md, e.engine, const_cast<int8_t*>(g.xq + i0 * g.k + k0));
       memory wei_mem(wei_md, e.engine, const_cast<int8_t*>(g.wq + k0));
-      prim->execute(
-          e.stream,
-          {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, wei_mem}, {DNNL_ARG_DST, acc_mem}});
+      memory pad_mem(mm->scratchpad, e.engine, thread_scratchpad(mm->scratchpad.get_size()));
+      mm->prim.execute(e.stream, {{DNNL_ARG_SRC, src_mem},
+                                  {DNNL_ARG_WEIGHTS, wei_mem},
+                                  {DNNL_ARG_DST, acc_mem},
+                                  {DNNL_ARG_SCRATCHPAD, pad_mem}});
       e.stream.wait();
     };
     for (int64_t gi = 0; gi < groups; ++gi) {
