@@ -432,15 +432,18 @@ void decode(const QuantRecord& r, const uint8_t* codes, const uint8_t* scales,
     }
   }
   // Element i's group: its coordinates with the axis coordinate divided by group_size,
-  // row-major over the scale shape.
+  // row-major over the scale shape. Without groups (one scale) the axis is not read: the
+  // record's check covers it only when group_size > 0, so it may name no dimension.
   const auto sshape = r.scale_shape();
-  uint64_t inner = 1;  // elements per step of the axis coordinate
-  for (size_t d = static_cast<size_t>(r.axis) + 1; d < nd; ++d)
-    inner *= static_cast<uint64_t>(r.shape[d]);
-  const uint64_t axis_len =
-      nd > 0 ? static_cast<uint64_t>(r.shape[static_cast<size_t>(r.axis)]) : 1;
-  const uint64_t groups_along =
-      r.group_size > 0 ? static_cast<uint64_t>(sshape[static_cast<size_t>(r.axis)]) : 1;
+  uint64_t inner = 1;     // elements per step of the axis coordinate
+  uint64_t axis_len = 1;  // the axis's length
+  uint64_t groups_along = 1;
+  if (r.group_size > 0) {
+    const auto axis = static_cast<size_t>(r.axis);
+    for (size_t d = axis + 1; d < nd; ++d) inner *= static_cast<uint64_t>(r.shape[d]);
+    axis_len = static_cast<uint64_t>(r.shape[axis]);
+    groups_along = static_cast<uint64_t>(sshape[axis]);
+  }
   const bool sym = (r.flags & LOOM_QUANT_SYMMETRIC) != 0;
   const bool lsb = r.packing == LOOM_QUANT_PACK_LSB_FIRST;
   for (uint64_t i = 0; i < numel; ++i) {
