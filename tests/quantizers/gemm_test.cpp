@@ -33,6 +33,26 @@ std::vector<float> sample(std::size_t n, uint32_t seed, float scale = 1.0f) {
   return x;
 }
 
+// An Int8Gemm over codes with unit scales and no bias, with the buffers it writes.
+struct UnitScaleGemm {
+  std::vector<float> sx, sw, y, sw_col;
+  std::vector<int32_t> acc;
+  loom::quant::Int8Gemm g;
+  UnitScaleGemm(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, int64_t k, int64_t group)
+      : sx(m, 1.0f), sw(n * ((k + group - 1) / group), 1.0f), y(m * n), sw_col(n), acc(m * n) {
+    g.xq = xq;
+    g.sx = sx.data();
+    g.wq = wq;
+    g.sw = sw.data();
+    g.y = y.data();
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.group = group;
+  }
+  void run() { loom::quant::int8_gemm(g, acc.data(), sw_col.data()); }
+};
+
 struct Case {
   uint32_t bits;
   bool symmetric;
@@ -188,7 +208,6 @@ TEST(QuantGemm, OneShapeOnManyThreadsAtOnceIsExact) {
   for (const Shape& sh : shapes) {
     SCOPED_TRACE("m " + std::to_string(sh.m) + " n " + std::to_string(sh.n) + " k " +
                  std::to_string(sh.k) + " group " + std::to_string(sh.group));
-    const int64_t groups = (sh.k + sh.group - 1) / sh.group;
     std::vector<int> wrong(kThreads, 0);
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
@@ -207,22 +226,11 @@ TEST(QuantGemm, OneShapeOnManyThreadsAtOnceIsExact) {
             want[i * sh.n + j] = static_cast<float>(sum);
           }
         }
-        std::vector<float> sx(sh.m, 1.0f), sw(sh.n * groups, 1.0f), y(sh.m * sh.n), sw_col(sh.n);
-        std::vector<int32_t> acc(sh.m * sh.n);
-        loom::quant::Int8Gemm g;
-        g.xq = xq.data();
-        g.sx = sx.data();
-        g.wq = wq.data();
-        g.sw = sw.data();
-        g.y = y.data();
-        g.m = sh.m;
-        g.n = sh.n;
-        g.k = sh.k;
-        g.group = sh.group;
+        UnitScaleGemm gemm(xq.data(), wq.data(), sh.m, sh.n, sh.k, sh.group);
         for (int rep = 0; rep < kReps; ++rep) {
-          std::fill(y.begin(), y.end(), NAN);
-          loom::quant::int8_gemm(g, acc.data(), sw_col.data());
-          if (y != want) ++wrong[t];
+          std::fill(gemm.y.begin(), gemm.y.end(), NAN);
+          gemm.run();
+          if (gemm.y != want) ++wrong[t];
         }
       });
     }
@@ -278,20 +286,11 @@ TEST(QuantGemm, ExtremeCodesAccumulateExactly) {
           wq[j * sh.k + c] = v;
         }
       }
+      UnitScaleGemm gemm(xq.data(), wq.data(), sh.m, sh.n, sh.k, sh.group);
+      gemm.run();
+      const std::vector<int32_t>& acc = gemm.acc;
+      const std::vector<float>& y = gemm.y;
       const int64_t groups = (sh.k + sh.group - 1) / sh.group;
-      std::vector<float> sx(sh.m, 1.0f), sw(sh.n * groups, 1.0f), y(sh.m * sh.n), sw_col(sh.n);
-      std::vector<int32_t> acc(sh.m * sh.n);
-      loom::quant::Int8Gemm g;
-      g.xq = xq.data();
-      g.sx = sx.data();
-      g.wq = wq.data();
-      g.sw = sw.data();
-      g.y = y.data();
-      g.m = sh.m;
-      g.n = sh.n;
-      g.k = sh.k;
-      g.group = sh.group;
-      loom::quant::int8_gemm(g, acc.data(), sw_col.data());
       // The exact Highway kernel (the GEMM's path without VNNI) over all of K, whichever path
       // int8_gemm took.
       std::vector<int32_t> dot(sh.m * sh.n);
