@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "plugin_scan.hpp"
+#include "validate_plugin.hpp"
+
 namespace {
 
 // Exit codes: 0 fine; 1 an operational error; 2 a usage error or an invalid manifest or
@@ -28,16 +31,10 @@ struct Described {
   nlohmann::json doc;
 };
 
+// Each plugin file is loaded in a child process: one that crashes is an error, not our crash.
 Described describe(const char* name, const std::string& plugin_path) {
-  char* raw = nullptr;
   Described out;
-  out.rc = loom_describe_plugins(name, plugin_path.empty() ? nullptr : plugin_path.c_str(), &raw);
-  if (raw == nullptr) {
-    out.doc = {{"plugins", nlohmann::json::array()}, {"errors", nlohmann::json::array()}};
-    return out;
-  }
-  out.doc = nlohmann::json::parse(raw);
-  loom_free_string(raw);
+  out.doc = loom_scan::describe_isolated(name, plugin_path, &out.rc);
   return out;
 }
 
@@ -168,6 +165,9 @@ bool is_trainer_config(const std::string& file) {
 }
 
 int cmd_check(const std::string& manifest, const std::string& plugin_path) {
+  // The check loads the plugins in process: a plugin that crashes while loading is found in a
+  // child first, and named.
+  if (!loom_scan::prescan_manifest(manifest, plugin_path)) return kExitError;
   loom_open_options opts{};
   opts.struct_size = LOOM_OPEN_OPTIONS_SIZE;
   opts.validate_only = 1;
@@ -374,6 +374,14 @@ int main(int argc, char** argv) {
   quantize->add_option("--plugin-path", plugin_path,
                        "Extra plugin folders (':'-separated), searched after the manifest's");
 
+  auto* validate = app.add_subcommand(
+      "validate-plugin",
+      "Run a plugin through load, schema, create, step, state and destroy in a child process");
+  std::string validate_plugin;
+  validate->add_option("PLUGIN", validate_plugin, "Plugin file (loom_NAME.so) or name")->required();
+  validate->add_option("--plugin-path", plugin_path,
+                       "Extra plugin folders (':'-separated), searched first");
+
   // Handled before parsing: their arguments belong to the program they run, untouched.
   app.add_subcommand("bench", "Run a benchmark: loom bench NAME [ARGS...] (comm, optim, ...)");
   app.add_subcommand("train", "Train with the reference trainer: loom train CONFIG [ARGS...]");
@@ -387,6 +395,11 @@ int main(int argc, char** argv) {
   if (argc >= 2) {
     const std::string cmd = argv[1];
     std::vector<std::string> rest(argv + 2, argv + argc);
+    // The children `loom` runs itself to load plugin code (plugin_scan.hpp); not for users.
+    if (cmd == "__scan-plugin" && rest.size() == 1) return loom_scan::scan_plugin_main(rest[0]);
+    if (cmd == "__validate-plugin" && rest.size() == 1) {
+      return loom_validate::validate_plugin_child(rest[0]);
+    }
     if (cmd == "help") {
       if (rest.empty() || rest[0] == "help") {
         std::cout << app.help();
@@ -405,7 +418,7 @@ int main(int argc, char** argv) {
         args.emplace_back("--help");
         return exec_beside("loom-" + rest[0], args, rest[0]);
       }
-      for (CLI::App* sub : {plugins, desc, check, quantize}) {
+      for (CLI::App* sub : {plugins, desc, check, quantize, validate}) {
         if (sub->get_name() == rest[0]) {  // as `loom CMD --help`
           std::string a0 = "loom", a1 = rest[0], a2 = "--help";
           char* help_argv[] = {a0.data(), a1.data(), a2.data()};
@@ -462,10 +475,14 @@ int main(int argc, char** argv) {
     if (plugins->parsed()) return cmd_plugins(plugins_json, plugin_path);
     if (desc->parsed()) return cmd_describe(desc_name, desc_json, plugin_path);
     if (quantize->parsed()) return cmd_quantize(q_manifest, q_in, q_out, plugin_path);
+    if (validate->parsed()) {
+      return loom_validate::validate_plugin_main(validate_plugin, plugin_path);
+    }
     if (check->parsed()) {
       if (!is_trainer_config(check_file)) return cmd_check(check_file, plugin_path);
       // The trainer validates its own config (and the manifest it names): loom-train links
       // what the trainer needs, the CLI need not.
+      if (!loom_scan::prescan_trainer_config(check_file, plugin_path)) return kExitError;
       std::vector<std::string> args{"--check", check_file};
       if (!plugin_path.empty()) args.insert(args.end(), {"--plugin-path", plugin_path});
       return exec_beside("loom-train", args, "check");

@@ -1,8 +1,11 @@
 #include "bootstrap.hpp"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -35,6 +38,7 @@ struct Mpi {
   int (*finalized)(int*) = nullptr;
   int (*init_thread)(int*, char***, int, int*) = nullptr;
   int (*finalize)() = nullptr;
+  int (*abort)(void*, int) = nullptr;
   int (*comm_rank)(Comm, int*) = nullptr;
   int (*comm_size)(Comm, int*) = nullptr;
   int (*iallgather)(const void*, int, Datatype, void*, int, Datatype, Comm, Request*) = nullptr;
@@ -117,6 +121,27 @@ int env_int(const char* name, int fallback) {
                                                                         : fallback;
 }
 
+// MPI_Finalize waits for every rank; a stopped or hung one would hold this process forever.
+// A watchdog ends it after the bootstrap timeout instead (status 1: the job did not end
+// cleanly), saying why.
+void finalize_at_exit() {
+  int done = 0;
+  Mpi& m = mpi();
+  if (m.finalized != nullptr) m.finalized(&done);
+  if (done != 0 || m.finalize == nullptr) return;
+  const double limit_s = m.timeout_s;
+  const int rank = m.rank;
+  std::thread([limit_s, rank] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(limit_s));
+    const std::string text = "loom: rank " + std::to_string(rank) + ": MPI_Finalize waited " +
+                             std::to_string(static_cast<int>(limit_s)) +
+                             " s for the other ranks (one stopped or hung?); exiting without it\n";
+    (void)!::write(STDERR_FILENO, text.data(), text.size());
+    ::_exit(1);
+  }).detach();
+  m.finalize();
+}
+
 const loom_bootstrap* init_mpi() {
   Mpi& m = mpi();
   const char* names[] = {"libmpi.so.40", "libmpi.so"};
@@ -142,6 +167,7 @@ const loom_bootstrap* init_mpi() {
   m.finalized = reinterpret_cast<int (*)(int*)>(sym("MPI_Finalized"));
   m.init_thread = reinterpret_cast<int (*)(int*, char***, int, int*)>(sym("MPI_Init_thread"));
   m.finalize = reinterpret_cast<int (*)()>(sym("MPI_Finalize"));
+  m.abort = reinterpret_cast<int (*)(Mpi::Comm, int)>(sym("MPI_Abort"));
   m.comm_rank = reinterpret_cast<int (*)(Mpi::Comm, int*)>(sym("MPI_Comm_rank"));
   m.comm_size = reinterpret_cast<int (*)(Mpi::Comm, int*)>(sym("MPI_Comm_size"));
   m.iallgather =
@@ -163,12 +189,7 @@ const loom_bootstrap* init_mpi() {
       throw Error(LOOM_ERR_UNAVAILABLE, "MPI_Init_thread failed");
     }
     m.we_initialized = true;
-    std::atexit([] {
-      int done = 0;
-      Mpi& mm = mpi();
-      if (mm.finalized != nullptr) mm.finalized(&done);
-      if (done == 0 && mm.finalize != nullptr) mm.finalize();
-    });
+    std::atexit(finalize_at_exit);
   }
   m.comm_rank(m.world, &m.rank);
   m.comm_size(m.world, &m.size);
@@ -199,6 +220,13 @@ const loom_bootstrap* single_process_bootstrap() {
   return &b;
 }
 
+namespace {
+// Which bootstrap default_bootstrap chose, for abort_job (none: not asked yet).
+enum class Chosen { kNone, kMpi, kEnv, kSingle };
+std::atomic<Chosen> g_chosen{Chosen::kNone};
+
+}  // namespace
+
 const loom_bootstrap* default_bootstrap(std::string* how) {
   static std::mutex mu;
   static const loom_bootstrap* chosen = nullptr;
@@ -215,17 +243,36 @@ const loom_bootstrap* default_bootstrap(std::string* how) {
     }
     if (mode == "mpi" || (mode.empty() && launched)) {
       chosen = init_mpi();
+      g_chosen = Chosen::kMpi;
       chosen_how =
           "MPI: rank " + std::to_string(chosen->rank) + " of " + std::to_string(chosen->size);
     } else if (mode == "env" || (mode.empty() && env_launch_requested())) {
       chosen = init_env_bootstrap(bootstrap_timeout_s(), &chosen_how);
+      g_chosen = Chosen::kEnv;
     } else {
       chosen = single_process_bootstrap();
       chosen_how = "a world of one";
+      g_chosen = Chosen::kSingle;
     }
   }
   if (how != nullptr) *how = chosen_how;
   return chosen;
+}
+
+void abort_job(int status) {
+  std::fflush(nullptr);
+  switch (g_chosen.load()) {
+    case Chosen::kMpi:
+      // The launcher ends every rank (a stopped one too); MPI_Abort does not return.
+      if (mpi().abort != nullptr) mpi().abort(mpi().world, status);
+      break;
+    case Chosen::kEnv:
+      end_same_host_ranks();
+      break;
+    default:
+      break;
+  }
+  ::_exit(status);
 }
 
 }  // namespace loom::host

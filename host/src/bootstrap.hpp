@@ -26,4 +26,11 @@ const loom_bootstrap* default_bootstrap(std::string* how);
 // barrier waits for the other ranks. Throws INVALID_ARGUMENT unless it is a number > 0.
 double bootstrap_timeout_s();
 
+// Ends the job after an error this process cannot recover from, without exit handlers (MPI's
+// would wait for the other ranks): under MPI, MPI_Abort (the launcher ends every rank, a
+// stopped one too); under the env bootstrap, SIGKILL to the job's other processes on this
+// host (ranks on other hosts fail their next collective within their timeout and do the
+// same); then _exit(status). stdio is flushed first.
+[[noreturn]] void abort_job(int status);
+
 }  // namespace loom::host

@@ -126,6 +126,17 @@ nlohmann::json plugin_json(const PluginInfo& p) {
           {"kinds", kinds}};
 }
 
+// The document as a string the caller frees with loom_free_string.
+int32_t hand_out(const nlohmann::json& doc, const char* fn, char** json_out) {
+  const std::string text = doc.dump(2);
+  *json_out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (*json_out == nullptr) {
+    return set_last_error(LOOM_ERR_RESOURCE_EXHAUSTED, std::string(fn) + ": out of memory");
+  }
+  std::memcpy(*json_out, text.c_str(), text.size() + 1);
+  return LOOM_OK;
+}
+
 }  // namespace
 }  // namespace loom::host
 
@@ -165,12 +176,10 @@ extern "C" LOOM_API int32_t loom_describe_plugins(const char* name, const char* 
         }
       }
     }
-    const std::string text = doc.dump(2);
-    *json_out = static_cast<char*>(std::malloc(text.size() + 1));
-    if (*json_out == nullptr) {
-      return set_last_error(LOOM_ERR_RESOURCE_EXHAUSTED, "loom_describe_plugins: out of memory");
+    if (const int32_t out = loom::host::hand_out(doc, "loom_describe_plugins", json_out);
+        out != LOOM_OK) {
+      return out;
     }
-    std::memcpy(*json_out, text.c_str(), text.size() + 1);
     if (rc != LOOM_OK) return set_last_error(rc, error);
     return loom::host::clear_last_error();
   } catch (const loom::host::Error& e) {
@@ -181,6 +190,45 @@ extern "C" LOOM_API int32_t loom_describe_plugins(const char* name, const char* 
     return set_last_error(LOOM_ERR_INTERNAL, std::string("loom_describe_plugins: ") + e.what());
   } catch (...) {
     return set_last_error(LOOM_ERR_INTERNAL, "loom_describe_plugins: unknown exception");
+  }
+}
+
+extern "C" LOOM_API int32_t loom_list_plugin_files(const char* name, const char* plugin_path,
+                                                   char** json_out) {
+  using loom::host::PluginCatalog;
+  using loom::host::set_last_error;
+  if (json_out == nullptr) {
+    return set_last_error(LOOM_ERR_INVALID_ARGUMENT,
+                          "loom_list_plugin_files: json_out must not be NULL");
+  }
+  *json_out = nullptr;
+  try {
+    const PluginCatalog catalog(
+        PluginCatalog::search_path({}, plugin_path != nullptr ? plugin_path : ""));
+    nlohmann::json doc{{"search_path", nlohmann::json::array()},
+                       {"files", nlohmann::json::array()}};
+    for (const auto& d : catalog.dirs()) doc["search_path"].push_back(d.string());
+    if (name != nullptr) {
+      // The catalog's own lookup, so the file is the one loom_describe_plugins would load.
+      if (const auto file = catalog.locate(name); !file.empty()) {
+        doc["files"].push_back(file.string());
+      }
+    } else {
+      for (const auto& file : catalog.available_files()) doc["files"].push_back(file.string());
+    }
+    if (const int32_t out = loom::host::hand_out(doc, "loom_list_plugin_files", json_out);
+        out != LOOM_OK) {
+      return out;
+    }
+    return loom::host::clear_last_error();
+  } catch (const loom::host::Error& e) {
+    return set_last_error(e.code(), std::string("loom_list_plugin_files: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return set_last_error(LOOM_ERR_RESOURCE_EXHAUSTED, "loom_list_plugin_files: out of memory");
+  } catch (const std::exception& e) {
+    return set_last_error(LOOM_ERR_INTERNAL, std::string("loom_list_plugin_files: ") + e.what());
+  } catch (...) {
+    return set_last_error(LOOM_ERR_INTERNAL, "loom_list_plugin_files: unknown exception");
   }
 }
 

@@ -6,10 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap.hpp"
 #include "kinds.hpp"
 #include "last_error.hpp"
 #include "session.hpp"
 #include "status.hpp"
+#include "step_aliasing.hpp"
 #include "thread_pool.hpp"
 
 using loom::host::Error;
@@ -115,6 +117,8 @@ LOOM_API uint32_t loom_abi_major(void) { return LOOM_ABI_MAJOR; }
 LOOM_API uint32_t loom_abi_minor(void) { return LOOM_ABI_MINOR; }
 LOOM_API const char* loom_last_error(void) { return g_last_error.c_str(); }
 LOOM_API int32_t loom_last_error_code(void) { return g_last_code; }
+
+LOOM_API void loom_abort_job(int32_t status) { loom::host::abort_job(status); }
 
 LOOM_API int32_t loom_open_file(const char* path, const loom_open_options* options,
                                 loom_session** out) {
@@ -372,6 +376,11 @@ LOOM_API int32_t loom_optimizer_step(loom_instance* instance,
   if (rc != LOOM_OK) return rc;
   return api_call([&] {
     if (args == nullptr) return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step: NULL args");
+    // Checked here, before the plugin runs, so that every optimizer refuses an array listed
+    // twice (which it would update twice) without changing anything.
+    if (const std::string alias = loom::host::find_aliased_arrays(*args); !alias.empty()) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, impl(instance)->label + ": step: " + alias);
+    }
     const auto* table = static_cast<const loom_optimizer_v1*>(vt);
     return loom_instance_take_status(
         instance,

@@ -18,6 +18,7 @@
 #include <toml++/toml.h>
 
 #include <loom/abi.h>
+#include <loom_text.hpp>
 
 #include "kinds.hpp"
 
@@ -60,6 +61,18 @@ ManifestValue convert(const toml::node& node, const std::string& origin) {
       break;
   }
   return v;
+}
+
+// toml++ quotes a key in some errors ("cannot redefine existing integer 'KEY'"), whole up to
+// its own buffer's end: a huge key gets the length of the host's own quotes.
+std::string short_description(std::string_view d) {
+  constexpr size_t kMax = 160;
+  if (d.size() <= kMax) return std::string(d);
+  size_t n = kMax;  // cut at a UTF-8 character boundary
+  while (n > 0 && (static_cast<unsigned char>(d[n]) & 0xC0U) == 0x80U) --n;
+  const std::string head(d.substr(0, n));
+  const bool open_quote = std::count(head.begin(), head.end(), '\'') % 2 == 1;
+  return head + (open_quote ? "...'" : "...");
 }
 
 bool valid_instance_name(std::string_view s) {
@@ -112,7 +125,7 @@ void parse_loom_table(const toml::table& table, Manifest& m, Diagnostics& diags)
     } else if (k == "log_level") {
       m.log_level_pos = vpos;
       if (!node.is_string() || !parse_log_level(node.as_string()->get())) {
-        std::string got = node.is_string() ? "'" + node.as_string()->get() + "'"
+        std::string got = node.is_string() ? loom_text::quoted(node.as_string()->get())
                                            : type_phrase(convert(node, m.origin).type);
         std::string names;
         for (const auto& n : log_level_names()) names += (names.empty() ? "" : ", ") + n;
@@ -121,7 +134,8 @@ void parse_loom_table(const toml::table& table, Manifest& m, Diagnostics& diags)
       }
       m.log_level = node.as_string()->get();
     } else {
-      diags.error(kpos, "unknown key '" + k + "' in [loom]" + did_you_mean(k, keys) +
+      diags.error(kpos, "unknown key " + loom_text::quoted(k) + " in [loom]" +
+                            did_you_mean(k, keys) +
                             "; [loom] takes abi, plugin_path and log_level");
     }
   }
@@ -135,13 +149,14 @@ void parse_kind_section(const std::string& section, const toml::table& table, Ma
     const SourcePos kpos = pos_of(key.source(), m.origin);
     const auto* inst = node.as_table();
     if (inst == nullptr) {
-      diags.error(kpos, "'" + section + "." + name +
-                            "' must be a table: instances are declared as [" + section +
+      diags.error(kpos, loom_text::quoted(section + "." + name) +
+                            " must be a table: instances are declared as [" + section +
                             ".NAME] with plugin = \"...\" inside");
       continue;
     }
     if (!valid_instance_name(name)) {
-      diags.error(kpos, "instance name '" + name + "' may only use letters, digits, '_' and '-'");
+      diags.error(kpos, "instance name " + loom_text::quoted(name) +
+                            " may only use letters, digits, '_' and '-'");
       continue;
     }
     InstanceDecl decl;
@@ -248,7 +263,7 @@ void parse_quantize_rules(const toml::node& node, const SourcePos& kpos, Manifes
         rule.copy = true;
       } else {
         diags.error(pos_of(ikey.source(), m.origin),
-                    "unknown key '" + k + "' in " + label + did_you_mean(k, keys) +
+                    "unknown key " + loom_text::quoted(k) + " in " + label + did_you_mean(k, keys) +
                         "; a rule takes tensors, and quantizer or copy = true");
       }
     }
@@ -284,15 +299,18 @@ void check_quantize_rules(const Manifest& m, Diagnostics& diags) {
     std::string names;
     for (const auto& n : declared) names += (names.empty() ? "" : ", ") + n;
     diags.error(r.quantizer_pos,
-                "[[quantize]] rule " + std::to_string(i + 1) + ": quantizer '" + r.quantizer +
-                    "' is not declared" + did_you_mean(r.quantizer, declared) + "; " +
-                    (declared.empty()
-                         ? std::string("declare [quantizer.") + r.quantizer + "] with its plugin"
-                         : "declared: " + names));
+                "[[quantize]] rule " + std::to_string(i + 1) + ": quantizer " +
+                    loom_text::quoted(r.quantizer) + " is not declared" +
+                    did_you_mean(r.quantizer, declared) + "; " +
+                    (declared.empty() ? "declare [quantizer." + loom_text::shown(r.quantizer) +
+                                            "] with its plugin"
+                                      : "declared: " + names));
   }
 }
 
 }  // namespace
+
+std::string InstanceDecl::label() const { return section + "." + loom_text::shown(name); }
 
 std::string type_phrase(ManifestValue::Type type) {
   switch (type) {
@@ -337,7 +355,7 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
   if (!parsed) {
     const auto& err = parsed.error();
     diags.error(pos_of(err.source(), origin),
-                "TOML syntax error: " + std::string(err.description()));
+                "TOML syntax error: " + short_description(err.description()));
     return m;
   }
   const toml::table& root = parsed.table();
@@ -366,7 +384,7 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
     } else {
       std::string known;
       for (const auto& s : sections) known += (known.empty() ? "" : ", ") + s;
-      diags.error(kpos, "unknown section '" + k + "'" + did_you_mean(k, candidates) +
+      diags.error(kpos, "unknown section " + loom_text::quoted(k) + did_you_mean(k, candidates) +
                             "; known sections: " + known);
     }
   }

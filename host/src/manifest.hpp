@@ -42,7 +42,8 @@ struct InstanceDecl {
   std::string plugin;   // empty when missing or not a string
   SourcePos plugin_pos;
   std::vector<ManifestEntry> entries;  // every key but `plugin`, in file order
-  [[nodiscard]] std::string label() const { return section + "." + name; }
+  // "optimizer.main"; a huge name is cut (it is for messages and logs, not a key).
+  [[nodiscard]] std::string label() const;
 };
 
 // One [[quantize]] rule of `loom quantize`: the tensors whose names match one of `patterns`

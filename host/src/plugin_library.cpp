@@ -4,6 +4,7 @@
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
 #include <loom/kinds/optimizer.h>
+#include <loom_text.hpp>
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
@@ -366,9 +367,9 @@ std::shared_ptr<const PluginInfo> PluginCatalog::load(std::string_view name) con
   if (path.empty()) {
     std::string searched;
     for (const auto& d : dirs_) searched += (searched.empty() ? "" : ":") + d.string();
-    throw Error(LOOM_ERR_NOT_FOUND, "unknown plugin '" + std::string(name) + "'" +
+    throw Error(LOOM_ERR_NOT_FOUND, "unknown plugin " + loom_text::quoted(name) +
                                         did_you_mean(name, available_names()) + "; no " +
-                                        plugin_file_name(name) + " in " +
+                                        loom_text::shown(plugin_file_name(name)) + " in " +
                                         (searched.empty() ? "(no plugin folders)" : searched));
   }
   return load_plugin(path);

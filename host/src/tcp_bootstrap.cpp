@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "job_processes.hpp"
 #include "status.hpp"
 
 namespace loom::host {
@@ -1087,19 +1088,17 @@ class TcpBootstrap {
   // ---------------------------------------------------------------- local rank
 
   int local_rank_from_host_names() {
-    char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) != 0) std::strncpy(name, "?", sizeof name);
-    std::vector<char> all(sizeof name * peers_.size());
-    loom_status* st = collective(kGather, name, sizeof name, all.data());
+    const ProcessRecord me = this_process();
+    std::vector<ProcessRecord> all(peers_.size());
+    loom_status* st = collective(kGather, &me, sizeof me, all.data());
     if (st != nullptr) {
       const TakenStatus t = take_status(st);
       throw Error(t.code, t.message);
     }
+    remember_job_processes(all, c_.rank);
     int local = 0;
     for (int i = 0; i < c_.rank; ++i) {
-      if (std::memcmp(all.data() + static_cast<size_t>(i) * sizeof name, name, sizeof name) == 0) {
-        ++local;
-      }
+      if (std::strncmp(all[static_cast<size_t>(i)].host, me.host, sizeof me.host) == 0) ++local;
     }
     return local;
   }

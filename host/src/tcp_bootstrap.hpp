@@ -39,4 +39,8 @@ bool env_launch_requested();
 // The bootstrap returned lives until the process exits.
 const loom_bootstrap* init_env_bootstrap(double timeout_s, std::string* how);
 
+// SIGKILL to the job's other processes on this host (known from the rendezvous: their pid
+// and start time, so a pid the system has since reused is left alone). For abort_job.
+void end_same_host_ranks();
+
 }  // namespace loom::host

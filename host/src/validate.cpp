@@ -160,8 +160,8 @@ bool check_scalar(const ManifestValue& v, int32_t type, const loom_param_spec& s
           }
           std::string list;
           for (const auto& c : choices) list += (list.empty() ? "'" : ", '") + c + "'";
-          diags.error(v.pos, what + " = '" + v.string_value + "' is not one of " + list +
-                                 did_you_mean(v.string_value, choices));
+          diags.error(v.pos, what + " = " + loom_text::quoted(v.string_value) + " is not one of " +
+                                 list + did_you_mean(v.string_value, choices));
           return false;
         }
         return true;
@@ -294,7 +294,8 @@ bool run_validate_hook(const ValidatedInstance& inst,
                                 " (not set, so its default): " + message);
     }
   } else {
-    diags.error(decl.pos, decl.label() + " (plugin '" + decl.plugin + "'): " + message);
+    diags.error(decl.pos,
+                decl.label() + " (plugin " + loom_text::quoted(decl.plugin) + "): " + message);
   }
   return false;
 }
@@ -333,8 +334,8 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
     auto [it, inserted] = by_name.emplace(decl.name, i);
     if (!inserted) {
       const auto& first = manifest.instances[it->second];
-      diags.error(decl.pos, "duplicate instance name '" + decl.name + "': " + decl.label() +
-                                " and " + first.label() + " (declared at " +
+      diags.error(decl.pos, "duplicate instance name " + loom_text::quoted(decl.name) + ": " +
+                                decl.label() + " and " + first.label() + " (declared at " +
                                 std::to_string(first.pos.line) + ":" +
                                 std::to_string(first.pos.column) +
                                 "); names must be unique across all kinds");
@@ -383,8 +384,9 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
         std::string known;
         for (const auto& s : specs) known += (known.empty() ? "" : ", ") + std::string(s.name);
         diags.error(entry.key_pos,
-                    "unknown parameter '" + entry.key + "' for " + decl.label() + " (plugin '" +
-                        decl.plugin + "')" + did_you_mean(entry.key, spec_names) +
+                    "unknown parameter " + loom_text::quoted(entry.key) + " for " + decl.label() +
+                        " (plugin " + loom_text::quoted(decl.plugin) + ")" +
+                        did_you_mean(entry.key, spec_names) +
                         (known.empty() ? "; it takes no parameters" : "; it takes: " + known) +
                         deepspeed_hint(decl.kind, entry.key));
         usable[i] = false;
@@ -433,7 +435,7 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
         continue;
       }
       const ManifestEntry& entry = *it->second;
-      const std::string what = "parameter '" + entry.key + "' of " + decl.label();
+      const std::string what = "parameter " + loom_text::quoted(entry.key) + " of " + decl.label();
       if (!check_value(entry.value, spec, what, diags)) {
         usable[i] = false;
         set.params.push_back(p);
@@ -445,7 +447,8 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
       const std::string& target = entry.value.string_value;
       const auto t = by_name.find(target);
       if (t == by_name.end()) {
-        diags.error(entry.value.pos, what + " references unknown instance '" + target + "'" +
+        diags.error(entry.value.pos, what + " references unknown instance " +
+                                         loom_text::quoted(target) +
                                          did_you_mean(target, all_names));
         usable[i] = false;
         continue;
@@ -453,7 +456,7 @@ ValidatedManifest validate_manifest(const Manifest& manifest, const PluginResolv
       const auto& target_decl = manifest.instances[t->second];
       if (target_decl.kind != spec.ref_kind) {
         diags.error(entry.value.pos, what + " must name a " + std::string(spec.ref_kind) +
-                                         " instance, but '" + target + "' is " +
+                                         " instance, but " + loom_text::quoted(target) + " is " +
                                          target_decl.label() + " (" + target_decl.kind + ")");
         usable[i] = false;
         continue;

@@ -37,6 +37,11 @@ std::string closest_match(std::string_view word, const Names& candidates) {
   std::string best;
   size_t best_distance = limit + 1;
   for (const auto& c : candidates) {
+    // The length difference bounds the distance from below: a huge word (a 20 MB key) is
+    // never near a name, and skipping it keeps this O(size) instead of O(size * names).
+    const std::string_view cv(c);
+    const size_t gap = word.size() > cv.size() ? word.size() - cv.size() : cv.size() - word.size();
+    if (gap >= best_distance) continue;
     const size_t d = edit_distance(word, c);
     if (d < best_distance) {
       best_distance = d;
@@ -51,6 +56,56 @@ template <class Names>
 std::string did_you_mean(std::string_view word, const Names& candidates) {
   const std::string match = closest_match(word, candidates);
   return match.empty() ? std::string() : " (did you mean '" + match + "'?)";
+}
+
+namespace detail {
+// The first `max` bytes of `s` (cut back to a UTF-8 character boundary), control characters
+// escaped; `cut` says whether anything was left out.
+inline std::string escaped_prefix(std::string_view s, size_t max, bool& cut) {
+  size_t n = s.size();
+  cut = n > max;
+  if (cut) {
+    n = max;
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0U) == 0x80U) --n;
+  }
+  std::string out;
+  out.reserve(n + 2);
+  for (const char c : s.substr(0, n)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (u < 0x20U || u == 0x7FU) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += kHex[u >> 4U];
+      out += kHex[u & 0xFU];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+}  // namespace detail
+
+// Text a user wrote (a key, a value, a name) as a message shows it: control characters
+// escaped, so that the message stays one line, and beyond `max` bytes cut, with its size
+// after it, so that a 20 MB key is still recognisable while the message stays short.
+//   shown("main") == "main"; shown(20 MB of 'k') == "kkk...k... (20971520 bytes)"
+inline std::string shown(std::string_view s, size_t max = 64) {
+  bool cut = false;
+  std::string out = detail::escaped_prefix(s, max, cut);
+  return cut ? out + "... (" + std::to_string(s.size()) + " bytes)" : out;
+}
+
+// shown(), in single quotes: "'main'", "'kkk...k...' (20971520 bytes)".
+inline std::string quoted(std::string_view s, size_t max = 64) {
+  bool cut = false;
+  std::string out = "'" + detail::escaped_prefix(s, max, cut);
+  return cut ? out + "...' (" + std::to_string(s.size()) + " bytes)" : out + "'";
 }
 
 // Shortest text that reads back as `v`: integers as integers ("1000000", not "1e+06"),

@@ -526,6 +526,40 @@ TEST_F(EnvBootstrap, ARankThatDiesFailsTheOthersAtOnce) {
   EXPECT_THAT(procs[2].out, HasSubstr("[reported to rank 2 of 3 by rank 0]"));
 }
 
+// abort_job under the env bootstrap ends the job's other processes on this host, a stopped
+// one too (the launcher, a shell loop here, would otherwise wait for it forever).
+TEST_F(EnvBootstrap, AbortJobEndsAStoppedRankOnThisHost) {
+  const auto t0 = Clock::now();
+  auto procs = run_world(3, {"--stop-at-end", "2", "--abort-at-end", "7"}, 30);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 20);
+  EXPECT_EQ(procs[0].code, 7) << procs[0].out;
+  EXPECT_EQ(procs[2].code, -2) << "the stopped rank was not killed: " << procs[2].out;
+  // Rank 1 has usually returned by then (0); if not, it was ended too (-2).
+  EXPECT_TRUE(procs[1].code == 0 || procs[1].code == -2) << procs[1].out;
+}
+
+// MPI's exit handler (MPI_Finalize) waits for every rank; with one stopped it gives up after
+// LOOM_BOOTSTRAP_TIMEOUT, saying so, and mpirun then ends the job.
+TEST(MpiBootstrap, FinalizeDoesNotWaitForeverForAStoppedRank) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  loom_test::TempDir dir;
+  const std::string log = (dir.path() / "mpi.log").string();
+  const auto t0 = Clock::now();
+  const int st =
+      std::system(("LOOM_BOOTSTRAP_TIMEOUT=3 timeout -s KILL 60 " + std::string(LOOM_MPIRUN) +
+                   " --oversubscribe --allow-run-as-root -np 2 " LOOM_BOOTSTRAP_PEER
+                   " --rounds 2 --stop-at-end 1 > " +
+                   log + " 2>&1")
+                      .c_str());
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::ifstream f(log);
+  std::stringstream out;
+  out << f.rdbuf();
+  EXPECT_LT(took, 30) << out.str();
+  EXPECT_NE(WEXITSTATUS(st), 0) << out.str();
+  EXPECT_THAT(out.str(), HasSubstr("rank 0: MPI_Finalize waited 3 s for the other ranks"));
+}
+
 TEST_F(EnvBootstrap, MismatchedCollectivesFailEveryRank) {
   auto procs = run_world(3, {"--mismatch"});
   for (const Proc& p : procs) {

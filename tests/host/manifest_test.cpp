@@ -130,4 +130,64 @@ TEST_F(Manifest, MissingFileIsNotFound) {
   EXPECT_THAT(r.error, HasSubstr("absent.toml: cannot open manifest"));
 }
 
+// User text echoed in an error (a key, a value, a name) is cut to its first 64 bytes and its
+// size, with control characters escaped: a 20 MB key gives a short one-line error that still
+// says what is wrong and where.
+TEST_F(Manifest, AHugeKeyIsQuotedShort) {
+  const std::string huge(20U << 20U, 'k');
+  const std::string head(64, 'k');
+  EXPECT_EQ(check("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\n" + huge + " = 1\n"),
+            LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_LT(error_.size(), 1024U) << error_.substr(0, 300);
+  EXPECT_THAT(error_, StartsWith(at(4, 1) + "unknown parameter '" + head +
+                                 "...' (20971520 bytes) for optimizer.main (plugin 'probe'); "
+                                 "it takes: "));
+  EXPECT_EQ(loom_test::lines(error_).size(), 1U);
+}
+
+TEST_F(Manifest, EveryEchoOfUserTextIsCut) {
+  const std::string big(100000, 'x');
+  const std::string cut = "'" + std::string(64, 'x') + "...' (100000 bytes)";
+  struct Case {
+    std::string toml;
+    std::string expected;  // the error, after FILE:LINE:COL
+  };
+  const std::string probe = "[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\n";
+  const Case cases[] = {
+      {"[" + big + "]\n", "unknown section " + cut + "; known sections: "},
+      {"[loom]\n" + big + " = 1\n", "unknown key " + cut + " in [loom]; [loom] takes "},
+      {"[loom]\nlog_level = \"" + big + "\"\n", "[loom] log_level must be one of "},
+      {"[optimizer]\n" + big + " = 1\n",
+       "'optimizer." + std::string(64 - 10, 'x') + "...' (100010 bytes) must be a table"},
+      {"[optimizer.\"" + big + "!\"]\n",
+       "instance name '" + std::string(64, 'x') + "...' (100001 bytes) may only use letters"},
+      {probe + "mode = \"" + big + "\"\n",
+       "parameter 'mode' of optimizer.main = " + cut + " is not one of 'sgd', 'signsgd'"},
+      {probe + "comm = \"" + big + "\"\n",
+       "parameter 'comm' of optimizer.main references unknown instance " + cut},
+      {"[optimizer.main]\nplugin = \"" + big + "\"\n", "optimizer.main: unknown plugin " + cut +
+                                                           "; no loom_" + std::string(59, 'x') +
+                                                           "... (100008 bytes) in "},
+      {"[[quantize]]\ntensors = [\"w\"]\nquantizer = \"" + big + "\"\n",
+       "[[quantize]] rule 1: quantizer " + cut + " is not declared; declare [quantizer." +
+           std::string(64, 'x') + "... (100000 bytes)] with its plugin"},
+      {"[[quantize]]\ntensors = [\"w\"]\ncopy = true\n" + big + " = 1\n",
+       "unknown key " + cut + " in [[quantize]] rule 1"},
+      // toml++'s own message quotes the key.
+      {probe + big + " = 1\n" + big + " = 2\n",
+       "TOML syntax error: Error while parsing key-value pair: cannot redefine existing "
+       "integer '"},
+      // A control character in a quoted key stays on the one line, escaped.
+      {probe + "\"a\\nb\\u0000c\" = 1\n", "unknown parameter 'a\\nb\\u0000c' for optimizer.main"},
+      {"[optimizer." + std::string(100, 'n') + "]\nplugin = \"probe\"\n",
+       "optimizer." + std::string(64, 'n') + "... (100 bytes) is missing required parameter 'tag'"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(check(c.toml), LOOM_ERR_INVALID_ARGUMENT) << c.expected;
+    EXPECT_LT(error_.size(), 1024U) << error_.substr(0, 300);
+    EXPECT_EQ(loom_test::lines(error_).size(), 1U) << error_.substr(0, 300);
+    EXPECT_THAT(error_, HasSubstr(": " + c.expected)) << error_.substr(0, 1024);
+  }
+}
+
 }  // namespace

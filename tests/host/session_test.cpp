@@ -307,6 +307,101 @@ TEST_F(Session, StepHonoursGroupsAndGradScale) {
   EXPECT_EQ(p2, before2);
 }
 
+// An array listed twice in one step (the same pointer, or memory two entries share) would be
+// updated twice; the host refuses it for every plugin before any runs, naming both entries.
+TEST_F(Session, AnArrayListedTwiceInOneStepIsRefusedUnchanged) {
+  ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\n"), LOOM_OK) << error_;
+  loom_instance* opt = find("optimizer", "main");
+  std::vector<float> a{1.0F, 2.0F, 3.0F, 4.0F, 5.0F};
+  std::vector<float> b{1.0F, 1.0F, 1.0F};
+  const std::vector<float> g(5, 1.0F);
+  const auto a0 = a, b0 = b;
+  {
+    float* params[] = {a.data(), b.data(), a.data()};
+    const float* grads[] = {g.data(), g.data(), g.data()};
+    const int64_t numels[] = {5, 3, 5};
+    EXPECT_EQ(loom_optimizer_step_f32(opt, params, grads, numels, 3, 0.5),
+              LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_THAT(loom_last_error(), StartsWith("optimizer.main ("));
+    EXPECT_THAT(loom_last_error(), HasSubstr("): step: groups[0].tensors[0].param and "
+                                             "groups[0].tensors[2].param are the same array "
+                                             "(20 bytes)"));
+    EXPECT_THAT(loom_last_error(), HasSubstr("nothing was updated"));
+    EXPECT_EQ(a, a0);
+    EXPECT_EQ(b, b0);
+  }
+  {
+    // Two slices of one buffer that share elements 2..3.
+    float* params[] = {a.data(), a.data() + 2};
+    const float* grads[] = {g.data(), g.data()};
+    const int64_t numels[] = {4, 3};
+    EXPECT_EQ(loom_optimizer_step_f32(opt, params, grads, numels, 2, 0.5),
+              LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_THAT(loom_last_error(), HasSubstr("groups[0].tensors[0].param and "
+                                             "groups[0].tensors[1].param overlap (8 bytes in "
+                                             "common)"));
+    EXPECT_EQ(a, a0);
+  }
+  // Across groups, through two DLTensors (one with explicit strides, one without), and a
+  // master copy that is another tensor's param.
+  int64_t shape[2] = {1, 3};
+  int64_t strides[2] = {3, 1};
+  const DLDataType f32{kDLFloat, 32, 1};
+  DLTensor pb{b.data(), {kDLCPU, 0}, 2, f32, shape, nullptr, 0};
+  DLTensor pb2{b.data(), {kDLCPU, 0}, 2, f32, shape, strides, 0};
+  DLTensor gb{const_cast<float*>(g.data()), {kDLCPU, 0}, 2, f32, shape, nullptr, 0};
+  const loom_optimizer_tensor t0{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pb, &gb, nullptr};
+  const loom_optimizer_tensor t1{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pb2, &gb, nullptr};
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  loom_optimizer_group groups[2] = {{LOOM_OPTIMIZER_GROUP_SIZE, 0, &t0, 1, 1.0, nan},
+                                    {LOOM_OPTIMIZER_GROUP_SIZE, 0, &t1, 1, 1.0, nan}};
+  const loom_optimizer_step_args args{
+      LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups, 2, 0.5, 1.0, 1, nullptr};
+  EXPECT_EQ(loom_optimizer_step(opt, &args), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("groups[0].tensors[0].param and "
+                                           "groups[1].tensors[0].param are the same array"));
+  EXPECT_EQ(b, b0);
+  std::vector<uint16_t> half(3, 0);
+  DLTensor ph{half.data(), {kDLCPU, 0}, 2, DLDataType{kDLFloat, 16, 1}, shape, nullptr, 0};
+  const loom_optimizer_tensor mixed[2] = {{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &ph, &gb, &pb},
+                                          {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pb2, &gb, nullptr}};
+  groups[0].tensors = mixed;
+  groups[0].tensor_count = 2;
+  const loom_optimizer_step_args one{
+      LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, groups, 1, 0.5, 1.0, 1, nullptr};
+  EXPECT_EQ(loom_optimizer_step(opt, &one), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("groups[0].tensors[0].master and "
+                                           "groups[0].tensors[1].param are the same array"));
+  EXPECT_EQ(b, b0);
+
+  // Adjacent slices of one buffer, and interleaved strided views (every other element), share
+  // no byte: they step (or reach the plugin, which takes contiguous tensors only).
+  float* halves[] = {a.data(), a.data() + 2};
+  const float* grads[] = {g.data(), g.data()};
+  const int64_t numels[] = {2, 3};
+  ASSERT_EQ(loom_optimizer_step_f32(opt, halves, grads, numels, 2, 0.5), LOOM_OK)
+      << loom_last_error();
+  EXPECT_EQ(a, (std::vector<float>{0.5F, 1.5F, 2.5F, 3.5F, 4.5F}));
+  std::vector<float> c{1.0F, 2.0F, 3.0F, 4.0F};
+  int64_t two = 2;
+  int64_t every_other = 2;
+  DLTensor even{c.data(), {kDLCPU, 0}, 1, f32, &two, &every_other, 0};
+  DLTensor odd{c.data(), {kDLCPU, 0}, 1, f32, &two, &every_other, sizeof(float)};
+  DLTensor g2{const_cast<float*>(g.data()), {kDLCPU, 0}, 1, f32, &two, nullptr, 0};
+  const loom_optimizer_tensor views[2] = {{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &even, &g2, nullptr},
+                                          {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &odd, &g2, nullptr}};
+  groups[0].tensors = views;
+  loom_optimizer_step_args strided = one;
+  EXPECT_EQ(loom_optimizer_step(opt, &strided), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("probe: group 0 tensor 0: tensors must be contiguous"));
+  // The same strided view twice is still the same array.
+  const loom_optimizer_tensor twice[2] = {{LOOM_OPTIMIZER_TENSOR_SIZE, 0, &even, &g2, nullptr},
+                                          {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &even, &g2, nullptr}};
+  groups[0].tensors = twice;
+  EXPECT_EQ(loom_optimizer_step(opt, &strided), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("are the same array (12 bytes)"));
+}
+
 TEST_F(Session, ParametersReachThePlugin) {
   // maximize, signsgd and clip change the update; expect_numels checks sizes.
   ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\nmaximize = true\n"

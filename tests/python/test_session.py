@@ -84,6 +84,42 @@ def test_open_string_origin_names_messages(plugin_dir):
     assert str(e.value) == "inline.toml:3:8: reference cycle: comm.w -> comm.w"
 
 
+def test_open_string_refuses_a_nul_where_the_cli_would(write):
+    # libloom takes a C string: without the check everything after the NUL was dropped, and
+    # this manifest opened as an adam with no error.
+    text = '[optimizer.main]\nplugin = "adam"\n# \u00e9\0\n[optimizer.main]\n'
+    with pytest.raises(loom.InvalidArgumentError) as e:
+        loom.Session.from_string(text, "inline.toml", validate_only=True)
+    assert str(e.value) == ("inline.toml:3:4: TOML syntax error: a NUL character (U+0000); "
+                            "control characters other than TAB (U+0009) are prohibited")
+    with pytest.raises(loom.InvalidArgumentError, match=r"^<string>:2:1: .*NUL.* \(1 more NUL"):
+        loom.Session.from_string('[optimizer.main]\n\0plugin = "adam"\0\n')
+    # The same text from a file: the host refuses it at the same line and column.
+    path = write(text)
+    with pytest.raises(loom.InvalidArgumentError, match=re.escape(path) + ":3:4: TOML syntax"):
+        loom.Session(path, validate_only=True)
+
+
+def test_names_and_paths_with_a_nul_are_refused(write):
+    path = write('[optimizer.main]\nplugin = "adam"\n')
+    # A path cut at the NUL would have opened m.toml.
+    with pytest.raises(loom.InvalidArgumentError, match=r"manifest path .*m\.toml\\x00x.* byte"):
+        loom.Session(path + "\0x")
+    with pytest.raises(loom.InvalidArgumentError, match="origin"):
+        loom.Session.from_string('[optimizer.main]\nplugin = "adam"\n', "a\0b")
+    with pytest.raises(loom.InvalidArgumentError, match="plugin_path"):
+        loom.Session(path, plugin_path=["/tmp\0/x"])
+    with pytest.raises(loom.InvalidArgumentError, match="name 'adam\\\\x00x'"):
+        loom.describe_plugins("adam\0x")
+    with loom.Session(path, validate_only=True) as s, loom.Session(path) as t:
+        assert len(s) == 0
+        with pytest.raises(loom.InvalidArgumentError, match=r"name 'main\\x00' .* at byte 4"):
+            t.instance("optimizer", "main\0")
+        with pytest.raises(loom.InvalidArgumentError, match="kind"):
+            t.instance("optimizer\0x", "main")
+        assert t.instance("optimizer", "main").plugin == "adam"
+
+
 def test_validate_only_creates_nothing():
     with loom.Session.from_string('[optimizer.main]\nplugin = "adam"\n',
                                   validate_only=True) as s:

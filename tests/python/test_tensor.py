@@ -120,6 +120,41 @@ def test_step_argument_errors_change_nothing(plugin_dir):
     assert p.tolist() == [1.0] * 4
 
 
+def test_an_array_listed_twice_in_one_step_is_refused_unchanged():
+    # The host checks it for every plugin (adam here): an array listed twice, or two views
+    # sharing memory, would be updated twice in one step.
+    p = np.ones(6, dtype=np.float32)
+    q = np.ones(3, dtype=np.float32)
+    g = np.ones(6, dtype=np.float32)
+    with loom.Session.from_string('[optimizer.main]\nplugin = "adam"\n') as s:
+        opt = s.optimizer()
+        with pytest.raises(loom.InvalidArgumentError,
+                           match=r"groups\[0\]\.tensors\[0\]\.param and groups\[1\]\.tensors\[1\]"
+                                 r"\.param are the same array \(24 bytes\)"):
+            opt.step([{"params": [p], "grads": [g]},
+                      {"params": [q, p], "grads": [g[:3], g]}], 0.1)
+        with pytest.raises(loom.InvalidArgumentError, match=r"overlap \(4 bytes in common\)"):
+            opt.step([{"params": [p[:3], p[2:]], "grads": [g[:3], g[:4]]}], 0.1)
+        assert p.tolist() == [1.0] * 6 and q.tolist() == [1.0] * 3
+        # Disjoint slices of one buffer are two arrays.
+        opt.step([{"params": [p[:3], p[3:]], "grads": [g[:3], g[3:]]}], 0.1)
+        assert p.tolist() != [1.0] * 6
+
+
+def test_torch_optimizer_with_a_parameter_listed_twice_is_refused():
+    torch = pytest.importorskip("torch")
+    import loom.torch
+    w = torch.nn.Parameter(torch.ones(4))
+    with pytest.warns(UserWarning, match="duplicate parameters"):  # torch only warns
+        opt = loom.torch.Optimizer([w, w], plugin="adam", lr=0.1)
+    w.grad = torch.ones(4)
+    with pytest.raises(loom.InvalidArgumentError, match=r"tensors\[0\]\.param and "
+                                                        r"groups\[0\]\.tensors\[1\]\.param are "
+                                                        r"the same array"):
+        opt.step()
+    assert w.detach().tolist() == [1.0] * 4
+
+
 @pytest.mark.skipif("torch" not in sys.modules and not __import__("importlib").util.find_spec("torch"),
                     reason="torch is not installed")
 def test_cuda_tensors_when_a_gpu_is_there():

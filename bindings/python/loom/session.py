@@ -31,8 +31,38 @@ KINDS = {
 }
 
 
-def _b(s: Optional[str]) -> Optional[bytes]:
-    return None if s is None else os.fsencode(s) if isinstance(s, os.PathLike) else s.encode()
+def _b(s: Optional[PathLike], what: str = "argument", path: bool = False) -> Optional[bytes]:
+    """``s`` as a C string for libloom (``path``: encoded as the OS encodes file names). A NUL
+    in it is refused: C would read only what comes before it, silently (a name or a path cut
+    short)."""
+    if s is None:
+        return None
+    raw = os.fsencode(s) if path or isinstance(s, os.PathLike) else s.encode()
+    at = raw.find(b"\0")
+    if at >= 0:
+        # A long one is shown around the NUL, so the message stays short and still points.
+        lo, hi = max(0, at - 48), min(len(raw), at + 16)
+        shown = ("..." if lo else "") + os.fsdecode(raw[lo:hi]) + ("..." if hi < len(raw) else "")
+        raise InvalidArgumentError(
+            f"{what} {shown!r} contains a NUL character (U+0000) at byte {at}; libloom takes "
+            f"a C string, which would end there")
+    return raw
+
+
+def _manifest_text(text: str, origin: str) -> bytes:
+    """The manifest ``text`` as UTF-8 for libloom. A NUL is refused, with the line and column
+    the CLI would give for it in a file (TOML allows no control character but TAB): libloom
+    takes a C string and would silently ignore everything after it."""
+    at = text.find("\0")
+    if at >= 0:
+        line = text.count("\n", 0, at) + 1
+        col = at - (text.rfind("\n", 0, at) + 1) + 1
+        more = text.count("\0") - 1
+        raise InvalidArgumentError(
+            f"{origin}:{line}:{col}: TOML syntax error: a NUL character (U+0000); control "
+            f"characters other than TAB (U+0009) are prohibited"
+            + (f" ({more} more NUL characters follow)" if more else ""))
+    return text.encode("utf-8")
 
 
 def _s(raw: Optional[bytes]) -> str:
@@ -46,7 +76,7 @@ def _options(plugin_path: Union[None, str, Sequence[str]], validate_only: bool,
     o.validate_only = 1 if validate_only else 0
     if plugin_path is not None and not isinstance(plugin_path, str):
         plugin_path = ":".join(os.fspath(p) for p in plugin_path)
-    o.plugin_path = _b(plugin_path) if plugin_path else None
+    o.plugin_path = _b(plugin_path, "plugin_path", path=True) if plugin_path else None
     if bootstrap is not None and not isinstance(bootstrap, Bootstrap):
         raise InvalidArgumentError(
             f"bootstrap must be a loom.Bootstrap (e.g. loom.torch.distributed_bootstrap()), "
@@ -107,8 +137,8 @@ def describe_plugins(name: Optional[str] = None,
     if plugin_path is not None and not isinstance(plugin_path, str):
         plugin_path = ":".join(os.fspath(p) for p in plugin_path)
     out = ctypes.c_void_p()
-    check(lib().loom_describe_plugins(_b(name), _b(plugin_path) if plugin_path else None,
-                                      ctypes.byref(out)))
+    path = _b(plugin_path, "plugin_path", path=True) if plugin_path else None
+    check(lib().loom_describe_plugins(_b(name, "name"), path, ctypes.byref(out)))
     try:
         return json.loads(ctypes.string_at(out.value).decode("utf-8"))
     finally:
@@ -157,7 +187,7 @@ class Session:
         self.origin = os.fspath(manifest)
         self.validate_only = bool(validate_only)
         opts = _options(plugin_path, validate_only, log_level, bootstrap)
-        check(lib().loom_open_file(os.fsencode(self.origin), ctypes.byref(opts),
+        check(lib().loom_open_file(_b(self.origin, "manifest path", path=True), ctypes.byref(opts),
                                    ctypes.byref(self._handle)))
 
     @classmethod
@@ -173,6 +203,10 @@ class Session:
             origin: the name messages give it, as a file name would (None: "<string>");
                 relative ``plugin_path`` entries resolve against its folder.
             plugin_path, validate_only, log_level, bootstrap: as for :class:`Session`.
+
+        Raises:
+            InvalidArgumentError: as for :class:`Session`; also for a NUL character in
+                ``text`` (``ORIGIN:LINE:COL``, as the host reports one in a file).
         """
         self = cls.__new__(cls)
         self._handle = ctypes.c_void_p()
@@ -181,7 +215,8 @@ class Session:
         self.origin = origin or "<string>"
         self.validate_only = bool(validate_only)
         opts = _options(plugin_path, validate_only, log_level, bootstrap)
-        check(lib().loom_open_string(text.encode("utf-8"), _b(origin), ctypes.byref(opts),
+        check(lib().loom_open_string(_manifest_text(text, self.origin), _b(origin, "origin"),
+                                     ctypes.byref(opts),
                                      ctypes.byref(self._handle)))
         return self
 
@@ -245,7 +280,7 @@ class Session:
             InvalidArgumentError: an unknown kind.
         """
         out = ctypes.c_void_p()
-        check(lib().loom_find_instance(self._live(), kind.encode(), name.encode(),
+        check(lib().loom_find_instance(self._live(), _b(kind, "kind"), _b(name, "name"),
                                        ctypes.byref(out)))
         return self._wrap(out.value)
 

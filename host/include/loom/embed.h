@@ -67,6 +67,15 @@ LOOM_API uint32_t loom_abi_minor(void);
 LOOM_API const char* loom_last_error(void);
 LOOM_API int32_t loom_last_error_code(void);
 
+/* Ends this process, and the job it belongs to, after an error it cannot recover from:
+ * stdio is flushed, exit handlers are not run (MPI's would wait for the other
+ * ranks). Under an MPI launcher, MPI_Abort: the launcher ends every rank, a stopped one too.
+ * Under the env bootstrap (RANK, WORLD_SIZE...), the job's other processes on this host are
+ * sent SIGKILL; ranks on other hosts fail their next collective within their timeout and, if
+ * they call this too, end theirs. Then _exit(status). A process that opened no session
+ * only exits. Never returns. */
+LOOM_API void loom_abort_job(int32_t status);
+
 /* Opens a manifest. `options` may be NULL. On success *out is a new session. */
 LOOM_API int32_t loom_open_file(const char* path, const loom_open_options* options,
                                 loom_session** out);
@@ -154,6 +163,14 @@ LOOM_API int32_t loom_comm_destroy_split(loom_instance* sub);
  * loom_last_error and in "errors"). Free *json_out with
  * loom_free_string. Loading a plugin runs its code: only configured folders are used. */
 LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path, char** json_out);
+/* The plugin files loom_describe_plugins would load, without loading any (so without
+ * running plugin code): {"search_path": [...], "files": ["/dir/loom_NAME.so", ...]}, in the
+ * same order. `name` NULL: every loom_*.so on the search path; otherwise that plugin's file,
+ * or no file when there is none. For tools that load each file in a child process, so that
+ * a plugin that crashes cannot take the tool down (`loom plugins` does). Free *json_out
+ * with loom_free_string. */
+LOOM_API int32_t loom_list_plugin_files(const char* name, const char* plugin_path,
+                                        char** json_out);
 LOOM_API void loom_free_string(char* s);
 
 /* ---- the process's thread pool: the one every plugin instance reaches through

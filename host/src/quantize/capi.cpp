@@ -89,6 +89,11 @@ LOOM_API int32_t loom_tensor_file_open(const char* path, loom_tensor_file** out)
     auto f = std::make_unique<loom_tensor_file>();
     f->file = std::make_unique<st::MappedFile>(path);
     f->tensors = quant::logical_tensors(f->file->header(), path);
+    // Checked once, here, for every reader: the whole file is hashed (the mapping verified
+    // its checksums), since what is opened is then read in full (a trainer decodes or
+    // multiplies by every tensor), so a per-tensor check would save nothing and let a caller
+    // use a tensor before a damaged one was found.
+    quant::check_quantized_file(*f->file, f->tensors);
     *out = f.release();
     return loom::host::clear_last_error();
   });

@@ -1,6 +1,8 @@
 #include "quant_file.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -399,7 +401,75 @@ float load_float(const uint8_t* p, Dtype d, uint64_t i) {
   }
 }
 
+// "[1, 0]": the coordinates of element i of a row-major tensor of `shape`.
+std::string index_text(uint64_t i, const std::vector<int64_t>& shape) {
+  std::vector<uint64_t> at(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    const auto n = static_cast<uint64_t>(shape[d]);
+    at[d] = n != 0 ? i % n : 0;
+    i = n != 0 ? i / n : 0;
+  }
+  std::string out = "[";
+  for (size_t d = 0; d < at.size(); ++d) out += (d ? ", " : "") + std::to_string(at[d]);
+  return out + "]";
+}
+
+std::string value_text(float v) {
+  if (std::isnan(v)) return "nan";
+  char s[32];
+  std::snprintf(s, sizeof s, "%g", static_cast<double>(v));
+  return s;
+}
+
 }  // namespace
+
+void check_scales(const QuantRecord& r, const uint8_t* scales, const uint8_t* zero_points,
+                  const std::string& what, const char* cause) {
+  const auto shape = r.scale_shape();
+  uint64_t count = 1;
+  for (const int64_t d : shape) count *= static_cast<uint64_t>(d);
+  for (uint64_t g = 0; g < count; ++g) {
+    const float s = load_float(scales, r.scale_dtype, g);
+    if (!(s >= 0.0f && static_cast<double>(s) < kMaxScale)) {  // NaN fails both
+      char limit[32];
+      std::snprintf(limit, sizeof limit, "%g", kMaxScale);
+      throw Error(LOOM_ERR_DATA_LOSS, what + ": scale " + index_text(g, shape) + " is " +
+                                          value_text(s) +
+                                          ": a scale must be finite, at least 0 and below " +
+                                          limit + " (" + cause + ")");
+    }
+  }
+  if (zero_points == nullptr || !r.has_zero_points || !is_scale_dtype(r.zero_point_dtype)) return;
+  for (uint64_t g = 0; g < count; ++g) {
+    const float z = load_float(zero_points, r.zero_point_dtype, g);
+    if (!std::isfinite(z)) {
+      throw Error(LOOM_ERR_DATA_LOSS, what + ": zero point " + index_text(g, shape) + " is " +
+                                          value_text(z) + ": a zero point must be finite (" +
+                                          cause + ")");
+    }
+  }
+}
+
+void check_quantized_file(const safetensors::MappedFile& file,
+                          const std::vector<LogicalTensor>& tensors) {
+  const auto& h = file.header();
+  bool quantized = h.metadata.count(kToolKey) != 0;
+  for (const auto& lt : tensors) quantized = quantized || lt.record != nullptr;
+  // The checksum is what catches a flipped code byte or an edited record, so a quantized
+  // file without one is refused: dropping or renaming the key must not switch the check off.
+  if (quantized && !file.checksums().file) {
+    bad(file.path(), "has no checksum (__metadata__ '" + std::string(safetensors::kChecksumKey) +
+                         "'), which every file loom quantize writes carries: it was written by "
+                         "an older loom quantize, or its header was damaged or edited; re-run "
+                         "loom quantize on the original checkpoint");
+  }
+  for (const auto& lt : tensors) {
+    if (lt.record == nullptr) continue;
+    check_scales(*lt.record, file.data(*lt.scales),
+                 lt.zero_points != nullptr ? file.data(*lt.zero_points) : nullptr,
+                 file.path() + ": quantized tensor '" + lt.name + "'");
+  }
+}
 
 bool to_float32(const uint8_t* data, Dtype dtype, uint64_t numel, float* out) {
   if (dtype != Dtype::F32 && dtype != Dtype::F64 && dtype != Dtype::F16 && dtype != Dtype::BF16) {
@@ -415,6 +485,7 @@ void decode(const QuantRecord& r, const uint8_t* codes, const uint8_t* scales,
   uint64_t numel = 1;
   for (const int64_t d : r.shape) numel *= static_cast<uint64_t>(d);
   if (numel == 0) return;
+  check_scales(r, scales, zero_points, what);  // a bad scale is the file's fault, said here
   if (r.bits < 1 || r.bits > 8 ||
       (r.bits < 2 && r.scheme == LOOM_QUANT_INT && (r.flags & LOOM_QUANT_SYMMETRIC) != 0)) {
     throw Error(LOOM_ERR_DATA_LOSS, what + ": " + std::to_string(r.bits) + "-bit codes");

@@ -19,7 +19,12 @@ inline constexpr const char* kMetadataPrefix = "loom.quant.";
 inline constexpr const char* kCodesSuffix = ".qcodes";
 inline constexpr const char* kScaleSuffix = ".qscale";
 inline constexpr const char* kZeroSuffix = ".qzero";
+inline constexpr const char* kToolKey = "loom.quantize";  // the version of the tool that wrote it
 inline constexpr int kRecordVersion = 1;
+// Scales are step sizes, so never negative, and no trained weight comes near this one: a
+// larger scale (or a non-finite one) is a damaged file or a broken quantizer, and a matmul
+// through it would overflow float32 and be blamed on the activations.
+inline constexpr double kMaxScale = 1e30;
 
 // What "loom.quant.NAME" records.
 struct QuantRecord {
@@ -71,6 +76,22 @@ struct LogicalTensor {
 std::vector<LogicalTensor> logical_tensors(const safetensors::Header& header,
                                            const std::string& file);
 
+// Throws loom::host::Error (DATA_LOSS) naming `what` and the first bad entry unless every
+// scale is finite, >= 0 and < kMaxScale, and every float zero point is finite. `scales` and
+// `zero_points` hold the record's scale-shaped tensors (zero_points: none without them);
+// `cause` ends the message.
+inline constexpr const char* kBadScaleInFile =
+    "the file is damaged, or the quantizer that wrote it is broken";
+void check_scales(const QuantRecord& r, const uint8_t* scales, const uint8_t* zero_points,
+                  const std::string& what, const char* cause = kBadScaleInFile);
+
+// What a quantized file must be beyond the safetensors rules, checked at open: one `loom
+// quantize` wrote (it has quantized tensors or the tool's key) carries "loom.checksum" (the
+// mapped file verified it), and every quantized tensor's scales pass check_scales. Throws
+// loom::host::Error (DATA_LOSS) naming the file, and the tensor where there is one.
+void check_quantized_file(const safetensors::MappedFile& file,
+                          const std::vector<LogicalTensor>& tensors);
+
 }  // namespace loom::host::quant
 
 namespace loom::host::quant {
@@ -79,7 +100,8 @@ namespace loom::host::quant {
 bool to_float32(const uint8_t* data, safetensors::Dtype dtype, uint64_t numel, float* out);
 
 // Decodes a quantized tensor by quant_format.h's rules into out[numel]. Throws
-// loom::host::Error (DATA_LOSS) naming `what` and the element for an invalid code.
+// loom::host::Error (DATA_LOSS) naming `what` and the element for an invalid code, or a
+// scale check_scales refuses.
 void decode(const QuantRecord& r, const uint8_t* codes, const uint8_t* scales,
             const uint8_t* zero_points, float* out, const std::string& what);
 

@@ -142,6 +142,8 @@ QuantizeSummary quantize_file(Session& session, const std::string& in, const std
   if (session.declared_instances() != 0 && session.instances().empty()) {
     throw Error(LOOM_ERR_FAILED_PRECONDITION, "the session was opened with validate_only");
   }
+  // Mapping verifies the input's checksums (the trainer's "fnv1a64" of its data, or a
+  // "loom.checksum"): a mismatch or an unknown algorithm stops the run here.
   const safetensors::MappedFile file(in);
   const auto& header = file.header();
   for (const auto& [k, v] : header.metadata) {
@@ -202,6 +204,15 @@ QuantizeSummary quantize_file(Session& session, const std::string& in, const std
       throw Error(LOOM_ERR_NOT_FOUND, "no quantizer instance '" + rule->quantizer + "'");
     }
   }
+  if (!file.checksums().file && !file.checksums().data && progress) {
+    // Third-party data: accepted, but nothing vouches for its bytes.
+    QuantizeReport n;
+    n.note = in + ": note: no checksum in its __metadata__ (neither loom train's \"" +
+             std::string(safetensors::kDataChecksumKey) + "\" nor \"" +
+             std::string(safetensors::kChecksumKey) +
+             "\"), so its data cannot be verified; quantizing it as it is";
+    progress(n);
+  }
   for (size_t r = 0; r < rules.size(); ++r) {
     if (hits[r] != 0) continue;
     QuantizeReport w;
@@ -218,9 +229,12 @@ QuantizeSummary quantize_file(Session& session, const std::string& in, const std
   std::vector<safetensors::OutTensor> outs;
   std::map<std::string, std::string> metadata;
   for (const auto& [k, v] : header.metadata) {
-    if (k != "fnv1a64") metadata.emplace(k, v);  // the trainer's checksum of the old data
+    // The input's checksums covered the old bytes; the writer adds the output's own.
+    if (k != safetensors::kDataChecksumKey && k != safetensors::kChecksumKey) {
+      metadata.emplace(k, v);
+    }
   }
-  metadata["loom.quantize"] = std::string("loom ") + LOOM_VERSION_STRING;
+  metadata[quant::kToolKey] = std::string("loom ") + LOOM_VERSION_STRING;
   for (auto& p : plans) {
     const auto& t = *p.in;
     if (p.inst == nullptr) {
@@ -362,6 +376,11 @@ QuantizeSummary quantize_file(Session& session, const std::string& in, const std
       sum += d * d;
       worst = std::max(worst, std::fabs(d));
     }
+    // What the reader would refuse is not written: a NaN or absurd scale (a broken
+    // quantizer, or weights beyond any model's) is named here, at its source.
+    quant::check_scales(p.record, scales.get(), zeros.get(),
+                        "tensor '" + t.name + "': " + p.inst->label,
+                        "the reader refuses such a file, so nothing is written");
     writer.write(p.out_codes, packed.get(), p.layout.packed_bytes);
     writer.write(p.out_scales, scales.get(), scale_bytes);
     if (p.record.has_zero_points) writer.write(p.out_zeros, zeros.get(), zero_bytes);

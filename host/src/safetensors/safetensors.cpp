@@ -7,13 +7,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <string_view>
 
 #include "../status.hpp"
+// The one FNV-1a 64 of Loom's file formats (the dataset, the index files, the trainer's
+// checkpoints): a dependency-free header, reached by its path since the targets that compile
+// this file (libloom, its tests, the fuzzer) do not all see plugins/ on their include path.
+#include "../../../plugins/common/fnv1a.hpp"
 
 namespace loom::host::safetensors {
 namespace {
@@ -184,6 +191,56 @@ TensorEntry parse_entry(const std::string& name, const nlohmann::ordered_json& v
   return t;
 }
 
+constexpr std::string_view kZeroDigits = "0000000000000000";
+
+std::string hex16(uint64_t v) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+
+bool is_hex16(std::string_view s) {
+  return s.size() == 16 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// A metadata value as a message shows it: quoted, and cut short (a value may be huge).
+std::string shown(const std::string& v) {
+  return v.size() <= 40 ? "'" + v + "'" : "'" + v.substr(0, 40) + "...'";
+}
+
+// What the writer puts in front of the checksum's digits, byte for byte.
+std::string checksum_prefix() {
+  return "\"" + std::string(kChecksumKey) + "\":\"" + std::string(kChecksumAlgorithm) + ":";
+}
+
+// The file offset of the 16 digits `digits` of "loom.checksum": the one place the header
+// text holds the key as the writer writes it (compact, unescaped). JSON escapes every quote
+// inside a string, so that text only occurs where the key really is; anything else is
+// refused rather than guessed at.
+uint64_t checksum_digits_at(const uint8_t* bytes, const Header& h, std::string_view digits,
+                            const std::string& file) {
+  const std::string_view text(reinterpret_cast<const char*>(bytes + 8),  // NOLINT
+                              static_cast<size_t>(h.header_bytes));
+  const std::string prefix = checksum_prefix();
+  const size_t at = text.find(prefix);
+  const size_t d = at == std::string_view::npos ? text.size() : at + prefix.size();
+  if (at == std::string_view::npos || text.find(prefix, at + 1) != std::string_view::npos ||
+      d + 17 > text.size() || text.substr(d, 16) != digits || text[d + 16] != '"') {
+    bad(file, "__metadata__ '" + std::string(kChecksumKey) + "' is not written once as " + prefix +
+                  "<16 hex digits>\" in the header, so the bytes it covers cannot be found");
+  }
+  return 8 + d;
+}
+
+// FNV-1a 64 of the whole file with the checksum's 16 digits (at `digits_at`) read as '0'.
+uint64_t whole_file_hash(const uint8_t* bytes, uint64_t size, uint64_t digits_at) {
+  uint64_t h = loom::common::fnv1a64(bytes, digits_at);
+  h = loom::common::fnv1a64(kZeroDigits.data(), kZeroDigits.size(), h);
+  return loom::common::fnv1a64(bytes + digits_at + 16, size - digits_at - 16, h);
+}
+
 void write_all(int fd, const void* data, uint64_t bytes, uint64_t offset, const std::string& file) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (bytes > 0) {
@@ -193,6 +250,21 @@ void write_all(int fd, const void* data, uint64_t bytes, uint64_t offset, const 
     if (n <= 0) {
       throw Error(LOOM_ERR_INTERNAL,
                   file + ": write failed: " + std::string(std::strerror(n < 0 ? errno : ENOSPC)));
+    }
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+}
+
+void read_all(int fd, void* data, uint64_t bytes, uint64_t offset, const std::string& file) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, static_cast<size_t>(bytes), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw Error(LOOM_ERR_INTERNAL, file + ": cannot read back what was written: " +
+                                         std::string(n < 0 ? std::strerror(errno) : "too short"));
     }
     p += n;
     bytes -= static_cast<uint64_t>(n);
@@ -296,6 +368,54 @@ Header parse(const uint8_t* bytes, size_t size, const std::string& file) {
   return h;
 }
 
+Checksums verify_checksums(const uint8_t* bytes, size_t size, const Header& header,
+                           const std::string& file) {
+  Checksums c;
+  const auto& m = header.metadata;
+  if (const auto it = m.find(std::string(kChecksumKey)); it != m.end()) {
+    const std::string& v = it->second;
+    const std::string key = "__metadata__ '" + std::string(kChecksumKey) + "'";
+    const auto colon = v.find(':');
+    if (colon == std::string::npos) {
+      bad(file, key + " is " + shown(v) + ": expected ALGORITHM:DIGITS, such as " +
+                    std::string(kChecksumAlgorithm) + ":<16 hex digits>");
+    }
+    const std::string algorithm = v.substr(0, colon);
+    if (algorithm != kChecksumAlgorithm) {
+      bad(file, key + " uses checksum algorithm " + shown(algorithm) +
+                    ", which this reader does not know (it knows " +
+                    std::string(kChecksumAlgorithm) + "): written by a newer Loom, or damaged");
+    }
+    const std::string digits = v.substr(colon + 1);
+    if (!is_hex16(digits)) {
+      bad(file, key + " is " + shown(v) + ": " + algorithm + " takes 16 lowercase hex digits");
+    }
+    const std::string got =
+        hex16(whole_file_hash(bytes, size, checksum_digits_at(bytes, header, digits, file)));
+    if (got != digits) {
+      bad(file, "checksum mismatch: " + key + " says " + v + " but the file hashes to " +
+                    algorithm + ":" + got +
+                    ": the file was changed or damaged after it was written");
+    }
+    c.file = true;
+  }
+  if (const auto it = m.find(std::string(kDataChecksumKey)); it != m.end()) {
+    const std::string& v = it->second;
+    const std::string key = "__metadata__ '" + std::string(kDataChecksumKey) + "'";
+    if (!is_hex16(v)) {
+      bad(file, key + " is " + shown(v) + ": the data checksum is 16 lowercase hex digits");
+    }
+    const std::string got = hex16(
+        loom::common::fnv1a64(bytes + header.data_offset, static_cast<size_t>(header.data_bytes)));
+    if (got != v) {
+      bad(file, "data checksum mismatch: " + key + " says " + v + " but the data area hashes to " +
+                    got + ": the data was changed or damaged after it was written");
+    }
+    c.data = true;
+  }
+  return c;
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -320,7 +440,11 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   }
   try {
     static const uint8_t kEmpty[1] = {0};
-    header_ = parse(base_ != nullptr ? base_ : kEmpty, size_, path);
+    const uint8_t* bytes = base_ != nullptr ? base_ : kEmpty;
+    header_ = parse(bytes, size_, path);
+    // Every checksum the file carries, once, here: whoever reads a mapped file (loom
+    // quantize, the C API) reads verified bytes, and none of them can forget to.
+    checksums_ = verify_checksums(bytes, size_, header_, path);
   } catch (...) {
     if (base_ != nullptr) ::munmap(base_, size_);
     throw;
@@ -334,6 +458,10 @@ MappedFile::~MappedFile() {
 Writer::Writer(const std::string& path, std::vector<OutTensor> tensors,
                const std::map<std::string, std::string>& metadata)
     : path_(path), tensors_(std::move(tensors)) {
+  if (metadata.count(std::string(kChecksumKey)) != 0) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, path + ": metadata key '" + std::string(kChecksumKey) +
+                                               "' is the writer's own (it covers this file)");
+  }
   std::set<std::string> names;
   for (const auto& t : tensors_) {
     if (t.name.empty()) throw Error(LOOM_ERR_INVALID_ARGUMENT, path + ": a tensor name is empty");
@@ -352,8 +480,10 @@ Writer::Writer(const std::string& path, std::vector<OutTensor> tensors,
   offsets_.resize(tensors_.size());
   written_.assign(tensors_.size(), false);
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
+  {
+    // The checksum first, its digits '0' until commit() hashes the file and writes them.
     auto& m = h["__metadata__"];
+    m[std::string(kChecksumKey)] = std::string(kChecksumAlgorithm) + ":" + std::string(kZeroDigits);
     for (const auto& [k, v] : metadata) m[k] = v;
   }
   uint64_t off = 0;
@@ -376,6 +506,17 @@ Writer::Writer(const std::string& path, std::vector<OutTensor> tensors,
   }
   std::string text = h.dump();
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+  {
+    // The reader finds the digits by this text, which must occur once (a metadata key that
+    // embeds it, quotes and all, would make a second).
+    const std::string prefix = checksum_prefix();
+    const size_t at = text.find(prefix);
+    if (at == std::string::npos || text.find(prefix, at + 1) != std::string::npos) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  path + ": a metadata key or value repeats the checksum's key text " + prefix);
+    }
+    checksum_at_ = 8 + at + prefix.size();
+  }
   for (size_t i = 0; i < tensors_.size(); ++i) offsets_[i] = 8 + text.size() + rel[i];
   file_bytes_ = 8 + text.size() + off;
 
@@ -440,6 +581,17 @@ void Writer::commit() {
                                          " was never written");
     }
   }
+  // The checksum of what the file now holds (its digits still '0'), read back in pieces:
+  // tensors are written in any order, and FNV-1a runs front to back.
+  std::vector<uint8_t> chunk(static_cast<size_t>(std::min<uint64_t>(file_bytes_, 4u << 20)));
+  uint64_t sum = loom::common::kFnv1a64Offset;
+  for (uint64_t off = 0; off < file_bytes_; off += chunk.size()) {
+    const uint64_t n = std::min<uint64_t>(chunk.size(), file_bytes_ - off);
+    read_all(fd_, chunk.data(), n, off, tmp_);
+    sum = loom::common::fnv1a64(chunk.data(), static_cast<size_t>(n), sum);
+  }
+  const std::string digits = hex16(sum);
+  write_all(fd_, digits.data(), digits.size(), checksum_at_, tmp_);
   if (::fsync(fd_) != 0) {
     throw Error(LOOM_ERR_INTERNAL, tmp_ + ": cannot flush: " + std::string(std::strerror(errno)));
   }
@@ -453,6 +605,18 @@ void Writer::commit() {
                 path_ + ": cannot rename into place: " + std::string(std::strerror(errno)));
   }
   committed_ = true;
+  // The rename itself reaches the disk only with its folder: sync that too, so a power loss
+  // cannot leave the old file (or none) behind a run that went on as if it were written.
+  std::string folder = std::filesystem::path(path_).parent_path().string();
+  if (folder.empty()) folder = ".";
+  const int dfd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || (::fsync(dfd) != 0 && errno != EINVAL)) {
+    const std::string why = std::strerror(errno);
+    if (dfd >= 0) ::close(dfd);
+    throw Error(LOOM_ERR_INTERNAL, folder + ": cannot sync the folder after writing " + path_ +
+                                       ": " + why);
+  }
+  ::close(dfd);
 }
 
 void write_file(const std::string& path, const std::vector<OutTensor>& tensors,

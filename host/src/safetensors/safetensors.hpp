@@ -8,6 +8,12 @@
 //
 // The reader checks every one of those rules and throws loom::host::Error naming the file,
 // the tensor and what is wrong; nothing in a file can make it read out of bounds.
+//
+// Checksums live in __metadata__ (docs/quantization.md, "Checksums"). The writer's own,
+// "loom.checksum": "fnv1a64:<16 lowercase hex digits>", is FNV-1a 64 of the whole file with
+// those 16 digits read as ASCII '0', so a changed byte anywhere (length, header, padding,
+// data) is caught; the trainer's, "fnv1a64": "<16 lowercase hex digits>", covers the data
+// area only. A mapped file has every checksum it carries verified.
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -56,15 +62,32 @@ struct Header {
 };
 
 // Parses and checks a whole file held in memory (`bytes`, `size`); `file` names it in
-// messages. Throws loom::host::Error (DATA_LOSS for a malformed file).
+// messages. Throws loom::host::Error (DATA_LOSS for a malformed file). Checksums are not
+// verified here: see verify_checksums.
 Header parse(const uint8_t* bytes, size_t size, const std::string& file);
+
+inline constexpr std::string_view kChecksumKey = "loom.checksum";  // the whole file
+inline constexpr std::string_view kDataChecksumKey = "fnv1a64";    // the trainer's: the data
+inline constexpr std::string_view kChecksumAlgorithm = "fnv1a64";
+
+// Which checksums a file carried (each one verified).
+struct Checksums {
+  bool file = false;  // "loom.checksum"
+  bool data = false;  // "fnv1a64"
+};
+
+// Verifies every checksum `header` (parsed from these bytes) carries. Throws
+// loom::host::Error (DATA_LOSS) naming `file` for a mismatch, a malformed value, or an
+// algorithm this reader does not know.
+Checksums verify_checksums(const uint8_t* bytes, size_t size, const Header& header,
+                           const std::string& file);
 
 // A file mapped read-only (copy-on-write private pages: writes through data() never reach
 // the file), with its parsed header.
 class MappedFile {
  public:
   // Throws loom::host::Error: NOT_FOUND when the file cannot be opened, DATA_LOSS when it
-  // is not a valid safetensors file.
+  // is not a valid safetensors file or a checksum it carries does not match.
   explicit MappedFile(const std::string& path);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
@@ -73,6 +96,7 @@ class MappedFile {
   [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] const Header& header() const { return header_; }
   [[nodiscard]] uint64_t file_bytes() const { return size_; }
+  [[nodiscard]] Checksums checksums() const { return checksums_; }
   // The first byte of a tensor's data.
   [[nodiscard]] uint8_t* data(const TensorEntry& t) const {
     return base_ + header_.data_offset + t.begin;
@@ -83,6 +107,7 @@ class MappedFile {
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
   Header header_;
+  Checksums checksums_;
 };
 
 // One tensor to write: its bytes come from `data` (numel * dtype_size bytes), or, when
@@ -98,7 +123,8 @@ struct OutTensor {
 // commit(); a writer destroyed without commit() removes the temporary file, so a failed run
 // never leaves a half-written `path`. Tensors are laid out by element size, largest first
 // (then in the order given), and the header is padded to a multiple of 8, so every tensor's
-// data is aligned to its element size.
+// data is aligned to its element size. The file always carries "loom.checksum" (first in
+// __metadata__), computed at commit() from what was written; `metadata` must not hold it.
 class Writer {
  public:
   Writer(const std::string& path, std::vector<OutTensor> tensors,
@@ -123,6 +149,7 @@ class Writer {
   std::vector<uint64_t> sizes_;
   std::vector<bool> written_;
   uint64_t file_bytes_ = 0;
+  uint64_t checksum_at_ = 0;  // the file offset of the checksum's 16 hex digits
   bool committed_ = false;
 };
 

@@ -13,7 +13,10 @@
 // than the others in round 1; --stall R S: rank R sleeps S seconds before round 1's allgather (a
 // rank that comes late); --round1-bytes N: round 1 gathers N bytes per rank; --linger S: after an
 // error, wait S seconds before exiting (a failed rank that stays alive); --nofile N: limit
-// the process to N open files (RLIMIT_NOFILE) before the bootstrap.
+// the process to N open files (RLIMIT_NOFILE) before the bootstrap; --stop-at-end R: after the
+// rounds, rank R stops itself (SIGSTOP: a hung peer); --abort-at-end S: after the rounds, rank
+// 0 ends the job with abort_job(S) instead of returning.
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -55,6 +58,8 @@ int main(int argc, char** argv) {
   int stall_rank = -1;
   double stall_s = 0;
   long round1_bytes = -1;
+  int stop_rank = -1;
+  int abort_status = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) {
@@ -68,6 +73,10 @@ int main(int argc, char** argv) {
       stall_s = std::atof(argv[++i]);
     } else if (a == "--round1-bytes" && i + 1 < argc) {
       round1_bytes = std::atol(argv[++i]);
+    } else if (a == "--stop-at-end" && i + 1 < argc) {
+      stop_rank = std::atoi(argv[++i]);
+    } else if (a == "--abort-at-end" && i + 1 < argc) {
+      abort_status = std::atoi(argv[++i]);
     } else if (a == "--linger" && i + 1 < argc) {
       linger_s = std::atof(argv[++i]);
     } else if (a == "--nofile" && i + 1 < argc) {
@@ -81,7 +90,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--rounds K] [--exit-after K] [--mismatch] [--stall R S] "
-                   "[--round1-bytes N] [--linger S] [--nofile N]\n",
+                   "[--round1-bytes N] [--linger S] [--nofile N] [--stop-at-end R] "
+                   "[--abort-at-end S]\n",
                    argv[0]);
       return 2;
     }
@@ -140,5 +150,12 @@ int main(int argc, char** argv) {
   }
   std::printf("ok rank %d of %d local %d rounds %d sum %llu\n", b->rank, b->size, b->local_rank,
               rounds, static_cast<unsigned long long>(sum));
+  std::fflush(stdout);
+  if (b->rank == stop_rank) ::raise(SIGSTOP);
+  if (b->rank == 0 && abort_status >= 0) {
+    // Give the stopping rank time to stop first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    loom::host::abort_job(abort_status);
+  }
   return 0;
 }

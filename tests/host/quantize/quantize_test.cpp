@@ -1,7 +1,8 @@
 // Safetensors files and `loom quantize`: the strict reader (every defect refused with a
 // message naming the file, tensor and problem), the writer, the [[quantize]] rules at
 // `loom check`, and `loom quantize` end to end with the tensor-file C API reading the result
-// back. The quantizer is the quant8 test plugin (INT8 per row or per group).
+// back, and the checksums that guard both ends (an input's, the output's own) and the scale
+// checks at open. The quantizer is the quant8 test plugin (INT8 per row or per group).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <loom/embed.h>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../../../plugins/common/fnv1a.hpp"
 #include "loom_test.hpp"
 #include "safetensors/safetensors.hpp"
 #include "status.hpp"
@@ -42,6 +44,66 @@ std::string file_bytes(const std::string& header, const std::string& data) {
 
 std::string floats(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);  // NOLINT
+}
+
+std::string hex16(uint64_t v) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+
+// docs/quantization.md's "loom.checksum", written out here apart from the reader: FNV-1a 64
+// of the whole file with the 16 digits after "loom.checksum":"fnv1a64: read as '0'. Returns
+// the file with those digits set.
+constexpr const char* kChecksumText = R"("loom.checksum":"fnv1a64:)";
+std::string sealed(std::string b) {
+  const auto at = b.find(kChecksumText);
+  EXPECT_NE(at, std::string::npos);
+  if (at == std::string::npos) return b;
+  const size_t d = at + std::string(kChecksumText).size();
+  b.replace(d, 16, std::string(16, '0'));
+  b.replace(d, 16, hex16(loom::common::fnv1a64(b.data(), b.size())));
+  return b;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+// Replaces the one occurrence of `from` in `b` by `to`.
+std::string replaced(std::string b, const std::string& from, const std::string& to) {
+  const auto at = b.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  EXPECT_EQ(b.find(from, at + 1), std::string::npos) << from;
+  if (at != std::string::npos) b.replace(at, from.size(), to);
+  return b;
+}
+
+// A model checkpoint as loom train writes it (examples/trainer/train/checkpoint.cpp): F32
+// tensors in the order given, __metadata__ last with "fnv1a64", the FNV-1a 64 of the data
+// area, and the header padded with spaces to a multiple of 8.
+struct F32Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+std::string trainer_checkpoint(const std::vector<F32Tensor>& tensors) {
+  nlohmann::ordered_json h;
+  std::string data;
+  for (const auto& t : tensors) {
+    h[t.name] = {{"dtype", "F32"},
+                 {"shape", t.shape},
+                 {"data_offsets", {data.size(), data.size() + 4 * t.values.size()}}};
+    data += floats(t.values);
+  }
+  h["__metadata__"] = {{"format", "pt"},
+                       {"fnv1a64", hex16(loom::common::fnv1a64(data.data(), data.size()))}};
+  std::string text = h.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  return file_bytes(text, data);
 }
 
 class TensorFile : public ::testing::Test {
@@ -124,13 +186,17 @@ TEST_F(TensorFile, ReadsAValidFileWithItsDataAndMetadata) {
 
 // The trainer's checkpoint layout (examples/trainer/train/checkpoint.cpp): F32 tensors in
 // order, __metadata__ last with a checksum, the header padded with spaces to 8 bytes.
-TEST_F(TensorFile, ReadsTheTrainersCheckpointLayout) {
-  std::string h = R"({"wte.w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
-                  R"("h.0.ln.g":{"dtype":"F32","shape":[2],"data_offsets":[16,24]},)"
-                  R"("__metadata__":{"format":"pt","fnv1a64":"0123456789abcdef"}})";
-  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
-  ASSERT_EQ(open(file_bytes(h, floats({1, 2, 3, 4, 5, 6}))), LOOM_OK) << error_;
+TEST_F(TensorFile, ReadsTheTrainersCheckpointLayoutAndVerifiesItsDataChecksum) {
+  const std::string good =
+      trainer_checkpoint({{"wte.w", {2, 2}, {1, 2, 3, 4}}, {"h.0.ln.g", {2}, {5, 6}}});
+  ASSERT_EQ(open(good), LOOM_OK) << error_;
   EXPECT_EQ(count_, 2U);
+  std::string flipped = good;
+  flipped[flipped.size() - 3] ^= 0x01;  // a bit of h.0.ln.g's last value
+  expect_refused(flipped, "data checksum mismatch: __metadata__ 'fnv1a64' says ");
+  std::string malformed = good;
+  malformed[malformed.find(R"("fnv1a64":")") + 11] = 'X';
+  expect_refused(malformed, "__metadata__ 'fnv1a64' is 'X");
 }
 
 TEST_F(TensorFile, RefusesEachDefectNamingIt) {
@@ -191,10 +257,11 @@ TEST_F(TensorFile, RefusesEachDefectNamingIt) {
 }
 
 // A file holding one quantized tensor 'w' (symmetric INT, LSB first, F32 scales) of `shape`,
-// with `group_size` in its record, the given code bytes and scales [rows, scale_cols].
+// with `group_size` in its record, the given code bytes and scales [rows, scale_cols], and a
+// valid "loom.checksum" unless `checksum` is false.
 std::string quantized_file(const std::vector<int64_t>& shape, uint32_t bits, int64_t group_size,
                            const std::string& codes, const std::vector<float>& scales,
-                           int64_t scale_cols) {
+                           int64_t scale_cols, bool checksum = true) {
   const nlohmann::json record = {{"version", 1},
                                  {"scheme", "int"},
                                  {"bits", bits},
@@ -209,14 +276,17 @@ std::string quantized_file(const std::vector<int64_t>& shape, uint32_t bits, int
                                  {"quantizer", "q"},
                                  {"parameters", nlohmann::json::object()}};
   const auto n = static_cast<int64_t>(codes.size());
+  nlohmann::json metadata = {{"loom.quant.w", record.dump()}};
+  if (checksum) metadata["loom.checksum"] = "fnv1a64:0000000000000000";
   const nlohmann::json header = {
-      {"__metadata__", {{"loom.quant.w", record.dump()}}},
+      {"__metadata__", metadata},
       {"w.qcodes", {{"dtype", "U8"}, {"shape", {n}}, {"data_offsets", {0, n}}}},
       {"w.qscale",
        {{"dtype", "F32"},
         {"shape", {shape[0], scale_cols}},
         {"data_offsets", {n, n + static_cast<int64_t>(scales.size() * 4)}}}}};
-  return file_bytes(header.dump(), codes + floats(scales));
+  const std::string bytes = file_bytes(header.dump(), codes + floats(scales));
+  return checksum ? sealed(bytes) : bytes;
 }
 
 TEST_F(TensorFile, AHugeGroupSizeIsOneGroupPerRow) {
@@ -249,6 +319,75 @@ TEST_F(TensorFile, RefusesNonZeroPaddingBitsInTheLastCodeByte) {
   EXPECT_EQ(read(static_cast<char>(0x79)), LOOM_ERR_DATA_LOSS);
   EXPECT_THAT(error_, HasSubstr("'w'"));
   EXPECT_THAT(error_, HasSubstr("unused bits of its last code byte are not 0"));
+}
+
+// ---- Checksums and scales, checked at open
+
+// Two rows of three INT8 codes, one scale per row.
+const std::string kCodes = {1, 2, 3, -1, -2, -3};
+std::string two_rows(const std::vector<float>& scales, bool checksum = true) {
+  return quantized_file({2, 3}, 8, 3, kCodes, scales, 1, checksum);
+}
+
+TEST_F(TensorFile, ReadsAQuantizedFileWithItsChecksum) {
+  ASSERT_EQ(open(two_rows({0.5f, 0.0f})), LOOM_OK) << error_;  // a zero scale is valid
+  EXPECT_EQ(count_, 1U);
+}
+
+TEST_F(TensorFile, RefusesAQuantizedFileWithoutAChecksum) {
+  expect_refused(two_rows({0.5f, 0.25f}, false),
+                 "has no checksum (__metadata__ 'loom.checksum'), which every file loom "
+                 "quantize writes carries");
+  EXPECT_THAT(error_, HasSubstr("re-run loom quantize on the original checkpoint"));
+  // The key renamed (same length, so the file is otherwise valid): missing, not ignored.
+  expect_refused(replaced(two_rows({0.5f, 0.25f}), "loom.checksum", "loom.checksun"),
+                 "has no checksum (__metadata__ 'loom.checksum')");
+}
+
+TEST_F(TensorFile, RefusesAFlippedByteAnywhereNamingTheFile) {
+  const std::string good = two_rows({0.5f, 0.25f});
+  const size_t data = good.size() - 6 - 8;  // codes, then the two F32 scales
+  std::string code = good;
+  code[data + 1] ^= 0x01;
+  expect_refused(code, "checksum mismatch: __metadata__ 'loom.checksum' says fnv1a64:");
+  EXPECT_THAT(error_, HasSubstr("the file was changed or damaged after it was written"));
+  // A header byte the other checks cannot see: the quantizer's recorded name.
+  expect_refused(replaced(good, R"(\"quantizer\":\"q\")", R"(\"quantizer\":\"r\")"),
+                 "checksum mismatch");
+  // The checksum's own digits.
+  std::string digit = good;
+  const size_t d = digit.find(kChecksumText) + std::string(kChecksumText).size();
+  digit[d] = digit[d] == '0' ? '1' : '0';
+  expect_refused(digit, "checksum mismatch");
+}
+
+TEST_F(TensorFile, RefusesAnUnknownOrMalformedChecksum) {
+  const std::string good = two_rows({0.5f, 0.25f});
+  expect_refused(replaced(good, "fnv1a64:", "xxh3_64:"),
+                 "__metadata__ 'loom.checksum' uses checksum algorithm 'xxh3_64', which this "
+                 "reader does not know (it knows fnv1a64)");
+  expect_refused(replaced(good, "fnv1a64:", "fnv1a64-"),
+                 "__metadata__ 'loom.checksum' is 'fnv1a64-");
+  std::string upper = good;
+  const size_t d = upper.find(kChecksumText) + std::string(kChecksumText).size();
+  for (size_t i = d; i < d + 16; ++i) upper[i] = static_cast<char>(std::toupper(upper[i]));
+  upper[d] = 'F';  // at least one letter
+  expect_refused(upper, "fnv1a64 takes 16 lowercase hex digits");
+}
+
+TEST_F(TensorFile, RefusesScalesThatAreNotFiniteOrAbsurdNamingTheTensor) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::pair<float, const char*> cases[] = {
+      {std::nanf(""), "scale [1, 0] is nan"}, {inf, "scale [1, 0] is inf"},
+      {1e30f, "scale [1, 0] is 1e+30"},       {1e38f, "scale [1, 0] is 1e+38"},
+      {-0.25f, "scale [1, 0] is -0.25"},
+  };
+  for (const auto& [bad, what] : cases) {
+    // The checksum is valid: only the value is wrong.
+    expect_refused(two_rows({0.5f, bad}), std::string("quantized tensor 'w': ") + what);
+    EXPECT_THAT(error_, HasSubstr("a scale must be finite, at least 0 and below 1e+30"));
+    EXPECT_THAT(error_, ::testing::Not(HasSubstr("x[")));  // never the activations
+  }
 }
 
 TEST_F(TensorFile, CopiesAMisalignedTensorSoItsDataIsAligned) {
@@ -332,6 +471,45 @@ TEST(SafetensorsWriter, WritesAlignedDataAndReadsBack) {
   EXPECT_EQ(m.data(*m.header().find("u"))[2], 3);
   // Only the file itself is left: the temporary was renamed.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+// Every one-bit change to a file loom quantize writes (length, header, padding, data, the
+// checksum's key and digits) is refused at open: the checksum no longer matches, or, where
+// the flip hit the key's name, a quantized file has none.
+TEST(SafetensorsWriter, ItsChecksumCoversEveryByte) {
+  loom_test::TempDir dir;
+  const auto path = (dir.path() / "w.safetensors").string();
+  const uint8_t bytes[3] = {1, 2, 3};
+  const float f[2] = {1.5f, -2.0f};
+  st::write_file(path, {{"u", st::Dtype::U8, {3}, bytes}, {"f", st::Dtype::F32, {2}, f}},
+                 {{"loom.quantize", "test"}});
+  const std::string good = slurp(path);
+  EXPECT_EQ(sealed(good), good);  // the documented definition
+  EXPECT_EQ(good.find(kChecksumText), 8U + std::string(R"({"__metadata__":{)").size());
+  EXPECT_TRUE(st::MappedFile(path).checksums().file);
+  const auto bad = dir.path() / "bad.safetensors";
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (const int bit : {0, 5}) {
+      std::string b = good;
+      b[i] = static_cast<char>(b[i] ^ (1 << bit));
+      dir.write("bad.safetensors", b);
+      loom_tensor_file* t = nullptr;
+      EXPECT_EQ(loom_tensor_file_open(bad.c_str(), &t), LOOM_ERR_DATA_LOSS)
+          << "byte " << i << " bit " << bit;
+      EXPECT_THAT(loom_last_error(), ::testing::StartsWith(bad.string() + ": "));
+      loom_tensor_file_close(t);
+    }
+  }
+}
+
+TEST(SafetensorsWriter, TheChecksumKeyIsTheWritersOwn) {
+  loom_test::TempDir dir;
+  const float v[1] = {1};
+  EXPECT_THROW(
+      st::write_file((dir.path() / "c.safetensors").string(), {{"v", st::Dtype::F32, {1}, v}},
+                     {{"loom.checksum", "fnv1a64:0123456789abcdef"}}),
+      loom::host::Error);
+  EXPECT_TRUE(fs::is_empty(dir.path()));
 }
 
 TEST(SafetensorsWriter, TheFileModeFollowsTheUmask) {
@@ -486,7 +664,13 @@ class QuantizeCli : public ::testing::Test {
                     {"h.0.attn.proj.w", st::Dtype::F32, {4, 6}, proj_.data()},
                     {"wte.w", st::Dtype::F32, {5, 4}, wte_.data()},
                     {"ids", st::Dtype::I64, {2}, ids}},
-                   {{"format", "pt"}, {"fnv1a64", "0000000000000000"}});
+                   {{"format", "pt"}});
+  }
+  // `loom quantize q.toml in.safetensors out.safetensors` with one rule: every tensor to w8.
+  Result quantize_all() {
+    dir_.write("q.toml",
+               std::string(kInstances) + "[[quantize]]\ntensors = [\"*\"]\nquantizer = \"w8\"\n");
+    return loom("quantize " + p("q.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
   }
 
   loom_test::TempDir dir_;
@@ -556,7 +740,15 @@ TEST_F(QuantizeCli, QuantizesReportsAndTheCApiReadsItBack) {
   ASSERT_EQ(loom_tensor_file_open(out.c_str(), &f), LOOM_OK) << loom_last_error();
   ASSERT_EQ(loom_tensor_file_count(f), 5U);
   EXPECT_STREQ(loom_tensor_file_metadata(f, "format"), "pt");
-  EXPECT_EQ(loom_tensor_file_metadata(f, "fnv1a64"), nullptr);  // the old data's checksum
+  // The input's checksum covered the old bytes: the output has its own, of its bytes.
+  const char* sum = loom_tensor_file_metadata(f, "loom.checksum");
+  ASSERT_NE(sum, nullptr);
+  EXPECT_NE(std::string(sum), st::MappedFile((dir_.path() / "in.safetensors").string())
+                                  .header()
+                                  .metadata.at("loom.checksum"));
+  EXPECT_EQ(sealed(slurp(out)), slurp(out));
+  EXPECT_EQ(loom_tensor_file_metadata(f, "fnv1a64"), nullptr);
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("note:")));  // the input had a checksum
   size_t idx = 0;
   ASSERT_EQ(loom_tensor_file_find(f, "h.0.mlp.fc.w", &idx), LOOM_OK);
   loom_tensor_info info{};
@@ -705,6 +897,117 @@ TEST_F(QuantizeCli, RefusesABadInputOrManifest) {
   r = loom("quantize " + p("m.toml") + " " + p("in.safetensors") + " " + p("out.safetensors"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("the manifest has no [[quantize]] rules"));
+}
+
+// ---- Integrity at both ends of `loom quantize`
+
+std::vector<float> ramp(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = 0.1f * static_cast<float>(i) - 1.0f;
+  return v;
+}
+
+TEST_F(QuantizeCli, RefusesACheckpointWithAFlippedDataByteNamingIt) {
+  const std::string good = trainer_checkpoint(
+      {{"h.0.mlp.fc.w", {4, 8}, ramp(32)}, {"h.0.ln.g", {8}, std::vector<float>(8, 1.0f)}});
+  dir_.write("in.safetensors", good);
+  auto r = quantize_all();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("note:")));  // verified, nothing to say
+  fs::remove(dir_.path() / "out.safetensors");
+  std::string flipped = good;
+  flipped[flipped.size() - 40] ^= 0x10;  // one bit of the weight
+  dir_.write("in.safetensors", flipped);
+  r = quantize_all();
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("loom quantize: " + (dir_.path() / "in.safetensors").string() +
+                               ": data checksum mismatch: __metadata__ 'fnv1a64' says "));
+  EXPECT_FALSE(fs::exists(dir_.path() / "out.safetensors"));
+}
+
+TEST_F(QuantizeCli, RefusesAnInputWhoseLoomChecksumIsWrongOrUnknown) {
+  const auto w = ramp(32);
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F32, {4, 8}, w.data()}}, {});
+  const std::string good = slurp(dir_.path() / "in.safetensors");
+  std::string flipped = good;
+  flipped[flipped.size() - 1] ^= 0x01;
+  dir_.write("in.safetensors", flipped);
+  auto r = quantize_all();
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, HasSubstr((dir_.path() / "in.safetensors").string() +
+                               ": checksum mismatch: __metadata__ 'loom.checksum'"));
+  dir_.write("in.safetensors", replaced(good, "fnv1a64:", "sha-256:"));
+  r = quantize_all();
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, HasSubstr((dir_.path() / "in.safetensors").string() +
+                               ": __metadata__ 'loom.checksum' uses checksum algorithm 'sha-256', "
+                               "which this reader does not know"));
+  EXPECT_FALSE(fs::exists(dir_.path() / "out.safetensors"));
+}
+
+TEST_F(QuantizeCli, QuantizesAThirdPartyFileWithoutAChecksumWithANote) {
+  dir_.write("in.safetensors",
+             file_bytes(R"({"w":{"dtype":"F32","shape":[4,8],"data_offsets":[0,128]}})",
+                        floats(ramp(32))));
+  const auto r = quantize_all();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr((dir_.path() / "in.safetensors").string() +
+                               ": note: no checksum in its __metadata__"));
+  const std::string out = slurp(dir_.path() / "out.safetensors");
+  EXPECT_EQ(sealed(out), out);  // the output has one all the same
+}
+
+TEST_F(QuantizeCli, RefusesToWriteAScaleTheReaderWouldRefuse) {
+  auto w = ramp(32);
+  w[13] = 1e33f;  // finite, but its row's scale, 1e33 / 127, is past the limit
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F32, {4, 8}, w.data()}}, {});
+  const auto r = quantize_all();
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("tensor 'w': quantizer.w8"));
+  EXPECT_THAT(r.err, HasSubstr(": scale [1, 0] is 7.87402e+30: a scale must be finite"));
+  EXPECT_THAT(r.err, HasSubstr("the reader refuses such a file, so nothing is written"));
+  EXPECT_FALSE(fs::exists(dir_.path() / "out.safetensors"));
+}
+
+// The output's own checksum and scales, read back through the C API: a flipped code byte,
+// and a NaN or absurd scale with the checksum recomputed (what a broken writer would leave),
+// are the file's fault, named at open.
+TEST_F(QuantizeCli, AFlippedCodeByteOrABadScaleInTheOutputIsRefusedAtOpen) {
+  const auto w = ramp(32);
+  st::write_file((dir_.path() / "in.safetensors").string(),
+                 {{"w", st::Dtype::F32, {4, 8}, w.data()}}, {});
+  ASSERT_EQ(quantize_all().exit_code, 0);
+  const auto out = dir_.path() / "out.safetensors";
+  const std::string good = slurp(out);
+  uint64_t codes = 0, scales = 0;
+  {
+    const st::MappedFile raw(out.string());
+    codes = raw.header().data_offset + raw.header().find("w.qcodes")->begin;
+    scales = raw.header().data_offset + raw.header().find("w.qscale")->begin;
+    EXPECT_EQ(raw.header().find("w.qscale")->shape, (std::vector<int64_t>{4, 1}));
+  }
+  auto open_error = [&](const std::string& bytes) {
+    dir_.write("out.safetensors", bytes);
+    loom_tensor_file* f = nullptr;
+    const int32_t rc = loom_tensor_file_open(out.c_str(), &f);
+    loom_tensor_file_close(f);
+    EXPECT_EQ(rc, LOOM_ERR_DATA_LOSS);
+    const std::string e = loom_last_error();
+    EXPECT_THAT(e, ::testing::StartsWith(out.string() + ": "));
+    return e;
+  };
+  std::string code = good;
+  code[codes + 5] ^= 0x04;
+  EXPECT_THAT(open_error(code), HasSubstr("checksum mismatch"));
+  for (const float bad : {std::nanf(""), 1e30f}) {
+    std::string scale = good;
+    std::memcpy(scale.data() + scales + 2 * sizeof(float), &bad, sizeof bad);
+    const std::string e = open_error(sealed(scale));
+    EXPECT_THAT(e, HasSubstr(": quantized tensor 'w': scale [2, 0] is "));
+    EXPECT_THAT(e, HasSubstr(std::isnan(bad) ? "is nan" : "is 1e+30"));
+  }
 }
 
 #ifdef LOOM_HAVE_QUANT_PLUGINS
