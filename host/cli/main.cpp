@@ -4,7 +4,6 @@
 
 #include <unistd.h>
 
-#include <toml++/toml.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -12,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <loom_cli_support.hpp>
+#include <loom_toml.hpp>  // toml++, patched for bad input
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>

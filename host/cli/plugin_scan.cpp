@@ -3,12 +3,12 @@
 #include <loom/embed.h>
 #include <unistd.h>
 
-#include <toml++/toml.h>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <loom_cli_support.hpp>
+#include <loom_toml.hpp>  // toml++, patched for bad input
 #include <set>
 
 #include "child_process.hpp"

@@ -1,6 +1,5 @@
 #include "config.hpp"
 
-#include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <loom_cli_support.hpp>
+#include <loom_toml.hpp>  // toml++, patched for bad input
 #include <numbers>
 #include <sstream>
 
