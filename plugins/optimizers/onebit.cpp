@@ -49,6 +49,115 @@ loom::sdk::DeviceOps device_ops(int device) {
 }
 #endif
 
+// The most steps an instance takes: far past any run, and it keeps 0/1 Adam's doubling
+// intervals from wrapping to 0 (see check_imported).
+constexpr uint64_t kMaxSteps = uint64_t{1} << 62;
+
+// What import_state read, before it replaces anything.
+struct Imported {
+  uint64_t steps;
+  uint64_t total;
+  const std::vector<uint64_t>& offsets;
+  std::size_t m, v, aux;  // element counts
+  uint64_t var_interval;
+  uint64_t local_interval;
+  const std::vector<TensorState>& lamb;
+  std::size_t car;  // bytes of the compressed allreduce's state
+};
+
+// The instance it goes into.
+struct Into {
+  Variant variant;
+  bool laid_out;  // has stepped: its tensors are fixed
+  const std::vector<uint64_t>* offsets;
+  uint64_t total;
+  bool compresses;  // has a compressed allreduce
+};
+
+// Refuses (DATA_LOSS, naming the field with the expected and the found) a state whose
+// buffers and counters do not fit what the steps do with them.
+void check_imported(const Imported& in, const Into& into) {
+  const auto& [steps, total, offsets, m, v, aux, var_interval, local_interval, lamb, car] = in;
+  const Variant variant = into.variant;
+  const auto refuse = [&](const std::string& what) {
+    throw Error(LOOM_ERR_DATA_LOSS, std::string(plugin_name(variant)) + " state: " + what);
+  };
+  const auto n = [](uint64_t x) { return std::to_string(x); };
+  if (steps > kMaxSteps) refuse("steps is " + n(steps) + ", above the limit 2^62");
+  // offsets: the flat layout, [offsets[k], offsets[k+1]) per tensor; none before a step.
+  const std::size_t tensors = offsets.empty() ? 0 : offsets.size() - 1;
+  if (offsets.empty()) {
+    if (total != 0) refuse("total is " + n(total) + " elements, but offsets lists no tensors");
+    if (steps != 0) refuse("steps is " + n(steps) + ", but offsets lists no tensors");
+  } else {
+    if (offsets.front() != 0) refuse("offsets[0] is " + n(offsets.front()) + ", expected 0");
+    for (std::size_t k = 1; k < offsets.size(); ++k) {
+      if (offsets[k] < offsets[k - 1]) {
+        refuse("offsets[" + n(k) + "] is " + n(offsets[k]) + ", below offsets[" + n(k - 1) + "] " +
+               n(offsets[k - 1]));
+      }
+    }
+    if (offsets.back() != total) {
+      refuse("offsets ends at " + n(offsets.back()) + ", expected total " + n(total));
+    }
+  }
+  // A laid-out instance keeps its tensors (the compressed allreduce and the non_freeze flags
+  // were made for them): the state must have the same, else the next step would lay out
+  // others and index them with those.
+  if (into.laid_out && offsets != *into.offsets) {
+    // Not corrupt, another model's: the code the step would give.
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                std::string(plugin_name(variant)) + " state: offsets lists " + n(tensors) +
+                    " tensors of " + n(total) + " elements, but this instance has stepped with " +
+                    n(into.offsets->size() - 1) + " tensors of " + n(into.total) +
+                    " elements (the first step fixes them)");
+  }
+  // The steps index m, v and aux over the whole flat layout (onebit_backend.hpp).
+  const auto sized = [&](const char* field, std::size_t found, uint64_t expected, const char* why) {
+    if (found != expected) {
+      refuse(std::string(field) + " has " + n(found) + " elements, expected " + n(expected) + " " +
+             why);
+    }
+  };
+  sized("m", m, total, "(total)");
+  sized("v", v, total, "(total)");
+  if (variant == Variant::kOnebitAdam) {
+    sized("aux", aux, 0, "(onebit_adam keeps none)");
+  } else {
+    sized("aux", aux, total, "(total)");
+  }
+  const std::size_t records = variant == Variant::kOnebitLamb ? tensors : 0;
+  if (lamb.size() != records) {
+    refuse("per-tensor scalars: " + n(lamb.size()) + " records, expected " + n(records) +
+           (variant == Variant::kOnebitLamb ? " (one per tensor)" : " (onebit_lamb's only)"));
+  }
+  for (std::size_t j = 0; j < lamb.size(); ++j) {
+    // Clamped between factor_min and factor_max (>= 0) every step; a negative one would make
+    // the next clamp's bounds cross.
+    if (lamb[j].last_factor < 0.0) {
+      refuse("per-tensor scalars: tensor " + n(j) + "'s last_factor is " +
+             std::to_string(lamb[j].last_factor) + ", expected >= 0");
+    }
+  }
+  // 0/1 Adam's intervals divide the step number: never 0, and doubling must not wrap to 0.
+  // var_interval starts at 1 and doubles only at a step t it divides, so with t <= 2^62 it
+  // never passes 2^63; local_interval is at most local_step_clipper (an int64).
+  if (var_interval == 0 || (var_interval & (var_interval - 1)) != 0) {
+    refuse("var_interval is " + n(var_interval) + ", expected a power of two");
+  }
+  if (local_interval == 0 || local_interval > static_cast<uint64_t>(INT64_MAX)) {
+    refuse("local_interval is " + n(local_interval) + ", expected 1 .. 2^63 - 1");
+  }
+  if (car != 0 && total == 0) {
+    refuse("the compressed allreduce's state has " + n(car) +
+           " bytes, expected none: there are no elements to compress");
+  }
+  if (car != 0 && into.laid_out && !into.compresses) {
+    refuse("the compressed allreduce's state has " + n(car) +
+           " bytes, expected none: this instance compresses no tensors");
+  }
+}
+
 }  // namespace
 
 loom::sdk::Schema Onebit::common_schema() {
@@ -141,6 +250,11 @@ void Onebit::step(const loom_optimizer_step_args& args) {
 
 void Onebit::ordered_step(const std::vector<StepGroup>& groups,
                           const loom_optimizer_step_args& args) {
+  if (steps_ >= kMaxSteps) {
+    throw Error(LOOM_ERR_OUT_OF_RANGE, std::string(name()) + " has taken " +
+                                           std::to_string(steps_) +
+                                           " steps, the most its schedules' counters allow");
+  }
   layout(groups);  // validates against the state before anything changes
   device_set_ = true;
   const uint64_t t = steps_ + 1;
@@ -235,10 +349,9 @@ void Onebit::import_state(std::span<const std::byte> blob) {
   const auto ub = in.read_pod<uint64_t>();
   auto car = in.read_vector<std::byte>();
   in.expect_end();
-  const bool sized = m.size() == total && (v.size() == total || v.empty()) &&
-                     (offsets.empty() || offsets.back() == total) && var_interval > 0 &&
-                     local_interval > 0;
-  if (!sized) throw Error(LOOM_ERR_DATA_LOSS, "inconsistent " + std::string(name()) + " state");
+  check_imported({steps, total, offsets, m.size(), v.size(), aux.size(), var_interval,
+                  local_interval, lamb, car.size()},
+                 {variant_, laid_out_, &offsets_, total_, car_ != nullptr});
   if (car_ && !car.empty()) {
     // Validate the error buffers' sizes against the live allreduce before committing.
     loom::sdk::StateReader cr(car);
@@ -389,7 +502,8 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
       }
     }
   }
-  if (m_.size() != 0 || steps_ > 0) {
+  // Once laid out, the tensors stay (car_ and non_freeze_ were made for them).
+  if (laid_out_ || m_.size() != 0 || steps_ > 0) {
     if (offsets != offsets_) {
       throw Error(LOOM_ERR_INVALID_ARGUMENT,
                   "the step's tensors (" + std::to_string(offsets.size() - 1) + ", " +

@@ -7,13 +7,17 @@
 #include <loom/embed.h>
 #include <loom/kinds/comm.h>
 #include <loom/kinds/optimizer.h>
+#include <loom/sdk/state.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -248,6 +252,216 @@ TEST(Onebit, ForeignStateAndLayoutChangesAreRejected) {
   // A gradient of another shape than its parameter.
   std::vector<float> h2(39, 0.5f);
   EXPECT_EQ(step(a, {&p}, {&h2}, 1e-3, 2), LOOM_ERR_INVALID_ARGUMENT);
+}
+
+// ------------------------------------------------------------- state checks
+
+// The 1-bit family's state (onebit.cpp's export_state, inside the SDK's frame), to change one
+// field at a time.
+struct OnebitState {
+  std::string magic;
+  uint32_t version = 0;
+  uint64_t steps = 0, total = 0;
+  std::vector<uint64_t> offsets;
+  std::vector<float> m, v, aux;
+  uint8_t frozen = 0;
+  uint64_t var_interval = 0, var_counter = 0, var_updates = 0, local_interval = 0,
+           local_counter = 0;
+  double lrs = 0.0;
+  std::vector<std::array<double, 3>> lamb;  // lamb_coeff_freeze, last_factor, scaling_coeff
+  uint8_t scaling_set = 0;
+  std::array<uint64_t, 4> traffic{};
+  std::vector<std::byte> car;
+
+  explicit OnebitState(const std::vector<char>& framed) {
+    const auto payload = loom::sdk::state_frame::open(std::as_bytes(std::span(framed)));
+    loom::sdk::StateReader in(payload);
+    magic = in.read_string();
+    version = in.read_pod<uint32_t>();
+    steps = in.read_pod<uint64_t>();
+    total = in.read_pod<uint64_t>();
+    offsets = in.read_vector<uint64_t>();
+    m = in.read_vector<float>();
+    v = in.read_vector<float>();
+    aux = in.read_vector<float>();
+    frozen = in.read_pod<uint8_t>();
+    for (uint64_t* c : {&var_interval, &var_counter, &var_updates, &local_interval, &local_counter})
+      *c = in.read_pod<uint64_t>();
+    lrs = in.read_pod<double>();
+    lamb.resize(in.read_pod<uint64_t>());
+    for (auto& r : lamb) r = in.read_pod<std::array<double, 3>>();
+    scaling_set = in.read_pod<uint8_t>();
+    for (auto& c : traffic) c = in.read_pod<uint64_t>();
+    car = in.read_vector<std::byte>();
+    in.expect_end();
+  }
+  std::vector<char> blob() const {
+    std::vector<std::byte> b;
+    loom::sdk::state_frame::begin(b);
+    const auto put = [&](const void* data, size_t bytes) {
+      const auto* p = static_cast<const std::byte*>(data);
+      b.insert(b.end(), p, p + bytes);
+    };
+    const auto pod = [&](const auto& x) { put(&x, sizeof x); };
+    const auto vec = [&](const auto& x) {
+      pod(uint64_t{x.size()});
+      put(x.data(), x.size() * sizeof(x[0]));
+    };
+    vec(magic);
+    pod(version);
+    pod(steps);
+    pod(total);
+    vec(offsets);
+    vec(m);
+    vec(v);
+    vec(aux);
+    pod(frozen);
+    for (uint64_t c : {var_interval, var_counter, var_updates, local_interval, local_counter})
+      pod(c);
+    pod(lrs);
+    vec(lamb);
+    pod(scaling_set);
+    for (uint64_t c : traffic) pod(c);
+    vec(car);
+    loom::sdk::state_frame::finish(b);
+    const auto* c = reinterpret_cast<const char*>(b.data());
+    return {c, c + b.size()};
+  }
+};
+
+std::vector<char> export_blob(loom_instance* opt) {
+  size_t size = 0;
+  EXPECT_EQ(loom_instance_export_state(opt, nullptr, 0, &size), 0) << loom_last_error();
+  std::vector<char> blob(size);
+  EXPECT_EQ(loom_instance_export_state(opt, blob.data(), size, &size), 0) << loom_last_error();
+  return blob;
+}
+
+// Imports `blob` into `opt` and expects it refused with `code` and an error containing
+// `message`, the instance unchanged.
+void expect_refused(loom_instance* opt, const std::vector<char>& blob, int32_t code,
+                    const std::string& message) {
+  const std::vector<char> before = export_blob(opt);
+  EXPECT_EQ(loom_instance_import_state(opt, blob.data(), blob.size()), code) << message;
+  EXPECT_NE(std::string(loom_last_error()).find(message), std::string::npos) << loom_last_error();
+  EXPECT_EQ(export_blob(opt), before) << message;
+}
+
+// Every buffer of an imported state must fit what the steps index with it (v and aux over
+// the flat layout, one LAMB record per tensor), the intervals must not reach 0: refused with
+// the field, the expected and the found, before anything changes, into a fresh instance and
+// into one that has stepped.
+TEST(Onebit, ImportedStateMustFitTheSteps) {
+  const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\n";
+  std::string toml;
+  for (const char* plugin : {"onebit_adam", "zero_one_adam", "onebit_lamb"}) {
+    for (const char* which : {"stepped", "fresh"}) {
+      toml += "[optimizer." + std::string(plugin) + "_" + which + "]\nplugin = \"" + plugin +
+              "\"\n" + refs;
+    }
+  }
+  World w(toml);
+  ASSERT_NE(w.s, nullptr);
+  std::vector<float> p(40, 1.0f), q(24, -1.0f), g(40, 0.5f), h(24, 0.25f);
+  for (const std::string plugin : {"onebit_adam", "zero_one_adam", "onebit_lamb"}) {
+    SCOPED_TRACE(plugin);
+    loom_instance* stepped = w.opt((plugin + "_stepped").c_str());
+    loom_instance* fresh = w.opt((plugin + "_fresh").c_str());
+    for (int t = 1; t <= 2; ++t) {
+      ASSERT_EQ(step(stepped, {&p, &q}, {&g, &h}, 1e-3, t), 0) << loom_last_error();
+    }
+    const std::vector<char> good = export_blob(stepped);
+    const OnebitState base(good);
+    ASSERT_EQ(base.total, 64u);
+    const auto refused = [&](const std::function<void(OnebitState&)>& change,
+                             const std::string& message) {
+      OnebitState s = base;
+      change(s);
+      for (loom_instance* opt : {fresh, stepped}) {
+        expect_refused(opt, s.blob(), LOOM_ERR_DATA_LOSS, plugin + " state: " + message);
+      }
+    };
+    refused([](OnebitState& s) { s.v.clear(); }, "v has 0 elements, expected 64 (total)");
+    refused([](OnebitState& s) { s.m.pop_back(); }, "m has 63 elements, expected 64 (total)");
+    if (plugin == "onebit_adam") {
+      refused([](OnebitState& s) { s.aux.assign(64, 0.0f); },
+              "aux has 64 elements, expected 0 (onebit_adam keeps none)");
+      refused(
+          [](OnebitState& s) {
+            s.lamb.resize(2, {0.0, 1.0, 1.0});
+          },
+          "per-tensor scalars: 2 records, expected 0 (onebit_lamb's only)");
+    } else {
+      refused([](OnebitState& s) { s.aux.clear(); }, "aux has 0 elements, expected 64 (total)");
+    }
+    if (plugin == "onebit_lamb") {
+      ASSERT_EQ(base.lamb.size(), 2u);
+      refused(
+          [](OnebitState& s) {
+            s.lamb.resize(3, {0.0, 1.0, 1.0});
+          },
+          "per-tensor scalars: 3 records, expected 2 (one per tensor)");
+      refused([](OnebitState& s) { s.lamb.clear(); },
+              "per-tensor scalars: 0 records, expected 2 (one per tensor)");
+      refused([](OnebitState& s) { s.lamb[1][1] = -1.0; },
+              "per-tensor scalars: tensor 1's last_factor is -1.000000, expected >= 0");
+    }
+    refused(
+        [](OnebitState& s) {
+          s.offsets = {0, 70, 64};
+        },
+        "offsets[2] is 64, below offsets[1] 70");
+    refused(
+        [](OnebitState& s) {
+          s.offsets = {0, 40, 60};
+        },
+        "offsets ends at 60, expected total 64");
+    refused([](OnebitState& s) { s.offsets = {8, 40, 64}; }, "offsets[0] is 8, expected 0");
+    refused([](OnebitState& s) { s.var_interval = 0; },
+            "var_interval is 0, expected a power of two");
+    refused([](OnebitState& s) { s.var_interval = 6; },
+            "var_interval is 6, expected a power of two");
+    refused([](OnebitState& s) { s.local_interval = 0; },
+            "local_interval is 0, expected 1 .. 2^63 - 1");
+    refused([](OnebitState& s) { s.local_interval = uint64_t{1} << 63; },
+            "local_interval is 9223372036854775808, expected 1 .. 2^63 - 1");
+    refused([](OnebitState& s) { s.steps = (uint64_t{1} << 62) + 1; },
+            "steps is 4611686018427387905, above the limit 2^62");
+    // A never-stepped instance's state: no layout, so no error buffers either.
+    const OnebitState empty(export_blob(fresh));
+    ASSERT_TRUE(empty.offsets.empty());
+    OnebitState with_car = empty;
+    with_car.car.resize(16);
+    expect_refused(fresh, with_car.blob(), LOOM_ERR_DATA_LOSS,
+                   plugin +
+                       " state: the compressed allreduce's state has 16 bytes, expected "
+                       "none: there are no elements to compress");
+    // An instance that has stepped keeps its tensors: another layout, or none, is refused.
+    expect_refused(stepped, empty.blob(), LOOM_ERR_INVALID_ARGUMENT,
+                   plugin +
+                       " state: offsets lists 0 tensors of 0 elements, but this instance "
+                       "has stepped with 2 tensors of 64 elements");
+    // The state as exported imports into both, and both step on.
+    for (loom_instance* opt : {fresh, stepped}) {
+      ASSERT_EQ(loom_instance_import_state(opt, good.data(), good.size()), 0) << loom_last_error();
+      EXPECT_EQ(export_blob(opt), good);
+    }
+    std::vector<float> p2 = p, q2 = q;
+    ASSERT_EQ(step(stepped, {&p, &q}, {&g, &h}, 1e-3, 3), 0) << loom_last_error();
+    ASSERT_EQ(step(fresh, {&p2, &q2}, {&g, &h}, 1e-3, 3), 0) << loom_last_error();
+    EXPECT_EQ(p, p2);
+    EXPECT_EQ(q, q2);
+    // The step count's limit (2^62) imports, and the next step is refused.
+    OnebitState last = base;
+    last.steps = uint64_t{1} << 62;
+    const std::vector<char> at_limit = last.blob();
+    ASSERT_EQ(loom_instance_import_state(fresh, at_limit.data(), at_limit.size()), 0)
+        << loom_last_error();
+    EXPECT_EQ(step(fresh, {&p2, &q2}, {&g, &h}, 1e-3, 4), LOOM_ERR_OUT_OF_RANGE);
+    EXPECT_NE(std::string(loom_last_error()).find("has taken 4611686018427387904 steps"),
+              std::string::npos)
+        << loom_last_error();
+  }
 }
 
 // ------------------------------------------------------------- param-group extras (ABI 1.1)

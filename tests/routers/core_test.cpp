@@ -366,4 +366,48 @@ TEST(RouterCore, LayerTokenCounterStateRoundTrip) {
   EXPECT_EQ(r.step(), 6);
 }
 
+// The step is checked on import: negative, or so large that the next advance's step + 1
+// would overflow int64, is refused naming the field, and the counter keeps its state; the
+// largest step allowed imports, and advancing past it is refused, not overflowed.
+TEST(RouterCore, LayerTokenCounterStepStaysInRange) {
+  const auto state = [](int64_t step, uint64_t consumed) {
+    Blob blob;
+    loom::sdk::StateWriter w(&blob.writer);
+    w.write_header(lr::LayerTokenCounter::kMagic, lr::LayerTokenCounter::kVersion);
+    w.write_pod(step);
+    w.write_pod(consumed);
+    return blob.bytes;
+  };
+  lr::LayerTokenCounter c;
+  auto a = adv(1);
+  c.advance(a, 10);
+  for (const int64_t step : {INT64_MAX, int64_t{-1}, INT64_MIN}) {
+    loom_code code = LOOM_OK;
+    EXPECT_EQ(error_of([&] { c.import_state(state(step, 5)); }, &code),
+              "router state has step " + std::to_string(step) +
+                  "; it must be in 0 .. 9223372036854775806 (the next advance accounts step + 1)");
+    EXPECT_EQ(code, LOOM_ERR_DATA_LOSS);
+    EXPECT_EQ(c.step(), 1);
+    EXPECT_EQ(c.consumed(), 10u);
+  }
+  c.import_state(state(INT64_MAX - 1, 5));
+  EXPECT_EQ(c.step(), INT64_MAX - 1);
+  // A step that does not follow is still told apart (step + 1 did overflow here).
+  loom_code code = LOOM_OK;
+  a = adv(1);
+  EXPECT_NE(error_of([&] { c.advance(a, 1); }, &code).find("does not follow"), std::string::npos);
+  EXPECT_EQ(code, LOOM_ERR_FAILED_PRECONDITION);
+  // The last step again is fine; the one after would be a state no import accepts.
+  a = adv(INT64_MAX - 1);
+  c.advance(a, 1);
+  EXPECT_EQ(a.consumed_layer_tokens, 5u);
+  a = adv(INT64_MAX);
+  EXPECT_EQ(error_of([&] { c.advance(a, 1); }, &code),
+            "router advance: step 9223372036854775807 is the largest int64, so no step could "
+            "follow it; the last step a router accounts is 9223372036854775806");
+  EXPECT_EQ(code, LOOM_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(c.step(), INT64_MAX - 1);
+  EXPECT_EQ(c.consumed(), 5u);
+}
+
 }  // namespace

@@ -9,6 +9,9 @@
 namespace loom::routers {
 namespace {
 
+// The last step a counter may hold: advance compares the next step with step + 1.
+constexpr int64_t kMaxStep = INT64_MAX - 1;
+
 [[noreturn]] void fail_layers(const std::string& message) {
   throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, message, RoutedLayers::kParam);
 }
@@ -101,6 +104,7 @@ void LayerTokenCounter::advance(loom_router_advance_args& a, int64_t layer_token
     a.consumed_layer_tokens = consumed_;
     return;
   }
+  // step_ < INT64_MAX always (import and the check below keep it so): step_ + 1 fits.
   if (a.step != step_ + 1) {
     throw loom::sdk::Error(
         LOOM_ERR_FAILED_PRECONDITION,
@@ -109,6 +113,13 @@ void LayerTokenCounter::advance(loom_router_advance_args& a, int64_t layer_token
             (step_ == 0 ? std::string("none yet, so the next is 1") : std::to_string(step_)) +
             "); the schedule advances one step at a time, repeating the last one at most (a "
             "resumed run imports the router's state first)");
+  }
+  if (a.step == kMaxStep + 1) {
+    throw loom::sdk::Error(LOOM_ERR_OUT_OF_RANGE,
+                           "router advance: step " + std::to_string(a.step) +
+                               " is the largest int64, so no step could follow it; the last "
+                               "step a router accounts is " +
+                               std::to_string(kMaxStep));
   }
   if (layer_tokens < 0) {
     throw loom::sdk::Error(LOOM_ERR_INTERNAL,
@@ -137,9 +148,11 @@ void LayerTokenCounter::import_state(std::span<const std::byte> blob) {
   const auto step = in.read_pod<int64_t>();
   const auto consumed = in.read_pod<uint64_t>();
   in.expect_end();
-  if (step < 0) {
-    throw loom::sdk::Error(LOOM_ERR_DATA_LOSS,
-                           "router state has step " + std::to_string(step) + "; it must be >= 0");
+  if (step < 0 || step > kMaxStep) {
+    throw loom::sdk::Error(LOOM_ERR_DATA_LOSS, "router state has step " + std::to_string(step) +
+                                                   "; it must be in 0 .. " +
+                                                   std::to_string(kMaxStep) +
+                                                   " (the next advance accounts step + 1)");
   }
   if (step == 0 && consumed != 0) {
     throw loom::sdk::Error(LOOM_ERR_DATA_LOSS, "router state has consumed layer tokens " +
