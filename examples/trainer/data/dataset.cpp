@@ -1,5 +1,7 @@
 #include "dataset.hpp"
+
 #include <common/fnv1a.hpp>
+#include "durable_file.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -38,6 +40,33 @@ void for_each_chunk(const std::string& text, F&& f) {
       start = i;
     }
   }
+}
+
+// The longest piece (token's bytes) a BPE merge may make, in training and in a loaded file.
+// Real text's pieces are words and short runs of symbols; without a bound, 40 merges that
+// each double a piece ask for terabytes. 65280 merges at most make the tables <= 16 MiB.
+constexpr size_t kMaxPieceBytes = 256;
+// Tokens are uint16: 256 bytes plus at most this many merges.
+constexpr size_t kMaxMerges = 65536 - 256;
+
+// An integer JSON value that fits int64 (floats, strings and the like do not).
+bool as_int64(const nlohmann::json& v, int64_t& out) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return false;
+    out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (!v.is_number_integer()) return false;
+  out = v.get<int64_t>();
+  return true;
+}
+
+// A JSON value for an error message, cut short: a field can be as long as the file.
+std::string shown(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
 }
 
 uint64_t pair_key(int a, int b) {
@@ -80,6 +109,7 @@ Tokenizer Tokenizer::train_bpe(const std::vector<std::string>& texts, int vocab_
     freq.push_back(n);
   }
   Tokenizer tok;
+  std::vector<size_t> piece_bytes(256, 1);  // token -> the length of its piece
   std::unordered_map<uint64_t, uint64_t> pairs;
   for (int id = 256; id < vocab_size; ++id) {
     pairs.clear();
@@ -89,11 +119,15 @@ Tokenizer Tokenizer::train_bpe(const std::vector<std::string>& texts, int vocab_
     }
     uint64_t best = 0, best_n = 0;
     for (const auto& [k, n] : pairs) {
+      // A pair whose piece would be too long is never merged, so that load() accepts
+      // every tokenizer trained here.
+      if (piece_bytes[k >> 32] + piece_bytes[k & 0xffffffffu] > kMaxPieceBytes) continue;
       if (n > best_n || (n == best_n && k < best)) best = k, best_n = n;
     }
     if (best_n < 2) break;
     const int a = static_cast<int>(best >> 32), b = static_cast<int>(best & 0xffffffffu);
     tok.merges_.emplace_back(a, b);
+    piece_bytes.push_back(piece_bytes[a] + piece_bytes[b]);
     for (auto& w : words) apply_merge(w, a, b, id);
     if (progress) progress(id - 255, vocab_size - 256);
   }
@@ -171,46 +205,90 @@ void Tokenizer::save(const std::string& path) const {
   auto m = nlohmann::json::array();
   for (const auto& [a, b] : merges_) m.push_back({a, b});
   j["merges"] = m;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << j.dump() << "\n";
-    if (!f) throw DataError(tmp + ": cannot write the tokenizer file");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw DataError(path + ": cannot write the tokenizer file: " + ec.message());
+  const std::string text = j.dump() + "\n";
+  write_file_atomic(path, text.data(), text.size());
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
+  // A folder opens as a stream and then reads as nothing (or throws an error that names no
+  // path): say what is wrong instead.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw DataError(path + ": is a folder, not a file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw DataError(path + ": cannot open the tokenizer file");
   std::stringstream ss;
   ss << f.rdbuf();
   auto j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw DataError(path + ": not a JSON tokenizer file");
-  if (j.value("format", "") != "loom-tokenizer" || j.value("version", 0) != 1) {
-    throw DataError(path + ": not a loom-tokenizer version 1 file");
+  // Every field is checked for its JSON type before its value is read: nlohmann's accessors
+  // throw type_error otherwise, an error that names neither the file nor the field.
+  const auto field = [&](const char* name) -> const nlohmann::json& {
+    const auto it = j.find(name);
+    if (it == j.end()) {
+      throw DataError(path + ": not a loom-tokenizer file: it has no \"" + name + "\" field");
+    }
+    return *it;
+  };
+  const auto wrong_type = [&](const char* name, const nlohmann::json& v, const char* expected) {
+    return DataError(path + ": \"" + name + "\" is a JSON " + v.type_name() + ", expected " +
+                     expected);
+  };
+  const auto& format = field("format");
+  if (!format.is_string()) throw wrong_type("format", format, "the string \"loom-tokenizer\"");
+  if (format.get_ref<const std::string&>() != "loom-tokenizer") {
+    throw DataError(path + ": \"format\" is " + shown(format) + ", expected \"loom-tokenizer\"");
   }
+  int64_t version = 0;
+  const auto& version_field = field("version");
+  if (!as_int64(version_field, version)) throw wrong_type("version", version_field, "an integer");
+  if (version != 1) {
+    throw DataError(path + ": \"version\" is " + std::to_string(version) +
+                    "; this build reads loom-tokenizer version 1");
+  }
+  const auto& merges = field("merges");
+  if (!merges.is_array()) throw wrong_type("merges", merges, "an array of [a, b] pairs");
   Tokenizer t;
-  if (!j.contains("merges") || !j["merges"].is_array()) {
-    throw DataError(path + ": tokenizer file has no merges array");
-  }
-  int id = 256;
-  for (const auto& m : j["merges"]) {
-    if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() || !m[1].is_number_integer()) {
-      throw DataError(path + ": merge " + std::to_string(id - 256) + " is not a pair of ints");
+  std::vector<size_t> piece_bytes(256, 1);  // token -> the length of its piece
+  for (const auto& m : merges) {
+    const size_t i = t.merges_.size();
+    const int64_t id = 256 + static_cast<int64_t>(i);
+    const std::string where = path + ": merge " + std::to_string(i);
+    if (i == kMaxMerges) {
+      throw DataError(where + " is one too many: tokens are uint16, so a tokenizer has at most " +
+                      std::to_string(kMaxMerges) + " merges (vocab 65536)");
     }
-    const int a = m[0].get<int>(), b = m[1].get<int>();
+    int64_t a = 0, b = 0;
+    if (!m.is_array() || m.size() != 2 || !as_int64(m[0], a) || !as_int64(m[1], b)) {
+      throw DataError(where + " is not a pair of ints");
+    }
     if (a < 0 || b < 0 || a >= id || b >= id) {
-      throw DataError(path + ": merge " + std::to_string(id - 256) +
-                      " refers to a token not yet defined");
+      throw DataError(where + " refers to a token not yet defined");
     }
-    t.merges_.emplace_back(a, b);
-    ++id;
+    const size_t bytes = piece_bytes[static_cast<size_t>(a)] + piece_bytes[static_cast<size_t>(b)];
+    if (bytes > kMaxPieceBytes) {
+      throw DataError(where + " makes a piece of " + std::to_string(bytes) + " bytes; at most " +
+                      std::to_string(kMaxPieceBytes) + " are allowed");
+    }
+    piece_bytes.push_back(bytes);
+    t.merges_.emplace_back(static_cast<int>(a), static_cast<int>(b));
   }
-  if (j.value("vocab_size", -1) != t.vocab_size()) {
-    throw DataError(path + ": vocab_size does not match the number of merges");
+  if (const auto it = j.find("type"); it != j.end()) {
+    // Optional (what the merges say); when present it must agree with them.
+    const char* expected = t.is_bpe() ? "bpe" : "byte";
+    if (!it->is_string()) throw wrong_type("type", *it, "the string \"byte\" or \"bpe\"");
+    if (it->get_ref<const std::string&>() != expected) {
+      throw DataError(path + ": \"type\" is " + shown(*it) + ", but " +
+                      std::to_string(t.merges_.size()) + " merges make a \"" + expected +
+                      "\" tokenizer");
+    }
+  }
+  int64_t vocab = 0;
+  const auto& vocab_field = field("vocab_size");
+  if (!as_int64(vocab_field, vocab)) throw wrong_type("vocab_size", vocab_field, "an integer");
+  if (vocab != t.vocab_size()) {
+    throw DataError(path + ": \"vocab_size\" is " + std::to_string(vocab) + ", but " +
+                    std::to_string(t.merges_.size()) + " merges make a vocabulary of " +
+                    std::to_string(t.vocab_size()));
   }
   t.build_tables();
   return t;
@@ -281,21 +359,8 @@ void write_dataset(const std::string& path, uint32_t vocab_size, std::span<const
   sum = fnv1a64(heldout.data(), heldout.size_bytes(), sum);
   put<uint64_t>(h, 40, sum);
   put<uint64_t>(h, 48, fnv1a64(h, 48));
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw DataError(tmp + ": cannot create the dataset file");
-    f.write(reinterpret_cast<const char*>(h), sizeof(h));
-    f.write(reinterpret_cast<const char*>(train.data()),
-            static_cast<std::streamsize>(train.size_bytes()));
-    f.write(reinterpret_cast<const char*>(heldout.data()),
-            static_cast<std::streamsize>(heldout.size_bytes()));
-    f.flush();
-    if (!f) throw DataError(tmp + ": write failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw DataError(path + ": cannot rename the dataset into place: " + ec.message());
+  write_file_atomic(path, {FilePart{h, sizeof(h)}, FilePart{train.data(), train.size_bytes()},
+                           FilePart{heldout.data(), heldout.size_bytes()}});
 }
 
 Dataset::Dataset(const std::string& path) : path_(path) {
@@ -309,6 +374,15 @@ Dataset::Dataset(const std::string& path) : path_(path) {
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     throw DataError(path + ": cannot stat the dataset");
+  }
+  // A folder opens too; its size would read as a truncated dataset or fail to map.
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw DataError(path + ": is a folder, not a file");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw DataError(path + ": is not a regular file (a dataset is memory-mapped)");
   }
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < kDatasetHeaderBytes) {

@@ -1,5 +1,7 @@
 #include "checkpoint.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,9 +17,14 @@ namespace loom::trainer {
 namespace {
 
 std::vector<uint8_t> read_all(const std::string& path, const char* what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw CheckpointError(path + ": is a folder, not the " + std::string(what));
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) throw CheckpointError(path + ": cannot open the " + std::string(what));
   std::vector<uint8_t> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (f.bad()) throw CheckpointError(path + ": read error in the " + std::string(what));
   return b;
 }
 
@@ -31,20 +38,6 @@ constexpr char kBlobMagic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
 constexpr size_t kBlobHeader = 32;
 
 }  // namespace
-
-void write_file_atomic(const std::string& path, const void* data, size_t bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw CheckpointError(tmp + ": cannot create the file");
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    f.flush();
-    if (!f) throw CheckpointError(tmp + ": write failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw CheckpointError(path + ": cannot rename into place: " + ec.message());
-}
 
 void save_safetensors(const std::string& path, const std::vector<ParamTensor>& params,
                       const std::map<std::string, std::string>& metadata) {
@@ -101,7 +94,8 @@ void load_safetensors(const std::string& path, const std::vector<ParamTensor>& p
       throw CheckpointError(path + ": tensor '" + p.name + "' is missing");
     }
     const auto& t = h[p.name];
-    if (!t.is_object() || t.value("dtype", "") != "F32" || !t.contains("shape") ||
+    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() ||
+        t["dtype"].get<std::string>() != "F32" || !t.contains("shape") ||
         !t.contains("data_offsets") || !t["data_offsets"].is_array() ||
         t["data_offsets"].size() != 2) {
       throw CheckpointError(path + ": tensor '" + p.name + "': bad entry (expected F32)");
@@ -142,11 +136,17 @@ void load_safetensors(const std::string& path, const std::vector<ParamTensor>& p
     throw CheckpointError(path + ": data section is " + std::to_string(data_bytes) +
                           " bytes, the tensors need " + std::to_string(expected_bytes));
   }
-  if (h.contains("__metadata__") && h["__metadata__"].is_object() &&
-      h["__metadata__"].contains("fnv1a64")) {
-    if (h["__metadata__"].value("fnv1a64", "") != hex(fnv1a64(data, data_bytes))) {
-      throw CheckpointError(path + ": corrupted safetensors file: data checksum mismatch");
-    }
+  // The checksum is not optional: a header edited to drop or rename it must not switch the
+  // check off.
+  const auto meta = h.find("__metadata__");
+  if (meta == h.end() || !meta->is_object() || !meta->contains("fnv1a64") ||
+      !(*meta)["fnv1a64"].is_string()) {
+    throw CheckpointError(path +
+                          ": has no data checksum (__metadata__ key \"fnv1a64\"): every model "
+                          "checkpoint loom train writes has one; the file is damaged or edited");
+  }
+  if ((*meta)["fnv1a64"].get<std::string>() != hex(fnv1a64(data, data_bytes))) {
+    throw CheckpointError(path + ": corrupted safetensors file: data checksum mismatch");
   }
   for (const auto& p : params) {
     const uint64_t lo = h[p.name]["data_offsets"][0].get<uint64_t>();
@@ -168,7 +168,11 @@ void save_blob(const std::string& path, BlobKind kind, const std::vector<uint8_t
 }
 
 std::vector<uint8_t> load_blob(const std::string& path, BlobKind kind) {
-  const auto b = read_all(path, "checkpoint file");
+  return parse_blob(read_all(path, "checkpoint file"), kind, path);
+}
+
+std::vector<uint8_t> parse_blob(const std::vector<uint8_t>& b, BlobKind kind,
+                                const std::string& path) {
   if (b.size() < kBlobHeader) {
     throw CheckpointError(path + ": truncated checkpoint file (" + std::to_string(b.size()) +
                           " bytes, the header alone is " + std::to_string(kBlobHeader) + ")");
@@ -198,6 +202,62 @@ std::vector<uint8_t> load_blob(const std::string& path, BlobKind kind) {
     throw CheckpointError(path + ": corrupted checkpoint file: payload checksum mismatch");
   }
   return {b.begin() + kBlobHeader, b.end()};
+}
+
+std::vector<std::string> checkpoint_folders(const std::string& ckpt_root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt_root, ec)) {
+    const std::string f = e.path().filename().string();
+    if (e.is_directory(ec) && checkpoint_step(f) >= 0) out.push_back(f);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string run_contents(const std::string& ckpt_root, const std::string& metrics) {
+  std::vector<std::string> held;
+  const auto dirs = checkpoint_folders(ckpt_root);
+  std::error_code ec;
+  if (!dirs.empty()) {
+    held.push_back("checkpoints (" + dirs.front() +
+                   (dirs.size() > 1 ? " to " + dirs.back() : std::string()) + ")");
+  } else if (std::filesystem::exists(std::filesystem::path(ckpt_root) / "latest", ec)) {
+    held.push_back("checkpoints/latest");
+  }
+  if (std::filesystem::exists(metrics, ec) && std::filesystem::file_size(metrics, ec) > 0) {
+    held.push_back("metrics (" + std::filesystem::path(metrics).filename().string() + ")");
+  }
+  std::string out;
+  for (const auto& h : held) out += (out.empty() ? "" : " and ") + h;
+  return out;
+}
+
+std::string checkpoint_to_resume(const std::string& ckpt_root, bool* newest) {
+  *newest = false;
+  const auto latest = std::filesystem::path(ckpt_root) / "latest";
+  std::error_code ec;
+  if (std::filesystem::exists(latest, ec)) {
+    const auto b = read_all(latest.string(), "latest file");
+    std::string name(b.begin(), b.end());
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) {
+      name.pop_back();
+    }
+    return name.empty() ? "?" : name;  // the loader refuses a name that is no checkpoint
+  }
+  const auto dirs = checkpoint_folders(ckpt_root);
+  if (dirs.empty()) return "";
+  *newest = true;
+  return dirs.back();
+}
+
+int64_t checkpoint_step(const std::string& name) {
+  constexpr size_t kPrefix = 5;  // "step_"
+  if (name.size() <= kPrefix || name.size() > kPrefix + 18 || name.rfind("step_", 0) != 0 ||
+      name.find_first_not_of("0123456789", kPrefix) != std::string::npos) {
+    return -1;
+  }
+  return std::stoll(name.substr(kPrefix));
 }
 
 }  // namespace loom::trainer

@@ -5,8 +5,9 @@
 //    raw data;
 //  - blobs (optimizer state, trainer state): magic "LOOMCKPT", uint32 version 1, uint32
 //    kind, uint64 payload bytes, uint64 FNV-1a 64 of the payload, then the payload.
-// Every file is written to FILE.tmp and renamed into place. Readers throw CheckpointError
-// naming the file and what is wrong (truncated, corrupted, shape mismatch...).
+// Every file is written to FILE.tmp, fsynced and renamed into place (durable_file.hpp). Readers
+// throw CheckpointError naming the file and what is wrong (truncated, corrupted, shape
+// mismatch...).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "durable_file.hpp"
 #include "model.hpp"
 
 namespace loom::trainer {
@@ -23,8 +25,6 @@ class CheckpointError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-void write_file_atomic(const std::string& path, const void* data, size_t bytes);
 
 void save_safetensors(const std::string& path, const std::vector<ParamTensor>& params,
                       const std::map<std::string, std::string>& metadata = {});
@@ -43,5 +43,23 @@ enum class BlobKind : uint32_t {
 };
 void save_blob(const std::string& path, BlobKind kind, const std::vector<uint8_t>& payload);
 std::vector<uint8_t> load_blob(const std::string& path, BlobKind kind);
+// load_blob's checks on bytes already read (`path` names them in errors).
+std::vector<uint8_t> parse_blob(const std::vector<uint8_t>& bytes, BlobKind kind,
+                                const std::string& path);
+
+// ---- the run folder's checkpoints/ (docs/trainer.md, "Checkpoints")
+
+// The complete checkpoint folders in `ckpt_root` (step_N; a step_N.tmp is still being
+// written), oldest first.
+std::vector<std::string> checkpoint_folders(const std::string& ckpt_root);
+// What a run folder holds that starting over would delete, for the overwrite guard ("" when
+// nothing): its checkpoint folders or `latest`, and a non-empty metrics file.
+std::string run_contents(const std::string& ckpt_root, const std::string& metrics);
+// The checkpoint folder a resume continues from: the one `latest` names, or, when `latest` is
+// missing (a run stopped between renaming a checkpoint into place and naming it), the newest
+// complete one (*newest set); "" when there is none.
+std::string checkpoint_to_resume(const std::string& ckpt_root, bool* newest);
+// N of a folder named step_N (digits only), or -1.
+int64_t checkpoint_step(const std::string& name);
 
 }  // namespace loom::trainer

@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
     size_t moe_experts = 0;
     for (size_t r = 0; r < runs.size(); ++r) {
       const fs::path m = fs::path(runs[r]) / "metrics.jsonl";
+      // A folder opens as a stream but fails on the first read with an error that names no
+      // path; say which path is wrong instead.
+      if (fs::is_directory(m, ec))
+        throw std::runtime_error(m.string() + ": is a folder, not a file");
       std::ifstream in(m);
       if (!in) throw std::runtime_error(m.string() + ": cannot open (is it a run directory?)");
       std::ofstream tr(tmp / ("train" + std::to_string(r) + ".dat"));
@@ -90,12 +94,20 @@ int main(int argc, char** argv) {
       std::string line;
       size_t n = 0, lineno = 0;
       int64_t first_seq_len = -1;
+      // A run killed mid-write leaves a torn line (often the last); plot the rest and name
+      // each skipped line, the first few of them, so a long damaged file stays readable.
+      constexpr size_t kTornShown = 10;
+      size_t torn = 0;
       while (std::getline(in, line)) {
         ++lineno;
         if (line.empty()) continue;
         auto j = nlohmann::json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.is_object()) {
-          throw std::runtime_error(m.string() + ":" + std::to_string(lineno) + ": not JSON");
+          if (++torn <= kTornShown) {
+            std::cerr << "loom plot: warning: " << m.string() << ":" << lineno
+                      << ": not JSON, skipped\n";
+          }
+          continue;
         }
         const std::string type = j.value("type", "");
         if (type == "train") {
@@ -143,6 +155,10 @@ int main(int argc, char** argv) {
         } else if (type == "eval") {
           ev << j.value("step", 0) << " " << j.value("eval_loss", 0.0) << "\n";
         }
+      }
+      if (torn > kTornShown) {
+        std::cerr << "loom plot: warning: " << m.string() << ": " << torn - kTornShown
+                  << " more lines not JSON, skipped\n";
       }
       if (n == 0) throw std::runtime_error(m.string() + ": no train records");
       // The y range: from the lowest loss to a little above the loss a tenth into the run,

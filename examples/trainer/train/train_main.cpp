@@ -25,6 +25,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -39,6 +40,7 @@
 #include "model.hpp"
 #include "moe_layer.hpp"
 #include "quantization.hpp"
+#include "trainer_state.hpp"
 
 namespace fs = std::filesystem;
 using namespace loom::trainer;
@@ -49,6 +51,24 @@ class TrainError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// A failure every rank learned of together (Trainer::on_every_rank, or a config error, the
+// same on each): each rank exits normally, nobody being left to wait for a peer.
+class AgreedError : public TrainError {
+ public:
+  using TrainError::TrainError;
+};
+
+// The ranks of this job (the comm's, else the launcher's): a failure that is not agreed ends
+// a job of more than one rank with loom_abort_job, so no rank waits on a failed peer.
+int g_job_ranks = 0;
+int launcher_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && std::atoi(s) > 1) return std::atoi(s);
+  }
+  return 1;
+}
 
 void check_loom(int32_t rc, const std::string& what) {
   if (rc != LOOM_OK) throw TrainError(what + ": " + loom_last_error());
@@ -117,6 +137,24 @@ struct Comm {
   }
   void barrier() {
     if (size > 1) check(vt->barrier(obj, nullptr), "barrier");
+  }
+  // Every rank's `text` (cut to 2 KiB), in rank order.
+  std::vector<std::string> gather_text(const std::string& text) {
+    if (size == 1) return {text};
+    constexpr size_t kMax = 2048;
+    std::vector<char> mine(kMax, '\0'), all(kMax * static_cast<size_t>(size));
+    std::memcpy(mine.data(), text.data(), std::min(text.size(), kMax - 1));
+    int64_t s1[1] = {static_cast<int64_t>(kMax)}, s2[1] = {static_cast<int64_t>(all.size())};
+    DLTensor send = tensor(mine.data(), s1, kDLUInt, 8);
+    DLTensor recv = tensor(all.data(), s2, kDLUInt, 8);
+    loom_allgather_args a{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, nullptr};
+    check(vt->allgather(obj, &a), "allgather");
+    std::vector<std::string> out;
+    for (int r = 0; r < size; ++r) {
+      const char* p = all.data() + static_cast<size_t>(r) * kMax;
+      out.emplace_back(p, strnlen(p, kMax));
+    }
+    return out;
   }
 };
 
@@ -678,105 +716,6 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
-template <class T>
-void put(std::vector<uint8_t>& b, const T& v) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  b.insert(b.end(), p, p + sizeof(T));
-}
-template <class T>
-T take(const std::vector<uint8_t>& b, size_t& off, const std::string& file) {
-  if (off + sizeof(T) > b.size()) throw CheckpointError(file + ": truncated trainer state");
-  T v;
-  std::memcpy(&v, b.data() + off, sizeof(T));
-  off += sizeof(T);
-  return v;
-}
-
-// What a checkpoint holds besides the weights and the optimizer state (rank-local).
-struct TrainerState {
-  int64_t step = 0;
-  uint64_t seed = 0;
-  int32_t world = 1;
-  uint64_t tokens_seen = 0;
-  uint64_t grad_bytes_sent = 0, grad_bytes_received = 0, grad_rounds = 0;
-  uint64_t uncompressed_bytes = 0;
-  double elapsed_s = 0;
-  // This rank's train-loss sum over the steps since the last metrics line, so the first line
-  // after a resume averages the same steps as without the interruption.
-  double loss_acc = 0;
-  int64_t acc_steps = 0;
-  // Steps the optimizer skipped for a non-finite gradient (found_inf), over the whole run.
-  uint64_t skipped_steps = 0;
-  // Tokens consumed when the lr warmup ended (lr_unit = "tokens" decays from there).
-  uint64_t warmup_tokens = 0;
-  // Layer tokens (the sum over layers of the tokens each processed) consumed so far, and
-  // when the warmup ended (lr_unit = "layer_tokens").
-  uint64_t layer_tokens = 0;
-  uint64_t warmup_layer_tokens = 0;
-  bool has_layer_tokens = true;  // false: read from a file before LTS5 (not encoded)
-};
-// "LTS5"; "LTS4" (still read: its layer tokens are taken as layers x tokens, since no run
-// routed then) lacked the layer tokens, "LTS3" (still
-// read, as warmup_tokens 0) warmup_tokens, "LTS2" (still read, as 0 skipped steps)
-// skipped_steps, "LTS1" the loss sums.
-constexpr uint32_t kTrainerStateMagic = 0x4c545335;
-constexpr uint32_t kTrainerStateMagicV4 = 0x4c545334;
-constexpr uint32_t kTrainerStateMagicV3 = 0x4c545333;
-constexpr uint32_t kTrainerStateMagicV2 = 0x4c545332;
-
-std::vector<uint8_t> encode(const TrainerState& s) {
-  std::vector<uint8_t> b;
-  put(b, kTrainerStateMagic);
-  put(b, s.step);
-  put(b, s.seed);
-  put(b, s.world);
-  put(b, s.tokens_seen);
-  put(b, s.grad_bytes_sent);
-  put(b, s.grad_bytes_received);
-  put(b, s.grad_rounds);
-  put(b, s.uncompressed_bytes);
-  put(b, s.elapsed_s);
-  put(b, s.loss_acc);
-  put(b, s.acc_steps);
-  put(b, s.skipped_steps);
-  put(b, s.warmup_tokens);
-  put(b, s.layer_tokens);
-  put(b, s.warmup_layer_tokens);
-  return b;
-}
-TrainerState decode(const std::vector<uint8_t>& b, const std::string& file) {
-  size_t o = 0;
-  const auto magic = take<uint32_t>(b, o, file);
-  if (magic != kTrainerStateMagic && magic != kTrainerStateMagicV4 &&
-      magic != kTrainerStateMagicV3 && magic != kTrainerStateMagicV2) {
-    throw CheckpointError(file + ": not a trainer state of this version of loom-train");
-  }
-  TrainerState s;
-  s.step = take<int64_t>(b, o, file);
-  s.seed = take<uint64_t>(b, o, file);
-  s.world = take<int32_t>(b, o, file);
-  s.tokens_seen = take<uint64_t>(b, o, file);
-  s.grad_bytes_sent = take<uint64_t>(b, o, file);
-  s.grad_bytes_received = take<uint64_t>(b, o, file);
-  s.grad_rounds = take<uint64_t>(b, o, file);
-  s.uncompressed_bytes = take<uint64_t>(b, o, file);
-  s.elapsed_s = take<double>(b, o, file);
-  s.loss_acc = take<double>(b, o, file);
-  s.acc_steps = take<int64_t>(b, o, file);
-  if (magic != kTrainerStateMagicV2) s.skipped_steps = take<uint64_t>(b, o, file);
-  if (magic == kTrainerStateMagic || magic == kTrainerStateMagicV4) {
-    s.warmup_tokens = take<uint64_t>(b, o, file);
-  }
-  if (magic == kTrainerStateMagic) {
-    s.layer_tokens = take<uint64_t>(b, o, file);
-    s.warmup_layer_tokens = take<uint64_t>(b, o, file);
-  } else {
-    s.has_layer_tokens = false;
-  }
-  if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the trainer state");
-  return s;
-}
-
 // Checks the config against its dataset (and takes the vocabulary size from it when the config
 // leaves it 0). Throws ConfigError or DataError.
 void fit_to_dataset(TrainConfig& c, const Dataset& ds) {
@@ -858,6 +797,29 @@ class Trainer {
 
  private:
   using clk = std::chrono::steady_clock;
+
+  // Runs `work` here, then learns every rank's outcome (one allgather): when any rank failed,
+  // every rank throws AgreedError with that rank's message, so a local failure (a full disk,
+  // an unreadable file) ends every rank at once rather than leaving the others to wait out
+  // the comm's timeout in the next collective.
+  template <class Work>
+  void on_every_rank(Work&& work) {
+    std::string error;
+    try {
+      work();
+    } catch (const ConfigError& e) {
+      for (const auto& line : e.errors()) error += (error.empty() ? "" : "\n") + line;
+    } catch (const std::exception& e) {
+      error = *e.what() != '\0' ? e.what() : "failed";
+    }
+    const auto all = comm_.gather_text(error);
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].empty()) continue;
+      throw AgreedError(static_cast<int>(r) == rank_ || all.size() == 1
+                            ? all[r]
+                            : "rank " + std::to_string(r) + ": " + all[r]);
+    }
+  }
 
   bool tokens_done() const {
     return (c_.train_tokens > 0 && st_.tokens_seen >= static_cast<uint64_t>(c_.train_tokens)) ||
@@ -976,6 +938,7 @@ class Trainer {
     rank_ = comm_.rank;
     world_ = comm_.size;
     root_ = rank_ == 0;
+    g_job_ranks = world_;
     if (c_.batch_size % world_ != 0) {
       throw ConfigError(c_.config_path + ": [train] batch_size " + std::to_string(c_.batch_size) +
                         " is not divisible by the " + std::to_string(world_) + " ranks");
@@ -1154,7 +1117,7 @@ class Trainer {
                           {"mse_after", r.mse_after},
                           {"lkd_steps", c_.lkd_steps}};
       lkd_log_.push_back(j);
-      if (metrics_.is_open()) metrics_ << j.dump() << "\n";
+      if (metrics_.is_open()) metrics_.append(j.dump());
     }
     std::printf("lkd: %d blocks in %.1f s\n", c_.model.layers, secs);
     std::fflush(stdout);
@@ -1300,52 +1263,97 @@ class Trainer {
     flat_.assign(contiguous_ ? 0 : numel_, 0.0f);
   }
 
-  // Run directory and resume: refuses to overwrite checkpoints unless --resume or --fresh.
+  // Run directory and resume: refuses to start over a run's checkpoints or metrics unless
+  // --resume or --fresh.
   void resume_or_start() {
     run_dir_ = c_.run_dir;
     ckpt_root_ = run_dir_ / "checkpoints";
     metrics_path_ = run_dir_ / "metrics.jsonl";
     latest_file_ = ckpt_root_ / "latest";
-    std::error_code ec;
-    fs::create_directories(ckpt_root_, ec);
-    if (ec) throw TrainError(ckpt_root_.string() + ": cannot create: " + ec.message());
     st_.seed = c_.seed;
     st_.world = world_;
-    const bool has_ckpt = fs::exists(latest_file_);
-    if (has_ckpt && !args_.resume && !args_.fresh) {
-      std::string name = read_text(latest_file_);
-      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back())))
-        name.pop_back();
-      throw TrainError(run_dir_.string() + " already holds checkpoints (latest: " + name +
-                       "); pass --resume to continue or --fresh to start over");
-    }
-    comm_.barrier();  // every rank has looked before anyone deletes
-    if (args_.fresh || !has_ckpt) {
-      if (root_) {
+    on_every_rank([&] {
+      std::error_code ec;
+      fs::create_directories(ckpt_root_, ec);
+      if (ec) throw TrainError(ckpt_root_.string() + ": cannot create: " + ec.message());
+    });
+    check_shared_run_dir();
+    std::string from;  // the checkpoint folder to resume from ("": start at step 1)
+    on_every_rank([&] {
+      const std::string held = run_contents(ckpt_root_, metrics_path_);
+      if (!held.empty() && !args_.resume && !args_.fresh) {
+        throw TrainError(run_dir_.string() + " already holds " + held +
+                         "; pass --resume to continue or --fresh to start over");
+      }
+      if (args_.fresh) return;
+      bool newest = false;
+      from = checkpoint_to_resume(ckpt_root_, &newest);
+      if (newest && root_) {
+        std::cerr << "loom train: " << latest_file_.string()
+                  << " is missing; resuming from the newest complete checkpoint, " << from << "\n";
+      }
+    });
+    if (from.empty()) {
+      on_every_rank([&] {
+        if (!root_) return;
+        std::error_code ec;
         fs::remove_all(ckpt_root_, ec);
         fs::create_directories(ckpt_root_, ec);
+        if (ec) throw TrainError(ckpt_root_.string() + ": cannot create: " + ec.message());
         fs::remove(metrics_path_, ec);
+        sync_folder(run_dir_.string());
+      });
+      if (root_ && args_.resume) {
+        std::cerr << "loom train: no checkpoint in " << ckpt_root_.string()
+                  << " to resume from; starting at step 1\n";
       }
     } else {
-      load_checkpoint();
+      on_every_rank([&] { load_checkpoint(from); });
     }
-    comm_.barrier();
     loss_acc_ = st_.loss_acc;  // see TrainerState
     acc_steps_ = st_.acc_steps;
   }
 
-  // Restores the checkpoint `latest` names: trainer state, model, optimizer state.
-  void load_checkpoint() {
-    std::string name = read_text(latest_file_);
-    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  // Every rank reads the checkpoints of its own rank from the run folder, which rank 0
+  // manages: a folder that is not shared (node-local disks) would fail later, with a
+  // confusing error, or mix runs. Rank 0 writes a token file the others must read back.
+  void check_shared_run_dir() {
+    if (world_ == 1) return;
+    const fs::path probe = ckpt_root_ / ".shared";
+    uint64_t token = 0;
+    if (root_) {
+      token = (static_cast<uint64_t>(std::random_device{}()) << 20 ^
+               static_cast<uint64_t>(clk::now().time_since_epoch().count())) &
+              ((uint64_t{1} << 52) - 1);  // exact in a double
+    }
+    on_every_rank([&] {
+      if (!root_) return;
+      const std::string text = std::to_string(token);
+      write_file_atomic(probe.string(), text.data(), text.size());
+    });
+    token = static_cast<uint64_t>(comm_.sum({static_cast<double>(token)})[0]);
+    on_every_rank([&] {
+      std::error_code ec;
+      if (!fs::exists(probe, ec) || read_text(probe) != std::to_string(token)) {
+        throw TrainError(
+            "cannot see " + probe.string() +
+            ", which rank 0 has just written: checkpoints need a run folder that every rank "
+            "shares (a shared file system, mounted at the same path on every host)");
+      }
+    });
+  }
+
+  // Restores the checkpoint in folder `name`: trainer state, model, optimizer state.
+  void load_checkpoint(const std::string& name) {
     const fs::path dir = ckpt_root_ / name;
-    if (name.rfind("step_", 0) != 0 || !fs::is_directory(dir)) {
+    const int64_t folder_step = checkpoint_step(name);
+    if (folder_step < 0 || !fs::is_directory(dir)) {
       throw CheckpointError(latest_file_.string() + ": names '" + name +
                             "', which is not a checkpoint directory");
     }
     const std::string rs = "rank" + std::to_string(rank_);
     const std::string tfile = (dir / ("trainer." + rs + ".bin")).string();
-    st_ = decode(load_blob(tfile, BlobKind::kTrainer), tfile);
+    st_ = decode_trainer_state(load_blob(tfile, BlobKind::kTrainer), tfile);
     if (st_.world != world_) {
       throw CheckpointError(dir.string() + ": written by " + std::to_string(st_.world) +
                             " ranks; resume with the same number of ranks (now " +
@@ -1358,6 +1366,11 @@ class Trainer {
       st_.warmup_layer_tokens = st_.warmup_tokens * static_cast<uint64_t>(c_.model.layers);
       st_.has_layer_tokens = true;
     }
+    TrainerStateLimits limits;
+    limits.folder_step = folder_step;
+    limits.max_step_tokens = static_cast<uint64_t>(c_.batch_size) * c_.seq_len;
+    limits.layers = static_cast<uint64_t>(std::max(1, c_.model.layers));
+    check_trainer_state(st_, limits, tfile);
     // The [moe] state first: a config without the layers would otherwise meet their weights.
     const std::string mfile = (dir / ("moe." + rs + ".bin")).string();
     if (!moe_.empty()) {
@@ -1436,8 +1449,7 @@ class Trainer {
 
   void open_metrics() {
     if (root_) {
-      metrics_.open(metrics_path_, std::ios::app);
-      if (!metrics_) throw TrainError(metrics_path_.string() + ": cannot open for writing");
+      metrics_.open(metrics_path_.string());
     }
   }
 
@@ -1783,7 +1795,7 @@ class Trainer {
       if (cur_.sampler != nullptr) {
         j["difficulty"] = std::isfinite(r.difficulty) ? nlohmann::json(r.difficulty) : nullptr;
       }
-      metrics_ << j.dump() << "\n" << std::flush;
+      metrics_.append(j.dump());
       double eta = (elapsed - elapsed_before_) / static_cast<double>(step - st_.step) *
                    static_cast<double>(c_.steps - step);
       if (c_.train_tokens > 0 && st_.tokens_seen > start_tokens_) {  // the budget may end first
@@ -1865,7 +1877,7 @@ class Trainer {
                           {"step", step},
                           {"eval_loss", last_eval_},
                           {"eval_ppl", std::exp(last_eval_)}};
-      metrics_ << j.dump() << "\n" << std::flush;
+      metrics_.append(j.dump());
       if (tty_) std::cout << "\n";
       std::printf("eval step %lld: loss %.4f, perplexity %.2f\n", static_cast<long long>(step),
                   last_eval_, std::exp(last_eval_));
@@ -1879,15 +1891,44 @@ class Trainer {
   // two are kept. The optimizer's state is exported once (size query, then the copy from
   // the same serialisation).
   void save_checkpoint(int64_t step) {
-    std::error_code ec;
     const fs::path tmp = ckpt_root_ / (step_dir_name(step) + ".tmp");
     const fs::path dir = ckpt_root_ / step_dir_name(step);
-    if (root_) {
+    on_every_rank([&] {
+      if (!root_) return;
+      std::error_code ec;
       fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
       if (ec) throw CheckpointError(tmp.string() + ": cannot create: " + ec.message());
-    }
-    comm_.barrier();
+    });
+    on_every_rank([&] { write_checkpoint_files(tmp, step); });
+    // Complete on every rank: rank 0 names it. The folder's entries are synced before the
+    // rename and the rename before `latest` names it, so `latest` never names a folder a
+    // power loss could empty.
+    on_every_rank([&] {
+      if (!root_) return;
+      std::error_code ec;
+      sync_folder(tmp.string());
+      fs::remove_all(dir, ec);
+      fs::rename(tmp, dir, ec);
+      if (ec) throw CheckpointError(dir.string() + ": cannot rename into place: " + ec.message());
+      sync_folder(ckpt_root_.string());
+      const std::string name = step_dir_name(step) + "\n";
+      write_file_atomic(latest_file_.string(), name.data(), name.size());
+      // Keep the last two checkpoints.
+      std::vector<fs::path> old;
+      for (const auto& e : fs::directory_iterator(ckpt_root_, ec)) {
+        const auto f = e.path().filename().string();
+        if (e.is_directory() && f.rfind("step_", 0) == 0 && f.find(".tmp") == std::string::npos &&
+            f < step_dir_name(step))
+          old.push_back(e.path());
+      }
+      std::sort(old.begin(), old.end());
+      for (size_t i = 0; i + 1 < old.size(); ++i) fs::remove_all(old[i], ec);
+    });
+  }
+
+  // This rank's files of the checkpoint of `step`, in the folder `tmp`.
+  void write_checkpoint_files(const fs::path& tmp, int64_t step) {
     const std::string rs = "rank" + std::to_string(rank_);
     save_safetensors((tmp / ("model." + rs + ".safetensors")).string(), model_->parameters(),
                      {{"step", std::to_string(step)}});
@@ -1928,26 +1969,8 @@ class Trainer {
     s.grad_rounds = comm_.grad_rounds;
     s.loss_acc = loss_acc_;
     s.acc_steps = acc_steps_;
-    save_blob((tmp / ("trainer." + rs + ".bin")).string(), BlobKind::kTrainer, encode(s));
-    comm_.barrier();
-    if (root_) {
-      fs::remove_all(dir, ec);
-      fs::rename(tmp, dir, ec);
-      if (ec) throw CheckpointError(dir.string() + ": cannot rename into place: " + ec.message());
-      const std::string name = step_dir_name(step) + "\n";
-      write_file_atomic(latest_file_.string(), name.data(), name.size());
-      // Keep the last two checkpoints.
-      std::vector<fs::path> old;
-      for (const auto& e : fs::directory_iterator(ckpt_root_, ec)) {
-        const auto f = e.path().filename().string();
-        if (e.is_directory() && f.rfind("step_", 0) == 0 && f.find(".tmp") == std::string::npos &&
-            f < step_dir_name(step))
-          old.push_back(e.path());
-      }
-      std::sort(old.begin(), old.end());
-      for (size_t i = 0; i + 1 < old.size(); ++i) fs::remove_all(old[i], ec);
-    }
-    comm_.barrier();
+    save_blob((tmp / ("trainer." + rs + ".bin")).string(), BlobKind::kTrainer,
+              encode_trainer_state(s));
   }
 
   // The [moe] trainer state: "LMO1", the aux-loss sum since the last metrics line (double),
@@ -2144,7 +2167,7 @@ class Trainer {
 
   fs::path run_dir_, ckpt_root_, metrics_path_, latest_file_;
   TrainerState st_;
-  std::ofstream metrics_;
+  AppendFile metrics_;
   double loss_acc_ = 0;  // see TrainerState
   int64_t acc_steps_ = 0;
   std::vector<int32_t> x_, y_;    // the batch (and eval windows)
@@ -2405,15 +2428,24 @@ int main(int argc, char** argv) {
       ->type_name("DIRS");
   if (const int rc = loom_cli::parse(app, argc, argv, true); rc >= 0) return rc;
   try {
-    if (a.check) return check(a);
-    return run(a);
-  } catch (const ConfigError& e) {
+    const int rc = a.check ? check(a) : run(a);
+    loom::trainer::mark_clean_exit();
+    return rc;
+  } catch (const ConfigError& e) {  // the same on every rank: each exits by itself
     std::cout << std::flush;
     for (const auto& line : e.errors()) std::cerr << "loom train: error: " << line << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cout << std::flush;
-    std::cerr << "loom train: error: " << e.what() << std::endl;
+    std::istringstream lines(e.what());
+    for (std::string line; std::getline(lines, line);) {
+      std::cerr << "loom train: error: " << line << "\n";
+    }
+    std::cerr << std::flush;
+    // A failure this rank alone saw (a peer that died or stopped, a plugin error): end the
+    // job, or the other ranks would wait for this one, and MPI's exit handler for them.
+    const bool agreed = dynamic_cast<const AgreedError*>(&e) != nullptr;
+    if (!agreed && std::max(g_job_ranks, launcher_ranks()) > 1) loom_abort_job(2);
     return 2;
   }
 }

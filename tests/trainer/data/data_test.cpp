@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,132 @@ TEST(Tokenizer, SavesAndLoads) {
     EXPECT_NE(std::string(e.what()).find("not yet defined"), std::string::npos) << e.what();
   }
   EXPECT_THROW(Tokenizer::load((dir / "missing.json").string()), DataError);
+}
+
+// A folder where a file belongs is named as such (it opens like a file, then fails to read
+// with an error that names no path, or reads as a truncated dataset).
+TEST(Tokenizer, AndDatasetRefuseAFolderByName) {
+  const auto dir = temp_dir() / "a-folder.bin";
+  fs::create_directories(dir);
+  try {
+    Tokenizer::load(dir.string());
+    FAIL() << "expected a DataError";
+  } catch (const DataError& e) {
+    EXPECT_EQ(std::string(e.what()), dir.string() + ": is a folder, not a file");
+  }
+  EXPECT_EQ(open_error(dir), dir.string() + ": is a folder, not a file");
+  // Through a symlink to a folder too.
+  const auto link = temp_dir() / "link.bin";
+  fs::remove(link);
+  fs::create_directory_symlink(dir, link);
+  EXPECT_EQ(open_error(link), link.string() + ": is a folder, not a file");
+}
+
+// Writes `json` as a tokenizer file and loads it: the DataError's message, "" when it loads.
+// Any other exception (nlohmann's type_error, say) escapes and fails the test.
+std::string tokenizer_error(const fs::path& p, const std::string& json) {
+  write(p, std::vector<char>(json.begin(), json.end()));
+  try {
+    Tokenizer::load(p.string());
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A field of the wrong JSON type is a DataError that names the file and the field (nlohmann's
+// accessors would throw a type_error that names neither).
+TEST(Tokenizer, LoadNamesTheFileAndTheFieldOfTheWrongType) {
+  const fs::path p = temp_dir() / "typed.tokenizer.json";
+  const std::string at = p.string() + ": ";
+  const std::string merges = R"("merges":[[97,98]])";
+  EXPECT_EQ(tokenizer_error(p, R"({"format":[]})"),
+            at + R"("format" is a JSON array, expected the string "loom-tokenizer")");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"gpt2","version":1,"vocab_size":256,"merges":[]})"),
+            at + R"("format" is "gpt2", expected "loom-tokenizer")");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":"1"})"),
+            at + R"("version" is a JSON string, expected an integer)");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":1.5})"),
+            at + R"("version" is a JSON number, expected an integer)");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":2})"),
+            at + R"("version" is 2; this build reads loom-tokenizer version 1)");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":1,"merges":{}})"),
+            at + R"("merges" is a JSON object, expected an array of [a, b] pairs)");
+  EXPECT_EQ(tokenizer_error(
+                p, R"({"format":"loom-tokenizer","version":1,"vocab_size":"257",)" + merges + "}"),
+            at + R"("vocab_size" is a JSON string, expected an integer)");
+  EXPECT_EQ(tokenizer_error(
+                p, R"({"format":"loom-tokenizer","version":1,"vocab_size":[],)" + merges + "}"),
+            at + R"("vocab_size" is a JSON array, expected an integer)");
+  EXPECT_EQ(tokenizer_error(
+                p, R"({"format":"loom-tokenizer","version":1,"vocab_size":300,)" + merges + "}"),
+            at + R"("vocab_size" is 300, but 1 merges make a vocabulary of 257)");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":1,"type":7,)" + merges +
+                                   R"(,"vocab_size":257})"),
+            at + R"("type" is a JSON number, expected the string "byte" or "bpe")");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":1,"type":"byte",)" + merges +
+                                   R"(,"vocab_size":257})"),
+            at + R"("type" is "byte", but 1 merges make a "bpe" tokenizer)");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","vocab_size":256,"merges":[]})"),
+            at + R"(not a loom-tokenizer file: it has no "version" field)");
+  // A merge index past uint32 that would wrap onto a defined token when narrowed to int.
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":1,"vocab_size":257,)"
+                               R"("merges":[[4294967393,97]]})"),
+            at + "merge 0 refers to a token not yet defined");
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":1,"vocab_size":257,)"
+                               R"("merges":[[97,"b"]]})"),
+            at + "merge 0 is not a pair of ints");
+  // What save() writes still loads.
+  EXPECT_EQ(tokenizer_error(p, R"({"format":"loom-tokenizer","version":1,"type":"bpe",)" + merges +
+                                   R"(,"vocab_size":257})"),
+            "");
+}
+
+// Merges that double a piece each time would ask for 2^k bytes after k merges: a piece is at
+// most 256 bytes, in a loaded file and in training, so every trained tokenizer loads.
+TEST(Tokenizer, PiecesAreAtMost256Bytes) {
+  const fs::path p = temp_dir() / "doubling.tokenizer.json";
+  const auto doubling = [](int n) {  // merge i joins token 255 + i with itself: 2^(i+1) bytes
+    std::string m = "[[97,97]";
+    for (int i = 1; i < n; ++i)
+      m += ",[" + std::to_string(255 + i) + "," + std::to_string(255 + i) + "]";
+    return R"({"format":"loom-tokenizer","version":1,"type":"bpe","vocab_size":)" +
+           std::to_string(256 + n) + R"(,"merges":)" + m + "]}";
+  };
+  EXPECT_EQ(tokenizer_error(p, doubling(8)), "");  // the last piece is 256 bytes
+  EXPECT_EQ(tokenizer_error(p, doubling(9)),
+            p.string() + ": merge 8 makes a piece of 512 bytes; at most 256 are allowed");
+  EXPECT_EQ(tokenizer_error(p, doubling(41)),
+            p.string() + ": merge 8 makes a piece of 512 bytes; at most 256 are allowed");
+  // Training on long repeated runs without whitespace stops each piece at 256 bytes.
+  const std::string run(3000, 'x');
+  Tokenizer t = Tokenizer::train_bpe({run + " " + run + "\n" + std::string(700, '-')}, 400);
+  size_t longest = 0;
+  for (int id = 256; id < t.vocab_size(); ++id) {
+    const uint16_t token = static_cast<uint16_t>(id);
+    longest = std::max(longest, t.decode(std::span<const uint16_t>(&token, 1)).size());
+  }
+  EXPECT_EQ(longest, 256u);
+  t.save(p.string());
+  EXPECT_EQ(Tokenizer::load(p.string()).merges(), t.merges());
+  const std::string text = run + "\t" + run;
+  EXPECT_EQ(t.decode(t.encode(text)), text);
+}
+
+// Tokens are uint16: at most 65280 merges (vocab 65536); the one after is named.
+TEST(Tokenizer, LoadRefusesMoreMergesThanUint16Tokens) {
+  const fs::path p = temp_dir() / "wide.tokenizer.json";
+  const auto file = [](int n) {
+    std::string m = "[97,98]";
+    for (int i = 1; i < n; ++i) m += ",[97,98]";
+    return R"({"format":"loom-tokenizer","version":1,"type":"bpe","vocab_size":)" +
+           std::to_string(256 + n) + R"(,"merges":[)" + m + "]}";
+  };
+  EXPECT_EQ(tokenizer_error(p, file(65280)), "");
+  EXPECT_EQ(tokenizer_error(p, file(65281)),
+            p.string() +
+                ": merge 65280 is one too many: tokens are uint16, so a tokenizer has at most "
+                "65280 merges (vocab 65536)");
 }
 
 TEST(Tokenizer, RejectsBadVocabSize) {

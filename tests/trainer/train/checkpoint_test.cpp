@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numbers>
 #include <string>
 #include <vector>
 
 #include "checkpoint.hpp"
 #include "config.hpp"
+#include "trainer_state.hpp"
 
 namespace fs = std::filesystem;
 using namespace loom::trainer;
@@ -111,6 +113,136 @@ TEST(Safetensors, RejectsTruncatedCorruptedAndMismatchedFiles) {
             }).find("not a parameter of this model"),
             std::string::npos);
   EXPECT_NE(error_of([&] { load_safetensors((dir / "none").string(), p.t); }).find("cannot open"),
+            std::string::npos);
+}
+
+// The checksum cannot be switched off: a header whose fnv1a64 key is renamed (same length,
+// so every offset still holds) and a flipped data byte is refused, not loaded unchecked.
+TEST(Safetensors, RefusesAFileWhoseChecksumKeyIsRenamed) {
+  const auto dir = temp_dir();
+  Params p;
+  save_safetensors((dir / "m.safetensors").string(), p.t);
+  auto b = read(dir / "m.safetensors");
+  std::string text(b.begin(), b.end());
+  const size_t at = text.find("\"fnv1a64\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 9, "\"fnv1a65\"");
+  text[text.size() - 1] = static_cast<char>(text.back() ^ 0x01);
+  write(dir / "renamed.safetensors", text);
+  Params q;
+  const std::string e =
+      error_of([&] { load_safetensors((dir / "renamed.safetensors").string(), q.t); });
+  EXPECT_NE(e.find("has no data checksum"), std::string::npos) << e;
+  EXPECT_EQ(q.b[1], 0.5f) << "nothing is loaded from a file without its checksum";
+}
+
+// A header entry of the wrong JSON type is a checkpoint error naming the file, not a JSON
+// library exception (found by fuzz.checkpoint).
+TEST(Safetensors, ADtypeThatIsNotAStringIsABadEntry) {
+  const auto dir = temp_dir();
+  Params p;
+  save_safetensors((dir / "m.safetensors").string(), p.t);
+  auto b = read(dir / "m.safetensors");
+  std::string text(b.begin(), b.end());
+  const size_t at = text.find("\"dtype\":\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 13, "\"dtype\":12345");  // the same length: every offset still holds
+  write(dir / "dtype.safetensors", text);
+  Params q;
+  const std::string e =
+      error_of([&] { load_safetensors((dir / "dtype.safetensors").string(), q.t); });
+  EXPECT_NE(e.find("dtype.safetensors: tensor 'h.0.w': bad entry"), std::string::npos) << e;
+}
+
+// Bytes toml++ 3.3 would reach undefined behaviour on (found by fuzz.config) are a parse error.
+TEST(Config, NonAsciiBytesOutsideStringsAreASyntaxError) {
+  const auto cfg = temp_dir() / "bytes.toml";
+  write(cfg, std::string("\xd1\x9d"));
+  const std::string e = error_of([&] { load_config(cfg.string()); });
+  EXPECT_NE(e.find(cfg.string()), std::string::npos) << e;
+}
+
+// A folder where a checkpoint file should be is named as such (not a stream error).
+TEST(Blob, AFolderInPlaceOfAFileIsNamed) {
+  const auto dir = temp_dir() / "a_folder.bin";
+  fs::create_directories(dir);
+  const std::string e = error_of([&] { load_blob(dir.string(), BlobKind::kOptimizer); });
+  EXPECT_NE(e.find(dir.string() + ": is a folder, not the checkpoint file"), std::string::npos)
+      << e;
+  Params p;
+  const std::string m = error_of([&] { load_safetensors(dir.string(), p.t); });
+  EXPECT_NE(m.find("is a folder"), std::string::npos) << m;
+}
+
+// Writes leave no partial file behind on failure and name the file and the reason.
+TEST(DurableFile, AFailedWriteNamesTheFileAndLeavesNothing) {
+  const auto dir = temp_dir() / "no_such_folder";
+  std::string e;
+  try {
+    write_file_atomic((dir / "x.bin").string(), "abc", 3);
+  } catch (const WriteError& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find((dir / "x.bin.tmp").string() + ": cannot create the file"), std::string::npos)
+      << e;
+  const auto ok = temp_dir() / "whole.bin";
+  write_file_atomic(ok.string(), "abc", 3);
+  EXPECT_EQ(read(ok), (std::vector<char>{'a', 'b', 'c'}));
+  EXPECT_FALSE(fs::exists(ok.string() + ".tmp"));
+}
+
+// An edited trainer state (its checksum recomputed, so only its values can tell) does not
+// resume: the operator's file claimed step 4294967316 in the folder of step 20.
+TEST(TrainerState, ValuesOutsideTheRunAreRefused) {
+  TrainerState s;
+  s.step = 20;
+  s.tokens_seen = 20 * 128;
+  s.layer_tokens = 2 * s.tokens_seen;
+  s.acc_steps = 5;
+  s.loss_acc = 12.5;
+  s.elapsed_s = 3;
+  s.warmup_tokens = 128 * 4;
+  s.warmup_layer_tokens = 2 * s.warmup_tokens;
+  const TrainerStateLimits limits{20, 128, 2};
+  const auto decoded = decode_trainer_state(encode_trainer_state(s), "t.bin");
+  EXPECT_NO_THROW(check_trainer_state(decoded, limits, "t.bin"));
+  auto expect = [&](TrainerState bad, const std::string& what) {
+    const std::string e = error_of([&] {
+      check_trainer_state(decode_trainer_state(encode_trainer_state(bad), "t.bin"), limits,
+                          "t.bin");
+    });
+    EXPECT_NE(e.find("t.bin: " + what), std::string::npos) << "expected '" << what << "' in " << e;
+  };
+  TrainerState bad = s;
+  bad.step = 4294967316;
+  expect(bad, "step 4294967316 in a checkpoint folder of step 20");
+  bad = s;
+  bad.tokens_seen = 21 * 128;
+  expect(bad, "2688 tokens seen in 20 steps of at most 128");
+  bad = s;
+  bad.layer_tokens = 3 * s.tokens_seen;
+  expect(bad, "7680 layer tokens for 2560 tokens and 2 layers");
+  bad = s;
+  bad.skipped_steps = 21;
+  expect(bad, "21 skipped steps in 20");
+  bad = s;
+  bad.acc_steps = -1;
+  expect(bad, "-1 steps since the last metrics line");
+  bad = s;
+  bad.loss_acc = -std::numeric_limits<double>::infinity();
+  expect(bad, "loss sum");
+  bad = s;
+  bad.elapsed_s = std::nan("");
+  expect(bad, "elapsed time");
+  bad = s;
+  bad.warmup_tokens = s.tokens_seen + 1;
+  expect(bad, "warmup ended at token 2561");
+  // A truncated state names the byte where it ends.
+  auto bytes = encode_trainer_state(s);
+  bytes.resize(30);
+  EXPECT_NE(error_of([&] {
+              (void)decode_trainer_state(bytes, "t.bin");
+            }).find("t.bin: truncated: a field at byte 24 runs past the end (30 bytes)"),
             std::string::npos);
 }
 

@@ -223,6 +223,61 @@ TEST_F(Programs, PlotWritesTheFormatItsNameSaysOrRefuses) {
   EXPECT_FALSE(fs::exists(dir_ / "nodir"));
 }
 
+// A run killed mid-write leaves a torn line: plot warns with file:line for each one and draws
+// the rest; a folder where metrics.jsonl should be is named as such.
+TEST_F(Programs, PlotSkipsTornLinesWithAWarning) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) GTEST_SKIP() << "no gnuplot";
+  fs::create_directories(dir_ / "run");
+  std::string m;
+  for (int i = 1; i <= 30; ++i) {
+    if (i == 23) {
+      m += "{\"type\":\"train\",\"step\":23,\"lo\n";  // torn in the middle
+      continue;
+    }
+    m += "{\"type\":\"train\",\"step\":" + std::to_string(i) +
+         ",\"loss\":" + std::to_string(6.0 - 0.1 * i) +
+         ",\"comm_bytes_sent\":0,\"uncompressed_bytes\":0}\n";
+  }
+  m += "{\"type\":\"eval\",\"st";  // torn at the end, no newline
+  write("run/metrics.jsonl", m);
+  auto r = run(LOOM_PLOT_EXE, "run -o t.svg");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  const auto l = lines(r.err);
+  ASSERT_EQ(l.size(), 2U) << r.err;
+  EXPECT_EQ(l[0], "loom plot: warning: run/metrics.jsonl:23: not JSON, skipped");
+  EXPECT_EQ(l[1], "loom plot: warning: run/metrics.jsonl:31: not JSON, skipped");
+  EXPECT_NE(slurp(dir_ / "t.svg").find("<svg"), std::string::npos);
+  // Many torn lines: the first ten are named, then a count, so the warnings stay short.
+  std::string many = m + "\n";
+  for (int i = 0; i < 14; ++i) many += "{\"type\":\n";
+  write("run/metrics.jsonl", many);
+  r = run(LOOM_PLOT_EXE, "run -o t.svg");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(lines(r.err).size(), 11U) << r.err;
+  EXPECT_EQ(lines(r.err)[9], "loom plot: warning: run/metrics.jsonl:39: not JSON, skipped");
+  EXPECT_EQ(lines(r.err)[10],
+            "loom plot: warning: run/metrics.jsonl: 6 more lines not JSON, skipped");
+  // Nothing but torn lines: nothing to plot, an error as for an empty file.
+  write("run/metrics.jsonl", "{\"type\":\"tr\n");
+  r = run(LOOM_PLOT_EXE, "run -o u.svg");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("run/metrics.jsonl:1: not JSON, skipped"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("loom plot: error: run/metrics.jsonl: no train records"), std::string::npos)
+      << r.err;
+  write("run/metrics.jsonl", "");
+  r = run(LOOM_PLOT_EXE, "run -o u.svg");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "loom plot: error: run/metrics.jsonl: no train records\n");
+  r = run(LOOM_PLOT_EXE, "missing -o u.svg");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("missing/metrics.jsonl: cannot open"), std::string::npos) << r.err;
+  fs::create_directories(dir_ / "odd" / "metrics.jsonl");
+  r = run(LOOM_PLOT_EXE, "odd -o u.svg");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err, "loom plot: error: odd/metrics.jsonl: is a folder, not a file\n");
+}
+
 // A run with a curriculum (difficulty, a seq_len that rises) gets two more panels beside the
 // loss; beside a run without one (constant seq_len, no difficulty) too.
 TEST_F(Programs, PlotDrawsDifficultyAndSeqLenPanelsWhenARunHasThem) {

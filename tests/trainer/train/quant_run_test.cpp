@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "corpus.hpp"
+#include "dataset.hpp"
 
 namespace fs = std::filesystem;
 
@@ -167,6 +170,53 @@ TEST_F(QuantRun, AQuantizedFileEvaluatesAsTheInMemoryQuantization) {
   EXPECT_NE(r.out.find("h.0.attn.qkv.w was quantized by [quantizer.q8], which the manifest lacks"),
             std::string::npos)
       << r.out;
+}
+
+// The file loom quantize wrote, damaged: a flipped code byte (its checksum no longer matches)
+// and a NaN scale with the checksum recomputed (what a broken writer leaves) each stop
+// --eval-only with the file named, the scale blamed on the file and its tensor, never on the
+// activations the NaN would have reached.
+TEST_F(QuantRun, ADamagedQuantizedFileIsRefusedNamingTheFile) {
+  const fs::path q8 = dir_ / "q8d.safetensors";
+  auto r = sh(std::string(LOOM_CLI_EXE) + " quantize " + (dir_ / "m.toml").string() + " " +
+              (dir_ / "runs/fp32/checkpoints/step_00000012/model.rank0.safetensors").string() +
+              " " + q8.string() + " --plugin-path " + LOOM_TEST_PLUGIN_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string good = slurp(q8);
+  uint64_t n = 0;
+  std::memcpy(&n, good.data(), 8);
+  const auto header = nlohmann::json::parse(good.substr(8, n));
+  const auto& scales = header["h.0.mlp.fc.w.qscale"]["data_offsets"];
+  const auto& codes = header["h.0.mlp.fc.w.qcodes"]["data_offsets"];
+  ASSERT_TRUE(header["__metadata__"].contains("loom.checksum")) << header.dump();
+  auto eval = [&](const std::string& bytes) {
+    std::ofstream(q8, std::ios::binary | std::ios::trunc) << bytes;
+    return train(config("e8d", ""), "--eval-only --weights " + q8.string());
+  };
+  std::string code = good;
+  code[8 + n + codes[0].get<size_t>() + 3] ^= 0x01;
+  r = eval(code);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(q8.string() + ": checksum mismatch"), std::string::npos) << r.out;
+  // The NaN goes into the second row's scale and the checksum is computed again, as
+  // docs/quantization.md defines it.
+  std::string nan = good;
+  const float v = std::nanf("");
+  std::memcpy(nan.data() + 8 + n + scales[0].get<size_t>() + 4, &v, 4);
+  const std::string key = R"("loom.checksum":"fnv1a64:)";
+  const size_t d = nan.find(key) + key.size();
+  nan.replace(d, 16, std::string(16, '0'));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(loom::trainer::fnv1a64(nan.data(), nan.size())));
+  nan.replace(d, 16, hex);
+  r = eval(nan);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(q8.string() + ": quantized tensor 'h.0.mlp.fc.w': scale [1, 0] is nan"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("] is nan ("), std::string::npos) << r.out;  // no activation blamed
+  EXPECT_EQ(r.out.find("x["), std::string::npos) << r.out;
 }
 
 TEST_F(QuantRun, QatWithDistillationRecordsItsTermsAndEvaluatesQuantized) {
