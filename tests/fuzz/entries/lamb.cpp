@@ -1,0 +1,4 @@
+// lamb, with its entry function renamed so that several plugins link into one fuzz
+// target (plugin_host.hpp makes their instances without dlopen).
+#define loom_plugin_entry_v1 loom_fuzz_entry_lamb
+#include "plugins/optimizers/lamb.cpp"

@@ -1,0 +1,5 @@
+// onebit_adam, with its entry function renamed so that several plugins link into one fuzz
+// target (plugin_host.hpp makes their instances without dlopen).
+#define LOOM_ONEBIT_VARIANT 0
+#define loom_plugin_entry_v1 loom_fuzz_entry_onebit_adam
+#include "plugins/optimizers/onebit_plugin.cpp"
