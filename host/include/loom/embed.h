@@ -169,8 +169,7 @@ LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path
  * or no file when there is none. For tools that load each file in a child process, so that
  * a plugin that crashes cannot take the tool down (`loom plugins` does). Free *json_out
  * with loom_free_string. */
-LOOM_API int32_t loom_list_plugin_files(const char* name, const char* plugin_path,
-                                        char** json_out);
+LOOM_API int32_t loom_list_plugin_files(const char* name, const char* plugin_path, char** json_out);
 LOOM_API void loom_free_string(char* s);
 
 /* ---- the process's thread pool: the one every plugin instance reaches through

@@ -613,8 +613,8 @@ void Writer::commit() {
   if (dfd < 0 || (::fsync(dfd) != 0 && errno != EINVAL)) {
     const std::string why = std::strerror(errno);
     if (dfd >= 0) ::close(dfd);
-    throw Error(LOOM_ERR_INTERNAL, folder + ": cannot sync the folder after writing " + path_ +
-                                       ": " + why);
+    throw Error(LOOM_ERR_INTERNAL,
+                folder + ": cannot sync the folder after writing " + path_ + ": " + why);
   }
   ::close(dfd);
 }
