@@ -305,3 +305,17 @@ def test_a_checkout_looks_in_its_own_build_before_the_prefix_rule():
     prefix = os.path.join(os.path.abspath(os.path.join(here, *([os.pardir] * 4))), "lib")
     assert build in dirs and prefix in dirs, dirs
     assert dirs.index(build) < dirs.index(prefix), dirs
+
+
+def test_abort_job_flushes_and_exits_with_the_status():
+    # A world of one: nothing to end but this process, its output flushed first; exit
+    # handlers do not run (an atexit hook would print).
+    code = ("import atexit, loom; atexit.register(lambda: print('atexit ran'));"
+            "print('before', flush=False); loom.abort_job(7)")
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_DIR))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 7, r.stderr
+    assert r.stdout == "before\n"
+    with pytest.raises(errors.InvalidArgumentError, match="0..255"):
+        loom.abort_job(300)

@@ -27,14 +27,14 @@ from .errors import (AbiMismatchError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError, LoomError,
                      NotFoundError, OutOfRangeError, ResourceExhaustedError, UnavailableError,
                      UnimplementedError)
-from .session import (Instance, Session, abi_version, describe_plugins, set_thread_count,
-                      thread_count, version)
+from .session import (Instance, Session, abi_version, abort_job, describe_plugins,
+                      set_thread_count, thread_count, version)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Session", "Instance", "Bootstrap", "version", "abi_version", "describe_plugins", "library_path",
-    "thread_count", "set_thread_count",
+    "thread_count", "set_thread_count", "abort_job",
     "from_deepspeed", "LibraryNotFoundError", "LoomError", "InvalidArgumentError",
     "NotFoundError", "OutOfRangeError", "UnimplementedError", "FailedPreconditionError",
     "UnavailableError", "DeadlineExceededError", "ResourceExhaustedError", "DataLossError",

@@ -139,6 +139,7 @@ def _declare(h) -> None:
     _fn(h, "loom_abi_minor", c.c_uint32, [])
     _fn(h, "loom_last_error", c.c_char_p, [])
     _fn(h, "loom_last_error_code", i32, [])
+    _fn(h, "loom_abort_job", None, [i32])
     _fn(h, "loom_open_file", i32, [c.c_char_p, c.POINTER(_abi.OpenOptions), c.POINTER(vp)])
     _fn(h, "loom_open_string", i32,
         [c.c_char_p, c.c_char_p, c.POINTER(_abi.OpenOptions), c.POINTER(vp)])

@@ -4,6 +4,7 @@ import ctypes
 import json
 import math
 import os
+import sys
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -117,6 +118,20 @@ def set_thread_count(threads: int) -> None:
     if not isinstance(threads, int) or threads < 0:
         raise InvalidArgumentError(f"threads must be an integer >= 0, not {threads!r}")
     check(lib().loom_set_thread_count(threads))
+
+
+def abort_job(status: int = 1) -> None:
+    """Ends this process and its job after an error only this rank saw (docs/embedding.md).
+
+    Under mpirun, MPI_Abort (the launcher ends every rank, a stopped one too); under the env
+    bootstrap, SIGKILL to the job's other processes on this host. Exit handlers are not run
+    (MPI's would wait for the other ranks). Never returns.
+    """
+    if not isinstance(status, int) or not 0 <= status <= 255:
+        raise InvalidArgumentError(f"status must be an integer in 0..255, not {status!r}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    lib().loom_abort_job(status)
 
 
 def describe_plugins(name: Optional[str] = None,
