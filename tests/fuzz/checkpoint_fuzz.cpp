@@ -1,7 +1,8 @@
 // libFuzzer target for the reference trainer's checkpoint files (examples/trainer/train):
 // the blob container every state file uses (parse_blob: optimizer, trainer, curriculum,
 // router and MoE state), the trainer state inside trainer.rankN.bin (decode_trainer_state,
-// then check_trainer_state against a run's limits), and the model weights
+// then check_trainer_state against a run's limits), the [moe] state inside moe.rankN.bin
+// (decode_moe_state), and the model weights
 // (load_safetensors, the trainer's own reader, from an in-memory file). The payloads of the
 // other blob kinds go to plugins: the optimizer_state and plugin_state targets cover those.
 //
@@ -13,7 +14,8 @@
 // Besides crashes and sanitizer reports, it checks:
 //  - every CheckpointError names the file;
 //  - an accepted blob's payload is the file after its 32-byte header;
-//  - a trainer state of the current layout encodes back to the same bytes.
+//  - a trainer state of the current layout, and an accepted [moe] state, encode back to the
+//    same bytes.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -87,6 +89,20 @@ void trainer_state(const std::vector<uint8_t>& payload, const std::string& file)
   }
 }
 
+// The [moe] state: an accepted one encodes back to the same bytes.
+void moe_state(const std::vector<uint8_t>& payload, const std::string& file) {
+  loom::trainer::MoeState s;
+  try {
+    s = loom::trainer::decode_moe_state(payload, file);
+  } catch (const CheckpointError& e) {
+    check_named(e, file);
+    return;
+  }
+  if (loom::trainer::encode_moe_state(s) != payload) {
+    loom_fuzz::invariant_failed(kTarget, "decode then encode changes the [moe] state", file);
+  }
+}
+
 void blob(std::vector<uint8_t> b, BlobKind kind, bool fix) {
   if (fix && b.size() >= kBlobHeader) {
     store<uint64_t>(b, 16, b.size() - kBlobHeader);
@@ -105,6 +121,7 @@ void blob(std::vector<uint8_t> b, BlobKind kind, bool fix) {
     loom_fuzz::invariant_failed(kTarget, "accepted blob's payload", std::to_string(b.size()));
   }
   if (kind == BlobKind::kTrainer) trainer_state(payload, file);
+  if (kind == BlobKind::kMoe) moe_state(payload, file);
 }
 
 void weights(std::vector<uint8_t> b, bool fix) {
@@ -170,12 +187,15 @@ std::vector<loom_fuzz::Seed> seeds() {
   std::vector<uint8_t> lts2(lts5.begin(), lts5.end() - 32);
   store<uint32_t>(lts2, 0, 0x4c545332);
   add("trainer_state_lts2", 1, lts2);
+  loom::trainer::MoeState moe;
+  moe.aux_acc = 0.75;
+  moe.layers = {{1, 4, {0.5f, -0.25f, 0.0f, 1.0f}}, {3, 8, {}}};
   const std::pair<BlobKind, std::vector<uint8_t>> blobs[] = {
       {BlobKind::kTrainer, lts5},
       {BlobKind::kOptimizer, {1, 2, 3, 4, 5, 6, 7, 8}},
       {BlobKind::kCurriculum, {}},
       {BlobKind::kRouter, {9, 9, 9}},
-      {BlobKind::kMoe, {0x4c, 0x4d, 0x4f, 0x31, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      {BlobKind::kMoe, loom::trainer::encode_moe_state(moe)},
   };
   for (const auto& [kind, payload] : blobs) {
     const std::string path = (dir / "blob.bin").string();

@@ -1973,54 +1973,38 @@ class Trainer {
               encode_trainer_state(s));
   }
 
-  // The [moe] trainer state: "LMO1", the aux-loss sum since the last metrics line (double),
-  // the layer count (uint32), then per layer its index and expert count (int32 each) and
-  // the expert bias (float32 [E], or nothing, count 0, without aux-loss-free balancing).
-  static constexpr uint32_t kMoeStateMagic = 0x314f4d4c;
+  // The [moe] trainer state (trainer_state.hpp has its layout).
   std::vector<uint8_t> encode_moe() {
-    std::vector<uint8_t> b;
-    put(b, kMoeStateMagic);
-    put(b, aux_acc_);
-    put(b, static_cast<uint32_t>(moe_.size()));
+    MoeState s;
+    s.aux_acc = aux_acc_;
     for (size_t i = 0; i < moe_.size(); ++i) {
-      put(b, static_cast<int32_t>(c_.moe_layers[i]));
-      put(b, static_cast<int32_t>(moe_[i]->experts()));
-      const std::vector<float>& bias = moe_[i]->expert_bias();
-      put(b, static_cast<uint32_t>(bias.size()));
-      for (const float v : bias) put(b, v);
+      s.layers.push_back({c_.moe_layers[i], moe_[i]->experts(), moe_[i]->expert_bias()});
     }
-    return b;
+    return encode_moe_state(s);
   }
+  // Checks the file's layers against the config's before taking any of it.
   void decode_moe(const std::vector<uint8_t>& b, const std::string& file) {
-    size_t o = 0;
-    if (take<uint32_t>(b, o, file) != kMoeStateMagic) {
-      throw CheckpointError(file + ": not a [moe] state of this version of loom-train");
-    }
-    const auto acc = take<double>(b, o, file);
-    const auto n = take<uint32_t>(b, o, file);
-    if (n != moe_.size()) {
-      throw CheckpointError(file + ": holds " + std::to_string(n) + " MoE layers, the config " +
-                            std::to_string(moe_.size()) +
+    const MoeState s = decode_moe_state(b, file);
+    if (s.layers.size() != moe_.size()) {
+      throw CheckpointError(file + ": holds " + std::to_string(s.layers.size()) +
+                            " MoE layers, the config " + std::to_string(moe_.size()) +
                             "; resume with the config it was written with");
     }
     for (size_t i = 0; i < moe_.size(); ++i) {
-      const auto layer = take<int32_t>(b, o, file);
-      const auto experts = take<int32_t>(b, o, file);
-      const auto count = take<uint32_t>(b, o, file);
-      std::vector<float>& bias = moe_[i]->expert_bias();
-      if (layer != c_.moe_layers[i] || experts != moe_[i]->experts() || count != bias.size()) {
+      const MoeLayerState& l = s.layers[i];
+      const std::vector<float>& bias = moe_[i]->expert_bias();
+      if (l.layer != c_.moe_layers[i] || l.experts != moe_[i]->experts() ||
+          l.bias.size() != bias.size()) {
         throw CheckpointError(
-            file + ": MoE layer #" + std::to_string(i) + " is layer " + std::to_string(layer) +
-            " with " + std::to_string(experts) + " experts (" + std::to_string(count) +
+            file + ": MoE layer #" + std::to_string(i) + " is layer " + std::to_string(l.layer) +
+            " with " + std::to_string(l.experts) + " experts (" + std::to_string(l.bias.size()) +
             " biases), the config's layer " + std::to_string(c_.moe_layers[i]) + " with " +
             std::to_string(moe_[i]->experts()) + " (" + std::to_string(bias.size()) +
-            "); resume with the config it was "
-            "written with");
+            "); resume with the config it was written with");
       }
-      for (float& v : bias) v = take<float>(b, o, file);
     }
-    if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the [moe] state");
-    aux_acc_ = acc;
+    for (size_t i = 0; i < moe_.size(); ++i) moe_[i]->expert_bias() = s.layers[i].bias;
+    aux_acc_ = s.aux_acc;
   }
 
   // The curriculum instances whose state a checkpoint holds, with their file stems.

@@ -15,6 +15,8 @@ constexpr uint32_t kTrainerStateMagicV4 = 0x4c545334;
 constexpr uint32_t kTrainerStateMagicV3 = 0x4c545333;
 constexpr uint32_t kTrainerStateMagicV2 = 0x4c545332;
 
+constexpr uint32_t kMoeStateMagic = 0x314f4d4c;  // "LMO1"
+
 }  // namespace
 
 std::vector<uint8_t> encode_trainer_state(const TrainerState& s) {
@@ -107,6 +109,51 @@ void check_trainer_state(const TrainerState& s, const TrainerStateLimits& limits
   // A loss sum is never negative (cross-entropy); NaN is kept: a NaN loss is a real outcome.
   if (s.loss_acc < 0 || std::isinf(s.loss_acc)) refuse("loss sum " + u(s.loss_acc));
   if (!(s.elapsed_s >= 0) || std::isinf(s.elapsed_s)) refuse("elapsed time " + u(s.elapsed_s));
+}
+
+std::vector<uint8_t> encode_moe_state(const MoeState& s) {
+  std::vector<uint8_t> b;
+  put(b, kMoeStateMagic);
+  put(b, s.aux_acc);
+  put(b, static_cast<uint32_t>(s.layers.size()));
+  for (const auto& l : s.layers) {
+    put(b, l.layer);
+    put(b, l.experts);
+    put(b, static_cast<uint32_t>(l.bias.size()));
+    for (const float v : l.bias) put(b, v);
+  }
+  return b;
+}
+
+MoeState decode_moe_state(const std::vector<uint8_t>& b, const std::string& file) {
+  size_t o = 0;
+  if (take<uint32_t>(b, o, file) != kMoeStateMagic) {
+    throw CheckpointError(file + ": not a [moe] state of this version of loom-train");
+  }
+  MoeState s;
+  s.aux_acc = take<double>(b, o, file);
+  const auto n = take<uint32_t>(b, o, file);
+  // Each layer takes at least 12 bytes: a count past what the buffer holds is damage, not a
+  // reason to reserve memory for it.
+  if (n > (b.size() - o) / 12) {
+    throw CheckpointError(file + ": says " + std::to_string(n) + " MoE layers in " +
+                          std::to_string(b.size()) + " bytes");
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    MoeLayerState l;
+    l.layer = take<int32_t>(b, o, file);
+    l.experts = take<int32_t>(b, o, file);
+    const auto count = take<uint32_t>(b, o, file);
+    if (count > (b.size() - o) / sizeof(float)) {
+      throw CheckpointError(file + ": MoE layer #" + std::to_string(i) + " says " +
+                            std::to_string(count) + " biases, more than the file holds");
+    }
+    l.bias.resize(count);
+    for (float& v : l.bias) v = take<float>(b, o, file);
+    s.layers.push_back(std::move(l));
+  }
+  if (o != b.size()) throw CheckpointError(file + ": trailing bytes in the [moe] state");
+  return s;
 }
 
 }  // namespace loom::trainer

@@ -69,4 +69,21 @@ TrainerState decode_trainer_state(const std::vector<uint8_t>& b, const std::stri
 void check_trainer_state(const TrainerState& s, const TrainerStateLimits& limits,
                          const std::string& file);
 
+// The [moe] layers' trainer state (moe.rankN.bin's payload): "LMO1", the aux-loss sum since
+// the last metrics line (f64), the layer count (u32), then per layer its index and expert
+// count (i32 each), the bias count (u32) and the biases (f32).
+struct MoeLayerState {
+  int32_t layer = 0;
+  int32_t experts = 0;
+  std::vector<float> bias;  // empty without aux-loss-free balancing
+};
+struct MoeState {
+  double aux_acc = 0;
+  std::vector<MoeLayerState> layers;
+};
+std::vector<uint8_t> encode_moe_state(const MoeState& s);
+// Throws CheckpointError naming `file` on a layout it does not know, a truncated buffer or
+// trailing bytes; whether the layers fit the config is the caller's check.
+MoeState decode_moe_state(const std::vector<uint8_t>& b, const std::string& file);
+
 }  // namespace loom::trainer
