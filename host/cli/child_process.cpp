@@ -105,6 +105,7 @@ Run run_self(const std::vector<std::string>& args, double limit_s,
   std::vector<std::string> storage{exe};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(storage.size() + 1);
   for (auto& a : storage) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = 0;
