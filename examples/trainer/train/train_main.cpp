@@ -851,8 +851,8 @@ class Trainer {
     fit_to_dataset(c_, *ds_);
     open_loom();
     open_curriculum();
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    set_num_threads(c_.threads > 0 ? c_.threads : static_cast<int>(std::max(1u, hw / world_)));
+    // 0: the pool's own default (LOOM_NUM_THREADS, else the cores over this machine's ranks).
+    set_num_threads(c_.threads);
     model_.emplace(c_.model, c_.seed);
     open_router();
     open_moe();
