@@ -1,6 +1,6 @@
-// Bit-reproducible runs (issue 23): the same config, fresh, run many times on one machine and
-// one build must write the same bytes every time, at 1 thread and at 2 threads per rank (and
-// the same bytes at both), on 1 rank and on 2 ranks under mpirun.
+// Bit-reproducible runs (issue 23, docs/soak.md): the same config, fresh, run many
+// times on one machine and one build must write the same bytes every time, at 1 thread and at
+// 2 threads per rank (and the same bytes at both), on 1 rank and on 2 ranks under mpirun.
 //
 // Why many runs: an operator saw 8 of 98 identical fresh 300-step runs (1 layer, dim 32) end
 // with other weights on a trainer linked to OpenBLAS's serial build, which races when several
