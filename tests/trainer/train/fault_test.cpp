@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "corpus.hpp"
 #include "free_port.hpp"
+#include "run_env.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -126,20 +126,10 @@ class TrainerFault : public ::testing::Test {
   static bool can_mount_;
 
   static void SetUpTestSuite() {
-    ::setenv("LOOM_LOG_LEVEL", "", 1);
-    ::setenv("UCX_LOG_LEVEL", "error", 1);
-    ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    ::setenv("LOOM_BOOTSTRAP_TIMEOUT", "20", 1);
-    ::setenv("LOOM_PROGRESS", "lines", 1);
+    loom::trainer::test_run::set_environment("20");
     dir_ = fs::temp_directory_path() / ("loom-trainer-fault-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::ofstream(dir_ / "corpus.txt") << loom::trainer::test_corpus::generated_corpus(120000);
-    const int rc = std::system(
-        (std::string(LOOM_DATA_EXE) + " prepare --input " + (dir_ / "corpus.txt").string() +
-         " --output " + (dir_ / "data.bin").string() + " --heldout-fraction 0.1 > /dev/null 2>&1")
-            .c_str());
-    ASSERT_EQ(rc, 0);
+    ASSERT_EQ(loom::trainer::test_run::prepare_dataset(dir_, LOOM_DATA_EXE), 0)
+        << slurp(dir_ / "prepare.log");
     std::ofstream(dir_ / "adam.toml") << "[comm.world]\nplugin = \"ucx\"\ntimeout_s = " << kTimeoutS
                                       << "\n[optimizer.main]\nplugin = \"adam\"\n";
     // A comm timeout no agreed failure may come near, so its tests can tell one from a wait.
