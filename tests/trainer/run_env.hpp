@@ -23,12 +23,14 @@ inline void set_environment(const char* bootstrap_timeout_s = "30") {
   ::setenv("LOOM_PROGRESS", "lines", 1);
 }
 
-// A fresh folder `dir` holding DIR/data.bin, 120 KB of generated text prepared by `loom_data`
-// with a tenth held out. The command's exit status (0: done); its output in DIR/prepare.log.
-inline int prepare_dataset(const std::filesystem::path& dir, const std::string& loom_data) {
+// A fresh folder `dir` holding DIR/data.bin, `bytes` of generated text prepared by
+// `loom_data` with a tenth held out. The command's exit status (0: done); its output in
+// DIR/prepare.log.
+inline int prepare_dataset(const std::filesystem::path& dir, const std::string& loom_data,
+                           size_t bytes = 120000) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "corpus.txt") << test_corpus::generated_corpus(120000);
+  std::ofstream(dir / "corpus.txt") << test_corpus::generated_corpus(bytes);
   const int st =
       std::system((loom_data + " prepare --input " + (dir / "corpus.txt").string() + " --output " +
                    (dir / "data.bin").string() + " --heldout-fraction 0.1 > " +

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "corpus.hpp"
 #include "dataset.hpp"
+#include "run_env.hpp"
 
 namespace fs = std::filesystem;
 
@@ -50,19 +50,10 @@ class CurriculumRun : public ::testing::Test {
   static fs::path dir_;
 
   static void SetUpTestSuite() {
-    ::setenv("LOOM_LOG_LEVEL", "", 1);
-    ::setenv("UCX_LOG_LEVEL", "error", 1);
-    ::setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    ::setenv("LOOM_BOOTSTRAP_TIMEOUT", "30", 1);
-    ::setenv("LOOM_PROGRESS", "lines", 1);
+    loom::trainer::test_run::set_environment();
     dir_ = fs::temp_directory_path() / ("loom-trainer-curriculum-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::ofstream(dir_ / "corpus.txt") << loom::trainer::test_corpus::generated_corpus(60000);
-    const Result r =
-        sh(std::string(LOOM_DATA_EXE) + " prepare --input " + (dir_ / "corpus.txt").string() +
-           " --output " + (dir_ / "data.bin").string() + " --heldout-fraction 0.1");
-    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(loom::trainer::test_run::prepare_dataset(dir_, LOOM_DATA_EXE, 60000), 0)
+        << slurp(dir_ / "prepare.log");
   }
   static void TearDownTestSuite() {
     std::error_code ec;
