@@ -8,8 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kinds.hpp"
 #include "last_error.hpp"
 #include "plugin_library.hpp"
+#include "session.hpp"
 #include "status.hpp"
 #include "validate.hpp"
 
@@ -114,6 +116,8 @@ nlohmann::json plugin_json(const PluginInfo& p) {
       params.push_back(j);
     }
     kinds.push_back({{"kind", f.kind},
+                     // false: a kind from a newer kind list; it loads, but has no section here
+                     {"known", find_kind(f.kind) != nullptr},
                      {"has_state", f.raw.export_state != nullptr},
                      {"has_validate", f.raw.validate != nullptr},
                      {"params", params}});
@@ -233,3 +237,78 @@ extern "C" LOOM_API int32_t loom_list_plugin_files(const char* name, const char*
 }
 
 extern "C" LOOM_API void loom_free_string(char* s) { std::free(s); }
+
+namespace loom::host {
+Session* session_of(loom_session* s);  // embed.cpp
+namespace {
+
+std::string where(const SourcePos& p) {
+  return p.file + ":" + std::to_string(p.line) + ":" + std::to_string(p.column);
+}
+
+nlohmann::json value_json(const loom_param& p) {
+  const loom_value& v = p.value;
+  switch (v.type) {
+    case LOOM_PARAM_BOOL:
+      return v.int_value != 0;
+    case LOOM_PARAM_INT:
+      return v.int_value;
+    case LOOM_PARAM_FLOAT:
+      return v.float_value;
+    case LOOM_PARAM_STRING:
+    case LOOM_PARAM_REF:
+      return v.string_value != nullptr ? v.string_value : "";
+    case LOOM_PARAM_INT_LIST:
+      return std::vector<int64_t>(v.int_list, v.int_list + v.count);
+    case LOOM_PARAM_FLOAT_LIST:
+      return std::vector<double>(v.float_list, v.float_list + v.count);
+    case LOOM_PARAM_STRING_LIST: {
+      nlohmann::json out = nlohmann::json::array();
+      for (size_t i = 0; i < v.count; ++i) out.push_back(v.string_list[i]);
+      return out;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+}  // namespace loom::host
+
+extern "C" LOOM_API int32_t loom_instance_params(loom_session* session, const char* kind,
+                                                 const char* name, char** json_out) {
+  using loom::host::set_last_error;
+  if (json_out != nullptr) *json_out = nullptr;
+  if (session == nullptr || kind == nullptr || name == nullptr || json_out == nullptr) {
+    return set_last_error(LOOM_ERR_INVALID_ARGUMENT, "loom_instance_params: NULL argument");
+  }
+  try {
+    const std::string_view id = loom::host::normalize_kind(kind);
+    if (id.empty()) {
+      return set_last_error(LOOM_ERR_INVALID_ARGUMENT,
+                            std::string("loom_instance_params: unknown kind '") + kind +
+                                "'; this host knows the kinds " + loom::host::known_kind_ids());
+    }
+    for (const auto& vi : loom::host::session_of(session)->validated().instances) {
+      const auto& decl = *vi.decl;
+      if (decl.kind != id || decl.name != name) continue;
+      nlohmann::json params = nlohmann::json::object();
+      for (const loom_param& p : vi.params.params) {
+        std::string at;
+        for (const auto& e : decl.entries) {
+          if (p.name != nullptr && e.key == p.name) at = loom::host::where(e.key_pos);
+        }
+        params[p.name != nullptr ? p.name : ""] = {{"value", loom::host::value_json(p)},
+                                                   {"at", at}};
+      }
+      const nlohmann::json doc{{"kind", decl.kind},        {"name", decl.name},
+                               {"plugin", decl.plugin},    {"at", loom::host::where(decl.pos)},
+                               {"params", std::move(params)}};
+      return loom::host::hand_out(doc, "loom_instance_params", json_out);
+    }
+    return set_last_error(LOOM_ERR_NOT_FOUND, "loom_instance_params: the manifest declares no [" +
+                                                  std::string(kind) + "." + name + "]");
+  } catch (const std::exception& e) {
+    return set_last_error(LOOM_ERR_INTERNAL, std::string("loom_instance_params: ") + e.what());
+  }
+}

@@ -197,7 +197,9 @@ LOOM_API int32_t loom_find_instance(loom_session* session, const char* kind, con
     if (kind != nullptr && *kind != '\0') {
       kind_id = loom::host::normalize_kind(kind);
       if (kind_id.empty()) {
-        return fail(LOOM_ERR_INVALID_ARGUMENT, std::string("unknown kind '") + kind + "'");
+        return fail(LOOM_ERR_INVALID_ARGUMENT, std::string("unknown kind '") + kind +
+                                                   "'; this host knows the kinds " +
+                                                   loom::host::known_kind_ids());
       }
     }
     Instance* inst = session->session->find(kind_id, name);

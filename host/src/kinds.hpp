@@ -1,19 +1,11 @@
 // The kinds this host knows, one row each: the manifest section, the ABI kind ID and the
-// smallest function table accepted, all three from the kind's own header. Adding a kind to
-// the host is one row here plus its header's include (docs/abi.md, "Adding a kind").
+// smallest function table accepted, all from the kind's own header through the kind list
+// (loom/kinds/kinds.def). The rows are built in kinds.cpp alone, so a host built with kinds
+// of its own (LOOM_EXTRA_KINDS, as the example-kind test does) recompiles that one file.
 #pragma once
 
-#include <loom/abi.h>
-#include <loom/kinds/codec.h>
-#include <loom/kinds/comm.h>
-#include <loom/kinds/curriculum.h>
-#include <loom/kinds/moe.h>
-#include <loom/kinds/optimizer.h>
-#include <loom/kinds/quantizer.h>
-#include <loom/kinds/router.h>
-#include <loom/kinds/sampler.h>
-
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,20 +18,12 @@ struct KindInfo {
   uint32_t min_table_size;   // LOOM_OPTIMIZER_V1_MIN_SIZE
 };
 
-inline constexpr KindInfo kKnownKinds[] = {
-    {"optimizer", LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE},
-    {"comm", LOOM_KIND_COMM, LOOM_COMM_V1_MIN_SIZE},
-    {"codec", LOOM_KIND_CODEC, LOOM_CODEC_V1_MIN_SIZE},
-    {"curriculum", LOOM_KIND_CURRICULUM, LOOM_CURRICULUM_V1_MIN_SIZE},  // since 1.3
-    {"sampler", LOOM_KIND_SAMPLER, LOOM_SAMPLER_V1_MIN_SIZE},           // since 1.3
-    {"router", LOOM_KIND_ROUTER, LOOM_ROUTER_V1_MIN_SIZE},              // since 1.4
-    {"moe", LOOM_KIND_MOE, LOOM_MOE_V1_MIN_SIZE},                       // since 1.5
-    {"quantizer", LOOM_KIND_QUANTIZER, LOOM_QUANTIZER_V1_MIN_SIZE},     // since 1.5
-};
+// Every kind of the kind list, in its order.
+std::span<const KindInfo> known_kinds();
 
 // The row of a section name or kind ID, or nullptr.
 inline const KindInfo* find_kind(std::string_view kind) {
-  for (const auto& k : kKnownKinds) {
+  for (const auto& k : known_kinds()) {
     if (k.section == kind || k.id == kind) return &k;
   }
   return nullptr;
@@ -47,7 +31,7 @@ inline const KindInfo* find_kind(std::string_view kind) {
 
 // "" when unknown.
 inline std::string_view kind_id_for_section(std::string_view section) {
-  for (const auto& k : kKnownKinds) {
+  for (const auto& k : known_kinds()) {
     if (k.section == section) return k.id;
   }
   return {};
@@ -61,7 +45,14 @@ inline std::string_view normalize_kind(std::string_view kind) {
 
 inline std::vector<std::string> known_sections() {
   std::vector<std::string> out{"loom"};
-  for (const auto& k : kKnownKinds) out.emplace_back(k.section);
+  for (const auto& k : known_kinds()) out.emplace_back(k.section);
+  return out;
+}
+
+// "loom.optimizer/1, loom.comm/1, ...": for messages that refuse a kind.
+inline std::string known_kind_ids() {
+  std::string out;
+  for (const auto& k : known_kinds()) out += (out.empty() ? "" : ", ") + std::string(k.id);
   return out;
 }
 

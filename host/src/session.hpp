@@ -56,6 +56,9 @@ class Session {
   }
   [[nodiscard]] Instance* find(std::string_view kind_id, std::string_view name) const;
   [[nodiscard]] const Manifest& manifest() const { return manifest_; }
+  // Every declared instance as validated (schema checked, defaults filled), also when the
+  // session was opened validate_only and created none.
+  [[nodiscard]] const ValidatedManifest& validated() const { return validated_; }
   [[nodiscard]] size_t declared_instances() const { return manifest_.instances.size(); }
   [[nodiscard]] const loom_bootstrap& bootstrap() const { return *bootstrap_; }
 

@@ -1,4 +1,4 @@
-# loom_add_plugin(NAME <name> SOURCES <src>... [LINK_LIBRARIES <lib>...])
+# loom_add_plugin(NAME <name> SOURCES <src>... [LINK_LIBRARIES <lib>...] [NO_INSTALL])
 #
 # Builds the Loom plugin <name> as the module library loom_<name>.so (target loom_<name>):
 # C++20, hidden visibility, no undefined symbols, and a version script that exports only
@@ -9,11 +9,12 @@
 #                            i.e. the current binary dir)
 #   LOOM_PLUGIN_INSTALL_DIR  where it is installed (default: <libdir>/loom/plugins, where
 #                            the host looks last)
+# NO_INSTALL leaves it out of `cmake --install` (a plugin only tests load).
 include_guard(GLOBAL)
 include(GNUInstallDirs)
 
 function(loom_add_plugin)
-  cmake_parse_arguments(PARSE_ARGV 0 ARG "" "NAME" "SOURCES;LINK_LIBRARIES")
+  cmake_parse_arguments(PARSE_ARGV 0 ARG "NO_INSTALL" "NAME" "SOURCES;LINK_LIBRARIES")
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "loom_add_plugin: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
   endif()
@@ -72,5 +73,7 @@ function(loom_add_plugin)
   endif()
   # Default permissions (0755 files, 0755 dirs): the host refuses group- or
   # other-writable plugins.
-  install(TARGETS ${target} LIBRARY DESTINATION ${destination})
+  if(NOT ARG_NO_INSTALL)
+    install(TARGETS ${target} LIBRARY DESTINATION ${destination})
+  endif()
 endfunction()

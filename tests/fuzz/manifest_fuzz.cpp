@@ -5,6 +5,9 @@
 //  - every diagnostic names the manifest: its str() starts with the origin;
 //  - a manifest without diagnostics validates to one instance per declaration, each with
 //    one parameter per schema entry.
+#include <loom/kinds/comm.h>
+#include <loom/kinds/optimizer.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "abi_version.hpp"
 #include "loom_test.hpp"
 
 namespace {
@@ -101,7 +102,7 @@ TEST_F(Abi12, ExactExclusiveBoundOnListElements) {
 
 TEST_F(Abi12, DescribeShowsExclusiveAndExactBounds) {
   const auto p = describe("abi12");
-  EXPECT_EQ(p["abi"], "1.5");
+  EXPECT_EQ(p["abi"], kHostAbi);
   EXPECT_EQ(p["kinds"][0]["has_validate"], true);
   EXPECT_EQ(p["kinds"][0]["has_state"], true);
   const auto& gain = param(p, "gain");

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "abi_version.hpp"
 #include "loom_test.hpp"
 
 namespace {
@@ -43,7 +44,7 @@ TEST_F(Kinds13, DescribeListsBothKindsAndTheRefKind) {
   loom_free_string(raw);
   ASSERT_EQ(doc["plugins"].size(), 1U);
   const auto& p = doc["plugins"][0];
-  EXPECT_EQ(p["abi"], "1.5");
+  EXPECT_EQ(p["abi"], kHostAbi);
   ASSERT_EQ(p["kinds"].size(), 2U);
   EXPECT_EQ(p["kinds"][0]["kind"], LOOM_KIND_CURRICULUM);
   EXPECT_EQ(p["kinds"][0]["params"].size(), 3U);

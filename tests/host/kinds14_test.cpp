@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "abi_version.hpp"
 #include "loom_test.hpp"
 
 namespace {
@@ -52,7 +53,7 @@ TEST_F(Kinds14, DescribeListsTheRouterKind) {
   loom_free_string(raw);
   ASSERT_EQ(doc["plugins"].size(), 1U);
   const auto& p = doc["plugins"][0];
-  EXPECT_EQ(p["abi"], "1.5");
+  EXPECT_EQ(p["abi"], kHostAbi);
   ASSERT_EQ(p["kinds"].size(), 1U);
   EXPECT_EQ(p["kinds"][0]["kind"], LOOM_KIND_ROUTER);
   ASSERT_EQ(p["kinds"][0]["params"].size(), 1U);

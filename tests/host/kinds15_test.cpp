@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "abi_version.hpp"
 #include "loom_test.hpp"
 
 namespace {
@@ -60,7 +61,7 @@ TEST_F(Kinds15, DescribeListsBothKinds) {
   loom_free_string(raw);
   ASSERT_EQ(doc["plugins"].size(), 1U);
   const auto& p = doc["plugins"][0];
-  EXPECT_EQ(p["abi"], "1.5");
+  EXPECT_EQ(p["abi"], kHostAbi);
   ASSERT_EQ(p["kinds"].size(), 2U);
   EXPECT_EQ(p["kinds"][0]["kind"], LOOM_KIND_MOE);
   EXPECT_EQ(p["kinds"][0]["params"][0]["name"], "num_experts");

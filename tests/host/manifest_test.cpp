@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "abi_version.hpp"
 #include "loom_test.hpp"
 
 namespace {
@@ -67,7 +68,7 @@ TEST_F(Manifest, UnknownLoomKeySuggestsTheClosestOne) {
 
 TEST_F(Manifest, OtherAbiMajorIsRejected) {
   EXPECT_EQ(check("[loom]\nabi = 2\n"), LOOM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_, at(2, 7) + "[loom] abi = 2 is not supported: this host speaks ABI 1.5");
+  EXPECT_EQ(error_, at(2, 7) + "[loom] abi = 2 is not supported: this host speaks ABI " + kHostAbi);
 }
 
 TEST_F(Manifest, LoomKeysOfTheWrongType) {

@@ -2,6 +2,7 @@
 // in reverse, references resolved to the live objects, state export/import, and the
 // optimizer wrappers' numerics against a reference computed here.
 #include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -168,6 +169,35 @@ TEST_F(Session, FindInstanceErrors) {
   const int64_t n = 1;
   EXPECT_EQ(loom_optimizer_step_f32(out, params, grads, &n, 1, 0.1), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_THAT(loom_last_error(), HasSubstr("is a loom.comm/1 instance, not loom.optimizer/1"));
+}
+
+TEST_F(Session, InstanceParamsAreTheValidatedValuesWithTheirPlaces) {
+  ASSERT_EQ(open("[comm.world]\nplugin = \"probe\"\n\n[optimizer.main]\nplugin = \"probe\"\n"
+                 "tag = \"t\"\nstart_step = 5\ncomm = \"world\"\n"),
+            LOOM_OK)
+      << error_;
+  char* raw = nullptr;
+  ASSERT_EQ(loom_instance_params(session_, "optimizer", "main", &raw), LOOM_OK) << loom_last_error();
+  const auto doc = nlohmann::json::parse(raw);
+  loom_free_string(raw);
+  EXPECT_EQ(doc["kind"], "loom.optimizer/1");
+  EXPECT_EQ(doc["plugin"], "probe");
+  EXPECT_EQ(doc["at"], at(4, 1).substr(0, at(4, 1).size() - 2));
+  const auto& p = doc["params"];
+  EXPECT_EQ(p["tag"]["value"], "t");
+  EXPECT_EQ(p["start_step"]["value"], 5);
+  EXPECT_EQ(p["start_step"]["at"], at(7, 1).substr(0, at(7, 1).size() - 2));
+  EXPECT_EQ(p["comm"]["value"], "world");
+  // Left out: the schema's default, and no place.
+  EXPECT_EQ(p["maximize"]["value"], false);
+  EXPECT_EQ(p["maximize"]["at"], "");
+  EXPECT_EQ(p["labels"]["value"], nlohmann::json::array({"probe"}));
+  EXPECT_EQ(p.size(), 9U);
+
+  EXPECT_EQ(loom_instance_params(session_, "optimizer", "other", &raw), LOOM_ERR_NOT_FOUND);
+  EXPECT_THAT(loom_last_error(), HasSubstr("declares no [optimizer.other]"));
+  EXPECT_EQ(loom_instance_params(session_, "trainer", "main", &raw), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("unknown kind 'trainer'"));
 }
 
 TEST_F(Session, StateRoundTrip) {

@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 
+#include "abi_version.hpp"
 #include "loom_test.hpp"
 
 namespace {
@@ -200,7 +201,7 @@ TEST_F(Cli, PluginsJsonListsTheTestPlugins) {
   }
   ASSERT_NE(probe, nullptr) << r.out;
   EXPECT_EQ((*probe)["version"], "1.2.3");
-  EXPECT_EQ((*probe)["abi"], "1.5");
+  EXPECT_EQ((*probe)["abi"], kHostAbi);
   EXPECT_EQ((*probe)["path"], loom_test::plugin_file("probe").string());
   ASSERT_EQ((*probe)["kinds"].size(), 2U);
   EXPECT_EQ((*probe)["kinds"][0]["kind"], "loom.optimizer/1");

@@ -128,3 +128,9 @@ LOOM_CHECK_STRUCT_SIZE(loom_curriculum_v1, LOOM_CURRICULUM_V1_SIZE);
 #endif
 
 #endif /* LOOM_KINDS_CURRICULUM_H */
+
+/* This kind's row in the kind list (loom/kinds/kinds.def): outside the include guard, so a
+ * reader that defines LOOM_KIND(section, NAME) and includes the list gets one row per kind. */
+#ifdef LOOM_KIND
+LOOM_KIND(curriculum, CURRICULUM)
+#endif

@@ -114,3 +114,9 @@ LOOM_CHECK_STRUCT_SIZE(loom_optimizer_v1, LOOM_OPTIMIZER_V1_SIZE);
 #endif
 
 #endif /* LOOM_KINDS_OPTIMIZER_H */
+
+/* This kind's row in the kind list (loom/kinds/kinds.def): outside the include guard, so a
+ * reader that defines LOOM_KIND(section, NAME) and includes the list gets one row per kind. */
+#ifdef LOOM_KIND
+LOOM_KIND(optimizer, OPTIMIZER)
+#endif

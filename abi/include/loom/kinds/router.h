@@ -194,3 +194,9 @@ LOOM_CHECK_STRUCT_SIZE(loom_router_v1, LOOM_ROUTER_V1_SIZE);
 #endif
 
 #endif /* LOOM_KINDS_ROUTER_H */
+
+/* This kind's row in the kind list (loom/kinds/kinds.def): outside the include guard, so a
+ * reader that defines LOOM_KIND(section, NAME) and includes the list gets one row per kind. */
+#ifdef LOOM_KIND
+LOOM_KIND(router, ROUTER)
+#endif

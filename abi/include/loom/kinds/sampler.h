@@ -89,3 +89,9 @@ LOOM_CHECK_STRUCT_SIZE(loom_sampler_v1, LOOM_SAMPLER_V1_SIZE);
 #endif
 
 #endif /* LOOM_KINDS_SAMPLER_H */
+
+/* This kind's row in the kind list (loom/kinds/kinds.def): outside the include guard, so a
+ * reader that defines LOOM_KIND(section, NAME) and includes the list gets one row per kind. */
+#ifdef LOOM_KIND
+LOOM_KIND(sampler, SAMPLER)
+#endif
