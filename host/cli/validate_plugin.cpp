@@ -156,8 +156,8 @@ void validate_kind(Reporter& rep, const std::string& plugin, const fs::path& dir
   rep.start(stage("schema"));
   if (!kind.value("known", true)) {
     rep.failed(stage("schema"), "this host (Loom ABI " + std::to_string(loom_abi_major()) + "." +
-                                    std::to_string(loom_abi_minor()) +
-                                    ") does not know the kind " + id +
+                                    std::to_string(loom_abi_minor()) + ") does not know the kind " +
+                                    id +
                                     ", so it cannot create its instances: a host whose kind "
                                     "list has it can (docs/abi.md, \"Adding a kind\")");
     skip_from(0, "the host does not know the kind");

@@ -301,8 +301,10 @@ extern "C" LOOM_API int32_t loom_instance_params(loom_session* session, const ch
         params[p.name != nullptr ? p.name : ""] = {{"value", loom::host::value_json(p)},
                                                    {"at", at}};
       }
-      const nlohmann::json doc{{"kind", decl.kind},        {"name", decl.name},
-                               {"plugin", decl.plugin},    {"at", loom::host::where(decl.pos)},
+      const nlohmann::json doc{{"kind", decl.kind},
+                               {"name", decl.name},
+                               {"plugin", decl.plugin},
+                               {"at", loom::host::where(decl.pos)},
                                {"params", std::move(params)}};
       return loom::host::hand_out(doc, "loom_instance_params", json_out);
     }

@@ -2,8 +2,8 @@
 // in reverse, references resolved to the live objects, state export/import, and the
 // optimizer wrappers' numerics against a reference computed here.
 #include <gmock/gmock.h>
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -177,7 +177,8 @@ TEST_F(Session, InstanceParamsAreTheValidatedValuesWithTheirPlaces) {
             LOOM_OK)
       << error_;
   char* raw = nullptr;
-  ASSERT_EQ(loom_instance_params(session_, "optimizer", "main", &raw), LOOM_OK) << loom_last_error();
+  ASSERT_EQ(loom_instance_params(session_, "optimizer", "main", &raw), LOOM_OK)
+      << loom_last_error();
   const auto doc = nlohmann::json::parse(raw);
   loom_free_string(raw);
   EXPECT_EQ(doc["kind"], "loom.optimizer/1");

@@ -14,14 +14,7 @@
 #include <stdint.h>
 
 #include <loom/abi.h>
-#include <loom/kinds/codec.h>
-#include <loom/kinds/comm.h>
-#include <loom/kinds/curriculum.h>
-#include <loom/kinds/moe.h>
-#include <loom/kinds/optimizer.h>
-#include <loom/kinds/quantizer.h>
-#include <loom/kinds/router.h>
-#include <loom/kinds/sampler.h>
+#include <loom/kinds/kinds.def> /* every kind's header */
 
 #ifdef __cplusplus
 extern "C" {
@@ -171,6 +164,17 @@ LOOM_API int32_t loom_describe_plugins(const char* name, const char* plugin_path
  * with loom_free_string. */
 LOOM_API int32_t loom_list_plugin_files(const char* name, const char* plugin_path, char** json_out);
 LOOM_API void loom_free_string(char* s);
+
+/* The parameters of the manifest's instance KIND.NAME (KIND: a section name or a kind ID) as
+ * the host validated them, also in a session opened validate_only, as one JSON document:
+ *   {"kind": "loom.moe/1", "name": "...", "plugin": "...", "at": "FILE:LINE:COL",
+ *    "params": {"NAME": {"value": V, "at": "FILE:LINE:COL"}, ...}}
+ * with every parameter of the plugin's schema in schema order; one the manifest leaves out
+ * has its default and "at" "". V is a bool, number, string or list; a reference's V is the
+ * name of the instance it names. A trainer reads its instances' settings here instead of
+ * parsing the manifest itself. *json_out is freed with loom_free_string. */
+LOOM_API int32_t loom_instance_params(loom_session* session, const char* kind, const char* name,
+                                      char** json_out);
 
 /* ---- the process's thread pool: the one every plugin instance reaches through
  * loom_host_services.parallel_for (docs/abi.md), for the embedding program's own loops, so
