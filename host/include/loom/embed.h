@@ -252,6 +252,28 @@ LOOM_API int32_t loom_tensor_file_info(loom_tensor_file* file, size_t index, loo
 LOOM_API int32_t loom_tensor_file_read_f32(loom_tensor_file* file, size_t index, float* out,
                                            size_t count);
 
+/* One tensor for loom_tensor_file_write: `data` holds numel * element size bytes, numel the
+ * product of the shape (1 for ndim 0). */
+typedef struct loom_tensor_out {
+  uint32_t struct_size; /* LOOM_TENSOR_OUT_SIZE */
+  int32_t ndim;
+  const char* name;
+  const char* dtype; /* as the file spells it: "F32", "F16", "BF16", "I64", "U8", ... */
+  const int64_t* shape;
+  const void* data;
+} loom_tensor_out;
+#define LOOM_TENSOR_OUT_SIZE LOOM_STRUCT_SIZE(loom_tensor_out, data)
+
+/* Writes a safetensors file that loom_tensor_file_open reads back: to a temporary file beside
+ * PATH, fsynced, renamed over PATH, its folder fsynced, so PATH is either the old file or the
+ * whole new one. It carries "loom.checksum" over the whole file (verified on open) besides
+ * `metadata`: metadata_count key/value pairs, metadata[2i] the key and metadata[2i+1] its value.
+ * Tensors are laid out by element size, largest first, then in the order given. An error
+ * names the file and, for a bad tensor, the tensor; PATH is then untouched. */
+LOOM_API int32_t loom_tensor_file_write(const char* path, const loom_tensor_out* tensors,
+                                        size_t count, const char* const* metadata,
+                                        size_t metadata_count);
+
 /* ---- `loom quantize` (since 1.5) */
 
 /* One progress report: a tensor done (tensor set), or a warning (tensor NULL, note set). */

@@ -185,6 +185,45 @@ LOOM_API int32_t loom_tensor_file_info(loom_tensor_file* file, size_t index,
   });
 }
 
+LOOM_API int32_t loom_tensor_file_write(const char* path, const loom_tensor_out* tensors,
+                                        size_t count, const char* const* metadata,
+                                        size_t metadata_count) {
+  if (path == nullptr || (tensors == nullptr && count != 0) ||
+      (metadata == nullptr && metadata_count != 0)) {
+    return null_arg("loom_tensor_file_write");
+  }
+  return guarded([&] {
+    const std::string file(path);
+    std::vector<st::OutTensor> out;
+    out.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      const loom_tensor_out& t = tensors[i];
+      const std::string what = file + ": tensor " + std::to_string(i);
+      if (t.struct_size < LOOM_TENSOR_OUT_SIZE || t.name == nullptr || t.dtype == nullptr ||
+          t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr) || t.data == nullptr) {
+        throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                    what + ": struct_size, name, dtype, ndim, shape or data is missing or invalid");
+      }
+      const auto dtype = st::parse_dtype(t.dtype);
+      if (!dtype) {
+        throw Error(LOOM_ERR_INVALID_ARGUMENT, what + " ('" + t.name + "') has dtype '" + t.dtype +
+                                                   "'; a file holds " + st::dtype_names());
+      }
+      out.push_back({t.name, *dtype, std::vector<int64_t>(t.shape, t.shape + t.ndim), t.data});
+    }
+    std::map<std::string, std::string> meta;
+    for (size_t i = 0; i < metadata_count; ++i) {
+      if (metadata[2 * i] == nullptr || metadata[2 * i + 1] == nullptr) {
+        throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                    file + ": metadata pair " + std::to_string(i) + " has a NULL key or value");
+      }
+      meta[metadata[2 * i]] = metadata[2 * i + 1];
+    }
+    st::write_file(file, out, meta);
+    return loom::host::clear_last_error();
+  });
+}
+
 LOOM_API int32_t loom_tensor_file_read_f32(loom_tensor_file* file, size_t index, float* out,
                                            size_t count) {
   if (file == nullptr || (out == nullptr && count != 0)) {

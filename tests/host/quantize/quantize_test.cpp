@@ -186,6 +186,55 @@ TEST_F(TensorFile, ReadsAValidFileWithItsDataAndMetadata) {
 
 // The trainer's checkpoint layout (examples/trainer/train/checkpoint.cpp): F32 tensors in
 // order, __metadata__ last with a checksum, the header padded with spaces to 8 bytes.
+TEST_F(TensorFile, WriteReadsBackWithItsMetadataAndAWholeFileChecksum) {
+  const std::vector<float> w{1.5F, -2.0F, 0.25F, 3.0F, 4.0F, -0.5F};
+  const std::vector<float> b{7.0F};
+  const int64_t w_shape[] = {2, 3};
+  const loom_tensor_out t[] = {
+      {LOOM_TENSOR_OUT_SIZE, 2, "w", "F32", w_shape, w.data()},
+      {LOOM_TENSOR_OUT_SIZE, 0, "b", "F32", nullptr, b.data()},
+  };
+  const char* meta[] = {"format", "pt", "step", "12"};
+  path_ = dir_.path() / "out.safetensors";
+  ASSERT_EQ(loom_tensor_file_write(path_.c_str(), t, 2, meta, 2), LOOM_OK) << loom_last_error();
+  loom_tensor_file* f = nullptr;
+  ASSERT_EQ(loom_tensor_file_open(path_.c_str(), &f), LOOM_OK) << loom_last_error();
+  EXPECT_STREQ(loom_tensor_file_metadata(f, "step"), "12");
+  EXPECT_NE(loom_tensor_file_metadata(f, "loom.checksum"), nullptr);
+  size_t i = 0;
+  ASSERT_EQ(loom_tensor_file_find(f, "w", &i), LOOM_OK);
+  std::vector<float> back(6);
+  ASSERT_EQ(loom_tensor_file_read_f32(f, i, back.data(), back.size()), LOOM_OK);
+  EXPECT_EQ(back, w);
+  ASSERT_EQ(loom_tensor_file_find(f, "b", &i), LOOM_OK);
+  float one = 0;
+  ASSERT_EQ(loom_tensor_file_read_f32(f, i, &one, 1), LOOM_OK);
+  EXPECT_EQ(one, 7.0F);
+  loom_tensor_file_close(f);
+  // One flipped data byte: the whole-file checksum refuses the file on open.
+  std::string bytes;
+  {
+    std::ifstream in(path_, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 2] = static_cast<char>(bytes[bytes.size() - 2] ^ 1);
+  expect_refused(bytes, "checksum");
+}
+
+TEST_F(TensorFile, WriteRefusesABadTensorAndLeavesTheOldFile) {
+  path_ = dir_.write("keep.safetensors", "old");
+  const float v = 1;
+  const int64_t shape[] = {1};
+  const loom_tensor_out bad[] = {{LOOM_TENSOR_OUT_SIZE, 1, "v", "F33", shape, &v}};
+  EXPECT_EQ(loom_tensor_file_write(path_.c_str(), bad, 1, nullptr, 0), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(loom_last_error(), HasSubstr("'v') has dtype 'F33'"));
+  const char* meta[] = {"loom.checksum", "0"};
+  const loom_tensor_out ok[] = {{LOOM_TENSOR_OUT_SIZE, 1, "v", "F32", shape, &v}};
+  EXPECT_EQ(loom_tensor_file_write(path_.c_str(), ok, 1, meta, 1), LOOM_ERR_INVALID_ARGUMENT);
+  std::ifstream in(path_, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "old");
+}
+
 TEST_F(TensorFile, ReadsTheTrainersCheckpointLayoutAndVerifiesItsDataChecksum) {
   const std::string good =
       trainer_checkpoint({{"wte.w", {2, 2}, {1, 2, 3, 4}}, {"h.0.ln.g", {2}, {5, 6}}});
