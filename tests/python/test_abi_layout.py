@@ -1,7 +1,10 @@
 """The ctypes mirrors in loom._abi against the C headers: every struct's size and every
-field's offset as a C compiler lays them out (skipped without a C compiler)."""
+field's offset as a C compiler lays them out (skipped without a C compiler). _abi.py is
+generated from the headers (bindings/python/gen_abi.py); this checks the generator's layouts,
+for the structs listed here and for every struct it wrote."""
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 
@@ -35,6 +38,15 @@ STRUCTS = [
     (_abi.RouterSelectArgs, "loom_router_select_args", "loom/kinds/router.h"),
     (_abi.RouterBackwardArgs, "loom_router_backward_args", "loom/kinds/router.h"),
 ]
+# Every other struct gen_abi.py wrote: its docstring names the C struct and the header.
+_listed = {c for _, c, _ in STRUCTS}
+for _name, _cls in sorted(vars(_abi).items()):
+    if not (isinstance(_cls, type) and issubclass(_cls, ctypes.Structure)):
+        continue
+    _m = re.fullmatch(r"(loom_\w+) \((?:abi|host)/include/(loom/[\w/]+\.h)\)\.",
+                      _cls.__doc__ or "")
+    if _m and _m.group(1) not in _listed:
+        STRUCTS.append((_cls, _m.group(1), _m.group(2)))
 
 # The Python constants against the header's macros: (python value, C expression).
 CONSTANTS = [
@@ -76,7 +88,7 @@ CONSTANTS = [
     (_abi.QUANTIZER_ACTIVATION, "LOOM_QUANTIZER_ACTIVATION"),
     (_abi.QUANTIZER_HAS_MATMUL, "LOOM_QUANTIZER_HAS_MATMUL"),
     (_abi.QUANTIZER_INT8_ACTIVATIONS, "LOOM_QUANTIZER_INT8_ACTIVATIONS"),
-] + [(k, f"LOOM_MOE_{v.upper()}") for k, v in _abi.MOE_ACTIVATIONS.items()]
+] + [(k, f"LOOM_MOE_{v.upper()}") for k, v in _abi.MOE_ACTIVATION_NAMES.items()]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +102,8 @@ def c_layout(tmp_path_factory):
     lines += [f"#include <{h}>" for h in headers]
     lines.append("int main(void) {")
     for py, c, _ in STRUCTS:
-        lines.append(f'  printf("{c} size %zu\\n", sizeof({c}));')
+        # "#size": not a C name, so a field called size (loom_bootstrap's) cannot clash
+        lines.append(f'  printf("{c} #size %zu\\n", sizeof({c}));')
         for name, _t in py._fields_:
             lines.append(f'  printf("{c} {name} %zu\\n", offsetof({c}, {name}));')
     for i, (_v, expr) in enumerate(CONSTANTS):
@@ -99,8 +112,9 @@ def c_layout(tmp_path_factory):
     src = d / "layout.c"
     src.write_text("\n".join(lines) + "\n")
     exe = d / "layout"
-    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "abi", "include"),
-                        str(src), "-o", str(exe)], capture_output=True, text=True)
+    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "abi", "include"), "-I",
+                        os.path.join(ROOT, "host", "include"), str(src), "-o", str(exe)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     table = {}
@@ -112,7 +126,7 @@ def c_layout(tmp_path_factory):
 
 @pytest.mark.parametrize("py,c", [(p, c) for p, c, _ in STRUCTS], ids=[c for _, c, _ in STRUCTS])
 def test_struct_matches_header(c_layout, py, c):
-    assert ctypes.sizeof(py) == c_layout[(c, "size")], f"sizeof({c})"
+    assert ctypes.sizeof(py) == c_layout[(c, "#size")], f"sizeof({c})"
     for name, _t in py._fields_:
         assert getattr(py, name).offset == c_layout[(c, name)], f"offsetof({c}, {name})"
 
@@ -120,3 +134,25 @@ def test_struct_matches_header(c_layout, py, c):
 def test_constants_match_header(c_layout):
     for i, (value, expr) in enumerate(CONSTANTS):
         assert value == c_layout[("const", str(i))], expr
+
+
+def test_every_kind_header_is_mirrored():
+    """gen_abi.py read every kind: each kind header's LOOM_KIND_* ID is in _abi."""
+    kinds = os.path.join(ROOT, "abi", "include", "loom", "kinds")
+    for h in sorted(os.listdir(kinds)):
+        if h.endswith(".h"):
+            name = h[:-2].upper()
+            assert getattr(_abi, f"KIND_{name}", None) == f"loom.{h[:-2]}/1", h
+
+
+def test_abi_py_is_what_the_generator_writes():
+    """loom/_abi.py is exactly what bindings/python/gen_abi.py writes from today's headers
+    (as the ctest python.abi_generated checks, here for pytest runs too)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gen_abi", os.path.join(ROOT, "bindings", "python", "gen_abi.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    with open(_abi.__file__, encoding="utf-8") as f:
+        assert f.read() == gen.generate(ROOT), \
+            "loom/_abi.py is out of date: run python3 bindings/python/gen_abi.py"
