@@ -141,6 +141,8 @@ ATTRIBUTE_MACROS = ("LOOM_EXPORT", "LOOM_API")
 
 
 class Model:
+    """What the headers declared so far, in order."""
+
     def __init__(self):
         self.items: List[object] = []  # Struct, Enum, Const, FnType in header order
         self.structs: Dict[str, Struct] = {}
@@ -216,6 +218,8 @@ def _directive(toks: List[Tok], model: Model, stack: List[bool], header: str) ->
             raise HeaderError(where, f"#if {txt}: only `#if defined(NAME)` is understood")
         stack.append(m.group(1) in model.defined)
         return
+    if d == "elif":
+        raise HeaderError(where, "#elif is not understood")
     if d == "else":
         if len(stack) == 0:
             raise HeaderError(where, "#else without #if")
@@ -690,7 +694,10 @@ def kind_headers(root: str) -> List[str]:
         m = re.fullmatch(r"#\s*include\s*<loom/kinds/([a-z0-9_]+\.h)>", line)
         if not m:
             raise HeaderError(f"{rel}:{i}", f"'{line}': `#include <loom/kinds/NAME.h>` expected")
-        out.append(os.path.join("abi", "include", "loom", "kinds", m.group(1)))
+        h = os.path.join("abi", "include", "loom", "kinds", m.group(1))
+        if not os.path.isfile(os.path.join(root, h)):
+            raise HeaderError(f"{rel}:{i}", f"no header {h}")
+        out.append(h)
     return out
 
 

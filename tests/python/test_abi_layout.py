@@ -91,13 +91,33 @@ CONSTANTS = [
 ] + [(k, f"LOOM_MOE_{v.upper()}") for k, v in _abi.MOE_ACTIVATION_NAMES.items()]
 
 
+def _generated_constants():
+    """Every integer, enum and size constant gen_abi.py read from the headers, as
+    (python value, C name), and the headers they need."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gen_abi", os.path.join(ROOT, "bindings", "python", "gen_abi.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    model = gen.Model()
+    for rel in gen.headers(ROOT):
+        gen.read_header(os.path.join(ROOT, rel), rel, model)
+    out = [(getattr(_abi, gen.py_const(n)), n) for n, c in model.macros.items()
+           if c.kind in ("int", "size", "alias")]
+    return out, [h.split("include/", 1)[1] for h in gen.headers(ROOT)]
+
+
+GENERATED_CONSTANTS, GENERATED_HEADERS = _generated_constants()
+CONSTANTS += GENERATED_CONSTANTS
+
+
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory):
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("clang") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler to read the headers' layouts with")
     d = tmp_path_factory.mktemp("abi")
-    headers = sorted({h for _, _, h in STRUCTS})
+    headers = sorted({h for _, _, h in STRUCTS} | set(GENERATED_HEADERS))
     lines = ["#include <stddef.h>", "#include <stdio.h>"]
     lines += [f"#include <{h}>" for h in headers]
     lines.append("int main(void) {")
