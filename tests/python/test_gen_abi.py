@@ -19,6 +19,10 @@ def gen():
     return mod
 
 
+def text_of(gen, root):
+    return "".join(gen.generate(str(root)).values())
+
+
 @pytest.fixture
 def root(tmp_path):
     """A copy of the headers gen_abi.py reads."""
@@ -29,11 +33,11 @@ def root(tmp_path):
 
 def test_the_kinds_come_from_kinds_def_when_it_exists(gen, root):
     kinds = root / "abi" / "include" / "loom" / "kinds"
-    assert "KIND_SAMPLER = " in gen.generate(str(root))  # no kinds.def: every kinds/*.h
+    assert "KIND_SAMPLER = " in text_of(gen, root)  # no kinds.def: every kinds/*.h
     (kinds / "kinds.def").write_text(
         "/* the kinds, one a line */\n#include <loom/kinds/sampler.h>\n\n"
         "#include <loom/kinds/optimizer.h>  // a comment\n", encoding="utf-8")
-    text = gen.generate(str(root))
+    text = text_of(gen, root)
     assert [ln.split()[0] for ln in text.splitlines() if ln.startswith("KIND_")] == \
         ["KIND_SAMPLER", "KIND_OPTIMIZER"]
     (kinds / "kinds.def").write_text("#include <loom/kinds/sampler.h>\nKIND(moe)\n",
@@ -68,10 +72,17 @@ def test_what_it_does_not_understand_stops_it_with_the_line(gen, root, decl, lin
     assert what in str(e.value)
 
 
-def test_check_mode_reports_a_stale_file(gen, root, tmp_path, capsys):
-    out = tmp_path / "_abi.py"
-    assert gen.main(["--root", str(root), "--output", str(out)]) == 0
-    assert gen.main(["--root", str(root), "--output", str(out), "--check"]) == 0
-    out.write_text(out.read_text(encoding="utf-8") + "# edited by hand\n", encoding="utf-8")
-    assert gen.main(["--root", str(root), "--output", str(out), "--check"]) == 1
-    assert "out of date" in capsys.readouterr().err
+def test_check_mode_reports_an_edited_or_stale_file(gen, root, tmp_path, capsys):
+    pkg = tmp_path / "loom"
+    args = ["--root", str(root), "--package", str(pkg)]
+    assert gen.main(args) == 0
+    assert gen.main(args + ["--check"]) == 0
+    moe = pkg / "_abi" / "kinds" / "moe.py"
+    moe.write_text(moe.read_text(encoding="utf-8") + "# edited by hand\n", encoding="utf-8")
+    assert gen.main(args + ["--check"]) == 1
+    assert "_abi/kinds/moe.py" in capsys.readouterr().err
+    assert gen.main(args) == 0 and "edited" not in moe.read_text(encoding="utf-8")
+    (pkg / "_abi" / "kinds" / "gone.py").write_text("", encoding="utf-8")  # a removed kind's
+    assert gen.main(args + ["--check"]) == 1
+    assert "_abi/kinds/gone.py" in capsys.readouterr().err
+    assert gen.main(args) == 0 and not (pkg / "_abi" / "kinds" / "gone.py").exists()
