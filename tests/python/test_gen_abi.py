@@ -86,3 +86,14 @@ def test_check_mode_reports_an_edited_or_stale_file(gen, root, tmp_path, capsys)
     assert gen.main(args + ["--check"]) == 1
     assert "_abi/kinds/gone.py" in capsys.readouterr().err
     assert gen.main(args) == 0 and not (pkg / "_abi" / "kinds" / "gone.py").exists()
+
+
+def test_two_c_names_for_one_python_name_stop_it(gen, root):
+    """loom._abi gathers every module's names: LOOM_ERR_X and LOOM_X would both be X."""
+    h = root / "abi" / "include" / "loom" / "kinds" / "sampler.h"
+    text = h.read_text(encoding="utf-8")
+    at = text.index("#ifdef __cplusplus\n}")
+    h.write_text(text[:at] + "#define LOOM_NOT_FOUND 7\n" + text[at:], encoding="utf-8")
+    with pytest.raises(gen.HeaderError, match=r"sampler\.h:\d+: NOT_FOUND is also the Python "
+                                              r"name of abi/include/loom/abi\.h:\d+"):
+        gen.generate(str(root))
