@@ -672,17 +672,18 @@ class Writer:
             files[path] = self.module(src, dotted, deps)
             done.append(dotted)
         files["_abi/kinds/__init__.py"] = (
-            f'"""The kind headers\' mirrors (abi/include/loom/kinds/*.h), {GENERATED}"""\n')
+            f'"""The kind headers\' mirrors (abi/include/loom/kinds/*.h).\n\n{GENERATED}"""\n')
         lines = [
-            f'"""ctypes mirror of Loom\'s C ABI, {GENERATED} One module a header:',
+            '"""ctypes mirror of Loom\'s C ABI, a module a header:',
             *[f"{module_path(s)} from {s}" for s in sources[:-1]],
             f"{module_path(sources[-1])} from {sources[-1]}.",
             "",
-            "Do not edit: change the headers and rerun the generator (or build the target",
-            "loom_python_abi); the test python.abi_generated fails while these files differ",
-            "from what it writes. Every name of every module is here too, as are DLPack 0.6's",
-            "structs (from loom/_dlpack.py). X_SIZE is LOOM_X_SIZE (the struct's size up to its",
-            "last field); a C enum's values also come as X_NAMES, value -> lower-case name.",
+            f"{GENERATED} Do not edit: change the headers and rerun",
+            "the generator (or build the target loom_python_abi); the test python.abi_generated",
+            "fails while these files differ from what it writes. Every name of every module is",
+            "here too, as are DLPack 0.6's structs (from loom/_dlpack.py). X_SIZE is LOOM_X_SIZE",
+            "(the struct's size up to its last field); a C enum's values also come as X_NAMES,",
+            "value -> lower-case name.",
             '"""',
             "from .._dlpack import *  # noqa: F401,F403",
         ]
@@ -693,10 +694,14 @@ class Writer:
 
     def module(self, src: str, dotted: str, earlier: List[str]) -> str:
         items = [it for it in self.model.items if it.header == src]
-        out = [f'"""ctypes mirror of {src}, {GENERATED}"""',
+        out = [f'"""ctypes mirror of {src}.', "", f'{GENERATED} Do not edit."""',
                "import ctypes", "",
                f"from {_relative(dotted, '_dlpack')} import *  # noqa: F401,F403"]
         out += [f"from {_relative(dotted, e)} import *  # noqa: F401,F403" for e in earlier]
+        if any(isinstance(it, Const) and it.kind == "size" for it in items):
+            out += ["", "", "def _size(struct, last: str) -> int:",
+                    '    """LOOM_STRUCT_SIZE(struct, last): the offset of `last` plus its size."""',
+                    "    f = getattr(struct, last)", "    return f.offset + f.size"]
         stubs = [it for it in items if isinstance(it, Struct)]
         if stubs:
             out += ["", "", "# The structs first, so fields and function types may point at any."]
@@ -727,8 +732,7 @@ class Writer:
         n = py_const(c.cname)
         if c.kind == "size":
             s, f = c.value
-            cls = py_class(s)
-            return [f"{n} = {cls}.{f}.offset + {cls}.{f}.size"]
+            return [f'{n} = _size({py_class(s)}, "{f}")']
         return [f"{n} = {c.value}"]
 
     def struct(self, s: Struct) -> List[str]:

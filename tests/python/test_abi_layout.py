@@ -1,5 +1,5 @@
 """The ctypes mirrors in loom._abi against the C headers: every struct's size and every
-field's offset as a C compiler lays them out (skipped without a C compiler). _abi.py is
+field's offset as a C compiler lays them out (skipped without a C compiler). loom/_abi is
 generated from the headers (bindings/python/gen_abi.py); this checks the generator's layouts,
 for the structs listed here and for every struct it wrote."""
 import ctypes

@@ -1,4 +1,4 @@
-"""bindings/python/gen_abi.py, the generator of loom/_abi.py: it reads the kinds from
+"""bindings/python/gen_abi.py, the generator of loom/_abi/: it reads the kinds from
 kinds/kinds.def when there is one, and stops with the header and line at C it does not
 understand instead of guessing a layout."""
 import importlib.util

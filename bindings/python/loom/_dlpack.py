@@ -1,6 +1,6 @@
 """ctypes mirrors of DLPack 0.6's structs (dlpack/dlpack.h) and the DLPack codes this
 package names. Kept by hand: DLPack is an outside header whose layout is frozen, not one
-of Loom's (gen_abi.py generates _abi.py from those and re-exports these names there)."""
+of Loom's (gen_abi.py generates loom/_abi/ from those, and loom._abi re-exports these names)."""
 from __future__ import annotations
 
 import ctypes
