@@ -103,8 +103,10 @@ for f in gpu_peers.py common.py router_peers.py moe_peers.py; do
 done
 
 # The Python package and its CUDA tests (gpu-check.sh's python_cuda step).
-mkdir -p "$bundle/python/loom" "$bundle/python/tests"
+mkdir -p "$bundle/python/loom/_abi/kinds" "$bundle/python/tests"
 install -m 644 "$root"/bindings/python/loom/*.py "$bundle/python/loom/"
+install -m 644 "$root"/bindings/python/loom/_abi/*.py "$bundle/python/loom/_abi/"
+install -m 644 "$root"/bindings/python/loom/_abi/kinds/*.py "$bundle/python/loom/_abi/kinds/"
 install -m 644 "$root/tests/python/test_cuda.py" "$bundle/python/tests/"
 
 {

@@ -1,7 +1,10 @@
 """The ctypes mirrors in loom._abi against the C headers: every struct's size and every
-field's offset as a C compiler lays them out (skipped without a C compiler)."""
+field's offset as a C compiler lays them out (skipped without a C compiler). loom/_abi is
+generated from the headers (bindings/python/gen_abi.py); this checks the generator's layouts,
+for the structs listed here and for every struct it wrote."""
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 
@@ -35,6 +38,15 @@ STRUCTS = [
     (_abi.RouterSelectArgs, "loom_router_select_args", "loom/kinds/router.h"),
     (_abi.RouterBackwardArgs, "loom_router_backward_args", "loom/kinds/router.h"),
 ]
+# Every other struct gen_abi.py wrote: its docstring names the C struct and the header.
+_listed = {c for _, c, _ in STRUCTS}
+for _name, _cls in sorted(vars(_abi).items()):
+    if not (isinstance(_cls, type) and issubclass(_cls, ctypes.Structure)):
+        continue
+    _m = re.fullmatch(r"(loom_\w+) \((?:abi|host)/include/(loom/[\w/]+\.h)\)\.",
+                      _cls.__doc__ or "")
+    if _m and _m.group(1) not in _listed:
+        STRUCTS.append((_cls, _m.group(1), _m.group(2)))
 
 # The Python constants against the header's macros: (python value, C expression).
 CONSTANTS = [
@@ -76,7 +88,27 @@ CONSTANTS = [
     (_abi.QUANTIZER_ACTIVATION, "LOOM_QUANTIZER_ACTIVATION"),
     (_abi.QUANTIZER_HAS_MATMUL, "LOOM_QUANTIZER_HAS_MATMUL"),
     (_abi.QUANTIZER_INT8_ACTIVATIONS, "LOOM_QUANTIZER_INT8_ACTIVATIONS"),
-] + [(k, f"LOOM_MOE_{v.upper()}") for k, v in _abi.MOE_ACTIVATIONS.items()]
+] + [(k, f"LOOM_MOE_{v.upper()}") for k, v in _abi.MOE_ACTIVATION_NAMES.items()]
+
+
+def _generated_constants():
+    """Every integer, enum and size constant gen_abi.py read from the headers, as
+    (python value, C name), and the headers they need."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gen_abi", os.path.join(ROOT, "bindings", "python", "gen_abi.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    model = gen.Model()
+    for rel in gen.headers(ROOT):
+        gen.read_header(os.path.join(ROOT, rel), rel, model)
+    out = [(getattr(_abi, gen.py_const(n)), n) for n, c in model.macros.items()
+           if c.kind in ("int", "size", "alias")]
+    return out, [h.split("include/", 1)[1] for h in gen.headers(ROOT)]
+
+
+GENERATED_CONSTANTS, GENERATED_HEADERS = _generated_constants()
+CONSTANTS += GENERATED_CONSTANTS
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +117,13 @@ def c_layout(tmp_path_factory):
     if not cc:
         pytest.skip("no C compiler to read the headers' layouts with")
     d = tmp_path_factory.mktemp("abi")
-    headers = sorted({h for _, _, h in STRUCTS})
+    headers = sorted({h for _, _, h in STRUCTS} | set(GENERATED_HEADERS))
     lines = ["#include <stddef.h>", "#include <stdio.h>"]
     lines += [f"#include <{h}>" for h in headers]
     lines.append("int main(void) {")
     for py, c, _ in STRUCTS:
-        lines.append(f'  printf("{c} size %zu\\n", sizeof({c}));')
+        # "#size": not a C name, so a field called size (loom_bootstrap's) cannot clash
+        lines.append(f'  printf("{c} #size %zu\\n", sizeof({c}));')
         for name, _t in py._fields_:
             lines.append(f'  printf("{c} {name} %zu\\n", offsetof({c}, {name}));')
     for i, (_v, expr) in enumerate(CONSTANTS):
@@ -99,8 +132,9 @@ def c_layout(tmp_path_factory):
     src = d / "layout.c"
     src.write_text("\n".join(lines) + "\n")
     exe = d / "layout"
-    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "abi", "include"),
-                        str(src), "-o", str(exe)], capture_output=True, text=True)
+    r = subprocess.run([cc, "-std=c11", "-I", os.path.join(ROOT, "abi", "include"), "-I",
+                        os.path.join(ROOT, "host", "include"), str(src), "-o", str(exe)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     table = {}
@@ -112,7 +146,7 @@ def c_layout(tmp_path_factory):
 
 @pytest.mark.parametrize("py,c", [(p, c) for p, c, _ in STRUCTS], ids=[c for _, c, _ in STRUCTS])
 def test_struct_matches_header(c_layout, py, c):
-    assert ctypes.sizeof(py) == c_layout[(c, "size")], f"sizeof({c})"
+    assert ctypes.sizeof(py) == c_layout[(c, "#size")], f"sizeof({c})"
     for name, _t in py._fields_:
         assert getattr(py, name).offset == c_layout[(c, name)], f"offsetof({c}, {name})"
 
@@ -120,3 +154,35 @@ def test_struct_matches_header(c_layout, py, c):
 def test_constants_match_header(c_layout):
     for i, (value, expr) in enumerate(CONSTANTS):
         assert value == c_layout[("const", str(i))], expr
+
+
+def test_every_kind_header_is_mirrored():
+    """gen_abi.py read every kind: each kind header's LOOM_KIND_* ID is in _abi."""
+    kinds = os.path.join(ROOT, "abi", "include", "loom", "kinds")
+    for h in sorted(os.listdir(kinds)):
+        if h.endswith(".h"):
+            name = h[:-2].upper()
+            assert getattr(_abi, f"KIND_{name}", None) == f"loom.{h[:-2]}/1", h
+
+
+def test_abi_is_what_the_generator_writes():
+    """loom/_abi/ is exactly what bindings/python/gen_abi.py writes from today's headers
+    (as the ctest python.abi_generated checks, here for pytest runs too)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gen_abi", os.path.join(ROOT, "bindings", "python", "gen_abi.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(_abi.__file__)))  # loom/
+    assert gen.on_disk(package) == gen.generate(ROOT), \
+        "loom/_abi is out of date: run python3 bindings/python/gen_abi.py"
+
+
+def test_no_generated_module_nears_the_size_limit():
+    """A module a header keeps each file far below the project's 1,000 lines."""
+    folder = os.path.dirname(os.path.abspath(_abi.__file__))
+    for d, _dirs, files in os.walk(folder):
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(d, f), encoding="utf-8") as fh:
+                    assert sum(1 for _ in fh) < 500, f

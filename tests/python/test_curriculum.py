@@ -1,7 +1,9 @@
 """loom.curriculum/1 from Python (Instance.curriculum_plan / _at / _count / _score): the
 bundled schedules against docs/data.md's formulas, step by step, and the bundled metrics
 against their definitions on small token arrays."""
+import json
 import math
+import os
 
 import pytest
 
@@ -207,3 +209,45 @@ def test_wrong_calls_are_refused_with_their_reason():
         with pytest.raises(loom.InvalidArgumentError, match="one element per sample"):
             voc.curriculum_score(tokens, offsets, np.zeros(2), vocab_size=4,
                                  stats=np.ones(4, dtype=np.int64))
+
+
+def test_the_data_efficiency_example_manifests_from_their_files(tmp_path):
+    """The curriculum instances of examples/data_efficiency, opened from manifest files: the
+    analyzer's metrics (analyze.toml as it is) count and score, and the runs' schedules
+    (curriculum.toml's [curriculum.*] tables, without the comm and samplers that need a job
+    and an index) give their difficulties and sequence lengths."""
+    tomllib = pytest.importorskip("tomllib")
+    from conftest import ROOT
+    example = os.path.join(ROOT, "examples", "data_efficiency")
+    tokens = np.array([3, 1, 1, 0, 2, 0, 4, 4, 4], dtype=np.uint16)
+    offsets = np.array([0, 3, 4, 9], dtype=np.int64)
+    with loom.Session(os.path.join(example, "analyze.toml"), log_level="error") as s:
+        voc, length = s.instance("curriculum", "voc"), s.instance("curriculum", "seqlen")
+        stats = np.zeros(voc.curriculum_plan(vocab_size=5)["stats_count"], dtype=np.int64)
+        voc.curriculum_count(tokens, offsets, stats, vocab_size=5)
+        assert stats.tolist() == [2, 2, 1, 1, 3]
+        scores = np.zeros(3)
+        voc.curriculum_score(tokens, offsets, scores, vocab_size=5, stats=stats)
+        _, want = rarity_reference(tokens.astype(np.int64), offsets, 5)
+        assert scores.tolist() == pytest.approx(want, abs=len(tokens) * 2.0 ** -33)
+        length.curriculum_score(tokens, offsets, scores, vocab_size=5)
+        assert scores.tolist() == [3.0, 1.0, 5.0]
+
+    with open(os.path.join(example, "curriculum.toml"), "rb") as f:
+        tables = tomllib.load(f)["curriculum"]
+    lines = ["[loom]", "abi = 1"]
+    for name, params in tables.items():
+        lines.append(f"[curriculum.{name}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in params.items()]
+    manifest = tmp_path / "schedules.toml"
+    manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with loom.Session(str(manifest), log_level="error") as s:
+        voc = s.instance("curriculum", "voc_schedule")  # fixed_root, k = 2, 1 .. 100 in 200
+        slw = s.instance("curriculum", "slw")  # seqlen_warmup, truncate, 8 .. 128 in 200
+        assert voc.curriculum_plan()["schedule"]
+        assert slw.curriculum_plan()["seq_len_mode"] == "truncate"
+        for step in (1, 2, 50, 100, 199, 200, 201, 5000):
+            assert voc.curriculum_at(step) == {
+                "difficulty": root_schedule(step, 1, 100, 200, 1, k=2.0), "seq_len": 0}, step
+            want = root_schedule(step, 8, 128, 200, 8)
+            assert slw.curriculum_at(step) == {"difficulty": want, "seq_len": int(want)}, step

@@ -12,6 +12,9 @@ from .errors import InvalidArgumentError, UnimplementedError
 from .tensor import Borrowed, borrow
 
 _TOKEN_DTYPES = ("uint16", "int32", "int64")
+# loom_curriculum_plan_args.seq_len_mode as curriculum_plan names it
+_SEQ_LEN_MODES = {_abi.SEQ_LEN_NONE: "none", _abi.SEQ_LEN_TRUNCATE: "truncate",
+                  _abi.SEQ_LEN_RESHAPE: "reshape"}
 
 
 class CurriculumCalls:
@@ -50,8 +53,7 @@ class CurriculumCalls:
         roles = int(a.roles)
         return {"roles": roles, "metric": bool(roles & _abi.CURRICULUM_METRIC),
                 "schedule": bool(roles & _abi.CURRICULUM_SCHEDULE),
-                "seq_len_mode": _abi.SEQ_LEN_MODES.get(int(a.seq_len_mode),
-                                                       str(a.seq_len_mode)),
+                "seq_len_mode": _SEQ_LEN_MODES.get(int(a.seq_len_mode), str(a.seq_len_mode)),
                 "stats_count": int(a.stats_count)}
 
     def curriculum_at(self, step: int) -> Dict[str, Any]:

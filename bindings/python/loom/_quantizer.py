@@ -160,10 +160,10 @@ class QuantLayout:
 
     def _fill(self, a: "_abi.QuantizerLayoutArgs", table_has_matmul: bool) -> None:
         f = self._format
-        self.scheme = _abi.QUANT_SCHEMES.get(int(f.scheme), str(f.scheme))
+        self.scheme = _abi.QUANT_SCHEME_NAMES.get(int(f.scheme), str(f.scheme))
         self.bits = int(f.bits)
         self.symmetric = bool(f.flags & _abi.QUANT_SYMMETRIC)
-        self.packing = _abi.QUANT_PACKINGS.get(int(f.packing), str(f.packing))
+        self.packing = _abi.QUANT_PACKING_NAMES.get(int(f.packing), str(f.packing))
         self.axis, self.group_size = int(f.axis), int(f.group_size)
         self.scale_dtype = _dtype_of(f.scale_dtype)
         self.zero_point_dtype = _dtype_of(f.zero_point_dtype)

@@ -20,16 +20,13 @@ from .tensor import host_workspace as _host_workspace
 
 PathLike = Union[str, os.PathLike]
 
-KINDS = {
-    "optimizer": "loom.optimizer/1",
-    "comm": "loom.comm/1",
-    "codec": "loom.codec/1",
-    "curriculum": "loom.curriculum/1",
-    "sampler": "loom.sampler/1",
-    "router": "loom.router/1",
-    "moe": "loom.moe/1",
-    "quantizer": "loom.quantizer/1",
-}
+# Manifest section -> kind ID, from the kind headers' LOOM_KIND_* (loom.optimizer/1 ...).
+KINDS = {n[len("KIND_"):].lower(): v for n, v in vars(_abi).items() if n.startswith("KIND_")}
+# loom_log_level by name, and "off" as the CLI spells it (above every level).
+_LOG_LEVELS = {name: v for v, name in sorted(_abi.LOG_LEVEL_NAMES.items())}
+_LOG_LEVELS["off"] = max(_abi.LOG_LEVEL_NAMES) + 1
+# loom_moe_weights' tensors, in field order (after struct_size and reserved).
+_MOE_WEIGHT_NAMES = tuple(n for n, _t in _abi.MoeWeights._fields_[2:])
 
 
 def _b(s: Optional[PathLike], what: str = "argument", path: bool = False) -> Optional[bytes]:
@@ -82,14 +79,15 @@ def _options(plugin_path: Union[None, str, Sequence[str]], validate_only: bool,
         raise InvalidArgumentError(
             f"bootstrap must be a loom.Bootstrap (e.g. loom.torch.distributed_bootstrap()), "
             f"not {type(bootstrap).__name__}")
-    o.bootstrap = bootstrap.pointer if bootstrap is not None else None
+    o.bootstrap = ctypes.cast(bootstrap.pointer, ctypes.POINTER(_abi.Bootstrap)) \
+        if bootstrap is not None else None
     if log_level is None:
         o.log_level = -1
     elif isinstance(log_level, str):
-        if log_level not in _abi.LOG_LEVELS:
+        if log_level not in _LOG_LEVELS:
             raise InvalidArgumentError(
-                f"log_level '{log_level}' is not one of {', '.join(_abi.LOG_LEVELS)}")
-        o.log_level = _abi.LOG_LEVELS[log_level]
+                f"log_level '{log_level}' is not one of {', '.join(_LOG_LEVELS)}")
+        o.log_level = _LOG_LEVELS[log_level]
     else:
         o.log_level = int(log_level)
     o.reserved = 0
@@ -556,7 +554,7 @@ class Instance(CurriculumCalls, QuantizerCalls):
         args.step = int(step)
         args.rank = int(rank)
         args.world_size = int(world_size)
-        args.indices = ctypes.pointer(t)
+        args.indices = ctypes.addressof(t)
         self._call(table.next(obj, ctypes.byref(args)))
         return {"indices": list(buf[:args.count]), "difficulty": float(args.difficulty),
                 "epoch": int(args.epoch), "consumed": int(args.consumed)}
@@ -751,21 +749,22 @@ class Instance(CurriculumCalls, QuantizerCalls):
                 "expert_parallel": bool(f & _abi.MOE_EXPERT_PARALLEL),
                 "experts": int(a.experts), "local_experts": int(a.local_experts),
                 "ep_size": int(a.ep_size), "ep_rank": int(a.ep_rank), "top_k": int(a.top_k),
-                "activation": _abi.MOE_ACTIVATIONS.get(int(a.activation), str(a.activation)),
+                "activation": _abi.MOE_ACTIVATION_NAMES.get(int(a.activation),
+                                                            str(a.activation)),
                 "capacity": int(a.capacity), "max_expert_rows": int(a.max_expert_rows),
                 "saved_bytes": int(a.saved_bytes), "workspace_bytes": int(a.workspace_bytes)}
 
     @staticmethod
     def _moe_weights(weights: Dict[str, Any], what: str) -> tuple:
-        unknown = sorted(set(weights) - set(_abi.MOE_WEIGHT_NAMES))
+        unknown = sorted(set(weights) - set(_MOE_WEIGHT_NAMES))
         if unknown:
             raise InvalidArgumentError(
                 f"{what}: {', '.join(unknown)} is not a MoE weight (they are "
-                f"{', '.join(_abi.MOE_WEIGHT_NAMES)})")
+                f"{', '.join(_MOE_WEIGHT_NAMES)})")
         w = _abi.MoeWeights()
         w.struct_size = _abi.MOE_WEIGHTS_SIZE
         held = []
-        for name in _abi.MOE_WEIGHT_NAMES:
+        for name in _MOE_WEIGHT_NAMES:
             t = weights.get(name)
             if t is None:
                 continue
