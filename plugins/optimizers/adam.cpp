@@ -2,6 +2,7 @@
 // one pass per element on the CPU (Highway) or one multi-tensor launch per group on CUDA
 // (backend.hpp: one Backend, chosen by the step's device).
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 #include <cmath>
 #include <span>

@@ -5,6 +5,7 @@
 //   p = p - lr * coeff * u
 // Both passes run in the step's Backend (backend.hpp), CPU or CUDA by the tensors' device.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 #include <algorithm>
 #include <cmath>

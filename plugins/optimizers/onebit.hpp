@@ -46,6 +46,7 @@
 
 #include <loom/sdk.hpp>
 #include <loom/sdk/compressed_allreduce.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 #include <cstddef>
 #include <cstdint>

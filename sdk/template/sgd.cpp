@@ -10,6 +10,7 @@
 // the structure (validate everything, then update; state with a versioned header) is what
 // matters, not the arithmetic.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 #include <cmath>
 #include <cstddef>

@@ -22,6 +22,7 @@
 // supports_device says 0, so a compressed allreduce on a GPU refuses this codec up front.
 #include <loom/kinds/codec.h>
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/codec.hpp>
 
 #include <cmath>
 #include <cstddef>

@@ -22,6 +22,7 @@
 // set it in plan() and fill at()'s seq_len).
 #include <loom/kinds/curriculum.h>
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
 
 #include <algorithm>
 #include <cmath>

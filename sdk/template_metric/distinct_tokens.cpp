@@ -14,6 +14,7 @@
 // over the dataset (stats_count 0) and needs no plan. Host memory only.
 #include <loom/kinds/curriculum.h>
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
 
 #include <cstddef>
 #include <cstdint>

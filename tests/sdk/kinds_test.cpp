@@ -2,6 +2,8 @@
 // class gets (the NULL rules), the roles the table sets from the class's methods, the
 // defaults and the class's plan, and the argument checks made before the class is called.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
+#include <loom/sdk/kinds/sampler.hpp>
 
 #include <gtest/gtest.h>
 

@@ -5,6 +5,8 @@
 // buffers against the plan or layout, the format field by field). The suite is SdkKinds, so
 // scripts/test.sh's sanitizer pass runs these with the other kinds' tables.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/moe.hpp>
+#include <loom/sdk/kinds/quantizer.hpp>
 
 #include <gtest/gtest.h>
 

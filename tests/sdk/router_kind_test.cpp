@@ -4,6 +4,7 @@
 // range is the plugin's bug). The suite is SdkKinds, so scripts/test.sh's sanitizer pass runs
 // these with the other kinds' tables.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/router.hpp>
 
 #include <gtest/gtest.h>
 

@@ -6,6 +6,7 @@
 // c int8 values; value k decodes to scale * q[k]. Each chunk has its own scale.
 #include <loom/kinds/codec.h>
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/codec.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -9,6 +9,7 @@
 // included), written into every chunk's header.
 #include <loom/kinds/codec.h>
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/codec.hpp>
 
 #include <cstdint>
 #include <numeric>

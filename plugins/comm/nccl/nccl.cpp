@@ -16,6 +16,7 @@
 // all_to_all everything but the own block, broadcast the tensor once per non-root rank.
 #include <loom/sdk.hpp>
 #include <loom/sdk/cuda.hpp>
+#include <loom/sdk/kinds/comm.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>

@@ -7,6 +7,7 @@
 #define LOOM_PLUGINS_COMM_UCX_UCX_HPP
 
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/comm.hpp>
 
 #include <ucp/api/ucp.h>
 

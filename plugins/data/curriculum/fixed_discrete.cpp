@@ -1,6 +1,7 @@
 // fixed_discrete: difficulty[i] up to step max_step[i], the last difficulty after the last
 // max_step (schedule.hpp).
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
 
 #include "schedule.hpp"
 

@@ -1,6 +1,7 @@
 // fixed_linear and fixed_root: DeepSpeed's root schedules (schedule.hpp), one plugin each
 // (this file built with LOOM_CURRICULUM_ROOT 0 for fixed_linear, 1 for fixed_root).
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
 
 #include "schedule.hpp"
 #include "schedule_params.hpp"

@@ -1,5 +1,6 @@
 // seqlen: a difficulty metric, the number of a sample's tokens that are not padding.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
 
 #include <string>
 

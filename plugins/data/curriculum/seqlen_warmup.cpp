@@ -1,6 +1,7 @@
 // seqlen_warmup: sequence-length warmup, a root schedule over sequence lengths (schedule.hpp)
 // whose seq_len tells the trainer to truncate (or reshape) each batch's sequences.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
 
 #include <string>
 

@@ -1,6 +1,7 @@
 // vocabulary_rarity: a difficulty metric, the sum over a sample's tokens of -log p(token), p
 // the token's frequency in the dataset (counted first with count()).
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/curriculum.hpp>
 
 #include "metrics.hpp"
 

@@ -3,6 +3,7 @@
 // loom.curriculum instance) for each step's difficulty, and hands each rank its share of the
 // global batch. docs/data.md, "The curriculum sampler", has the rules.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/sampler.hpp>
 
 #include <cmath>
 #include <cstring>

@@ -5,6 +5,7 @@
 // file turns parameters and ABI calls into the core's configuration and checks what the SDK
 // does not.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/moe.hpp>
 #include <loom/sdk/moe.hpp>
 
 #include <algorithm>

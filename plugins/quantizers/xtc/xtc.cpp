@@ -8,6 +8,7 @@
 // are in ../core (binary.*, ternary.*, xtc_cuda.hpp); this file checks what the SDK does not
 // (role, dtype, the values) and dispatches by device.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/quantizer.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -7,6 +7,7 @@
 // reads the parameters, lays out formats and dispatches by device. docs/quantization.md
 // describes it for users.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/quantizer.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -4,6 +4,7 @@
 // function of (seed, step, layer, sample) (select_key.hpp), the same on every rank, thread
 // count, batch split and device. docs/routing.md describes it for users.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/router.hpp>
 
 #include <cstdint>
 #include <span>

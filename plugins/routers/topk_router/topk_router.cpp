@@ -4,6 +4,7 @@
 // per kept token (sigmoid or linear of its score) through which w learns. The kernels are in
 // topk_kernels.hpp; this file checks what the SDK does not and dispatches by device.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/router.hpp>
 
 #include <cstdint>
 #include <span>

@@ -1,5 +1,6 @@
 // The Loom plugin SDK: header-only C++20 on top of the C ABI in <loom/abi.h>.
-// Plugins include this one header; docs/sdk.md is the guide.
+// Plugins include this header and, for each kind they provide, loom/sdk/kinds/NAME.hpp (the
+// kinds of SDK 1.5 also come through plugin.hpp, a frozen list); docs/sdk.md is the guide.
 #ifndef LOOM_SDK_HPP
 #define LOOM_SDK_HPP
 

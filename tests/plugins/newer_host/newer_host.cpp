@@ -2,7 +2,7 @@
 // than this one (as a plugin built against a later minor's headers and using what that minor
 // added would), so tests see it refuse at create with both versions named instead of reading
 // fields this host does not have.
-#include <loom/sdk/plugin.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 namespace {
 

@@ -8,8 +8,8 @@
 //   caller of parallel_for, else 0.
 // Thread ids are below 2^22 (the kernel's PID_MAX_LIMIT), so a float holds them exactly.
 #include <unistd.h>
+#include <loom/sdk/kinds/optimizer.hpp>
 #include <loom/sdk/parallel.hpp>
-#include <loom/sdk/plugin.hpp>
 
 #include <atomic>
 #include <cstddef>

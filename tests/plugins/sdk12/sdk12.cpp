@@ -3,6 +3,7 @@
 // (greater_than, less_than) and exact int64 ranges (int_range, int_min). Its state is the
 // number of imports it has taken (uint64); the step does nothing.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 #include <cstdint>
 #include <span>

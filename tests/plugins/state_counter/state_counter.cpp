@@ -3,7 +3,7 @@
 // outside. step() adds 1 to every byte of a `payload_bytes` payload (parameters and gradients
 // are ignored); the state is, after the SDK header, the step count, the number of times
 // export_state has run (including the one writing it) and the payload.
-#include <loom/sdk/plugin.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -55,6 +55,7 @@
 // refuses further collectives (FAILED_PRECONDITION); argument errors and disagreements
 // leave it usable.
 #include <loom/sdk.hpp>
+#include <loom/sdk/kinds/comm.hpp>
 
 #include <algorithm>
 #include <array>

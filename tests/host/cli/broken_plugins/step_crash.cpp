@@ -1,6 +1,6 @@
 // step_crash: a valid SDK optimizer, with defaults for everything, whose step dereferences
 // NULL: `loom validate-plugin` must pass load, schema and create, and name the step stage.
-#include <loom/sdk/plugin.hpp>
+#include <loom/sdk/kinds/optimizer.hpp>
 
 namespace {
 

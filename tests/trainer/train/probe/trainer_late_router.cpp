@@ -3,7 +3,7 @@
 // seq_len) positions of each sequence with gate 0.5. Its plan of step 1 keeps every position,
 // so the trainer gives the layer no router weight, and the run must stop at the first step
 // that routes it with an error naming the cause.
-#include <loom/sdk/plugin.hpp>
+#include <loom/sdk/kinds/router.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -4,7 +4,7 @@
 // - 1), 1 for an all-zero row; q = round half to even of w / s), stored one per byte (an
 // 8-bit symmetric format with one group per row). matmul multiplies float x by the codes and
 // applies the row scale after the sum (weight-only); it never decodes W.
-#include <loom/sdk/plugin.hpp>
+#include <loom/sdk/kinds/quantizer.hpp>
 #include <loom/sdk/quantizer.hpp>
 
 #include <algorithm>

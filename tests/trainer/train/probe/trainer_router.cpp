@@ -6,7 +6,7 @@
 // batch * kept over the layers; its state is (step, consumed), and it accepts only the step
 // after the last one accounted (or that one again), so a resume that does not import the
 // state fails.
-#include <loom/sdk/plugin.hpp>
+#include <loom/sdk/kinds/router.hpp>
 
 #include <algorithm>
 #include <cstdint>
