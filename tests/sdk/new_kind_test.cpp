@@ -1,10 +1,9 @@
-// A kind the SDK has never heard of, defined here as a kind's two headers would define it: a
-// C table (loom/kinds/NAME.h) and its SDK header (loom/sdk/kinds/NAME.hpp: base class, table,
-// KindTraits). plugin.hpp is not touched, yet factory<T>() builds the kind's factory, the
-// table's entries report faults as the SDK's kinds do, and one plugin provides it beside an
-// SDK 1.5 kind.
+// A kind the SDK has never heard of, loom.example/1 (tests/kinds/example: its C header and its
+// SDK header, base class, table and KindTraits). plugin.hpp is not touched, yet factory<T>()
+// builds the kind's factory, the table's entries report faults as the SDK's kinds do, and one
+// plugin provides it beside an SDK 1.5 kind. tests/kinds/example runs it through a host.
+#include <loom/sdk/kinds/example.hpp>
 #include <loom/sdk/kinds/optimizer.hpp>
-#include <loom/sdk/kinds/table.hpp>
 #include <loom/sdk/plugin.hpp>
 
 #include <gtest/gtest.h>
@@ -12,60 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-
-// ---- what loom/kinds/example.h would declare
-
-extern "C" {
-typedef struct loom_example_args {
-  uint32_t struct_size;
-  int32_t steps;   // >= 1
-  int64_t result;  // out: the instance's total after the call
-} loom_example_args;
-
-typedef struct loom_example_v1 {
-  uint32_t struct_size;
-  loom_status* (*run)(void* self, loom_example_args* args);
-} loom_example_v1;
-}
-#define LOOM_KIND_EXAMPLE "loom.example/1"
-
-// ---- what loom/sdk/kinds/example.hpp would declare
-
-namespace loom::sdk {
-
-// "loom.example/1": required void run(loom_example_args&) [instance]; the SDK checks steps.
-struct Example {
-  static constexpr const char* kKind = LOOM_KIND_EXAMPLE;
-  using sdk_kind = Example;
-};
-
-namespace detail {
-
-template <class T>
-struct ExampleTable {
-  static loom_status* run(void* instance, loom_example_args* args) noexcept {
-    return Entry<T>::checked(instance, args, LOOM_STRUCT_SIZE(loom_example_args, result),
-                             "example args", [](loom_example_args& a, const Instance<T>& self) {
-                               at_least(a.steps, 1, "steps", "example run");
-                               self.object().run(a);
-                             });
-  }
-  static const loom_example_v1* get() {
-    static const loom_example_v1 table{sizeof(loom_example_v1), &run};
-    return &table;
-  }
-};
-
-template <>
-struct KindTraits<Example> {
-  template <class T>
-  static const void* table() {
-    return ExampleTable<T>::get();
-  }
-};
-
-}  // namespace detail
-}  // namespace loom::sdk
 
 // ---- a plugin of the new kind
 
@@ -123,7 +68,7 @@ TEST(SdkNewKind, FactoryCarriesTheKindAndItsTable) {
   ASSERT_NE(obj, nullptr);
 
   loom_example_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = LOOM_EXAMPLE_ARGS_SIZE;
   a.steps = 3;
   EXPECT_EQ(take(vt->run(obj, &a)), "");
   EXPECT_EQ(a.result, 3);
@@ -138,11 +83,10 @@ TEST(SdkNewKind, FactoryCarriesTheKindAndItsTable) {
   EXPECT_EQ(code, LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(take(vt->run(obj, nullptr), &code), "example args is NULL");
   a.struct_size = 4;
-  EXPECT_EQ(take(vt->run(obj, &a), &code),
-            "example args has struct_size 4, smaller than the " +
-                std::to_string(LOOM_STRUCT_SIZE(loom_example_args, result)) +
-                " bytes of the fields this plugin reads");
-  a.struct_size = sizeof a;
+  EXPECT_EQ(take(vt->run(obj, &a), &code), "example args has struct_size 4, smaller than the " +
+                                               std::to_string(LOOM_EXAMPLE_ARGS_SIZE) +
+                                               " bytes of the fields this plugin reads");
+  a.struct_size = LOOM_EXAMPLE_ARGS_SIZE;
   a.steps = 1;
   EXPECT_EQ(take(vt->run(nullptr, &a), &code), "instance is NULL");
   EXPECT_EQ(code, LOOM_ERR_INVALID_ARGUMENT);

@@ -1,15 +1,16 @@
 // What every kind's SDK header (loom/sdk/kinds/NAME.hpp) builds its function table from: the
 // one registration point (KindTraits) and the one shape of a table entry (Entry).
 //
-// A kind registers itself next to its base class, with no list to edit:
+// A kind registers itself next to its base class, with no list to edit (tests/kinds/example
+// has a whole kind written this way):
 //
-//   struct Example {                                  // what a plugin class derives from
-//     static constexpr const char* kKind = LOOM_KIND_EXAMPLE;
-//     using sdk_kind = Example;                       // how factory<T>() finds the kind
+//   struct Name {                                     // what a plugin class derives from
+//     static constexpr const char* kKind = LOOM_KIND_NAME;
+//     using sdk_kind = Name;                          // how factory<T>() finds the kind
 //   };
-//   template <class T> struct ExampleTable { static const loom_example_v1* get(); ... };
-//   template <> struct detail::KindTraits<Example> {
-//     template <class T> static const void* table() { return ExampleTable<T>::get(); }
+//   template <class T> struct NameTable { static const loom_name_v1* get(); ... };
+//   template <> struct detail::KindTraits<Name> {
+//     template <class T> static const void* table() { return NameTable<T>::get(); }
 //   };
 //
 // Every C entry of a table is written with Entry<T>: the body runs under guard(), so no
