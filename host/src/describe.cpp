@@ -275,6 +275,38 @@ nlohmann::json value_json(const loom_param& p) {
 }  // namespace
 }  // namespace loom::host
 
+extern "C" LOOM_API int32_t loom_declared_instances(loom_session* session, const char* kind,
+                                                    char** json_out) {
+  using loom::host::set_last_error;
+  if (json_out != nullptr) *json_out = nullptr;
+  if (session == nullptr || json_out == nullptr) {
+    return set_last_error(LOOM_ERR_INVALID_ARGUMENT, "loom_declared_instances: NULL argument");
+  }
+  try {
+    std::string_view id;
+    if (kind != nullptr) {
+      id = loom::host::normalize_kind(kind);
+      if (id.empty()) {
+        return set_last_error(LOOM_ERR_INVALID_ARGUMENT,
+                              std::string("loom_declared_instances: unknown kind '") + kind +
+                                  "'; this host knows the kinds " + loom::host::known_kind_ids());
+      }
+    }
+    nlohmann::json doc = nlohmann::json::array();
+    for (const auto& decl : loom::host::session_of(session)->manifest().instances) {
+      if (!id.empty() && decl.kind != id) continue;
+      doc.push_back({{"kind", decl.kind},
+                     {"section", decl.section},
+                     {"name", decl.name},
+                     {"plugin", decl.plugin},
+                     {"at", loom::host::where(decl.pos)}});
+    }
+    return loom::host::hand_out(doc, "loom_declared_instances", json_out);
+  } catch (const std::exception& e) {
+    return set_last_error(LOOM_ERR_INTERNAL, std::string("loom_declared_instances: ") + e.what());
+  }
+}
+
 extern "C" LOOM_API int32_t loom_instance_params(loom_session* session, const char* kind,
                                                  const char* name, char** json_out) {
   using loom::host::set_last_error;

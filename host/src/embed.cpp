@@ -92,6 +92,18 @@ loom::host::OpenOptions to_options(const loom_open_options* o) {
   }
   if (has(offsetof(loom_open_options, bootstrap) + sizeof(void*))) out.bootstrap = o->bootstrap;
   if (has(offsetof(loom_open_options, log_level) + sizeof(int32_t))) out.log_level = o->log_level;
+  if (has(offsetof(loom_open_options, sections) + sizeof(char*)) && o->sections != nullptr) {
+    std::string_view rest = o->sections;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      std::string_view one = rest.substr(0, comma);
+      while (!one.empty() && one.front() == ' ') one.remove_prefix(1);
+      while (!one.empty() && one.back() == ' ') one.remove_suffix(1);
+      if (!one.empty()) out.sections.emplace_back(one);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    out.only_sections = true;
+  }
   return out;
 }
 

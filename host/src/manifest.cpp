@@ -335,7 +335,8 @@ std::vector<std::string> log_level_names() {
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& origin,
-                        const std::filesystem::path& base_dir, Diagnostics& diags) {
+                        const std::filesystem::path& base_dir, Diagnostics& diags,
+                        const std::vector<std::string>* only) {
   Manifest m;
   m.origin = origin;
   m.base_dir = base_dir;
@@ -355,6 +356,9 @@ Manifest parse_manifest(std::string_view text, const std::string& origin,
     const std::string k(key.str());
     const SourcePos kpos = pos_of(key.source(), origin);
     const auto* table = node.as_table();
+    if (only != nullptr && k != "loom" && std::find(only->begin(), only->end(), k) == only->end()) {
+      continue;  // left out by the caller (loom_open_options.sections)
+    }
     if (k == "loom") {
       if (table == nullptr) {
         diags.error(kpos, "'loom' must be a table: write [loom]");

@@ -71,8 +71,10 @@ struct Manifest {
 
 // Parses TOML text. Syntax errors and structural errors go to `diags`; what could be
 // read is returned either way.
+// `only`, when set, lists the sections to read besides [loom]; the others are skipped unread.
 Manifest parse_manifest(std::string_view text, const std::string& origin,
-                        const std::filesystem::path& base_dir, Diagnostics& diags);
+                        const std::filesystem::path& base_dir, Diagnostics& diags,
+                        const std::vector<std::string>* only = nullptr);
 
 // The log levels a manifest or LOOM_LOG_LEVEL may name, and their loom_log_level.
 std::optional<int32_t> parse_log_level(std::string_view name);

@@ -113,7 +113,8 @@ std::unique_ptr<Session> Session::open_text(std::string_view text, const std::st
                                             const OpenOptions& options) {
   std::unique_ptr<Session> s(new Session());
   Diagnostics diags;
-  s->manifest_ = parse_manifest(text, origin, base_dir, diags);
+  s->manifest_ = parse_manifest(text, origin, base_dir, diags,
+                                options.only_sections ? &options.sections : nullptr);
   s->setup_logging(options);
   std::string how = "the embedding program's";
   if (options.bootstrap != nullptr) {

@@ -36,6 +36,8 @@ struct OpenOptions {
   std::string plugin_path;  // ':'-separated, searched after the manifest's
   const loom_bootstrap* bootstrap = nullptr;
   int32_t log_level = -1;
+  bool only_sections = false;         // read only `sections` and [loom]
+  std::vector<std::string> sections;  // loom_open_options.sections, split
 };
 
 class Session {

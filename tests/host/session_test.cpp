@@ -201,6 +201,47 @@ TEST_F(Session, InstanceParamsAreTheValidatedValuesWithTheirPlaces) {
   EXPECT_THAT(loom_last_error(), HasSubstr("unknown kind 'trainer'"));
 }
 
+TEST_F(Session, DeclaredInstancesAndOnlySomeSections) {
+  const std::string text =
+      "[comm.world]\nplugin = \"probe\"\n\n[optimizer.main]\nplugin = \"probe\"\n"
+      "tag = \"a\"\ncomm = \"world\"\n\n[optimizer.spare]\nplugin = \"probe\"\ntag = \"b\"\n";
+  ASSERT_EQ(open(text), LOOM_OK) << error_;
+  char* raw = nullptr;
+  ASSERT_EQ(loom_declared_instances(session_, "optimizer", &raw), LOOM_OK) << loom_last_error();
+  auto doc = nlohmann::json::parse(raw);
+  loom_free_string(raw);
+  ASSERT_EQ(doc.size(), 2U);
+  EXPECT_EQ(doc[0]["name"], "main");
+  EXPECT_EQ(doc[1]["name"], "spare");
+  EXPECT_EQ(doc[1]["section"], "optimizer");
+  ASSERT_EQ(loom_declared_instances(session_, nullptr, &raw), LOOM_OK);
+  EXPECT_EQ(nlohmann::json::parse(raw).size(), 3U);
+  loom_free_string(raw);
+  loom_close(session_);
+  session_ = nullptr;
+
+  // sections = "comm": the optimizers are left out unread, the comm is created, and its
+  // place in messages is still its line in the file.
+  loom_open_options o{};
+  o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+  o.log_level = -1;
+  o.sections = "comm";
+  const std::string plugins = loom_test::plugin_dir().string();
+  o.plugin_path = plugins.c_str();
+  ASSERT_EQ(loom_open_string(text.c_str(), "m.toml", &o, &session_), LOOM_OK) << loom_last_error();
+  EXPECT_EQ(loom_instance_count(session_), 1U);
+  loom_instance* inst = nullptr;
+  EXPECT_EQ(loom_find_instance(session_, "optimizer", "main", &inst), LOOM_ERR_NOT_FOUND);
+  ASSERT_EQ(loom_instance_params(session_, "comm", "world", &raw), LOOM_OK);
+  EXPECT_EQ(nlohmann::json::parse(raw)["at"], "m.toml:1:1");
+  loom_free_string(raw);
+  loom_close(session_);
+  session_ = nullptr;
+  // A section left out is not checked either: an unknown one no longer fails.
+  const std::string odd = text + "\n[trainer.x]\nplugin = \"probe\"\n";
+  EXPECT_EQ(loom_open_string(odd.c_str(), "m.toml", &o, &session_), LOOM_OK) << loom_last_error();
+}
+
 TEST_F(Session, StateRoundTrip) {
   ASSERT_EQ(open("[optimizer.main]\nplugin = \"probe\"\ntag = \"t\"\nstart_step = 5\n"), LOOM_OK)
       << error_;

@@ -42,8 +42,14 @@ typedef struct loom_open_options {
    * [loom] log_level (LOOM_LOG_LEVEL in the environment overrides both). */
   int32_t log_level;
   int32_t reserved;
+  /* NULL, or a comma-separated list of manifest sections ("curriculum,sampler"): only these
+   * and [loom] are read, every other table is left out as if the manifest lacked it (the
+   * lines of what is read keep their numbers in messages). A program that needs some of the
+   * instances (a check that creates the curriculum's without the job's comm) opens the
+   * manifest this way rather than editing its text. Appended after the first release. */
+  const char* sections LOOM_APPENDED_FIELD;
 } loom_open_options;
-#define LOOM_OPEN_OPTIONS_SIZE LOOM_STRUCT_SIZE(loom_open_options, reserved)
+#define LOOM_OPEN_OPTIONS_SIZE LOOM_STRUCT_SIZE(loom_open_options, sections)
 LOOM_CHECK_STRUCT_SIZE(loom_open_options, LOOM_OPEN_OPTIONS_SIZE);
 
 /* The library's version string ("0.1.0") and the ABI it speaks. */
@@ -175,6 +181,10 @@ LOOM_API void loom_free_string(char* s);
  * parsing the manifest itself. *json_out is freed with loom_free_string. */
 LOOM_API int32_t loom_instance_params(loom_session* session, const char* kind, const char* name,
                                       char** json_out);
+/* The instances the manifest declares, of one kind (a section name or kind ID) or of every
+ * kind (kind NULL), in file order, as a JSON array of {"kind", "section", "name", "plugin",
+ * "at"}; also on a validate_only session. Free with loom_free_string. */
+LOOM_API int32_t loom_declared_instances(loom_session* session, const char* kind, char** json_out);
 
 /* ---- the process's thread pool: the one every plugin instance reaches through
  * loom_host_services.parallel_for (docs/abi.md), for the embedding program's own loops, so
