@@ -16,10 +16,20 @@
 extern "C" {
 #endif
 
+/* static inline, marked unused for GCC and Clang: a file that includes the header without
+ * calling the function (or compiles the header alone) gets no -Wunused-function. */
+#ifndef LOOM_STATIC_INLINE
+#if defined(__GNUC__) || defined(__clang__)
+#define LOOM_STATIC_INLINE static inline __attribute__((unused))
+#else
+#define LOOM_STATIC_INLINE static inline
+#endif
+#endif
+
 #define LOOM_FNV1A64_OFFSET UINT64_C(0xcbf29ce484222325)
 #define LOOM_FNV1A64_PRIME UINT64_C(0x100000001b3)
 
-static inline uint64_t loom_fnv1a64(const void* data, size_t bytes, uint64_t seed) {
+LOOM_STATIC_INLINE uint64_t loom_fnv1a64(const void* data, size_t bytes, uint64_t seed) {
   const unsigned char* p = (const unsigned char*)data;
   uint64_t h = seed;
   size_t i;

@@ -11,8 +11,18 @@
 extern "C" {
 #endif
 
+/* static inline, marked unused for GCC and Clang: a file that includes the header without
+ * calling the function (or compiles the header alone) gets no -Wunused-function. */
+#ifndef LOOM_STATIC_INLINE
+#if defined(__GNUC__) || defined(__clang__)
+#define LOOM_STATIC_INLINE static inline __attribute__((unused))
+#else
+#define LOOM_STATIC_INLINE static inline
+#endif
+#endif
+
 /* "UNKNOWN" for a code this header does not know (a newer peer's). */
-static inline const char* loom_code_name(int32_t code) {
+LOOM_STATIC_INLINE const char* loom_code_name(int32_t code) {
   switch (code) {
     case LOOM_OK:
       return "OK";
