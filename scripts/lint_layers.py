@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layer lint: includes that cross Loom's layers the wrong way, and files over 1,000 lines.
 
-Layers (docs: /DESIGN.md "Layers, one folder each"):
+Layers (abi <- sdk <- plugins; the host; clients on public headers only):
   abi/      includes only <stdint.h>, <stddef.h>, <dlpack/dlpack.h> and abi headers;
   sdk/      includes abi and sdk (and the standard library, third-party libraries);
   host/     never includes the SDK, plugins/, bench/, examples/ or the trainer;
