@@ -12,6 +12,8 @@
 //                                 wire_bytes_per_rank, over the session's `world` transport
 #include "codec_bench.hpp"
 
+#include "bench_support.hpp"
+
 #include <loom/embed.h>
 #include <loom/sdk/compressed_allreduce.hpp>
 
@@ -33,7 +35,7 @@
 namespace loom_bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using loom::bench::Clock;
 using loom::sdk::InstanceRef;
 
 // The codec plugins' thread count: the size of libloom's pool, which they run on.
@@ -64,10 +66,7 @@ double best_of(int iters, const std::function<void()>& fn) {
   return best;
 }
 
-void print(const nlohmann::json& j) {
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
-}
+void print(const nlohmann::json& j) { loom::bench::emit(j); }
 
 template <class VTable>
 InstanceRef<VTable> find(loom_session* s, const char* kind, const char* name) {

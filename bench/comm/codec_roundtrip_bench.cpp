@@ -43,6 +43,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
+
 #if LOOM_BENCH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -51,12 +53,9 @@ namespace {
 
 constexpr int kSkipped = 77;
 
-using Clock = std::chrono::steady_clock;
+using loom::bench::Clock;
 
-void print(const nlohmann::json& j) {
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
-}
+void print(const nlohmann::json& j) { loom::bench::emit(j); }
 
 // Bytes the kernels must move per call on n (padded) fp32 elements, the figure behind
 // "% of copy bandwidth" (the copy moves 8 bytes per element: read 4, write 4).

@@ -27,23 +27,21 @@
 #include <vector>
 
 #include "bench_context.hpp"
+#include "bench_support.hpp"
 #if __has_include("codec_bench.hpp") && defined(LOOM_BENCH_HAVE_CODECS)
 #include "codec_bench.hpp"
 #endif
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using loom::bench::Clock;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-void print(const nlohmann::json& j) {
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
-}
+void print(const nlohmann::json& j) { loom::bench::emit(j); }
 
 }  // namespace
 

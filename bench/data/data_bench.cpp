@@ -33,17 +33,15 @@
 #include <vector>
 
 #include "analyzer.hpp"
+#include "bench_support.hpp"
 #include "dataset.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 namespace az = loom::trainer::analyze;
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using loom::bench::Clock;
+using loom::bench::since;
 
 std::atomic<uint64_t> g_sink{0};
 
@@ -209,7 +207,7 @@ int main(int argc, char** argv) {
     jr["bytes"] = bytes;
     jr["seconds"] = best_read;
     jr["gb_per_s"] = read_gbs;
-    std::printf("%s\n", jr.dump().c_str());
+    loom::bench::emit(jr);
     for (const Timed& tm : timed) {
       auto line = [&](const char* pass, double sec) {
         nlohmann::ordered_json j;
@@ -223,7 +221,7 @@ int main(int argc, char** argv) {
         j["samples_per_s"] = static_cast<double>(n) / sec;
         j["gb_per_s"] = bytes / sec / 1e9;
         j["ratio_to_read"] = (bytes / sec / 1e9) / read_gbs;
-        std::printf("%s\n", j.dump().c_str());
+        loom::bench::emit(j);
       };
       if (tm.metric[0].stats_count > 0) line("count", tm.count);
       line("score", tm.score);

@@ -53,42 +53,27 @@
 #include <string>
 #include <vector>
 
-#include "dispatch.hpp"
-#include "exchange.hpp"
-#include "experts.hpp"
-#include "gating.hpp"
-#include "layer.hpp"
-#include "router_core.hpp"
+#include <loom/moe/dispatch.hpp>
+#include <loom/moe/exchange.hpp>
+#include <loom/moe/experts.hpp>
+#include <loom/moe/gating.hpp>
+#include <loom/moe/layer.hpp>
+
+#include "bench_support.hpp"
 
 #if LOOM_MOE_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "moe_cuda.hpp"
+#include <loom/moe/moe_cuda.hpp>
 #endif
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using Json = nlohmann::ordered_json;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct BenchError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// ------------------------------------------------------------------ host pool for the core
-loom_status* pool_run(void*, std::size_t n, std::size_t grain, loom::sdk::ParallelBody body,
-                      void* ctx) {
-  if (loom_parallel_for(n, grain, body, ctx) != 0) {
-    std::fprintf(stderr, "loom bench moe: loom_parallel_for: %s\n", loom_last_error());
-    std::abort();  // a pool that cannot run is a broken install, not a user error
-  }
-  return nullptr;
-}
-std::size_t pool_threads(void*) { return loom_thread_count(); }
+using loom::bench::BenchError;
+using loom::bench::Clock;
+using loom::bench::copy_seconds;  // the roof: libloom's pool or this thread, 64 KiB blocks
+using loom::bench::Json;
+using loom::bench::since;
 
 // 64-byte aligned host floats, every page written.
 struct Floats {
@@ -113,36 +98,6 @@ void randomize(Floats& f, float scale, uint32_t seed) {
     const auto u = static_cast<float>(state >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     f.get()[i] = half_width * (2.0f * u - 1.0f);
   }
-}
-
-// ------------------------------------------------------------------ the roof
-constexpr std::size_t kPoolBlock = std::size_t{64} << 10;
-
-// A copy of `bytes` on libloom's pool (64 KiB blocks) or on the calling thread, with memcpy or
-// the router core's streaming stores.
-double copy_seconds(char* dst, const char* src, std::size_t bytes, bool pool, bool streaming) {
-  struct Job {
-    char* dst;
-    const char* src;
-    std::size_t bytes;
-    bool streaming;
-  } job{dst, src, bytes, streaming};
-  auto body = [](void* ctx, std::size_t begin, std::size_t end) {
-    const auto& j = *static_cast<const Job*>(ctx);
-    const std::size_t lo = begin * kPoolBlock, hi = std::min(j.bytes, end * kPoolBlock);
-    if (j.streaming && loom::routers::stream_copy_bytes(j.dst + lo, j.src + lo, hi - lo)) return;
-    std::memcpy(j.dst + lo, j.src + lo, hi - lo);
-  };
-  const std::size_t blocks = (bytes + kPoolBlock - 1) / kPoolBlock;
-  const auto t0 = Clock::now();
-  if (pool) {
-    if (loom_parallel_for(blocks, 1, body, &job) != 0) {
-      throw BenchError(std::string("loom_parallel_for: ") + loom_last_error());
-    }
-  } else {
-    body(&job, 0, blocks);
-  }
-  return since(t0);
 }
 
 struct Options {
@@ -370,7 +325,7 @@ void run_cpu(const Options& o) {
           {"bytes", 2.0 * static_cast<double>(copy_bytes)},
           {"seconds", roof},
           {"gb_per_s", roof_gbs}};
-  std::printf("%s\n", jr.dump().c_str());
+  loom::bench::emit(jr);
   Json j{{"kind", "routing"},
          {"device", "cpu"},
          {"tokens", o.tokens},
@@ -389,7 +344,7 @@ void run_cpu(const Options& o) {
          {"ratio_to_roof", bytes / best / 1e9 / roof_gbs},
          {"move_bytes", r.move_bytes()},
          {"move_ratio_to_roof", r.move_bytes() / (disp + comb) / 1e9 / roof_gbs}};
-  std::printf("%s\n", j.dump().c_str());
+  loom::bench::emit(j);
   std::fprintf(stderr,
                "routing S=%lld M=%lld E=%d k=%d C=%lld: %.3f ms (gate %.3f, dispatch %.3f, "
                "combine %.3f); %.1f GB/s, roof %.1f GB/s, ratio %.2f (dispatch + combine "
@@ -409,7 +364,7 @@ void run_cpu(const Options& o) {
             {"moe_seconds", moe},
             {"dense_seconds", dense},
             {"overhead", moe / dense - 1.0}};
-    std::printf("%s\n", jl.dump().c_str());
+    loom::bench::emit(jl);
     std::fprintf(stderr,
                  "layer fwd+bwd S=%lld M=%lld H=%lld, top-1 of %d experts: %.1f ms, dense MLP "
                  "%.1f ms, overhead %.1f%%\n",
@@ -627,7 +582,7 @@ void run_cuda(const Options& o) {
           {"bytes", 2.0 * static_cast<double>(copy_bytes)},
           {"seconds", roof},
           {"gb_per_s", roof_gbs}};
-  std::printf("%s\n", jr.dump().c_str());
+  loom::bench::emit(jr);
   Json j{{"kind", "routing"},
          {"device", "cuda"},
          {"tokens", S},
@@ -646,7 +601,7 @@ void run_cuda(const Options& o) {
          {"ratio_to_roof", bytes / best / 1e9 / roof_gbs},
          {"move_bytes", move_bytes},
          {"move_ratio_to_roof", move_bytes / (disp + comb) / 1e9 / roof_gbs}};
-  std::printf("%s\n", j.dump().c_str());
+  loom::bench::emit(j);
   std::fprintf(stderr,
                "cuda routing S=%lld M=%lld E=%d k=%d C=%lld: %.3f ms (gate + host bookkeeping "
                "%.3f, dispatch %.3f, combine %.3f); roof %.1f GB/s, ratio %.2f (dispatch + "
@@ -666,7 +621,7 @@ void run_cuda(const Options& o) {
             {"moe_seconds", moe},
             {"dense_seconds", dense},
             {"overhead", moe / dense - 1.0}};
-    std::printf("%s\n", jl.dump().c_str());
+    loom::bench::emit(jl);
     std::fprintf(stderr, "cuda layer fwd+bwd: MoE %.3f ms, dense %.3f ms, overhead %.1f%%\n",
                  moe * 1e3, dense * 1e3, (moe / dense - 1.0) * 100.0);
   }
@@ -723,10 +678,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    loom::sdk::Pool pool;
-    pool.parallel_for = &pool_run;
-    pool.thread_count = &pool_threads;
-    const loom::sdk::PoolRegistration registration(pool);
+    const loom::bench::LibloomPool pool("loom bench moe");
     if (device == "cpu" || device == "all") run_cpu(o);
     if (device == "cuda" || device == "all") {
 #if LOOM_MOE_HAVE_CUDA

@@ -25,17 +25,16 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
+
 #if LOOM_BENCH_CUDA
 #include <cuda_runtime.h>
 #endif
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using loom::bench::Clock;
+using loom::bench::since;
 
 // The peer: Adam (AdamW, bias correction) as anyone would write it, one thread.
 __attribute__((noinline)) void scalar_adam(float* p, const float* g, float* m, float* v, size_t n,
@@ -69,8 +68,7 @@ void emit(const char* optimizer, const char* device, size_t n, double sec, doubl
   j["ratio_to_roof"] = g_roof_gbps > 0 ? bytes / sec / 1e9 / g_roof_gbps : 0.0;
   j["threads"] = loom_thread_count();  // the pool the plugins and the loops above share
   if (note != nullptr) j["note"] = note;
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
+  loom::bench::emit(j);
 }
 
 // Opens a fresh instance of `plugin` (state is keyed by tensor position and shape).
@@ -238,7 +236,7 @@ int main(int argc, char** argv) {
         loom::sdk::parallel_for_on(loom_parallel_for, words, 1 << 16, [&](size_t b, size_t e) {
           std::memcpy(dst.data() + b, src.data() + b, (e - b) * 4);
         });
-        best = std::min(best, seconds_since(t0));
+        best = std::min(best, since(t0));
       }
       copy_gbps = 2.0 * static_cast<double>(words) * 4.0 / best / 1e9;
     }
@@ -260,7 +258,7 @@ int main(int argc, char** argv) {
             vv[i] += 1e-9f * gg[i];
           }
         });
-        best = std::min(best, seconds_since(t0));
+        best = std::min(best, since(t0));
       }
       g_roof_gbps = 28.0 * static_cast<double>(n) / best / 1e9;
     }
@@ -290,7 +288,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "loom-bench-optim: %s\n", loom_last_error());
           return 1;
         }
-        const double sec = seconds_since(t0);
+        const double sec = since(t0);
         if (it > 0) best = std::min(best, sec);  // the first step allocates the state
       }
       const double bytes = (optimizers[k] == "lamb" ? 40.0 : 28.0) * static_cast<double>(n);
@@ -303,7 +301,7 @@ int main(int argc, char** argv) {
         const auto t0 = Clock::now();
         scalar_adam(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f,
                     it + 1);
-        best = std::min(best, seconds_since(t0));
+        best = std::min(best, since(t0));
       }
       emit("scalar_loop_adam", "cpu", n, best, 28.0 * static_cast<double>(n), copy_gbps,
            "peer: plain -O3 C++ loop, one thread");

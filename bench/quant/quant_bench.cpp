@@ -60,8 +60,11 @@
 #include <tuple>
 #include <vector>
 
-#include "binary.hpp"
-#include "router_core.hpp"
+#include <loom/quantizers/binary.hpp>
+#include <loom/routers/router_core.hpp>
+
+#include "bench_support.hpp"
+
 #if LOOM_QUANT_BENCH_DNNL
 #include <oneapi/dnnl/dnnl.h>
 #endif
@@ -74,16 +77,10 @@ extern "C" int openblas_get_num_threads(void);
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using Json = nlohmann::ordered_json;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct BenchError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using loom::bench::BenchError;
+using loom::bench::Clock;
+using loom::bench::Json;
+using loom::bench::since;
 
 // 256-byte aligned buffer (the quantizer workspace alignment), every page written.
 struct Buffer {
@@ -219,7 +216,7 @@ std::unique_ptr<Opened> open_quantizer(const std::string& name, const std::strin
   loom_session* s = nullptr;
   if (loom_open_string(toml.c_str(), "<bench quant>", &opts, &s) != 0) {
     Json j{{"kind", "skip"}, {"what", name}, {"reason", loom_last_error()}};
-    std::printf("%s\n", j.dump().c_str());
+    loom::bench::emit(j);
     return o;
   }
   o->session.s.reset(s);
@@ -397,7 +394,7 @@ struct Options {
 };
 
 void emit(const Json& j) {
-  std::printf("%s\n", j.dump().c_str());
+  loom::bench::emit(j);
   std::fflush(stdout);
 }
 

@@ -47,7 +47,9 @@
 #include <thread>
 #include <vector>
 
-#include "router_core.hpp"
+#include <loom/routers/router_core.hpp>
+
+#include "bench_support.hpp"
 
 #if defined(__x86_64__) || defined(__SSE2__)
 #define LOOM_BENCH_STREAM 1
@@ -63,31 +65,10 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using Json = nlohmann::ordered_json;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct BenchError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-constexpr std::size_t kPoolBlock = std::size_t{64} << 10;  // bytes per block of the pool copy
-
-// ------------------------------------------------------------------ host pool for the core
-// loom::routers::gather/scatter split rows over the SDK's registered pool; a program that
-// links the core directly registers libloom's process-wide pool (the one plugins get).
-loom_status* pool_run(void*, std::size_t n, std::size_t grain, loom::sdk::ParallelBody body,
-                      void* ctx) {
-  if (loom_parallel_for(n, grain, body, ctx) != 0) {
-    std::fprintf(stderr, "loom bench router: loom_parallel_for: %s\n", loom_last_error());
-    std::abort();  // a pool that cannot run is a broken install, not a user error
-  }
-  return nullptr;
-}
-std::size_t pool_threads(void*) { return loom_thread_count(); }
+using loom::bench::BenchError;
+using loom::bench::Clock;
+using loom::bench::Json;
+using loom::bench::since;
 
 unsigned process_cores() {
   cpu_set_t set;
@@ -151,34 +132,6 @@ double copy_seconds(char* dst, const char* src, std::size_t bytes, unsigned thre
   return std::chrono::duration<double>(*std::max_element(end.begin(), end.end()) -
                                        *std::min_element(begin.begin(), begin.end()))
       .count();
-}
-
-// The same copy on libloom's pool (the threads the moves run on), in 64 KiB blocks as the
-// core splits its rows.
-double pool_copy_seconds(char* dst, const char* src, std::size_t bytes, bool streaming) {
-  struct Job {
-    char* dst;
-    const char* src;
-    std::size_t bytes;
-    bool streaming;
-  } job{dst, src, bytes, streaming};
-  const auto t0 = Clock::now();
-  const int32_t rc = loom_parallel_for(
-      (bytes + kPoolBlock - 1) / kPoolBlock, 1,
-      [](void* ctx, std::size_t begin, std::size_t end) {
-        const auto& j = *static_cast<const Job*>(ctx);
-        const std::size_t lo = begin * kPoolBlock, hi = std::min(j.bytes, end * kPoolBlock);
-#if LOOM_BENCH_STREAM
-        if (j.streaming && (reinterpret_cast<uintptr_t>(j.dst + lo) & 15u) == 0) {
-          stream_copy(j.dst + lo, j.src + lo, hi - lo);
-          return;
-        }
-#endif
-        std::memcpy(j.dst + lo, j.src + lo, hi - lo);
-      },
-      &job);
-  if (rc != 0) throw BenchError(std::string("loom_parallel_for: ") + loom_last_error());
-  return since(t0);
 }
 
 // ------------------------------------------------------------------ tensors
@@ -433,8 +386,10 @@ void run_cpu(const std::vector<Shape>& shapes, int64_t reps, int64_t layer_max_s
             roof =
                 std::min(roof, copy_seconds(full.get(), kept.get(), s.moved(), threads, streaming));
           }
-          roof = std::min(roof, pool_copy_seconds(kept.get(), full.get(), s.moved(), streaming));
-          roof = std::min(roof, pool_copy_seconds(full.get(), kept.get(), s.moved(), streaming));
+          roof = std::min(
+              roof, loom::bench::copy_seconds(kept.get(), full.get(), s.moved(), true, streaming));
+          roof = std::min(
+              roof, loom::bench::copy_seconds(full.get(), kept.get(), s.moved(), true, streaming));
         }
       }
       auto t0 = Clock::now();
@@ -459,7 +414,7 @@ void run_cpu(const std::vector<Shape>& shapes, int64_t reps, int64_t layer_max_s
     jr["bytes"] = bytes;
     jr["seconds"] = roof;
     jr["gb_per_s"] = roof_gbs;
-    std::printf("%s\n", jr.dump().c_str());
+    loom::bench::emit(jr);
     for (const auto& [op, sec] : {std::pair{"gather", gather}, std::pair{"scatter", scatter}}) {
       Json j = shape_json("move", "cpu", s);
       j["op"] = op;
@@ -469,13 +424,13 @@ void run_cpu(const std::vector<Shape>& shapes, int64_t reps, int64_t layer_max_s
       j["gb_per_s"] = 2.0 * bytes / sec / 1e9;
       j["roof_gb_per_s"] = roof_gbs;
       j["ratio_to_roof"] = (2.0 * bytes / sec / 1e9) / roof_gbs;
-      std::printf("%s\n", j.dump().c_str());
+      loom::bench::emit(j);
     }
     Json js = shape_json("select", "cpu", s);
     js["router"] = "random_ltd";
     js["seconds"] = select;
     js["positions_per_s"] = static_cast<double>(s.B * s.S) / select;
-    std::printf("%s\n", js.dump().c_str());
+    loom::bench::emit(js);
     double share = -1.0;
     if (block < 1e29) {
       // Per routed layer and step: select, gather(x) and scatter(y) in forward, gather(dy)
@@ -490,7 +445,7 @@ void run_cpu(const std::vector<Shape>& shapes, int64_t reps, int64_t layer_max_s
       jl["select_seconds"] = select;
       jl["gather_seconds"] = gather;
       jl["scatter_seconds"] = scatter;
-      std::printf("%s\n", jl.dump().c_str());
+      loom::bench::emit(jl);
     }
     std::fflush(stdout);
     table.push_back({"cpu", s.dt.name, s.B, s.S, s.K, s.C, roof_gbs, 2.0 * bytes / gather / 1e9,
@@ -601,7 +556,7 @@ void run_cuda(const std::vector<Shape>& shapes, int64_t reps, const std::string&
     jr["bytes"] = bytes;
     jr["seconds"] = roof;
     jr["gb_per_s"] = roof_gbs;
-    std::printf("%s\n", jr.dump().c_str());
+    loom::bench::emit(jr);
     for (const auto& [op, sec] : {std::pair{"gather", gather}, std::pair{"scatter", scatter}}) {
       Json j = shape_json("move", "cuda", s);
       j["op"] = op;
@@ -610,13 +565,13 @@ void run_cuda(const std::vector<Shape>& shapes, int64_t reps, const std::string&
       j["gb_per_s"] = 2.0 * bytes / sec / 1e9;
       j["roof_gb_per_s"] = roof_gbs;
       j["ratio_to_roof"] = (2.0 * bytes / sec / 1e9) / roof_gbs;
-      std::printf("%s\n", j.dump().c_str());
+      loom::bench::emit(j);
     }
     Json js = shape_json("select", "cuda", s);
     js["router"] = "random_ltd";
     js["seconds"] = select;
     js["positions_per_s"] = static_cast<double>(s.B * s.S) / select;
-    std::printf("%s\n", js.dump().c_str());
+    loom::bench::emit(js);
     std::fflush(stdout);
     table.push_back({"cuda", s.dt.name, s.B, s.S, s.K, s.C, roof_gbs, 2.0 * bytes / gather / 1e9,
                      2.0 * bytes / scatter / 1e9, select, -1.0});
@@ -685,10 +640,8 @@ int main(int argc, char** argv) {
         }
       }
     }
-    loom::sdk::Pool pool;
-    pool.parallel_for = &pool_run;
-    pool.thread_count = &pool_threads;
-    const loom::sdk::PoolRegistration registration(pool);
+    // loom::routers::gather/scatter split rows over the SDK's registered pool.
+    const loom::bench::LibloomPool pool("loom bench router");
     std::vector<Row> table;
     if (device == "cpu" || device == "all")
       run_cpu(shapes, reps, layer_max_seq, plugin_path, table);

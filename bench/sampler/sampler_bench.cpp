@@ -22,15 +22,17 @@
 
 #include <loom_cli_support.hpp>
 
-#include "sampler_core.hpp"
+#include <loom/data/sampler_core.hpp>
+
+#include "bench_support.hpp"
 
 namespace {
 
+using loom::bench::Clock;
 using loom::data::SortedEntry;
 using loom::data::sampler::Clustering;
 using loom::data::sampler::DifficultyType;
 using loom::data::sampler::SamplerCore;
-using Clock = std::chrono::steady_clock;
 
 // N entries in sorted order: 1000 distinct values in equal runs, ids ascending within a run.
 std::vector<SortedEntry> make_universe(uint64_t n) {
@@ -59,7 +61,7 @@ nlohmann::json run_once(const std::string& regime, const std::vector<SortedEntry
     const auto share = core.next(s, 42, 0, 1, fn);
     sink += static_cast<uint64_t>(share.ids[0]);
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double seconds = loom::bench::since(t0);
   const double us = seconds * 1e6 / total;
   return {{"regime", regime},
           {"n", n},
@@ -104,8 +106,7 @@ int main(int argc, char** argv) {
       const std::vector<SortedEntry> universe = make_universe(n);
       for (const int64_t batch : {int64_t{16}, int64_t{512}}) {
         for (const char* regime : {"single_cluster", "percentile_ramp", "value_ramp"}) {
-          std::printf("%s\n", run(regime, universe, n, batch, steps, repeat).dump().c_str());
-          std::fflush(stdout);
+          loom::bench::emit(run(regime, universe, n, batch, steps, repeat));
         }
       }
     }

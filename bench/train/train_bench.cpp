@@ -29,17 +29,15 @@
 #include <utility>
 #include <vector>
 
+#include "bench_support.hpp"
 #include "layers.hpp"
 #include "model.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using loom::bench::Clock;
+using loom::bench::since;
 namespace lt = loom::trainer;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 const std::map<std::string, lt::ModelConfig>& configs() {
   static const std::map<std::string, lt::ModelConfig> m = {
@@ -210,55 +208,49 @@ int run(int argc, char** argv) {
     const double peak = std::max(gf(shapes.flops(), sh_ob), gf(shapes.flops(), sh_split));
     for (const auto& [mode, b] :
          {std::pair{"openblas_threads", &sq_ob}, {"model_split", &sq_split}})
-      std::printf("%s\n", nlohmann::json{{"bench", "train"},
-                                         {"kind", "sgemm"},
-                                         {"config", name},
-                                         {"shape", "1024x1024x1024"},
-                                         {"mode", mode},
-                                         {"threads", nt},
-                                         {"gflops", gf(square.flops(), *b)}}
-                              .dump()
-                              .c_str());
+      loom::bench::emit(nlohmann::json{{"bench", "train"},
+                                       {"kind", "sgemm"},
+                                       {"config", name},
+                                       {"shape", "1024x1024x1024"},
+                                       {"mode", mode},
+                                       {"threads", nt},
+                                       {"gflops", gf(square.flops(), *b)}});
     for (const auto& [mode, b] :
          {std::pair{"openblas_threads", &sh_ob}, {"model_split", &sh_split}})
-      std::printf("%s\n", nlohmann::json{{"bench", "train"},
-                                         {"kind", "sgemm_model_shapes"},
-                                         {"config", name},
-                                         {"rows", N},
-                                         {"mode", mode},
-                                         {"threads", nt},
-                                         {"gflops", gf(shapes.flops(), *b)}}
-                              .dump()
-                              .c_str());
+      loom::bench::emit(nlohmann::json{{"bench", "train"},
+                                       {"kind", "sgemm_model_shapes"},
+                                       {"config", name},
+                                       {"rows", N},
+                                       {"mode", mode},
+                                       {"threads", nt},
+                                       {"gflops", gf(shapes.flops(), *b)}});
     const double best = step.s;
     const double fpt = model.flops_per_token(seq);
     const double tps = N / best;
     const double gflops = fpt * tps / 1e9;
-    std::printf("%s\n", nlohmann::json{{"bench", "train"},
-                                       {"kind", "train"},
-                                       {"config", name},
-                                       {"simd", loom::trainer::layers::kernel_target()},
-                                       {"layers", cfg.layers},
-                                       {"dim", cfg.dim},
-                                       {"heads", cfg.heads},
-                                       {"context", cfg.context},
-                                       {"vocab", cfg.vocab_size},
-                                       {"params", model.num_parameters()},
-                                       {"batch", batch},
-                                       {"seq", seq},
-                                       {"threads", nt},
-                                       {"iters", iters},
-                                       {"loss", loss},
-                                       {"step_s_best", best},
-                                       {"step_s_mean", total / iters},
-                                       {"tokens_per_s", tps},
-                                       {"flops_per_token", fpt},
-                                       {"model_gflops", gflops},
-                                       {"peak_gflops", peak},
-                                       {"mfu", gflops / peak},
-                                       {"mfu_vs_square", gflops / square_peak}}
-                            .dump()
-                            .c_str());
+    loom::bench::emit(nlohmann::json{{"bench", "train"},
+                                     {"kind", "train"},
+                                     {"config", name},
+                                     {"simd", loom::trainer::layers::kernel_target()},
+                                     {"layers", cfg.layers},
+                                     {"dim", cfg.dim},
+                                     {"heads", cfg.heads},
+                                     {"context", cfg.context},
+                                     {"vocab", cfg.vocab_size},
+                                     {"params", model.num_parameters()},
+                                     {"batch", batch},
+                                     {"seq", seq},
+                                     {"threads", nt},
+                                     {"iters", iters},
+                                     {"loss", loss},
+                                     {"step_s_best", best},
+                                     {"step_s_mean", total / iters},
+                                     {"tokens_per_s", tps},
+                                     {"flops_per_token", fpt},
+                                     {"model_gflops", gflops},
+                                     {"peak_gflops", peak},
+                                     {"mfu", gflops / peak},
+                                     {"mfu_vs_square", gflops / square_peak}});
     std::fflush(stdout);
   }
   return 0;

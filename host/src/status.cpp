@@ -53,35 +53,4 @@ TakenStatus take_status(loom_status* status) {
   return out;
 }
 
-const char* code_name(int32_t code) {
-  switch (code) {
-    case LOOM_OK:
-      return "OK";
-    case LOOM_ERR_INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case LOOM_ERR_NOT_FOUND:
-      return "NOT_FOUND";
-    case LOOM_ERR_OUT_OF_RANGE:
-      return "OUT_OF_RANGE";
-    case LOOM_ERR_UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case LOOM_ERR_FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case LOOM_ERR_UNAVAILABLE:
-      return "UNAVAILABLE";
-    case LOOM_ERR_DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case LOOM_ERR_RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case LOOM_ERR_DATA_LOSS:
-      return "DATA_LOSS";
-    case LOOM_ERR_ABI_MISMATCH:
-      return "ABI_MISMATCH";
-    case LOOM_ERR_INTERNAL:
-      return "INTERNAL";
-    default:
-      return "UNKNOWN";
-  }
-}
-
 }  // namespace loom::host

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <loom/abi.h>
+#include <loom/code_name.h>
 
 #include <stdexcept>
 #include <string>
@@ -30,8 +31,9 @@ struct TakenStatus {
 };
 TakenStatus take_status(loom_status* status);
 
-// The name of a loom_code, e.g. "INVALID_ARGUMENT".
-const char* code_name(int32_t code);
+// The name of a loom_code, e.g. "INVALID_ARGUMENT": the ABI's one definition, which the
+// SDK uses too.
+inline const char* code_name(int32_t code) { return loom_code_name(code); }
 
 // Calls `fn` (a call into a plugin), turning an escaped C++ exception into an error:
 // the host stays alive whatever a plugin throws.

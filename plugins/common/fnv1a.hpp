@@ -1,22 +1,19 @@
-// FNV-1a 64, the checksum of the file formats Loom writes (the trainer's dataset file, the
-// data analyzer's index files): one definition, so both formats' docs name the same function.
+// FNV-1a 64, the checksum of the file formats Loom writes: the ABI's loom/checksum.h holds the
+// one definition (the host needs it too and may not include plugins); this forwards to it for
+// the plugins that spell it loom::common::fnv1a64.
 #pragma once
+
+#include <loom/checksum.h>
 
 #include <cstddef>
 #include <cstdint>
 
 namespace loom::common {
 
-inline constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ull;
+inline constexpr uint64_t kFnv1a64Offset = LOOM_FNV1A64_OFFSET;
 
 inline uint64_t fnv1a64(const void* data, size_t bytes, uint64_t seed = kFnv1a64Offset) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = seed;
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
+  return loom_fnv1a64(data, bytes, seed);
 }
 
 }  // namespace loom::common

@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
+#include <loom/data/metric_index.hpp>
+#include <loom/data/sampler_core.hpp>
+#include <loom/routers/router_core.hpp>
 #include "fuzz_common.hpp"
-#include "metric_index.hpp"
-#include "router_core.hpp"
-#include "sampler_core.hpp"
 
 namespace {
 

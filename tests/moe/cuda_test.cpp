@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "layer.hpp"
-#include "moe_cuda.hpp"
+#include <loom/moe/layer.hpp>
+#include <loom/moe/moe_cuda.hpp>
 #include "reference.hpp"
 
 namespace {

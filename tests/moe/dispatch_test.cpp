@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "dispatch.hpp"
-#include "experts.hpp"
+#include <loom/moe/dispatch.hpp>
+#include <loom/moe/experts.hpp>
 #include "reference.hpp"
 
 namespace {

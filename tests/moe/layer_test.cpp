@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "layer.hpp"
+#include <loom/moe/layer.hpp>
 #include "layer_layout.hpp"
 #include "reference.hpp"
 

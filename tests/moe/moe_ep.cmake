@@ -7,7 +7,7 @@ if(TARGET loom_ucx AND TARGET loom_moe_core)
   # The silent-rank test is the last of moe_ep_exchange_test.cpp, which is linked last.
   add_executable(loom_moe_ep_tests ${CMAKE_CURRENT_LIST_DIR}/moe_ep_layer_test.cpp
                  ${CMAKE_CURRENT_LIST_DIR}/moe_ep_exchange_test.cpp)
-  target_link_libraries(loom_moe_ep_tests PRIVATE loom loom_sdk loom_moe_core GTest::gtest_main
+  target_link_libraries(loom_moe_ep_tests PRIVATE loom loom_sdk loom_moe_core_internal GTest::gtest_main
                         loom_warnings)
   target_include_directories(loom_moe_ep_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests/comm)
   add_dependencies(loom_moe_ep_tests loom_ucx loom_moe)

@@ -21,7 +21,7 @@
 
 #include <gtest/gtest.h>
 
-#include "exchange.hpp"
+#include <loom/moe/exchange.hpp>
 #include "thread_comm_dir.hpp"
 
 namespace {

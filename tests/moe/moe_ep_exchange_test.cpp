@@ -15,8 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include <loom/moe/exchange.hpp>
 #include "comm_helpers.hpp"
-#include "exchange.hpp"
 
 namespace {
 

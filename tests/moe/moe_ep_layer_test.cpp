@@ -22,9 +22,9 @@
 
 #include <gtest/gtest.h>
 
+#include <loom/moe/exchange.hpp>
+#include <loom/moe/layer.hpp>
 #include "comm_helpers.hpp"
-#include "exchange.hpp"
-#include "layer.hpp"
 #include "layer_layout.hpp"
 
 namespace {

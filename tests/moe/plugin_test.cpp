@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "layer.hpp"
+#include <loom/moe/layer.hpp>
 #include "reference.hpp"
 
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "gating.hpp"
-#include "moe_math.hpp"
+#include <loom/moe/gating.hpp>
+#include <loom/moe/moe_math.hpp>
 #include "reference.hpp"
 #include "simd.hpp"
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 #include "ternary.hpp"
 #include "xtc_cuda.hpp"
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 #include "quant_core.hpp"
 #include "ternary.hpp"
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 #include "ternary.hpp"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "router_core.hpp"
+#include <loom/routers/router_core.hpp>
 #include "tensors.hpp"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "router_core.hpp"
+#include <loom/routers/router_core.hpp>
 #include "select.hpp"
 #include "tensors.hpp"
 

@@ -18,9 +18,8 @@
 
 #include "../status.hpp"
 // The one FNV-1a 64 of Loom's file formats (the dataset, the index files, the trainer's
-// checkpoints): a dependency-free header, reached by its path since the targets that compile
-// this file (libloom, its tests, the fuzzer) do not all see plugins/ on their include path.
-#include "../../../plugins/common/fnv1a.hpp"
+// checkpoints) is part of the formats, so it is the ABI's.
+#include <loom/checksum.h>
 
 namespace loom::host::safetensors {
 namespace {
@@ -236,9 +235,9 @@ uint64_t checksum_digits_at(const uint8_t* bytes, const Header& h, std::string_v
 
 // FNV-1a 64 of the whole file with the checksum's 16 digits (at `digits_at`) read as '0'.
 uint64_t whole_file_hash(const uint8_t* bytes, uint64_t size, uint64_t digits_at) {
-  uint64_t h = loom::common::fnv1a64(bytes, digits_at);
-  h = loom::common::fnv1a64(kZeroDigits.data(), kZeroDigits.size(), h);
-  return loom::common::fnv1a64(bytes + digits_at + 16, size - digits_at - 16, h);
+  uint64_t h = loom_fnv1a64(bytes, digits_at, LOOM_FNV1A64_OFFSET);
+  h = loom_fnv1a64(kZeroDigits.data(), kZeroDigits.size(), h);
+  return loom_fnv1a64(bytes + digits_at + 16, size - digits_at - 16, h);
 }
 
 void write_all(int fd, const void* data, uint64_t bytes, uint64_t offset, const std::string& file) {
@@ -405,8 +404,8 @@ Checksums verify_checksums(const uint8_t* bytes, size_t size, const Header& head
     if (!is_hex16(v)) {
       bad(file, key + " is " + shown(v) + ": the data checksum is 16 lowercase hex digits");
     }
-    const std::string got = hex16(
-        loom::common::fnv1a64(bytes + header.data_offset, static_cast<size_t>(header.data_bytes)));
+    const std::string got = hex16(loom_fnv1a64(
+        bytes + header.data_offset, static_cast<size_t>(header.data_bytes), LOOM_FNV1A64_OFFSET));
     if (got != v) {
       bad(file, "data checksum mismatch: " + key + " says " + v + " but the data area hashes to " +
                     got + ": the data was changed or damaged after it was written");
@@ -584,11 +583,11 @@ void Writer::commit() {
   // The checksum of what the file now holds (its digits still '0'), read back in pieces:
   // tensors are written in any order, and FNV-1a runs front to back.
   std::vector<uint8_t> chunk(static_cast<size_t>(std::min<uint64_t>(file_bytes_, 4u << 20)));
-  uint64_t sum = loom::common::kFnv1a64Offset;
+  uint64_t sum = LOOM_FNV1A64_OFFSET;
   for (uint64_t off = 0; off < file_bytes_; off += chunk.size()) {
     const uint64_t n = std::min<uint64_t>(chunk.size(), file_bytes_ - off);
     read_all(fd_, chunk.data(), n, off, tmp_);
-    sum = loom::common::fnv1a64(chunk.data(), static_cast<size_t>(n), sum);
+    sum = loom_fnv1a64(chunk.data(), static_cast<size_t>(n), sum);
   }
   const std::string digits = hex16(sum);
   write_all(fd_, digits.data(), digits.size(), checksum_at_, tmp_);

@@ -1,5 +1,5 @@
-#include "metric_index.hpp"
 #include <common/fnv1a.hpp>
+#include <loom/data/metric_index.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "metric_index.hpp"
-#include "sampler_core.hpp"
+#include <loom/data/metric_index.hpp>
+#include <loom/data/sampler_core.hpp>
 
 namespace {
 

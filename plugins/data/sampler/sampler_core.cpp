@@ -1,4 +1,4 @@
-#include "sampler_core.hpp"
+#include <loom/data/sampler_core.hpp>
 
 #include <common/number.hpp>
 #include <loom/sdk/random.hpp>

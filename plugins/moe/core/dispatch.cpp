@@ -1,5 +1,5 @@
 // Host index dispatch (dispatch.hpp).
-#include "dispatch.hpp"
+#include <loom/moe/dispatch.hpp>
 
 #include <loom/sdk/parallel.hpp>
 

@@ -1,8 +1,8 @@
 // Index dispatch on CUDA: gather of token rows into their slots, the weighted combine in
 // choice order (written, never atomics) and its weight gradient; the slots come from the
 // host's stable counting sort.
+#include <loom/moe/moe_cuda.hpp>
 #include "cuda_util.cuh"
-#include "moe_cuda.hpp"
 
 namespace loom::moe::cuda {
 namespace {

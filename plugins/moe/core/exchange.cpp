@@ -13,7 +13,7 @@
 // copies on it; otherwise rows are copied to host memory (stream synchronised), exchanged and
 // permuted there, and copied back (synchronised again before returning: the host buffers are
 // reused by the next call).
-#include "exchange.hpp"
+#include <loom/moe/exchange.hpp>
 
 #include <loom/sdk/status.hpp>
 #include <loom/sdk/tensor.hpp>

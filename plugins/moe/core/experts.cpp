@@ -2,7 +2,7 @@
 // the host's pool (each expert writes only its own rows and its own gradients, so the result
 // does not depend on the thread count) and OpenBLAS single-threaded inside them, as the
 // trainer runs it, so BLAS never starts threads of its own beside the pool's.
-#include "experts.hpp"
+#include <loom/moe/experts.hpp>
 
 #include "simd.hpp"
 

@@ -5,8 +5,8 @@
 
 #include <string>
 
+#include <loom/moe/moe_cuda.hpp>
 #include "cuda_util.cuh"
-#include "moe_cuda.hpp"
 
 namespace loom::moe::cuda {
 namespace {

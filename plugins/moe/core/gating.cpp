@@ -1,6 +1,6 @@
 // Host routing (gating.hpp). Compiled with -ffp-contract=off so the sums round as the CUDA
 // kernels' (--fmad=false) do.
-#include "gating.hpp"
+#include <loom/moe/gating.hpp>
 
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/random.hpp>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "moe_math.hpp"
+#include <loom/moe/moe_math.hpp>
 #include "simd.hpp"
 
 namespace loom::moe {

@@ -4,10 +4,10 @@
 // the host's order).
 #include <loom/sdk/random.hpp>
 
+#include <loom/moe/gating.hpp>
+#include <loom/moe/moe_cuda.hpp>
+#include <loom/moe/moe_math.hpp>
 #include "cuda_util.cuh"
-#include "gating.hpp"
-#include "moe_cuda.hpp"
-#include "moe_math.hpp"
 
 namespace loom::moe::cuda {
 namespace {

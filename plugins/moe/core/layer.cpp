@@ -1,12 +1,12 @@
 // The host MoE layer (layer.hpp).
-#include "layer.hpp"
+#include <loom/moe/layer.hpp>
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "dispatch.hpp"
+#include <loom/moe/dispatch.hpp>
 #include "layer_layout.hpp"
 
 namespace loom::moe {

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include <loom/moe/dispatch.hpp>
+#include <loom/moe/moe_cuda.hpp>
+#include <loom/moe/moe_math.hpp>
 #include "cuda_util.cuh"
-#include "dispatch.hpp"
 #include "layer_layout.hpp"
-#include "moe_cuda.hpp"
-#include "moe_math.hpp"
 
 namespace loom::moe::cuda {
 namespace {

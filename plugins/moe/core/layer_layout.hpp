@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "layer.hpp"
+#include <loom/moe/layer.hpp>
 
 namespace loom::moe::detail {
 

@@ -16,12 +16,12 @@
 #include <utility>
 #include <vector>
 
-#include "dispatch.hpp"
-#include "exchange.hpp"
-#include "gating.hpp"
-#include "layer.hpp"
+#include <loom/moe/dispatch.hpp>
+#include <loom/moe/exchange.hpp>
+#include <loom/moe/gating.hpp>
+#include <loom/moe/layer.hpp>
 #if LOOM_MOE_HAVE_CUDA
-#include "moe_cuda.hpp"
+#include <loom/moe/moe_cuda.hpp>
 #endif
 
 namespace {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 #include "xtc_simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();

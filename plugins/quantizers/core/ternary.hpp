@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 
 namespace loom::quant {
 

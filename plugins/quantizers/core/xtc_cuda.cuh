@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 
 namespace loom::quant::cuda::detail {
 

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 
 namespace loom::quant::cuda {
 

@@ -22,7 +22,7 @@
 #include <cstring>
 #include <limits>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 
 HWY_BEFORE_NAMESPACE();
 namespace loom::quant {

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <string>
 
-#include "binary.hpp"
+#include <loom/quantizers/binary.hpp>
 #include "ternary.hpp"
 #if LOOM_QUANT_HAVE_CUDA
 #include "xtc_cuda.hpp"

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "router_core.hpp"
+#include <loom/routers/router_core.hpp>
 
 namespace loom::routers {
 namespace {

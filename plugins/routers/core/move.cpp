@@ -17,7 +17,7 @@
 #define LOOM_ROUTERS_STREAM_STORES 0
 #endif
 
-#include "router_core.hpp"
+#include <loom/routers/router_core.hpp>
 #if LOOM_ROUTERS_HAVE_CUDA
 #include "move_cuda.hpp"
 #endif

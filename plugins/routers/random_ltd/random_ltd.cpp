@@ -10,7 +10,7 @@
 #include <span>
 #include <string>
 
-#include "router_core.hpp"
+#include <loom/routers/router_core.hpp>
 #include "schedule.hpp"
 #include "select.hpp"
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "metric_index.hpp"
+#include <loom/data/metric_index.hpp>
 
 namespace fs = std::filesystem;
 using loom::data::IndexFile;

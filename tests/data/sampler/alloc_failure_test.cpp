@@ -2,7 +2,7 @@
 // is transactional, so the failed call changes nothing (the exported state is the one
 // before the call) and calling it again gives the batch an undisturbed run gives. Its own
 // executable: it replaces the global operator new to make the k-th allocation fail.
-#include "sampler_core.hpp"
+#include <loom/data/sampler_core.hpp>
 
 #include <gtest/gtest.h>
 

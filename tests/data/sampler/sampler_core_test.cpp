@@ -1,6 +1,6 @@
 // The curriculum sampler's core: the keyed permutation, admission and clusters, the batch
 // draw and its sharding over ranks, resume, and the errors of bad calls and bad states.
-#include "sampler_core.hpp"
+#include <loom/data/sampler_core.hpp>
 
 #include <gtest/gtest.h>
 

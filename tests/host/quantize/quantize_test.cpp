@@ -5,6 +5,7 @@
 // checks at open. The quantizer is the quant8 test plugin (INT8 per row or per group).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <loom/checksum.h>
 #include <loom/embed.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -23,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "../../../plugins/common/fnv1a.hpp"
 #include "loom_test.hpp"
 #include "safetensors/safetensors.hpp"
 #include "status.hpp"
@@ -62,7 +62,7 @@ std::string sealed(std::string b) {
   if (at == std::string::npos) return b;
   const size_t d = at + std::string(kChecksumText).size();
   b.replace(d, 16, std::string(16, '0'));
-  b.replace(d, 16, hex16(loom::common::fnv1a64(b.data(), b.size())));
+  b.replace(d, 16, hex16(loom_fnv1a64(b.data(), b.size(), LOOM_FNV1A64_OFFSET)));
   return b;
 }
 
@@ -99,8 +99,9 @@ std::string trainer_checkpoint(const std::vector<F32Tensor>& tensors) {
                  {"data_offsets", {data.size(), data.size() + 4 * t.values.size()}}};
     data += floats(t.values);
   }
-  h["__metadata__"] = {{"format", "pt"},
-                       {"fnv1a64", hex16(loom::common::fnv1a64(data.data(), data.size()))}};
+  h["__metadata__"] = {
+      {"format", "pt"},
+      {"fnv1a64", hex16(loom_fnv1a64(data.data(), data.size(), LOOM_FNV1A64_OFFSET))}};
   std::string text = h.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
   return file_bytes(text, data);

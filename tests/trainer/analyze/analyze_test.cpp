@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
+#include <loom/data/metric_index.hpp>
 #include "analyzer.hpp"
 #include "dataset.hpp"
 #include "free_port.hpp"
-#include "metric_index.hpp"
 
 namespace fs = std::filesystem;
 using loom::data::IndexFile;

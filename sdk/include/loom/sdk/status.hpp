@@ -5,6 +5,7 @@
 #define LOOM_SDK_STATUS_HPP
 
 #include <loom/abi.h>
+#include <loom/code_name.h>
 
 #include <cstddef>
 #include <cstring>
@@ -35,37 +36,9 @@ class Error : public std::runtime_error {
   std::string param_;
 };
 
-// A short name for a code, for messages ("INVALID_ARGUMENT").
-inline const char* code_name(int32_t code) noexcept {
-  switch (code) {
-    case LOOM_OK:
-      return "OK";
-    case LOOM_ERR_INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case LOOM_ERR_NOT_FOUND:
-      return "NOT_FOUND";
-    case LOOM_ERR_OUT_OF_RANGE:
-      return "OUT_OF_RANGE";
-    case LOOM_ERR_UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case LOOM_ERR_FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case LOOM_ERR_UNAVAILABLE:
-      return "UNAVAILABLE";
-    case LOOM_ERR_DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case LOOM_ERR_RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case LOOM_ERR_DATA_LOSS:
-      return "DATA_LOSS";
-    case LOOM_ERR_ABI_MISMATCH:
-      return "ABI_MISMATCH";
-    case LOOM_ERR_INTERNAL:
-      return "INTERNAL";
-    default:
-      return "UNKNOWN";
-  }
-}
+// A short name for a code, for messages ("INVALID_ARGUMENT"): the ABI's one definition,
+// which the host uses too.
+inline const char* code_name(int32_t code) noexcept { return loom_code_name(code); }
 
 namespace detail {
 

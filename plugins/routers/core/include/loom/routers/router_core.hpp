@@ -1,3 +1,6 @@
+// Declared public interface of loom_router_core: bench/, the trainer and tests may include this
+// header (as <loom/routers/router_core.hpp>); the core's other headers are private to it.
+//
 // What every token router of plugins/routers shares (kind loom.router/1): the row copies of
 // gather and scatter, the `layers` parameter, and the layer-token bookkeeping of advance.
 // The routers (random_ltd, topk_router), their tests and the benchmarks link it.

@@ -1,3 +1,6 @@
+// Declared public interface of loom_moe_core: bench/, the trainer and tests may include this
+// header (as <loom/moe/exchange.hpp>); the core's other headers are private to it.
+//
 // Expert-parallel token exchange and expert-gradient reduction over a loom.comm.
 //
 // The expert-parallel (EP) groups are consecutive ranks of the world ([0, ep), [ep, 2 ep), ...)

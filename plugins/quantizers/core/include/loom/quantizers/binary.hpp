@@ -1,3 +1,6 @@
+// Declared public interface of loom_quant_core: bench/, the trainer and tests may include this
+// header (as <loom/quantizers/binary.hpp>); the core's other headers are private to it.
+//
 // Binary (1-bit, BWN) weights of the xtc quantizer, and what its ternary sibling
 // (ternary.hpp) shares: the grouped shape, the fixed-order group sum and bit access.
 //

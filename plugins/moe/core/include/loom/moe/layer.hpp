@@ -1,3 +1,6 @@
+// Declared public interface of loom_moe_core: bench/, the trainer and tests may include this
+// header (as <loom/moe/layer.hpp>); the core's other headers are private to it.
+//
 // The whole MoE layer on the host: gate -> capacity -> dispatch -> exchange -> grouped expert
 // GEMMs -> reverse exchange -> combine (-> PR-MoE mix), and its adjoint. The device path
 // (layer_cuda.cu) keeps the same `saved` layout.
@@ -6,9 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "exchange.hpp"
-#include "experts.hpp"
-#include "gating.hpp"
+#include <loom/moe/exchange.hpp>
+#include <loom/moe/experts.hpp>
+#include <loom/moe/gating.hpp>
 
 namespace loom::moe {
 

@@ -1,3 +1,6 @@
+// Declared public interface of loom_moe_core: bench/, the trainer and tests may include this
+// header (as <loom/moe/gating.hpp>); the core's other headers are private to it.
+//
 // Routing of a MoE layer from fp32 gate logits (the host implementation; gating_cuda.cu is
 // the device one and rounds alike). Everything is a pure function of the inputs and of
 // (seed, step, layer, first_token): see GateConfig.

@@ -1,3 +1,6 @@
+// Declared public interface of loom_moe_core: bench/, the trainer and tests may include this
+// header (as <loom/moe/moe_cuda.hpp>); the core's other headers are private to it.
+//
 // The CUDA half of the MoE core behind a plain C++ interface (the plugin, compiled by the host
 // compiler, calls it). Tensors, `saved` and the workspace are device memory on `stream`; the
 // routing's bookkeeping (top-k, capacity, slots: O(S k) integers) runs on the host with the
@@ -8,7 +11,7 @@
 
 #include <cstdint>
 
-#include "layer.hpp"
+#include <loom/moe/layer.hpp>
 
 namespace loom::moe::cuda {
 

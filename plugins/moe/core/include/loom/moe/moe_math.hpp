@@ -1,3 +1,6 @@
+// Declared public interface of loom_moe_core: bench/, the trainer and tests may include this
+// header (as <loom/moe/moe_math.hpp>); the core's other headers are private to it.
+//
 // Elementary functions that round alike on the host and on CUDA: exp and log in float built
 // from +, *, floor and exponent scaling only (the core is compiled without contraction, the
 // CUDA files with --fmad=false), so the gate's probabilities, its Gumbel noise and hence the

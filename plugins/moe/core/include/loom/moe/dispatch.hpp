@@ -1,3 +1,6 @@
+// Declared public interface of loom_moe_core: bench/, the trainer and tests may include this
+// header (as <loom/moe/dispatch.hpp>); the core's other headers are private to it.
+//
 // Index dispatch: the kept (token, choice) pairs sorted stably by expert with a counting sort
 // (so the rows of expert e are its pairs in (token, choice) order), rows gathered, and the
 // weighted combine back in choice order. No one-hot tensors, no atomics.

@@ -1,3 +1,6 @@
+// Declared public interface of loom_moe_core: bench/, the trainer and tests may include this
+// header (as <loom/moe/experts.hpp>); the core's other headers are private to it.
+//
 // The experts' two-layer MLPs as grouped GEMMs over variable row counts (host: one OpenBLAS
 // GEMM per expert segment; experts_cuda.cu: cuBLAS). Expert e's rows are
 // [offset_e, offset_e + rows[e]) of the input, offset the exclusive prefix sum of rows.
@@ -8,7 +11,7 @@
 
 #include <cstdint>
 
-#include "moe_math.hpp"
+#include <loom/moe/moe_math.hpp>
 
 namespace loom::moe {
 

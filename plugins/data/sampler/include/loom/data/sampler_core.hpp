@@ -1,3 +1,6 @@
+// Declared public interface of loom_sampler_core: bench/, the trainer and tests may include this
+// header (as <loom/data/sampler_core.hpp>); the core's other headers are private to it.
+//
 // The curriculum sampler's core, free of the plugin ABI: which sample ids each data-parallel
 // rank trains on at each step, as a pure function of the sampler's position (docs/data.md,
 // "The curriculum sampler").
@@ -25,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "metric_index.hpp"
+#include <loom/data/metric_index.hpp>
 
 namespace loom::data::sampler {
 
