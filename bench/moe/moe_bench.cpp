@@ -60,7 +60,7 @@
 #include "layer.hpp"
 #include "router_core.hpp"
 
-#if LOOM_MOE_HAVE_CUDA
+#if LOOM_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include "moe_cuda.hpp"
@@ -421,7 +421,7 @@ void run_cpu(const Options& o) {
 }
 
 // ------------------------------------------------------------------ CUDA run
-#if LOOM_MOE_HAVE_CUDA
+#if LOOM_HAVE_CUDA
 #define LOOM_CUDA_OK(call)                                                  \
   do {                                                                      \
     const cudaError_t e_ = (call);                                          \
@@ -729,7 +729,7 @@ int main(int argc, char** argv) {
     const loom::sdk::PoolRegistration registration(pool);
     if (device == "cpu" || device == "all") run_cpu(o);
     if (device == "cuda" || device == "all") {
-#if LOOM_MOE_HAVE_CUDA
+#if LOOM_HAVE_CUDA
       run_cuda(o);
 #else
       std::printf(

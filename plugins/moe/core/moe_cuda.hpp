@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "exchange_cuda.hpp"  // have_cuda() and the exchange's runtime calls
 #include "layer.hpp"
 
 namespace loom::moe::cuda {
