@@ -80,7 +80,7 @@ void to_device(void* dst, const void* src, std::size_t bytes, void* stream) {
 }
 
 void check_device(DLDevice d, const char* what) {
-  if (d.device_type == kDLCPU || d.device_type == kDLCUDAHost) return;
+  if (loom::sdk::is_cpu(d)) return;  // host or pinned host memory
   if (loom::sdk::is_cuda(d)) {
     if (cuda::have_cuda()) return;
     loom::sdk::throw_built_without_cuda("moe exchange: " + std::string(what) + " is on " +
