@@ -96,7 +96,7 @@ uint8_t* as_bytes_mut(DLTensor* t) {
 bool on_cuda(const DLTensor& t) {
   if (loom::sdk::is_cpu(t.device)) return false;
   if (loom::sdk::is_cuda(t.device)) {
-    if (!lq::cuda_built()) loom::sdk::throw_built_without_cuda("zeroquant: x is a CUDA tensor");
+    if (!lq::have_cuda()) loom::sdk::throw_built_without_cuda("zeroquant: x is a CUDA tensor");
     return true;
   }
   throw Error(LOOM_ERR_INVALID_ARGUMENT, "zeroquant: x is on device type " +

@@ -21,7 +21,7 @@
 
 namespace loom::quant {
 
-bool cuda_built() { return true; }
+bool have_cuda() { return true; }
 
 int64_t zq_cuda_quantize(int device, const float* x, const Groups& gs, const IntScheme& q,
                          uint8_t* packed, float* scales, uint8_t* zeros, void* stream) {

@@ -1,4 +1,4 @@
-// zeroquant_cuda.hpp without CUDA: cuda_built() is false and every call UNIMPLEMENTED
+// zeroquant_cuda.hpp without CUDA: have_cuda() is false and every call UNIMPLEMENTED
 // (zeroquant_cuda.cpp is the real one).
 #include <loom/sdk/no_cuda.hpp>
 
@@ -6,7 +6,7 @@
 
 namespace loom::quant {
 
-bool cuda_built() { return false; }
+bool have_cuda() { return false; }
 
 namespace {
 [[noreturn]] void no_cuda() { loom::sdk::throw_built_without_cuda("zeroquant: a CUDA tensor"); }
