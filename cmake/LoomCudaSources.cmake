@@ -26,3 +26,34 @@ function(loom_cuda_sources out_var)
   endforeach()
   set(${out_var} ${result} PARENT_SCOPE)
 endfunction()
+
+# loom_target_cuda(<target> CUDA <file.cu|.cpp>... STUB <file.cpp>... [NEEDS <target>...]):
+# a family's device entry points, one interface (a header of plain functions) built twice.
+# With CUDA (LOOM_HAVE_CUDA and every NEEDS target present): the .cu files (through
+# loom_cuda_sources, so the emulation build works too), CUDA::cudart and the NEEDS targets
+# linked, and LOOM_HAVE_CUDA=1 defined for the target and its users. Without: the stub .cpp
+# files instead, whose functions throw loom::sdk::throw_built_without_cuda. Call sites choose
+# CPU or CUDA at run time (loom::sdk::is_cuda) and never test LOOM_HAVE_CUDA themselves.
+function(loom_target_cuda target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "CUDA;STUB;NEEDS")
+  set(with_cuda ${LOOM_HAVE_CUDA})
+  foreach(need IN LISTS arg_NEEDS)
+    if(NOT TARGET ${need})
+      set(with_cuda OFF)
+    endif()
+  endforeach()
+  if(with_cuda)
+    # .cu files through loom_cuda_sources; host files that call the CUDA runtime as they are.
+    set(cu_files ${arg_CUDA})
+    list(FILTER cu_files INCLUDE REGEX "\\.cu$")
+    set(host_files ${arg_CUDA})
+    list(FILTER host_files EXCLUDE REGEX "\\.cu$")
+    loom_cuda_sources(cuda_sources ${cu_files})
+    target_sources(${target} PRIVATE ${cuda_sources} ${host_files})
+    target_compile_definitions(${target} PUBLIC LOOM_HAVE_CUDA=1)
+    target_link_libraries(${target} PUBLIC CUDA::cudart PRIVATE ${arg_NEEDS})
+    set_target_properties(${target} PROPERTIES CUDA_STANDARD 17 CUDA_VISIBILITY_PRESET hidden)
+  else()
+    target_sources(${target} PRIVATE ${arg_STUB})
+  endif()
+endfunction()

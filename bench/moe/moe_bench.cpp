@@ -61,7 +61,7 @@
 
 #include "bench_support.hpp"
 
-#if LOOM_MOE_HAVE_CUDA
+#if LOOM_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include <loom/moe/moe_cuda.hpp>
@@ -376,7 +376,7 @@ void run_cpu(const Options& o) {
 }
 
 // ------------------------------------------------------------------ CUDA run
-#if LOOM_MOE_HAVE_CUDA
+#if LOOM_HAVE_CUDA
 #define LOOM_CUDA_OK(call)                                                  \
   do {                                                                      \
     const cudaError_t e_ = (call);                                          \
@@ -681,7 +681,7 @@ int main(int argc, char** argv) {
     const loom::bench::LibloomPool pool("loom bench moe");
     if (device == "cpu" || device == "all") run_cpu(o);
     if (device == "cuda" || device == "all") {
-#if LOOM_MOE_HAVE_CUDA
+#if LOOM_HAVE_CUDA
       run_cuda(o);
 #else
       std::printf(

@@ -5,21 +5,16 @@
 #include <loom/sdk/kinds/optimizer.hpp>
 
 #include <cmath>
-#include <span>
-#include <string>
 #include <vector>
 
-#include "backend.hpp"
-#include "common.hpp"
-#include "finite_check.hpp"
+#include "moment_optimizer.hpp"
 
 namespace {
 
 using loom::optim::AdamHyper;
 using loom::sdk::Context;
-using loom::sdk::Error;
 
-class Adam : public loom::sdk::Optimizer {
+class Adam : public loom::optim::MomentOptimizer<Adam> {
  public:
   static loom::sdk::Schema schema() {
     using namespace loom::sdk;
@@ -35,91 +30,24 @@ class Adam : public loom::sdk::Optimizer {
     };
   }
 
-  explicit Adam(Context& ctx)
-      : ctx_(ctx),
-        beta1_(ctx.get_float_list("betas")[0]),
-        beta2_(ctx.get_float_list("betas")[1]),
-        eps_(ctx.get_float("eps")),
-        weight_decay_(ctx.get_float("weight_decay")),
-        adam_w_mode_(ctx.get_bool("adam_w_mode")),
-        bias_correction_(ctx.get_bool("bias_correction")),
-        skip_nonfinite_(ctx.get_bool("skip_nonfinite")) {}
+  explicit Adam(Context& ctx) : MomentOptimizer(ctx), adam_w_mode_(ctx.get_bool("adam_w_mode")) {}
 
-  void step(const loom_optimizer_step_args& args) {
-    auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
-    loom::optim::expect_layout(slots_, groups);
-    const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
-    if (loom::optim::skip_nonfinite_step(skip_nonfinite_, finite_, groups, args, inv_scale,
-                                         skipped_, ctx_)) {
-      return;
-    }
-    loom::optim::Backend& be = backends_.begin(groups, args.stream);
-    loom::optim::StepBackend::End end(backends_);
-    loom::optim::ensure_slots(slots_, groups, 2, args.stream);
-    const uint64_t t = steps_ + 1;
-    const double bc1 = loom::optim::bias_correction(bias_correction_, beta1_, t);
-    const double bc2 = loom::optim::bias_correction(bias_correction_, beta2_, t);
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const double lr = args.lr * groups[g].lr_scale;
-      const double wd = groups[g].weight_decay;
-      AdamHyper h;
-      h.set_betas(beta1_, beta2_);
-      h.eps = static_cast<float>(eps_);
-      h.inv_scale = inv_scale;
-      h.l2 = adam_w_mode_ ? 0.0f : static_cast<float>(wd);
-      h.decay = adam_w_mode_ ? static_cast<float>(1.0 - lr * wd) : 1.0f;
-      h.step_size = static_cast<float>(lr / bc1);
-      h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-      std::vector<loom::optim::TensorRef> refs;
-      for (std::size_t i = 0; i < groups[g].tensors.size(); ++i) {
-        loom::optim::TensorRef r = groups[g].tensors[i].ref;
-        r.m = slots_[g][i].buffers[0].data();
-        r.v = slots_[g][i].buffers[1].data();
-        refs.push_back(r);
-      }
-      be.adam(refs, h);
-    }
-    end.done();
-    steps_ = t;
-    loom::optim::report_found_inf(args, false);
-  }
+  static constexpr const char* kMagic = "loom.adam";
+  static constexpr uint32_t kVersion = 1;
+  static constexpr bool kLogRestore = true;
 
-  // adam and lamb never communicate; they report the steps they skipped.
-  void comm_info(loom_optimizer_comm_info& out) {
-    out.owns_communication = 0;
-    out.skipped_steps = skipped_;
-  }
-
-  // Format v1: header, step count, slot table ({m, v} per tensor).
-  void export_state(loom::sdk::StateWriter& out) {
-    backends_.synchronize();  // the copies run on the legacy default stream
-    loom::optim::write_moment_state(out, kMagic, kVersion, steps_, slots_);
-  }
-
-  void import_state(std::span<const std::byte> blob) {
-    auto state = loom::optim::read_moment_state(blob, kMagic, kVersion);
-    steps_ = state.steps;
-    slots_ = std::move(state.slots);
-    ctx_.debug("restored state at step " + std::to_string(steps_));
+  void update(loom::optim::Backend& be, std::vector<loom::optim::TensorRef>& refs,
+              const loom::optim::MomentStep& s) {
+    auto h = base_hyper<AdamHyper>(s);
+    h.l2 = adam_w_mode_ ? 0.0f : static_cast<float>(s.wd);
+    h.decay = adam_w_mode_ ? static_cast<float>(1.0 - s.lr * s.wd) : 1.0f;
+    h.step_size = static_cast<float>(s.lr / s.bc1);
+    h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(s.bc2));
+    be.adam(refs, h);
   }
 
  private:
-  static constexpr const char* kMagic = "loom.adam";
-  static constexpr uint32_t kVersion = 1;
-
-  Context ctx_;
-  double beta1_;
-  double beta2_;
-  double eps_;
-  double weight_decay_;
   bool adam_w_mode_;
-  bool bias_correction_;
-  bool skip_nonfinite_;
-  uint64_t steps_ = 0;
-  loom::optim::SlotTable slots_;  // {m, v} per tensor
-  uint64_t skipped_ = 0;          // steps skipped for a non-finite gradient (not exported)
-  loom::optim::FiniteFlag finite_;
-  loom::optim::StepBackend backends_;
 };
 
 }  // namespace

@@ -24,10 +24,8 @@
 
 #include "common.hpp"
 #include "kernels/cpu.hpp"
-#if LOOM_OPTIM_HAVE_CUDA
 #include "kernels/cuda.hpp"
 #include "stream_order.hpp"
-#endif
 
 namespace loom::optim {
 
@@ -71,7 +69,6 @@ class CpuBackendT : public Interface {
 };
 using CpuBackend = CpuBackendT<>;
 
-#if LOOM_OPTIM_HAVE_CUDA
 template <class Interface = Backend>
 class CudaBackendT : public Interface {
  public:
@@ -110,7 +107,6 @@ class CudaBackendT : public Interface {
   int device_ = 0;
 };
 using CudaBackend = CudaBackendT<>;
-#endif
 
 // The two implementations of Backend, chosen per step by its tensors' device (all CPU or
 // all CUDA: collect() refused a mix). Use as
@@ -121,35 +117,24 @@ using CudaBackend = CudaBackendT<>;
 class StepBackend {
  public:
   Backend& begin(const std::vector<StepGroup>& groups, void* stream) {
-#if LOOM_OPTIM_HAVE_CUDA
     const DLDevice d = step_device_of(groups);
-    if (d.device_type == kDLCUDA) {
+    if (loom::sdk::is_cuda(d)) {
       cuda_.begin(stream, d.device_id);
       active_ = &cuda_;
       return cuda_;
     }
     active_ = nullptr;
-#else
-    (void)groups;
-    (void)stream;
-#endif
     return cpu_;
   }
   void end() {
-#if LOOM_OPTIM_HAVE_CUDA
     if (active_ != nullptr) {
       active_ = nullptr;
       cuda_.end();
     }
-#endif
   }
 
   // The host waits for the last CUDA step's work (before copying state on another stream).
-  void synchronize() {
-#if LOOM_OPTIM_HAVE_CUDA
-    cuda_.synchronize();
-#endif
-  }
+  void synchronize() { cuda_.synchronize(); }
 
   // Calls end() when a step leaves its scope by an exception (done() on success).
   class End {
@@ -177,10 +162,8 @@ class StepBackend {
 
  private:
   CpuBackend cpu_;
-#if LOOM_OPTIM_HAVE_CUDA
   CudaBackend cuda_;
   CudaBackend* active_ = nullptr;  // the step's, when on CUDA
-#endif
 };
 
 }  // namespace loom::optim

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/sdk.hpp>
+#include <loom/sdk/no_cuda.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -15,9 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu.hpp"
-#if LOOM_OPTIM_HAVE_CUDA
 #include "kernels/cuda.hpp"
-#endif
 
 namespace loom::optim {
 
@@ -152,11 +151,10 @@ inline std::vector<StepGroup> collect(const loom_optimizer_step_args& args, doub
                                                   loom::sdk::device_string(p.device) +
                                                   " but this optimizer runs on the CPU only");
         }
-#if !LOOM_OPTIM_HAVE_CUDA
-        throw Error(LOOM_ERR_UNIMPLEMENTED, "param " + id + " is on " +
-                                                loom::sdk::device_string(p.device) +
-                                                " but this build has no CUDA support");
-#endif
+        if (!cuda::have_cuda()) {
+          loom::sdk::throw_built_without_cuda("param " + id + " is on " +
+                                              loom::sdk::device_string(p.device));
+        }
         any_cuda = true;
       } else if (loom::sdk::is_cpu(p)) {
         any_cpu = true;
@@ -199,16 +197,11 @@ class Buffer {
     Buffer b;
     b.n_ = n;
     b.device_ = device;
-    if (device.device_type == kDLCUDA) {
-#if LOOM_OPTIM_HAVE_CUDA
+    if (loom::sdk::is_cuda(device)) {
       void* p = nullptr;
       check_cuda(cuda::alloc(&p, std::max<std::size_t>(n, 1) * 4, device.device_id));
       b.dev_ = static_cast<float*>(p);
       check_cuda(cuda::memset_zero(p, n * 4, stream));
-#else
-      (void)stream;
-      throw Error(LOOM_ERR_UNIMPLEMENTED, "no CUDA support in this build");
-#endif
     } else {
       b.host_.assign(n, 0.0f);
     }
@@ -231,11 +224,7 @@ class Buffer {
   std::vector<float> to_host(void* stream = nullptr) const {
     if (dev_ == nullptr) return host_;
     std::vector<float> out(n_);
-#if LOOM_OPTIM_HAVE_CUDA
     check_cuda(cuda::copy_to_host(out.data(), dev_, n_ * 4, stream));
-#else
-    (void)stream;
-#endif
     return out;
   }
 
@@ -245,9 +234,7 @@ class Buffer {
     std::vector<float> values = to_host(stream);
     Buffer b = zeros(values.size(), device, stream);
     if (b.on_cuda()) {
-#if LOOM_OPTIM_HAVE_CUDA
       check_cuda(cuda::copy_to_device(b.dev_, values.data(), values.size() * 4, stream));
-#endif
     } else {
       b.host_ = std::move(values);
     }
@@ -260,9 +247,7 @@ class Buffer {
 
  private:
   void release() {
-#if LOOM_OPTIM_HAVE_CUDA
     if (dev_ != nullptr) cuda::free(dev_);
-#endif
     dev_ = nullptr;
   }
 
@@ -416,7 +401,7 @@ inline DLDevice step_device_of(const std::vector<StepGroup>& groups) {
   for (const auto& g : groups) {
     if (!g.tensors.empty()) {
       const DLDevice d = g.tensors.front().device;
-      return d.device_type == kDLCUDA ? d : DLDevice{kDLCPU, 0};
+      return loom::sdk::is_cuda(d) ? d : DLDevice{kDLCPU, 0};
     }
   }
   return DLDevice{kDLCPU, 0};

@@ -45,9 +45,7 @@ class FiniteFlag {
       return;
     }
     if (flag_.on_cuda()) {
-#if LOOM_OPTIM_HAVE_CUDA
       Buffer::check_cuda(cuda::memset_zero(flag_.data(), sizeof(float), stream));
-#endif
     } else {
       flag_.data()[0] = 0.0f;
     }
@@ -58,12 +56,8 @@ class FiniteFlag {
   void check(const std::vector<FiniteInput>& tensors, float inv_scale, void* stream) {
     if (tensors.empty()) return;
     if (flag_.on_cuda()) {
-#if LOOM_OPTIM_HAVE_CUDA
       Buffer::check_cuda(
           cuda::flag_nonfinite(tensors.data(), tensors.size(), inv_scale, flag_.data(), stream));
-#else
-      (void)stream;
-#endif
       return;
     }
     if (flag_.data()[0] != 0.0f) return;

@@ -7,15 +7,11 @@
 #include <loom/sdk.hpp>
 #include <loom/sdk/kinds/optimizer.hpp>
 
-#include <algorithm>
 #include <cmath>
-#include <span>
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
-#include "common.hpp"
-#include "finite_check.hpp"
+#include "moment_optimizer.hpp"
 
 namespace {
 
@@ -23,7 +19,7 @@ using loom::optim::LambHyper;
 using loom::sdk::Context;
 using loom::sdk::Error;
 
-class Lamb : public loom::sdk::Optimizer {
+class Lamb : public loom::optim::MomentOptimizer<Lamb> {
  public:
   static loom::sdk::Schema schema() {
     using namespace loom::sdk;
@@ -42,15 +38,9 @@ class Lamb : public loom::sdk::Optimizer {
   }
 
   explicit Lamb(Context& ctx)
-      : ctx_(ctx),
-        beta1_(ctx.get_float_list("betas")[0]),
-        beta2_(ctx.get_float_list("betas")[1]),
-        eps_(ctx.get_float("eps")),
-        weight_decay_(ctx.get_float("weight_decay")),
-        bias_correction_(ctx.get_bool("bias_correction")),
+      : MomentOptimizer(ctx),
         max_coeff_(ctx.get_float("max_coeff")),
-        min_coeff_(ctx.get_float("min_coeff")),
-        skip_nonfinite_(ctx.get_bool("skip_nonfinite")) {}
+        min_coeff_(ctx.get_float("min_coeff")) {}
 
   // Checked by `loom check`, at the min_coeff key.
   static void validate_params(Context& params) {
@@ -62,78 +52,22 @@ class Lamb : public loom::sdk::Optimizer {
     }
   }
 
-  void step(const loom_optimizer_step_args& args) {
-    auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
-    loom::optim::expect_layout(slots_, groups);
-    const float inv_scale = static_cast<float>(1.0 / args.grad_scale);
-    if (loom::optim::skip_nonfinite_step(skip_nonfinite_, finite_, groups, args, inv_scale,
-                                         skipped_, ctx_)) {
-      return;
-    }
-    loom::optim::Backend& be = backends_.begin(groups, args.stream);
-    loom::optim::StepBackend::End end(backends_);
-    loom::optim::ensure_slots(slots_, groups, 2, args.stream);
-    const uint64_t t = steps_ + 1;
-    const double bc1 = loom::optim::bias_correction(bias_correction_, beta1_, t);
-    const double bc2 = loom::optim::bias_correction(bias_correction_, beta2_, t);
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const double lr = args.lr * groups[g].lr_scale;
-      LambHyper h;
-      h.set_betas(beta1_, beta2_);
-      h.eps = static_cast<float>(eps_);
-      h.inv_scale = inv_scale;
-      h.wd = static_cast<float>(groups[g].weight_decay);
-      h.inv_bc1 = static_cast<float>(1.0 / bc1);
-      h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-      std::vector<loom::optim::TensorRef> refs;
-      for (std::size_t i = 0; i < groups[g].tensors.size(); ++i) {
-        loom::optim::TensorRef r = groups[g].tensors[i].ref;
-        r.m = slots_[g][i].buffers[0].data();
-        r.v = slots_[g][i].buffers[1].data();
-        refs.push_back(r);
-      }
-      be.lamb(refs, h, lr, min_coeff_, max_coeff_);
-    }
-    end.done();
-    steps_ = t;
-    loom::optim::report_found_inf(args, false);
-  }
+  static constexpr const char* kMagic = "loom.lamb";
+  static constexpr uint32_t kVersion = 1;
+  static constexpr bool kLogRestore = false;
 
-  // adam and lamb never communicate; they report the steps they skipped.
-  void comm_info(loom_optimizer_comm_info& out) {
-    out.owns_communication = 0;
-    out.skipped_steps = skipped_;
-  }
-
-  void export_state(loom::sdk::StateWriter& out) {
-    backends_.synchronize();  // the copies run on the legacy default stream
-    loom::optim::write_moment_state(out, kMagic, kVersion, steps_, slots_);
-  }
-
-  void import_state(std::span<const std::byte> blob) {
-    auto state = loom::optim::read_moment_state(blob, kMagic, kVersion);
-    steps_ = state.steps;
-    slots_ = std::move(state.slots);
+  void update(loom::optim::Backend& be, std::vector<loom::optim::TensorRef>& refs,
+              const loom::optim::MomentStep& s) {
+    auto h = base_hyper<LambHyper>(s);
+    h.wd = static_cast<float>(s.wd);
+    h.inv_bc1 = static_cast<float>(1.0 / s.bc1);
+    h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(s.bc2));
+    be.lamb(refs, h, s.lr, min_coeff_, max_coeff_);
   }
 
  private:
-  static constexpr const char* kMagic = "loom.lamb";
-  static constexpr uint32_t kVersion = 1;
-
-  Context ctx_;
-  double beta1_;
-  double beta2_;
-  double eps_;
-  double weight_decay_;
-  bool bias_correction_;
   double max_coeff_;
   double min_coeff_;
-  bool skip_nonfinite_;
-  uint64_t steps_ = 0;
-  loom::optim::SlotTable slots_;  // {m, v} per tensor
-  uint64_t skipped_ = 0;          // steps skipped for a non-finite gradient (not exported)
-  loom::optim::FiniteFlag finite_;
-  loom::optim::StepBackend backends_;
 };
 
 }  // namespace

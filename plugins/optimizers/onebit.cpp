@@ -20,7 +20,6 @@ DLTensor flat_tensor(float* data, int64_t* shape, DLDevice device) {
   return loom::sdk::flat_view(data, device, DLDataType{kDLFloat, 32, 1}, shape);
 }
 
-#if LOOM_OPTIM_HAVE_CUDA
 // How the compressed allreduce moves and orders device memory on `device`: the kernels
 // library's helpers (the same CUDA runtime as the kernels).
 loom::sdk::DeviceOps device_ops(int device) {
@@ -47,7 +46,6 @@ loom::sdk::DeviceOps device_ops(int device) {
   ops.destroy_event = [](void* event) { kc::event_destroy(event); };
   return ops;
 }
-#endif
 
 // The most steps an instance takes: far past any run, and it keeps 0/1 Adam's doubling
 // intervals from wrapping to 0 (see check_imported).
@@ -225,7 +223,6 @@ void Onebit::step(const loom_optimizer_step_args& args) {
   check_device(device);  // before anything changes
   device_ = device;
   stream_ = args.stream;
-#if LOOM_OPTIM_HAVE_CUDA
   // The state kept on the device since the last step: this step's stream waits for that
   // step's work when it brings another stream, and the step's work is marked at its end
   // (also when it fails part-way), for the next one.
@@ -244,7 +241,6 @@ void Onebit::step(const loom_optimizer_step_args& args) {
     cuda_.end();
     return;
   }
-#endif
   ordered_step(groups, args);
 }
 
@@ -359,11 +355,9 @@ void Onebit::import_state(std::span<const std::byte> blob) {
   } else if (car_) {
     reset_car();
   }
-#if LOOM_OPTIM_HAVE_CUDA
   // car_ exists after a step, so on CUDA the backend has begun on the last step's stream:
   // the copies and zeroing above are marked like a step's work.
   if (car_ && on_cuda()) cuda_.end();
-#endif
   steps_ = steps;
   total_ = total;
   offsets_ = std::move(offsets);
@@ -426,7 +420,7 @@ void Onebit::check_device(DLDevice device) {
                     " (fixed by its first step), but this step's tensors are on " +
                     loom::sdk::device_string(device));
   }
-  const bool cuda = device.device_type == kDLCUDA;
+  const bool cuda = loom::sdk::is_cuda(device);
   const std::string where = loom::sdk::device_string(device);
   if (comm_.call(&loom_comm_v1::supports_device, device) == 0) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
@@ -446,9 +440,7 @@ void Onebit::check_device(DLDevice device) {
 }
 
 Backend& Onebit::be() {
-#if LOOM_OPTIM_HAVE_CUDA
   if (on_cuda()) return cuda_;
-#endif
   return cpu_;
 }
 
@@ -534,9 +526,7 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
       loom::sdk::CompressedAllreduce::Options options;
       options.device = device_;
       options.stream = stream_;
-#if LOOM_OPTIM_HAVE_CUDA
       if (on_cuda()) options.device_ops = device_ops(device_.device_id);
-#endif
       car = std::make_unique<loom::sdk::CompressedAllreduce>(
           ctx_, comm_, codec_, static_cast<int64_t>(packed), std::move(options));
       if (!pending_car_.empty()) {

@@ -121,7 +121,7 @@ class Onebit : public loom::sdk::Optimizer {
 
   const char* name() const { return plugin_name(variant_); }
   Backend& be();
-  bool on_cuda() const { return device_.device_type == kDLCUDA; }
+  bool on_cuda() const { return loom::sdk::is_cuda(device_); }
   bool any_non_freeze() const { return compressed_numel_ != total_; }
   double bc(double beta, uint64_t t) const {
     return loom::optim::bias_correction(bias_correction_, beta, t);
@@ -282,9 +282,7 @@ class Onebit : public loom::sdk::Optimizer {
   DLDevice device_{kDLCPU, 0};
   void* stream_ = nullptr;
   CpuBackend cpu_;
-#if LOOM_OPTIM_HAVE_CUDA
   CudaBackend cuda_;
-#endif
 };
 
 // ---------------------------------------------------------------- the three variants

@@ -33,10 +33,8 @@
 #include "backend.hpp"
 #include "common/parallel_for.hpp"
 #include "kernels/cpu.hpp"
-#include "kernels/onebit_cuda.hpp"  // Segment, LambPostStats (plain C++ declarations)
-#if LOOM_OPTIM_HAVE_CUDA
 #include "kernels/cuda.hpp"
-#endif
+#include "kernels/onebit_cuda.hpp"  // Segment, LambPostStats (plain C++ declarations)
 
 namespace loom::optim::onebit {
 
@@ -303,7 +301,6 @@ class CpuBackend final : public loom::optim::CpuBackendT<Backend> {
 };
 
 // ---------------------------------------------------------------- CUDA
-#if LOOM_OPTIM_HAVE_CUDA
 namespace k = loom::optim::cuda::onebit;
 
 class CudaBackend final : public loom::optim::CudaBackendT<Backend> {
@@ -372,6 +369,5 @@ class CudaBackend final : public loom::optim::CudaBackendT<Backend> {
     ok(k::lamb_apply(s.data(), s.size(), m, v, inv_bc1, inv_bc2, eps, stream_));
   }
 };
-#endif
 
 }  // namespace loom::optim::onebit

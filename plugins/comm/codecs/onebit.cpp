@@ -27,13 +27,7 @@ namespace codecs = loom::codecs;
 
 class Onebit : public loom::sdk::Codec {
  public:
-  explicit Onebit(Context& ctx)
-      : ctx_(ctx)
-#ifdef LOOM_CODECS_CUDA
-        ,
-        cuda_(ctx_)
-#endif
-  {
+  explicit Onebit(Context& ctx) : ctx_(ctx), cuda_(ctx_) {
     ctx_.debug(std::string("onebit CPU kernels: ") + codecs::simd_target_name());
   }
 
@@ -50,11 +44,7 @@ class Onebit : public loom::sdk::Codec {
 
   bool supports_device(DLDevice d) {
     if (loom::sdk::is_cpu(d)) return true;
-#ifdef LOOM_CODECS_CUDA
     return loom::sdk::is_cuda(d) && codecs::cuda::device_available();
-#else
-    return false;
-#endif
   }
 
   void encode(const loom_codec_encode_args& a) {
@@ -76,18 +66,14 @@ class Onebit : public loom::sdk::Codec {
  private:
   codecs::onebit::Backend& backend(DLDevice d) {
     if (loom::sdk::is_cpu(d)) return cpu_;
-#ifdef LOOM_CODECS_CUDA
     if (loom::sdk::is_cuda(d)) return cuda_;
-#endif
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 "onebit: tensors on " + loom::sdk::device_string(d) + " are not supported");
   }
 
   Context ctx_;
   codecs::onebit::CpuBackend cpu_;
-#ifdef LOOM_CODECS_CUDA
   codecs::onebit::CudaBackend cuda_;
-#endif
 };
 
 }  // namespace

@@ -25,9 +25,7 @@
 #include "codec_common.hpp"
 #include "codec_kernels.hpp"
 #include "common/parallel_for.hpp"
-#ifdef LOOM_CODECS_CUDA
 #include "onebit_cuda.h"
-#endif
 
 namespace loom::codecs::onebit {
 
@@ -130,7 +128,6 @@ class CpuBackend final : public Backend {
   }
 };
 
-#ifdef LOOM_CODECS_CUDA
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(sdk::Context& ctx) : ctx_(ctx) {}
@@ -200,6 +197,5 @@ class CudaBackend final : public Backend {
   sdk::Context& ctx_;
   std::map<int32_t, void*> faults_;
 };
-#endif
 
 }  // namespace loom::codecs::onebit

@@ -146,9 +146,7 @@ class Nccl : public loom::sdk::Comm {
 
   int32_t rank() const { return rank_; }
   int32_t size() const { return size_; }
-  bool supports_device(DLDevice d) const {
-    return d.device_type == kDLCUDA && d.device_id == device_;
-  }
+  bool supports_device(DLDevice d) const { return loom::sdk::is_cuda(d) && d.device_id == device_; }
   loom::sdk::NativeHandle native_handle() const { return {"nccl", comm_}; }
 
   void stats(loom_comm_stats& out) const {
@@ -405,7 +403,7 @@ class Nccl : public loom::sdk::Comm {
 
   const DLTensor& device_tensor(const DLTensor* t, const char* what) const {
     const DLTensor& x = loom::sdk::expect_tensor(t, what);
-    if (x.device.device_type != kDLCUDA) {
+    if (!loom::sdk::is_cuda(x.device)) {
       throw Error(LOOM_ERR_UNIMPLEMENTED,
                   std::string(what) + " is on " + loom::sdk::device_string(x.device) +
                       ": the nccl transport moves CUDA memory only (use ucx for host memory)");

@@ -78,6 +78,9 @@ Problem rarity_cpu(const SampleData& s, const RarityTable& table, double* scores
 // ---- CUDA (device pointers; stream-ordered on `stream`, then synchronized to read back the
 // check's result). CUDA failures throw loom::sdk::Error (UNAVAILABLE). `device` is made
 // current for the call and the caller's restored.
+// Built twice (docs/sdk.md "CPU and CUDA"): kernels_cuda.cu with CUDA, kernels_cuda_stub.cpp
+// without (device_count 0, have_cuda false, the rest UNIMPLEMENTED).
+bool have_cuda();
 namespace cuda {
 int device_count();
 Problem seqlen(const SampleData& s, int64_t pad_token, double* scores, int device, void* stream);

@@ -13,7 +13,11 @@
 
 #include "kernels.hpp"
 
-namespace loom::data::curriculum::cuda {
+namespace loom::data::curriculum {
+
+bool have_cuda() { return true; }
+
+namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -240,4 +244,5 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, int device, voi
   LOOM_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
-}  // namespace loom::data::curriculum::cuda
+}  // namespace cuda
+}  // namespace loom::data::curriculum

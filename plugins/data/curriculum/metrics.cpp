@@ -1,5 +1,6 @@
 #include "metrics.hpp"
 
+#include <loom/sdk/no_cuda.hpp>
 #include <loom/sdk/status.hpp>
 #include <loom/sdk/tensor.hpp>
 
@@ -11,8 +12,6 @@
 
 namespace loom::data::curriculum {
 
-bool have_cuda() { return LOOM_CURRICULUM_HAVE_CUDA != 0; }
-
 namespace {
 
 // loom::sdk::fail_argument, declared [[noreturn]] for the switches below.
@@ -20,7 +19,8 @@ namespace {
   throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, message);
 }
 
-#if LOOM_CURRICULUM_HAVE_CUDA
+// The CUDA kernels (kernels_cuda_stub.cpp without CUDA; check_samples refuses CUDA tensors
+// first then).
 Problem cuda_seqlen(const SampleData& s, int64_t pad, double* scores, int device, void* stream) {
   return cuda::seqlen(s, pad, scores, device, stream);
 }
@@ -38,15 +38,6 @@ void offsets_to_host(const SampleData& s, int64_t* out, int device, void* stream
   cuda::copy_to_host(out, s.offsets, sizeof(int64_t) * static_cast<std::size_t>(s.samples + 1),
                      device, stream);
 }
-#else
-// Unreachable: check_samples refuses CUDA tensors in a build without CUDA.
-[[noreturn]] void no_cuda() { fail_argument("this plugin was built without CUDA"); }
-Problem cuda_seqlen(const SampleData&, int64_t, double*, int, void*) { no_cuda(); }
-Problem cuda_count(const SampleData&, int64_t*, int, void*) { no_cuda(); }
-Problem cuda_rarity(const SampleData&, const RarityTable&, double*, int, void*) { no_cuda(); }
-void stats_to_host(const int64_t*, std::size_t, int64_t*, int, void*) { no_cuda(); }
-void offsets_to_host(const SampleData&, int64_t*, int, void*) { no_cuda(); }
-#endif
 
 // The samples' tensors checked (description, dtype, layout, device); the data are checked by
 // the kernels.
@@ -92,8 +83,8 @@ Checked check_samples(const loom_curriculum_samples& s, uint32_t vocab_size) {
                   "; expected host or CUDA memory");
   }
   if (loom::sdk::is_cuda(tok) && !have_cuda()) {
-    fail_argument("samples.tokens is on " + loom::sdk::device_string(tok.device) +
-                  " but this plugin was built without CUDA");
+    loom::sdk::throw_built_without_cuda("samples.tokens is on " +
+                                        loom::sdk::device_string(tok.device));
   }
   c.device = tok.device;
   c.data.tokens = loom::sdk::data_as<const void>(tok);

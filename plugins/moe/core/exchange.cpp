@@ -25,17 +25,9 @@
 #include <memory>
 #include <string>
 
-#if defined(LOOM_MOE_HAVE_CUDA) && LOOM_MOE_HAVE_CUDA
-#include <cuda_runtime.h>
-#include <loom/sdk/cuda.hpp>
-#define LOOM_MOE_EXCHANGE_CUDA 1
-namespace loom::moe::cuda {
-// exchange_cuda.cu: v[i] = v[i] / by on the stream.
-void divide_in_place(float* v, int64_t n, float by, void* stream);
-}  // namespace loom::moe::cuda
-#else
-#define LOOM_MOE_EXCHANGE_CUDA 0
-#endif
+#include <loom/sdk/no_cuda.hpp>
+
+#include <loom/moe/exchange_cuda.hpp>
 
 namespace loom::moe {
 namespace {
@@ -69,15 +61,6 @@ constexpr DLDataType kInt64{kDLInt, 64, 1};
 constexpr DLDataType kFloat32{kDLFloat, 32, 1};
 constexpr DLDevice kHost{kDLCPU, 0};
 
-#if LOOM_MOE_EXCHANGE_CUDA
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    fail(LOOM_ERR_INTERNAL, std::string(what) + ": " + cudaGetErrorString(e));
-  }
-}
-#endif
-
 // Copies between two buffers of one side: host memcpy, or a device-to-device copy on stream.
 void copy_rows(void* dst, const void* src, std::size_t bytes, bool device, void* stream) {
   if (bytes == 0) return;
@@ -85,59 +68,27 @@ void copy_rows(void* dst, const void* src, std::size_t bytes, bool device, void*
     std::memcpy(dst, src, bytes);
     return;
   }
-#if LOOM_MOE_EXCHANGE_CUDA
-  cuda_ok(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
-      "cudaMemcpyAsync (device to device)");
-#else
-  (void)stream;
-  fail(LOOM_ERR_UNIMPLEMENTED, "CUDA rows, but the moe plugin was built without CUDA");
-#endif
+  cuda::copy_on_device(dst, src, bytes, stream);
 }
 
 // Host <-> device copies of the staging path, each followed by a stream synchronisation.
 void to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
-#if LOOM_MOE_EXCHANGE_CUDA
-  auto s = static_cast<cudaStream_t>(stream);
-  if (bytes != 0) {
-    cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s),
-            "cudaMemcpyAsync (to host)");
-  }
-  cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-#else
-  (void)dst, (void)src, (void)bytes, (void)stream;
-  fail(LOOM_ERR_UNIMPLEMENTED, "CUDA rows, but the moe plugin was built without CUDA");
-#endif
+  cuda::copy_to_host(dst, src, bytes, stream);
 }
 void to_device(void* dst, const void* src, std::size_t bytes, void* stream) {
-#if LOOM_MOE_EXCHANGE_CUDA
-  auto s = static_cast<cudaStream_t>(stream);
-  if (bytes != 0) {
-    cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s),
-            "cudaMemcpyAsync (to device)");
-  }
-  cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-#else
-  (void)dst, (void)src, (void)bytes, (void)stream;
-  fail(LOOM_ERR_UNIMPLEMENTED, "CUDA rows, but the moe plugin was built without CUDA");
-#endif
+  cuda::copy_to_device(dst, src, bytes, stream);
 }
 
 void check_device(DLDevice d, const char* what) {
-  if (d.device_type == kDLCPU || d.device_type == kDLCUDAHost) return;
-  if (d.device_type == kDLCUDA) {
-#if LOOM_MOE_EXCHANGE_CUDA
-    return;
-#else
-    fail(LOOM_ERR_UNIMPLEMENTED, std::string(what) + " is on " + loom::sdk::device_string(d) +
-                                     " but the moe plugin was built without CUDA (LOOM_CUDA off)");
-#endif
+  if (loom::sdk::is_cpu(d)) return;  // host or pinned host memory
+  if (loom::sdk::is_cuda(d)) {
+    if (cuda::have_cuda()) return;
+    loom::sdk::throw_built_without_cuda("moe exchange: " + std::string(what) + " is on " +
+                                        loom::sdk::device_string(d));
   }
   fail(LOOM_ERR_UNIMPLEMENTED, std::string(what) + " is on " + loom::sdk::device_string(d) +
                                    "; the exchange moves host or CUDA memory");
 }
-
-bool on_device(DLDevice d) { return d.device_type == kDLCUDA; }
 
 void all_to_all(const Ref& c, const void* send, int64_t send_n, void* recv, int64_t recv_n,
                 const int64_t* send_counts, const int64_t* recv_counts, DLDataType dtype,
@@ -173,22 +124,15 @@ void ensure(std::vector<char>& v, std::size_t bytes) {
 
 namespace {
 
-// Pins the CUDA device of a call for its scope (nothing on the host or without CUDA).
+// Pins the CUDA device of a call for its scope (nothing on the host).
 class DevicePin {
  public:
   explicit DevicePin(const DLDevice& d) {
-#if LOOM_MOE_EXCHANGE_CUDA
-    if (d.device_type == kDLCUDA)
-      guard_ = std::make_unique<loom::sdk::CudaDeviceGuard>(d.device_id);
-#else
-    (void)d;
-#endif
+    if (loom::sdk::is_cuda(d)) scope_ = std::make_unique<cuda::DeviceScope>(d.device_id);
   }
 
  private:
-#if LOOM_MOE_EXCHANGE_CUDA
-  std::unique_ptr<loom::sdk::CudaDeviceGuard> guard_;
-#endif
+  std::unique_ptr<cuda::DeviceScope> scope_;
 };
 
 }  // namespace
@@ -271,19 +215,7 @@ Exchange::Impl::Impl(const loom_comm_v1* vt, void* comm, int ep_size) : ep_(ep_s
   }
 }
 
-Exchange::Impl::~Impl() {
-#if LOOM_MOE_EXCHANGE_CUDA
-  if (device_scratch_ != nullptr) {
-    // best effort: a destructor cannot throw
-    int current = 0;
-    if (cudaGetDevice(&current) == cudaSuccess) {
-      if (current != device_scratch_device_) (void)cudaSetDevice(device_scratch_device_);
-      (void)cudaFree(device_scratch_);
-      if (current != device_scratch_device_) (void)cudaSetDevice(current);
-    }
-  }
-#endif
-}
+Exchange::Impl::~Impl() { cuda::free_on(device_scratch_device_, device_scratch_); }
 
 Ref Exchange::Impl::ep_comm() const {
   if (ep_ == 1) return {};
@@ -382,7 +314,7 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
   if ((in == nullptr && in_rows > 0) || (out == nullptr && out_rows > 0)) {
     fail(LOOM_ERR_INVALID_ARGUMENT, std::string(what) + ": a row buffer is NULL");
   }
-  const bool dev = on_device(device);
+  const bool dev = loom::sdk::is_cuda(device);
   const DevicePin pin(device);
   if (dev) last_device_ = device.device_id;
   if (ep == 1) {  // one rank: the expert layout is the send layout
@@ -450,21 +382,16 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
   char* stage = nullptr;
   if (El > 1 && recv_bytes > 0) {
     if (device_work) {
-#if LOOM_MOE_EXCHANGE_CUDA
       if (device_scratch_bytes_ < recv_bytes || device_scratch_device_ != device.device_id) {
-        if (device_scratch_ != nullptr) {
-          // the previous call synchronised its stream, so nothing still uses the scratch
-          const loom::sdk::CudaDeviceGuard old(device_scratch_device_);
-          cudaFree(device_scratch_);
-        }
+        // the previous call synchronised its stream, so nothing still uses the scratch
+        cuda::free_on(device_scratch_device_, device_scratch_);
         device_scratch_ = nullptr;
         device_scratch_bytes_ = 0;
-        cuda_ok(cudaMalloc(&device_scratch_, recv_bytes), "cudaMalloc (exchange scratch)");
+        device_scratch_ = cuda::allocate(recv_bytes, "cudaMalloc (exchange scratch)");
         device_scratch_bytes_ = recv_bytes;
         device_scratch_device_ = device.device_id;
       }
       stage = static_cast<char*>(device_scratch_);
-#endif
     } else {
       // host_a_/host_b_ may hold the staged in/out; the stage gets its own buffer.
       ensure(host_stage_, recv_bytes);
@@ -486,13 +413,9 @@ void Exchange::Impl::move(const Plan& p, Dir dir, const void* in, void* out, int
                bytes_from.data(), bytes_to.data(), kBytes, comm_device, comm_stream);
   }
   if (dev && !native) to_device(out, host_b_.data(), out_bytes, stream);
-#if LOOM_MOE_EXCHANGE_CUDA
   // The scratch is shared by every call (of any stream): the next call may reuse or free it
   // only once this one's copies out of it are done.
-  if (device_work && stage != nullptr) {
-    cuda_ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
-  }
-#endif
+  if (device_work && stage != nullptr) cuda::synchronize(stream);
 }
 
 void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, void* stream) {
@@ -523,7 +446,7 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
     if (n == 0) continue;
     auto* data = reinterpret_cast<float*>(static_cast<char*>(t.data) + t.byte_offset);
     const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
-    if (!on_device(t.device)) {
+    if (!loom::sdk::is_cuda(t.device)) {
       if (c) allreduce(c, data, n, LOOM_REDUCE_SUM, kHost, nullptr);
       scale(data, n);
       continue;
@@ -534,11 +457,9 @@ void Exchange::Impl::reduce_gradients(DLTensor* const* tensors, int64_t count, v
     last_device_ = t.device.device_id;
     const bool native = !c || loom::sdk::comm_supports_device(c, t.device);
     if (native) {
-#if LOOM_MOE_EXCHANGE_CUDA
       if (c) allreduce(c, data, n, LOOM_REDUCE_SUM, t.device, stream);
       cuda::divide_in_place(data, n, world, stream);
       continue;
-#endif
     }
     ensure(host_a_, bytes);
     to_host(host_a_.data(), data, bytes, stream);
@@ -582,32 +503,29 @@ void Exchange::Impl::small(const int64_t* send, int64_t send_n, int64_t* recv, i
     fn(send, recv, kHost);
     return;
   }
-#if LOOM_MOE_EXCHANGE_CUDA
+  if (!cuda::have_cuda()) {
+    loom::sdk::throw_built_without_cuda("moe exchange: the comm moves device memory only");
+  }
   // On the legacy default stream, synchronised: the values come from the host and go back to
   // it.
   // On the device of the last device call (else the current one), pinned for the call.
   int device = last_device_;
-  if (device < 0) cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
-  const loom::sdk::CudaDeviceGuard pin(device);
+  if (device < 0) device = cuda::current_device();
+  const cuda::DeviceScope pin(device);
   const auto sb = static_cast<std::size_t>(send_n) * sizeof(int64_t);
   const auto rb = static_cast<std::size_t>(recv_n) * sizeof(int64_t);
-  void* d = nullptr;
-  cuda_ok(cudaMalloc(&d, std::max<std::size_t>(sb + rb, 16)), "cudaMalloc (exchange counts)");
+  void* d = cuda::allocate(std::max<std::size_t>(sb + rb, 16), "cudaMalloc (exchange counts)");
   struct Free {
+    int device;
     void* p;
-    ~Free() { cudaFree(p); }
-  } guard{d};
+    ~Free() { cuda::free_on(device, p); }
+  } guard{device, d};
   auto* ds = static_cast<int64_t*>(d);
   int64_t* dr = ds + send_n;
-  if (sb != 0) cuda_ok(cudaMemcpy(ds, send, sb, cudaMemcpyHostToDevice), "cudaMemcpy (counts)");
+  if (sb != 0) cuda::copy_to_device_now(ds, send, sb);
   fn(ds, dr, DLDevice{kDLCUDA, device});
-  cuda_ok(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
-  if (rb != 0) cuda_ok(cudaMemcpy(recv, dr, rb, cudaMemcpyDeviceToHost), "cudaMemcpy (counts)");
-#else
-  (void)send_n, (void)recv_n, (void)fn, (void)send, (void)recv;
-  fail(LOOM_ERR_UNIMPLEMENTED,
-       "the comm moves device memory only, and the moe plugin was built without CUDA");
-#endif
+  cuda::synchronize(nullptr);
+  if (rb != 0) cuda::copy_to_host_now(recv, dr, rb);
 }
 
 // The ucx transport reduces floating-point types only; int64 sums go through an allgather

@@ -7,6 +7,7 @@
 #include <loom/sdk.hpp>
 #include <loom/sdk/kinds/moe.hpp>
 #include <loom/sdk/moe.hpp>
+#include <loom/sdk/no_cuda.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -20,9 +21,7 @@
 #include <loom/moe/exchange.hpp>
 #include <loom/moe/gating.hpp>
 #include <loom/moe/layer.hpp>
-#if LOOM_MOE_HAVE_CUDA
 #include <loom/moe/moe_cuda.hpp>
-#endif
 
 namespace {
 
@@ -292,9 +291,7 @@ class MoeLayer : public loom::sdk::Moe {
     if (a.stats != nullptr) stats.load = a.stats->load;
     run([&] {
       if (device) {
-#if LOOM_MOE_HAVE_CUDA
         moe::cuda::layer_forward(c, *exchange_, call, stats, cuda_device(a.x->device, a.stream));
-#endif
       } else {
         moe::layer_forward<float>(c, *exchange_, call, stats);
       }
@@ -335,9 +332,7 @@ class MoeLayer : public loom::sdk::Moe {
     call.workspace_bytes = a.workspace_bytes;
     run([&] {
       if (device) {
-#if LOOM_MOE_HAVE_CUDA
         moe::cuda::layer_backward(c, *exchange_, call, cuda_device(a.x->device, a.stream));
-#endif
       } else {
         moe::layer_backward<float>(c, *exchange_, call);
       }
@@ -347,7 +342,6 @@ class MoeLayer : public loom::sdk::Moe {
   // rows (expert layout) = the routed rows of x, weighted when route_weights is given.
   void dispatch(const loom_moe_dispatch_args& a) {
     if (on_cuda(a.x->device)) {
-#if LOOM_MOE_HAVE_CUDA
       const int64_t experts =
           checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
@@ -361,7 +355,6 @@ class MoeLayer : public loom::sdk::Moe {
             static_cast<float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0], a.counts,
             cuda_device(a.x->device, a.stream));
       });
-#endif
       return;
     }
     Routing r = routing(a);
@@ -379,7 +372,6 @@ class MoeLayer : public loom::sdk::Moe {
   // y = the rows brought back to their tokens and summed per token (weighted when given).
   void combine(const loom_moe_dispatch_args& a) {
     if (on_cuda(a.x->device)) {
-#if LOOM_MOE_HAVE_CUDA
       const int64_t experts =
           checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
@@ -393,7 +385,6 @@ class MoeLayer : public loom::sdk::Moe {
             static_cast<float*>(loom::sdk::first_element(*a.x)),
             cuda_device(a.x->device, a.stream));
       });
-#endif
       return;
     }
     Routing r = routing(a);
@@ -520,26 +511,23 @@ class MoeLayer : public loom::sdk::Moe {
     return out;
   }
 
-  // Host memory runs on the host path; CUDA memory on the CUDA one (CUDA builds).
+  // Host memory runs on the host path; CUDA memory on the CUDA one (moe_cuda_stub.cpp without
+  // CUDA or cuBLAS: refused here, before any work).
   static bool on_cuda(const DLDevice& dev) {
     if (loom::sdk::is_cpu(dev)) return false;
     if (!loom::sdk::is_cuda(dev)) {
       fail("x is on " + loom::sdk::device_string(dev) + "; moe runs on host or CUDA memory");
     }
-    if (LOOM_MOE_HAVE_CUDA == 0) {
-      throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
-                             "x is on " + loom::sdk::device_string(dev) +
-                                 " but this moe was built without CUDA (or without cuBLAS)");
+    if (!moe::cuda::have_cuda()) {
+      loom::sdk::throw_built_without_cuda("x is on " + loom::sdk::device_string(dev));
     }
     return true;
   }
 
-#if LOOM_MOE_HAVE_CUDA
   moe::cuda::Device cuda_device(const DLDevice& dev, void* stream) {
     return moe::cuda::Device{dev.device_id, stream, &blas_};
   }
   moe::cuda::Blas blas_;
-#endif
 
   // The core's std exceptions as statuses: bad input -> INVALID_ARGUMENT, else INTERNAL.
   template <class Fn>

@@ -12,6 +12,11 @@
 
 namespace loom::optim::cuda {
 
+// Built twice (docs/sdk.md "CPU and CUDA"): cuda.cu, onebit_cuda.cu, finite.cu and
+// stream_order.cpp with CUDA; cuda_stub.cpp without (have_cuda false, device_count 0, every
+// kernel UNIMPLEMENTED).
+// Whether this build has the CUDA kernels.
+bool have_cuda();
 // Number of CUDA devices; 0 when there is no driver or device.
 int device_count();
 

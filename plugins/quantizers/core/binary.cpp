@@ -6,7 +6,6 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -87,93 +86,48 @@ void BinaryDequantizeRows(const uint8_t* HWY_RESTRICT packed, const float* HWY_R
   }
 }
 
-template <int R>
-HWY_INLINE void BinaryBlock(const float* HWY_RESTRICT x0, int64_t K,
-                            const uint8_t* HWY_RESTRICT packed, uint64_t bytes,
-                            const float* HWY_RESTRICT scales, int64_t gpr, int64_t group_size,
-                            int64_t n, float* out) {
-  const DM d;
-  const hn::RebindToUnsigned<DM> du;
-  const int N = static_cast<int>(hn::Lanes(d));
-  alignas(64) static constexpr uint32_t kBit[16] = {
-      1u << 0, 1u << 1, 1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
-      1u << 8, 1u << 9, 1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15};
-  const auto bitv = hn::LoadU(du, kBit);
-  const auto sign = hn::Set(d, -0.0f);
-  const uint64_t rowbit = static_cast<uint64_t>(n * K);
-  const float* x1 = R > 1 ? x0 + K : x0;
-  const float* x2 = R > 2 ? x0 + 2 * K : x0;
-  const float* x3 = R > 3 ? x0 + 3 * K : x0;
-  auto t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
-  float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t g = 0; g < gpr; ++g) {
-    const int64_t c0 = g * group_size;
-    const int64_t len = std::min(group_size, K - c0);
-    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t k = c0;
-    for (; k + N <= c0 + len; k += N) {
-      const uint32_t bits = Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), N);
-      const auto plus = hn::RebindMask(d, hn::TestBit(hn::Set(du, bits), bitv));
-      const auto flip = hn::IfThenZeroElse(plus, sign);
-      a0 = hn::Add(a0, hn::Xor(hn::LoadU(d, x0 + k), flip));
-      if constexpr (R > 1) a1 = hn::Add(a1, hn::Xor(hn::LoadU(d, x1 + k), flip));
-      if constexpr (R > 2) a2 = hn::Add(a2, hn::Xor(hn::LoadU(d, x2 + k), flip));
-      if constexpr (R > 3) a3 = hn::Add(a3, hn::Xor(hn::LoadU(d, x3 + k), flip));
-    }
-    for (; k < c0 + len; ++k) {
-      const bool p = Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), 1) != 0;
-      sc[0] += p ? x0[k] : -x0[k];
-      if constexpr (R > 1) sc[1] += p ? x1[k] : -x1[k];
-      if constexpr (R > 2) sc[2] += p ? x2[k] : -x2[k];
-      if constexpr (R > 3) sc[3] += p ? x3[k] : -x3[k];
-    }
-    const float alpha = scales[n * gpr + g];
-    const auto av = hn::Set(d, alpha);
-    t0 = hn::MulAdd(av, a0, t0);
-    if constexpr (R > 1) t1 = hn::MulAdd(av, a1, t1);
-    if constexpr (R > 2) t2 = hn::MulAdd(av, a2, t2);
-    if constexpr (R > 3) t3 = hn::MulAdd(av, a3, t3);
-    for (int j = 0; j < 4; ++j) tail[j] += alpha * sc[j];
-  }
-  out[0] = hn::GetLane(hn::SumOfLanes(d, t0)) + tail[0];
-  if constexpr (R > 1) out[1] = hn::GetLane(hn::SumOfLanes(d, t1)) + tail[1];
-  if constexpr (R > 2) out[2] = hn::GetLane(hn::SumOfLanes(d, t2)) + tail[2];
-  if constexpr (R > 3) out[3] = hn::GetLane(hn::SumOfLanes(d, t3)) + tail[3];
-}
+// The codes of W row n for GroupBlock: a lane's x keeps its sign where the code is 1 and is
+// negated (XOR the sign bit) where it is 0.
+struct BinaryCodes {
+  const uint8_t* packed;
+  uint64_t bytes;
+  uint64_t rowbit;  // the row's first element
+  hn::Vec<hn::RebindToUnsigned<DM>> bitv;
+  VM sign;
 
-// y[:, n] for W rows [n0, n1): per group, alpha times the sum of x with the sign of each code
-// (x XOR the sign bit where the code is 0), four activation rows per pass over the codes.
+  HWY_INLINE VM Load(int64_t k) const {
+    const DM d;
+    const hn::RebindToUnsigned<DM> du;
+    const int N = static_cast<int>(hn::Lanes(d));
+    const uint32_t bits = Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), N);
+    const auto plus = hn::RebindMask(d, hn::TestBit(hn::Set(du, bits), bitv));
+    return hn::IfThenZeroElse(plus, sign);
+  }
+  HWY_INLINE VM Signed(VM flip, VM x) const { return hn::Xor(x, flip); }
+  HWY_INLINE bool Scalar(int64_t k) const {
+    return Bits(packed, bytes, rowbit + static_cast<uint64_t>(k), 1) != 0;
+  }
+  HWY_INLINE float Add(float acc, bool p, float x) const { return acc + (p ? x : -x); }
+};
+
+// y[:, n] for W rows [n0, n1): per group, alpha times the sum of x with the sign of each code.
 void BinaryMatmulRows(const float* HWY_RESTRICT x, int64_t m, const uint8_t* HWY_RESTRICT packed,
                       const float* HWY_RESTRICT scales, const GroupedShape* sp,
                       const float* HWY_RESTRICT bias, float* HWY_RESTRICT y, int64_t n0,
                       int64_t n1) {
   const GroupedShape& s = *sp;
-  const uint64_t bytes = packed_bytes_of(s, 1);
-  const int64_t gpr = s.groups_per_row();
-  const int64_t K = s.cols;
-  for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t mb = 0; mb < m; mb += 4) {
-      const int64_t mr = std::min<int64_t>(4, m - mb);
-      const float* x0 = x + mb * K;
-      float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      switch (mr) {
-        case 1:
-          BinaryBlock<1>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
-          break;
-        case 2:
-          BinaryBlock<2>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
-          break;
-        case 3:
-          BinaryBlock<3>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
-          break;
-        default:
-          BinaryBlock<4>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out);
-      }
-      const float b = bias != nullptr ? bias[n] : 0.0f;
-      for (int64_t j = 0; j < mr; ++j) y[(mb + j) * s.rows + n] = out[j] + b;
-    }
-  }
+  const DM d;
+  const hn::RebindToUnsigned<DM> du;
+  alignas(64) static constexpr uint32_t kBit[16] = {
+      1u << 0, 1u << 1, 1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+      1u << 8, 1u << 9, 1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15};
+  const BinaryCodes base{packed, packed_bytes_of(s, 1), 0, hn::LoadU(du, kBit), hn::Set(d, -0.0f)};
+  auto make = [&](int64_t n, int64_t) HWY_ATTR {
+    BinaryCodes c = base;
+    c.rowbit = static_cast<uint64_t>(n * s.cols);
+    return c;
+  };
+  GroupMatmulRows(x, m, scales, s, bias, y, n0, n1, make);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -183,7 +137,7 @@ const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "common/parallel_for.hpp"
+#include "xtc_rows.hpp"
 
 namespace loom::quant {
 
@@ -192,23 +146,7 @@ HWY_EXPORT(BinaryDequantizeRows);
 HWY_EXPORT(BinaryMatmulRows);
 HWY_EXPORT(TargetName);
 
-namespace {
-
-// Rows per task so that a task moves about this many weights.
-constexpr int64_t kTaskElements = 1 << 15;
-
-std::size_t row_grain(const GroupedShape& s, int64_t unit) {
-  const int64_t per = std::max<int64_t>(1, kTaskElements / std::max<int64_t>(1, s.cols));
-  return static_cast<std::size_t>((per + unit - 1) / unit);
-}
-
-void atomic_min(std::atomic<int64_t>& a, int64_t v) {
-  int64_t cur = a.load();
-  while ((cur < 0 || v < cur) && !a.compare_exchange_weak(cur, v)) {
-  }
-}
-
-}  // namespace
+using xtc_rows::first_bad_over_rows;
 
 const char* xtc_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
@@ -250,68 +188,33 @@ void binary_dequantize_ref(const uint8_t* packed, const float* scales, const Gro
 
 void binary_matmul_ref(const float* x, int64_t m, const uint8_t* packed, const float* scales,
                        const GroupedShape& s, const float* bias, float* y) {
-  const int64_t gpr = s.groups_per_row();
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t n = 0; n < s.rows; ++n) {
-      float acc = 0.0f;
-      for (int64_t g = 0; g < gpr; ++g) {
-        const int64_t c0 = g * s.group_size;
-        const int64_t len = std::min(s.group_size, s.cols - c0);
-        float part = 0.0f;
-        for (int64_t k = c0; k < c0 + len; ++k) {
-          const auto e = static_cast<uint64_t>(n * s.cols + k);
-          const float v = x[i * s.cols + k];
-          part += ((packed[e / 8] >> (e % 8)) & 1u) != 0 ? v : -v;
-        }
-        acc += scales[n * gpr + g] * part;
-      }
-      y[i * s.rows + n] = acc + (bias != nullptr ? bias[n] : 0.0f);
-    }
-  }
+  xtc_rows::matmul_ref(x, m, scales, s, bias, y, [&](float part, int64_t e, float v) {
+    return part + (((packed[e / 8] >> (e % 8)) & 1u) != 0 ? v : -v);
+  });
 }
 
 int64_t binary_quantize(const float* w, const GroupedShape& s, uint8_t* packed, float* scales) {
   if (s.numel() == 0) return -1;
-  std::atomic<int64_t> bad{-1};
-  const int64_t units = (s.rows + 7) / 8;
-  loom::plugins::parallel_for(
-      static_cast<std::size_t>(units), row_grain(s, 8), [&](std::size_t b, std::size_t e) {
-        const int64_t r0 = static_cast<int64_t>(b) * 8;
-        const int64_t r1 = std::min(s.rows, static_cast<int64_t>(e) * 8);
-        const int64_t first =
-            HWY_DYNAMIC_DISPATCH(BinaryQuantizeRows)(w, &s, packed, scales, r0, r1);
-        if (first >= 0) atomic_min(bad, first);
-      });
-  return bad.load();
+  return first_bad_over_rows(s, 8, [&](int64_t r0, int64_t r1) {
+    return HWY_DYNAMIC_DISPATCH(BinaryQuantizeRows)(w, &s, packed, scales, r0, r1);
+  });
 }
 
 void binary_dequantize(const uint8_t* packed, const float* scales, const GroupedShape& s,
                        float* w) {
   if (s.numel() == 0) return;
-  loom::plugins::parallel_for(
-      static_cast<std::size_t>(s.rows), row_grain(s, 1), [&](std::size_t b, std::size_t e) {
-        HWY_DYNAMIC_DISPATCH(BinaryDequantizeRows)
-        (packed, scales, &s, w, static_cast<int64_t>(b), static_cast<int64_t>(e));
-      });
+  first_bad_over_rows(s, 1, [&](int64_t r0, int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(BinaryDequantizeRows)(packed, scales, &s, w, r0, r1);
+    return int64_t{-1};
+  });
 }
 
 void binary_matmul(const float* x, int64_t m, const uint8_t* packed, const float* scales,
                    const GroupedShape& s, const float* bias, float* y) {
-  if (m == 0 || s.rows == 0) return;
-  if (s.cols == 0) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t n = 0; n < s.rows; ++n) y[i * s.rows + n] = bias != nullptr ? bias[n] : 0.0f;
-    }
-    return;
-  }
-  // Each task reads its rows' codes once per four activation rows.
-  const int64_t work = std::max<int64_t>(1, s.cols * std::max<int64_t>(1, m / 4));
-  const auto grain = static_cast<std::size_t>(std::max<int64_t>(1, kTaskElements / work));
-  loom::plugins::parallel_for(
-      static_cast<std::size_t>(s.rows), grain, [&](std::size_t b, std::size_t e) {
-        HWY_DYNAMIC_DISPATCH(BinaryMatmulRows)
-        (x, m, packed, scales, &s, bias, y, static_cast<int64_t>(b), static_cast<int64_t>(e));
-      });
+  xtc_rows::matmul_over_rows(m, s, bias, y, [&](int64_t n0, int64_t n1) {
+    HWY_DYNAMIC_DISPATCH(BinaryMatmulRows)(x, m, packed, scales, &s, bias, y, n0, n1);
+    return int64_t{-1};
+  });
 }
 
 }  // namespace loom::quant

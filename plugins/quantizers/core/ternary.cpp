@@ -7,7 +7,6 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -128,109 +127,69 @@ int64_t TernaryDequantizeRows(const uint8_t* HWY_RESTRICT packed, const float* H
   return bad;
 }
 
-template <int R>
-HWY_INLINE void TernaryBlock(const float* HWY_RESTRICT x0, int64_t K,
-                             const uint8_t* HWY_RESTRICT packed, uint64_t bytes,
-                             const float* HWY_RESTRICT scales, int64_t gpr, int64_t group_size,
-                             int64_t n, float* out, bool check, int64_t* bad_out) {
-  const DM d;
-  const hn::RebindToUnsigned<DM> du;
-  const int N = static_cast<int>(hn::Lanes(d));
-  alignas(64) static constexpr uint32_t kPlus[16] = {
-      1u << 0,  1u << 2,  1u << 4,  1u << 6,  1u << 8,  1u << 10, 1u << 12, 1u << 14,
-      1u << 16, 1u << 18, 1u << 20, 1u << 22, 1u << 24, 1u << 26, 1u << 28, 1u << 30};
-  const auto pbit = hn::LoadU(du, kPlus);
-  const auto mbit = hn::Add(pbit, pbit);
-  const auto sign = hn::Set(d, -0.0f);
-  const uint64_t rowe = static_cast<uint64_t>(n * K);
-  int64_t bad = -1;
-  const float* x1 = R > 1 ? x0 + K : x0;
-  const float* x2 = R > 2 ? x0 + 2 * K : x0;
-  const float* x3 = R > 3 ? x0 + 3 * K : x0;
-  auto t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
-  float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t g = 0; g < gpr; ++g) {
-    const int64_t c0 = g * group_size;
-    const int64_t len = std::min(group_size, K - c0);
-    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t k = c0;
-    for (; k + N <= c0 + len; k += N) {
-      const uint32_t bits = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2 * N);
-      if (check) {
-        const int inv = FirstInvalid(bits, N);
-        if (inv >= 0 && bad < 0) bad = static_cast<int64_t>(rowe) + k + inv;
-      }
-      const auto bv = hn::Set(du, bits);
-      const auto minus = hn::RebindMask(d, hn::TestBit(bv, mbit));
-      const auto nz = hn::Or(hn::RebindMask(d, hn::TestBit(bv, pbit)), minus);
-      const auto flip = hn::IfThenElseZero(minus, sign);
-      a0 = hn::Add(a0, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x0 + k), flip)));
-      if constexpr (R > 1)
-        a1 = hn::Add(a1, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x1 + k), flip)));
-      if constexpr (R > 2)
-        a2 = hn::Add(a2, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x2 + k), flip)));
-      if constexpr (R > 3)
-        a3 = hn::Add(a3, hn::IfThenElseZero(nz, hn::Xor(hn::LoadU(d, x3 + k), flip)));
+// The codes of W row n for GroupBlock: x where the code is 1, -x (XOR the sign bit) where 2,
+// 0 where 0. The first code 3 met goes to *bad when that is still -1; the vector codes are
+// checked only when `check` (the row's first block of activation rows), the tail always.
+struct TernaryCodes {
+  struct Lanes {
+    hn::Mask<DM> nz;
+    VM flip;
+  };
+  const uint8_t* packed;
+  uint64_t bytes;
+  uint64_t rowe;  // the row's first element
+  hn::Vec<hn::RebindToUnsigned<DM>> pbit;
+  VM sign;
+  bool check;
+  int64_t* bad;
+
+  HWY_INLINE Lanes Load(int64_t k) const {
+    const DM d;
+    const hn::RebindToUnsigned<DM> du;
+    const int N = static_cast<int>(hn::Lanes(d));
+    const uint32_t bits = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2 * N);
+    if (check) {
+      const int inv = FirstInvalid(bits, N);
+      if (inv >= 0 && *bad < 0) *bad = static_cast<int64_t>(rowe) + k + inv;
     }
-    for (; k < c0 + len; ++k) {
-      const uint32_t q = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2);
-      if (q == 3 && bad < 0) bad = static_cast<int64_t>(rowe) + k;
-      const float sgn = q == 1 ? 1.0f : (q == 2 ? -1.0f : 0.0f);
-      sc[0] += sgn * x0[k];
-      if constexpr (R > 1) sc[1] += sgn * x1[k];
-      if constexpr (R > 2) sc[2] += sgn * x2[k];
-      if constexpr (R > 3) sc[3] += sgn * x3[k];
-    }
-    const float alpha = scales[n * gpr + g];
-    const auto av = hn::Set(d, alpha);
-    t0 = hn::MulAdd(av, a0, t0);
-    if constexpr (R > 1) t1 = hn::MulAdd(av, a1, t1);
-    if constexpr (R > 2) t2 = hn::MulAdd(av, a2, t2);
-    if constexpr (R > 3) t3 = hn::MulAdd(av, a3, t3);
-    for (int j = 0; j < 4; ++j) tail[j] += alpha * sc[j];
+    const auto bv = hn::Set(du, bits);
+    const auto minus = hn::RebindMask(d, hn::TestBit(bv, hn::Add(pbit, pbit)));
+    const auto nz = hn::Or(hn::RebindMask(d, hn::TestBit(bv, pbit)), minus);
+    return {nz, hn::IfThenElseZero(minus, sign)};
   }
-  out[0] = hn::GetLane(hn::SumOfLanes(d, t0)) + tail[0];
-  if constexpr (R > 1) out[1] = hn::GetLane(hn::SumOfLanes(d, t1)) + tail[1];
-  if constexpr (R > 2) out[2] = hn::GetLane(hn::SumOfLanes(d, t2)) + tail[2];
-  if constexpr (R > 3) out[3] = hn::GetLane(hn::SumOfLanes(d, t3)) + tail[3];
-  if (bad >= 0 && *bad_out < 0) *bad_out = bad;
-}
+  HWY_INLINE VM Signed(const Lanes& c, VM x) const {
+    return hn::IfThenElseZero(c.nz, hn::Xor(x, c.flip));
+  }
+  HWY_INLINE float Scalar(int64_t k) const {
+    const uint32_t q = Bits(packed, bytes, (rowe + static_cast<uint64_t>(k)) * 2, 2);
+    if (q == 3 && *bad < 0) *bad = static_cast<int64_t>(rowe) + k;
+    return q == 1 ? 1.0f : (q == 2 ? -1.0f : 0.0f);
+  }
+  HWY_INLINE float Add(float acc, float sgn, float x) const { return acc + sgn * x; }
+};
 
 // y[:, n] for W rows [n0, n1): per group alpha * (sum of x where code 1 - sum where code 2),
-// from the bit masks of the codes, four activation rows per pass over the codes. Returns the
-// first code 3, or -1.
+// from the bit masks of the codes. Returns the first code 3, or -1.
 int64_t TernaryMatmulRows(const float* HWY_RESTRICT x, int64_t m,
                           const uint8_t* HWY_RESTRICT packed, const float* HWY_RESTRICT scales,
                           const GroupedShape* sp, const float* HWY_RESTRICT bias,
                           float* HWY_RESTRICT y, int64_t n0, int64_t n1) {
   const GroupedShape& s = *sp;
-  const uint64_t bytes = packed_bytes_of(s, 2);
-  const int64_t gpr = s.groups_per_row();
-  const int64_t K = s.cols;
+  const DM d;
+  const hn::RebindToUnsigned<DM> du;
+  alignas(64) static constexpr uint32_t kPlus[16] = {
+      1u << 0,  1u << 2,  1u << 4,  1u << 6,  1u << 8,  1u << 10, 1u << 12, 1u << 14,
+      1u << 16, 1u << 18, 1u << 20, 1u << 22, 1u << 24, 1u << 26, 1u << 28, 1u << 30};
   int64_t bad = -1;
-  for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t mb = 0; mb < m; mb += 4) {
-      const int64_t mr = std::min<int64_t>(4, m - mb);
-      const float* x0 = x + mb * K;
-      float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      switch (mr) {
-        case 1:
-          TernaryBlock<1>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
-          break;
-        case 2:
-          TernaryBlock<2>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
-          break;
-        case 3:
-          TernaryBlock<3>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
-          break;
-        default:
-          TernaryBlock<4>(x0, K, packed, bytes, scales, gpr, s.group_size, n, out, mb == 0, &bad);
-      }
-      const float b = bias != nullptr ? bias[n] : 0.0f;
-      for (int64_t j = 0; j < mr; ++j) y[(mb + j) * s.rows + n] = out[j] + b;
-    }
-  }
+  const TernaryCodes base{
+      packed, packed_bytes_of(s, 2), 0, hn::LoadU(du, kPlus), hn::Set(d, -0.0f), false, &bad};
+  auto make = [&](int64_t n, int64_t mb) HWY_ATTR {
+    TernaryCodes c = base;
+    c.rowe = static_cast<uint64_t>(n * s.cols);
+    c.check = mb == 0;
+    return c;
+  };
+  GroupMatmulRows(x, m, scales, s, bias, y, n0, n1, make);
   return bad;
 }
 
@@ -239,7 +198,7 @@ int64_t TernaryMatmulRows(const float* HWY_RESTRICT x, int64_t m,
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "common/parallel_for.hpp"
+#include "xtc_rows.hpp"
 
 namespace loom::quant {
 
@@ -247,20 +206,9 @@ HWY_EXPORT(TernaryQuantizeRows);
 HWY_EXPORT(TernaryDequantizeRows);
 HWY_EXPORT(TernaryMatmulRows);
 
+using xtc_rows::first_bad_over_rows;
+
 namespace {
-
-constexpr int64_t kTaskElements = 1 << 15;
-
-std::size_t row_grain(const GroupedShape& s, int64_t unit) {
-  const int64_t per = std::max<int64_t>(1, kTaskElements / std::max<int64_t>(1, s.cols));
-  return static_cast<std::size_t>((per + unit - 1) / unit);
-}
-
-void atomic_min(std::atomic<int64_t>& a, int64_t v) {
-  int64_t cur = a.load();
-  while ((cur < 0 || v < cur) && !a.compare_exchange_weak(cur, v)) {
-  }
-}
 
 uint32_t code_at(const uint8_t* packed, int64_t e) { return (packed[e / 4] >> (2 * (e % 4))) & 3u; }
 
@@ -312,76 +260,34 @@ int64_t ternary_matmul_ref(const float* x, int64_t m, const uint8_t* packed, con
   for (int64_t e = 0; e < s.numel(); ++e) {
     if (code_at(packed, e) == 3) return e;
   }
-  const int64_t gpr = s.groups_per_row();
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t n = 0; n < s.rows; ++n) {
-      float acc = 0.0f;
-      for (int64_t g = 0; g < gpr; ++g) {
-        const int64_t c0 = g * s.group_size;
-        const int64_t len = std::min(s.group_size, s.cols - c0);
-        float part = 0.0f;
-        for (int64_t k = c0; k < c0 + len; ++k) {
-          const uint32_t q = code_at(packed, n * s.cols + k);
-          const float v = x[i * s.cols + k];
-          if (q == 1) part += v;
-          if (q == 2) part -= v;
-        }
-        acc += scales[n * gpr + g] * part;
-      }
-      y[i * s.rows + n] = acc + (bias != nullptr ? bias[n] : 0.0f);
-    }
-  }
+  xtc_rows::matmul_ref(x, m, scales, s, bias, y, [&](float part, int64_t e, float v) {
+    const uint32_t q = code_at(packed, e);
+    return q == 1 ? part + v : (q == 2 ? part - v : part);
+  });
   return -1;
 }
 
 int64_t ternary_quantize(const float* w, const GroupedShape& s, float threshold, uint8_t* packed,
                          float* scales) {
   if (s.numel() == 0) return -1;
-  std::atomic<int64_t> bad{-1};
-  const int64_t units = (s.rows + 7) / 8;
-  loom::plugins::parallel_for(
-      static_cast<std::size_t>(units), row_grain(s, 8), [&](std::size_t b, std::size_t e) {
-        const int64_t r0 = static_cast<int64_t>(b) * 8;
-        const int64_t r1 = std::min(s.rows, static_cast<int64_t>(e) * 8);
-        const int64_t first =
-            HWY_DYNAMIC_DISPATCH(TernaryQuantizeRows)(w, &s, threshold, packed, scales, r0, r1);
-        if (first >= 0) atomic_min(bad, first);
-      });
-  return bad.load();
+  return first_bad_over_rows(s, 8, [&](int64_t r0, int64_t r1) {
+    return HWY_DYNAMIC_DISPATCH(TernaryQuantizeRows)(w, &s, threshold, packed, scales, r0, r1);
+  });
 }
 
 int64_t ternary_dequantize(const uint8_t* packed, const float* scales, const GroupedShape& s,
                            float* w) {
   if (s.numel() == 0) return -1;
-  std::atomic<int64_t> bad{-1};
-  loom::plugins::parallel_for(
-      static_cast<std::size_t>(s.rows), row_grain(s, 1), [&](std::size_t b, std::size_t e) {
-        const int64_t first = HWY_DYNAMIC_DISPATCH(TernaryDequantizeRows)(
-            packed, scales, &s, w, static_cast<int64_t>(b), static_cast<int64_t>(e));
-        if (first >= 0) atomic_min(bad, first);
-      });
-  return bad.load();
+  return first_bad_over_rows(s, 1, [&](int64_t r0, int64_t r1) {
+    return HWY_DYNAMIC_DISPATCH(TernaryDequantizeRows)(packed, scales, &s, w, r0, r1);
+  });
 }
 
 int64_t ternary_matmul(const float* x, int64_t m, const uint8_t* packed, const float* scales,
                        const GroupedShape& s, const float* bias, float* y) {
-  if (m == 0 || s.rows == 0) return -1;
-  if (s.cols == 0) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t n = 0; n < s.rows; ++n) y[i * s.rows + n] = bias != nullptr ? bias[n] : 0.0f;
-    }
-    return -1;
-  }
-  std::atomic<int64_t> bad{-1};
-  const int64_t work = std::max<int64_t>(1, s.cols * std::max<int64_t>(1, m / 4));
-  const auto grain = static_cast<std::size_t>(std::max<int64_t>(1, kTaskElements / work));
-  loom::plugins::parallel_for(
-      static_cast<std::size_t>(s.rows), grain, [&](std::size_t b, std::size_t e) {
-        const int64_t first = HWY_DYNAMIC_DISPATCH(TernaryMatmulRows)(
-            x, m, packed, scales, &s, bias, y, static_cast<int64_t>(b), static_cast<int64_t>(e));
-        if (first >= 0) atomic_min(bad, first);
-      });
-  return bad.load();
+  return xtc_rows::matmul_over_rows(m, s, bias, y, [&](int64_t n0, int64_t n1) {
+    return HWY_DYNAMIC_DISPATCH(TernaryMatmulRows)(x, m, packed, scales, &s, bias, y, n0, n1);
+  });
 }
 
 }  // namespace loom::quant

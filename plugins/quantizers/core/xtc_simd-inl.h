@@ -17,6 +17,7 @@
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -264,6 +265,89 @@ HWY_INLINE int64_t FirstNonFinite(const float* w, int64_t n) {
     if (!(a < std::numeric_limits<float>::infinity())) return i;
   }
   return -1;
+}
+
+// One W row n times activation rows x0 .. x0 + (R - 1) K (R <= 4) into out[0, R): per group,
+// alpha times the signed sum of x that Codes gives, the vector part by lanes and the tail
+// element by element. Codes: auto Load(k) (the lanes' codes at row element k), VM Signed(c, x)
+// (x signed by them: -x, 0 or x), auto Scalar(k) and float Add(acc, c, x) (one element).
+template <int R, class Codes>
+HWY_INLINE void GroupBlock(const float* HWY_RESTRICT x0, int64_t K,
+                           const float* HWY_RESTRICT scales, int64_t gpr, int64_t group_size,
+                           int64_t n, float* out, Codes& codes) {
+  const DM d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const float* x1 = R > 1 ? x0 + K : x0;
+  const float* x2 = R > 2 ? x0 + 2 * K : x0;
+  const float* x3 = R > 3 ? x0 + 3 * K : x0;
+  auto t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
+  float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t g = 0; g < gpr; ++g) {
+    const int64_t c0 = g * group_size;
+    const int64_t len = std::min(group_size, K - c0);
+    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t k = c0;
+    for (; k + N <= c0 + len; k += N) {
+      const auto c = codes.Load(k);
+      a0 = hn::Add(a0, codes.Signed(c, hn::LoadU(d, x0 + k)));
+      if constexpr (R > 1) a1 = hn::Add(a1, codes.Signed(c, hn::LoadU(d, x1 + k)));
+      if constexpr (R > 2) a2 = hn::Add(a2, codes.Signed(c, hn::LoadU(d, x2 + k)));
+      if constexpr (R > 3) a3 = hn::Add(a3, codes.Signed(c, hn::LoadU(d, x3 + k)));
+    }
+    for (; k < c0 + len; ++k) {
+      const auto c = codes.Scalar(k);
+      sc[0] = codes.Add(sc[0], c, x0[k]);
+      if constexpr (R > 1) sc[1] = codes.Add(sc[1], c, x1[k]);
+      if constexpr (R > 2) sc[2] = codes.Add(sc[2], c, x2[k]);
+      if constexpr (R > 3) sc[3] = codes.Add(sc[3], c, x3[k]);
+    }
+    const float alpha = scales[n * gpr + g];
+    const auto av = hn::Set(d, alpha);
+    t0 = hn::MulAdd(av, a0, t0);
+    if constexpr (R > 1) t1 = hn::MulAdd(av, a1, t1);
+    if constexpr (R > 2) t2 = hn::MulAdd(av, a2, t2);
+    if constexpr (R > 3) t3 = hn::MulAdd(av, a3, t3);
+    for (int j = 0; j < 4; ++j) tail[j] += alpha * sc[j];
+  }
+  out[0] = hn::GetLane(hn::SumOfLanes(d, t0)) + tail[0];
+  if constexpr (R > 1) out[1] = hn::GetLane(hn::SumOfLanes(d, t1)) + tail[1];
+  if constexpr (R > 2) out[2] = hn::GetLane(hn::SumOfLanes(d, t2)) + tail[2];
+  if constexpr (R > 3) out[3] = hn::GetLane(hn::SumOfLanes(d, t3)) + tail[3];
+}
+
+// y[:, n] for W rows [n0, n1), four activation rows per pass over a row's codes.
+// make(n, mb) returns the Codes of W row n for the block of activation rows from mb.
+template <class MakeCodes>
+HWY_INLINE void GroupMatmulRows(const float* HWY_RESTRICT x, int64_t m,
+                                const float* HWY_RESTRICT scales, const GroupedShape& s,
+                                const float* HWY_RESTRICT bias, float* HWY_RESTRICT y, int64_t n0,
+                                int64_t n1, MakeCodes& make) {
+  const int64_t gpr = s.groups_per_row();
+  const int64_t K = s.cols;
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t mb = 0; mb < m; mb += 4) {
+      const int64_t mr = std::min<int64_t>(4, m - mb);
+      const float* x0 = x + mb * K;
+      float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      auto codes = make(n, mb);
+      switch (mr) {
+        case 1:
+          GroupBlock<1>(x0, K, scales, gpr, s.group_size, n, out, codes);
+          break;
+        case 2:
+          GroupBlock<2>(x0, K, scales, gpr, s.group_size, n, out, codes);
+          break;
+        case 3:
+          GroupBlock<3>(x0, K, scales, gpr, s.group_size, n, out, codes);
+          break;
+        default:
+          GroupBlock<4>(x0, K, scales, gpr, s.group_size, n, out, codes);
+      }
+      const float b = bias != nullptr ? bias[n] : 0.0f;
+      for (int64_t j = 0; j < mr; ++j) y[(mb + j) * s.rows + n] = out[j] + b;
+    }
+  }
 }
 
 }  // namespace HWY_NAMESPACE

@@ -16,9 +16,7 @@
 
 #include <loom/quantizers/binary.hpp>
 #include "ternary.hpp"
-#if LOOM_QUANT_HAVE_CUDA
 #include "xtc_cuda.hpp"
-#endif
 
 namespace {
 
@@ -128,14 +126,12 @@ class Xtc : public loom::sdk::Quantizer {
     auto* scales = static_cast<float*>(q.scales);
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
-#if LOOM_QUANT_HAVE_CUDA
       const int dev = a.x->device.device_id;
       bad = mode_ == Mode::kBinary
                 ? loom::quant::cuda::binary_quantize(w, s, q.codes, scales, a.workspace, dev,
                                                      a.stream)
                 : loom::quant::cuda::ternary_quantize(w, s, threshold_, q.codes, scales,
                                                       a.workspace, dev, a.stream);
-#endif
     } else {
       bad = mode_ == Mode::kBinary
                 ? loom::quant::binary_quantize(w, s, q.codes, scales)
@@ -164,7 +160,6 @@ class Xtc : public loom::sdk::Quantizer {
     const auto* scales = static_cast<const float*>(q.scales);
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
-#if LOOM_QUANT_HAVE_CUDA
       const int dev = a.x->device.device_id;
       if (mode_ == Mode::kBinary) {
         loom::quant::cuda::binary_dequantize(q.codes, scales, s, w, dev, a.stream);
@@ -172,7 +167,6 @@ class Xtc : public loom::sdk::Quantizer {
         bad = loom::quant::cuda::ternary_dequantize(q.codes, scales, s, w, a.workspace, dev,
                                                     a.stream);
       }
-#endif
     } else if (mode_ == Mode::kBinary) {
       loom::quant::binary_dequantize(q.codes, scales, s, w);
     } else {
@@ -192,7 +186,6 @@ class Xtc : public loom::sdk::Quantizer {
     auto* y = loom::sdk::data_as<float>(*a.y);
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
-#if LOOM_QUANT_HAVE_CUDA
       const int dev = a.x->device.device_id;
       if (mode_ == Mode::kBinary) {
         loom::quant::cuda::binary_matmul(x, m, q.codes, scales, s, bias, y, dev, a.stream);
@@ -200,7 +193,6 @@ class Xtc : public loom::sdk::Quantizer {
         bad = loom::quant::cuda::ternary_matmul(x, m, q.codes, scales, s, bias, y, a.workspace, dev,
                                                 a.stream);
       }
-#endif
     } else if (mode_ == Mode::kBinary) {
       loom::quant::binary_matmul(x, m, q.codes, scales, s, bias, y);
     } else {
@@ -230,17 +222,13 @@ class Xtc : public loom::sdk::Quantizer {
                   element(e, s.cols) + " (codes are 0, 1 = +alpha, 2 = -alpha)");
   }
 
-  // Host memory runs on the CPU kernels, CUDA memory on the CUDA ones (CUDA builds).
+  // Host memory runs on the CPU kernels, CUDA memory on the CUDA ones (without CUDA the core's
+  // quant_cuda_stub.cpp: UNIMPLEMENTED).
   static bool on_cuda(const DLDevice& dev) {
     if (loom::sdk::is_cpu(dev)) return false;
     if (!loom::sdk::is_cuda(dev)) {
       fail_argument("the tensors are on " + loom::sdk::device_string(dev) +
                     "; xtc runs on host or CUDA memory");
-    }
-    if (LOOM_QUANT_HAVE_CUDA == 0) {
-      throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
-                             "the tensors are on " + loom::sdk::device_string(dev) +
-                                 " but this xtc was built without CUDA (LOOM_CUDA=OFF)");
     }
     return true;
   }

@@ -8,6 +8,7 @@
 // describes it for users.
 #include <loom/sdk.hpp>
 #include <loom/sdk/kinds/quantizer.hpp>
+#include <loom/sdk/no_cuda.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -94,12 +95,9 @@ uint8_t* as_bytes_mut(DLTensor* t) {
 }
 
 bool on_cuda(const DLTensor& t) {
-  if (t.device.device_type == kDLCPU) return false;
-  if (t.device.device_type == kDLCUDA) {
-    if (!lq::cuda_built()) {
-      throw Error(LOOM_ERR_UNIMPLEMENTED,
-                  "zeroquant: x is a CUDA tensor, but this build of the plugin has no CUDA");
-    }
+  if (loom::sdk::is_cpu(t.device)) return false;
+  if (loom::sdk::is_cuda(t.device)) {
+    if (!lq::have_cuda()) loom::sdk::throw_built_without_cuda("zeroquant: x is a CUDA tensor");
     return true;
   }
   throw Error(LOOM_ERR_INVALID_ARGUMENT, "zeroquant: x is on device type " +

@@ -7,26 +7,21 @@
 
 #include <loom/sdk/status.hpp>
 
-#include <string>
-
-#if LOOM_QUANT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <loom/sdk/cuda.hpp>
 
 #include <map>
+#include <string>
 
 #include "int8_gemm.hpp"
 #include "int_cuda.hpp"
 #if LOOM_QUANT_HAVE_CUBLASLT
 #include <cublasLt.h>
 #endif
-#endif
 
 namespace loom::quant {
 
-#if LOOM_QUANT_HAVE_CUDA
-
-bool cuda_built() { return true; }
+bool have_cuda() { return true; }
 
 int64_t zq_cuda_quantize(int device, const float* x, const Groups& gs, const IntScheme& q,
                          uint8_t* packed, float* scales, uint8_t* zeros, void* stream) {
@@ -171,28 +166,5 @@ int64_t zq_cuda_matmul(int device, const float* x, int64_t m, const IntWeight& w
   }
   return -1;
 }
-
-#else
-
-bool cuda_built() { return false; }
-
-namespace {
-[[noreturn]] void no_cuda() {
-  throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED, "zeroquant: this build has no CUDA");
-}
-}  // namespace
-
-int64_t zq_cuda_quantize(int, const float*, const Groups&, const IntScheme&, uint8_t*, float*,
-                         uint8_t*, void*) {
-  no_cuda();
-}
-void zq_cuda_read_float(int, const float*, float*) { no_cuda(); }
-void zq_cuda_dequantize(int, const IntWeight&, float*, void*) { no_cuda(); }
-int64_t zq_cuda_matmul(int, const float*, int64_t, const IntWeight&, const float*, float*, bool,
-                       void*, void*) {
-  no_cuda();
-}
-
-#endif
 
 }  // namespace loom::quant

@@ -1,6 +1,7 @@
-// zeroquant's CUDA side (zeroquant_cuda.cpp, CUDA builds only): the device made current, the
-// core's kernels, and the INT8 GEMM on cuBLASLt (int8 inputs, int32 accumulation) followed by
-// the epilogue kernel. Without CUDA, cuda_built() is false and the rest is never called.
+// zeroquant's CUDA side: the device made current, the core's kernels, and the INT8 GEMM on
+// cuBLASLt (int8 inputs, int32 accumulation) followed by the epilogue kernel. Built twice
+// (docs/sdk.md "CPU and CUDA"): zeroquant_cuda.cpp with CUDA; zeroquant_cuda_stub.cpp without,
+// where have_cuda() is false and the rest UNIMPLEMENTED (never called: on_cuda refuses first).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 
 namespace loom::quant {
 
-bool cuda_built();
+bool have_cuda();
 
 // quantize_int on device `device`; returns -1 or the first non-finite index.
 int64_t zq_cuda_quantize(int device, const float* x, const Groups& gs, const IntScheme& q,

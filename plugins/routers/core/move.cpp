@@ -18,13 +18,9 @@
 #endif
 
 #include <loom/routers/router_core.hpp>
-#if LOOM_ROUTERS_HAVE_CUDA
 #include "move_cuda.hpp"
-#endif
 
 namespace loom::routers {
-
-bool have_cuda() { return LOOM_ROUTERS_HAVE_CUDA != 0; }
 
 namespace {
 
@@ -196,16 +192,9 @@ void move(const loom::sdk::RouterMove& m, bool to_kept) {
     move_cpu(m, to_kept);
     return;
   }
-  if (m.device.device_type == kDLCUDA) {
-#if LOOM_ROUTERS_HAVE_CUDA
-    cuda::move(m, to_kept);
+  if (loom::sdk::is_cuda(m.device)) {
+    cuda::move(m, to_kept);  // move_cuda_stub.cpp without CUDA: UNIMPLEMENTED
     return;
-#else
-    throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
-                           std::string(to_kept ? "gather" : "scatter") + ": the tensors are on " +
-                               loom::sdk::device_string(m.device) +
-                               " but this router was built without CUDA (LOOM_CUDA off)");
-#endif
   }
   throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, std::string(to_kept ? "gather" : "scatter") +
                                                         ": the tensors are on " +

@@ -12,7 +12,11 @@
 
 #include "move_cuda.hpp"
 
-namespace loom::routers::cuda {
+namespace loom::routers {
+
+bool have_cuda() { return true; }
+
+namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -107,4 +111,5 @@ void move(const loom::sdk::RouterMove& m, bool to_kept) {
   }
 }
 
-}  // namespace loom::routers::cuda
+}  // namespace cuda
+}  // namespace loom::routers

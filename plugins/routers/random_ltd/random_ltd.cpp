@@ -107,16 +107,9 @@ class RandomLtd : public loom::sdk::Router {
       ltd::select_cpu(job, out, static_cast<uint64_t*>(a.workspace));
       return;
     }
-    if (idx.device.device_type == kDLCUDA) {
-#if LOOM_ROUTERS_HAVE_CUDA
+    if (loom::sdk::is_cuda(idx.device)) {
       ltd::cuda::select(job, out, a.workspace, idx.device.device_id, a.stream);
       return;
-#else
-      throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
-                             "router select: indices is on " +
-                                 loom::sdk::device_string(idx.device) +
-                                 " but random_ltd was built without CUDA (LOOM_CUDA off)");
-#endif
     }
     throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT,
                            "router select: indices is on " + loom::sdk::device_string(idx.device) +

@@ -96,9 +96,7 @@ class TopkRouter : public loom::sdk::Router {
     d.saved = static_cast<double*>(a.saved);
     d.scores = static_cast<double*>(a.workspace);
     if (on_cuda(x.device)) {
-#if LOOM_TOPK_HAVE_CUDA
       topk::cuda::select(d, x.device.device_id, a.stream);
-#endif
     } else {
       topk::select_cpu(d);
     }
@@ -137,9 +135,7 @@ class TopkRouter : public loom::sdk::Router {
     d.partial = static_cast<double*>(a.workspace);
     d.ds = d.partial + a.batch * a.channels;
     if (on_cuda(x.device)) {
-#if LOOM_TOPK_HAVE_CUDA
       topk::cuda::backward(d, x.device.device_id, a.stream);
-#endif
     } else {
       if (loom::sdk::is_cpu(a.indices->device)) {
         loom::sdk::check_router_rows(d.indices, a.batch, kept, a.seq_len, "indices");
@@ -177,17 +173,13 @@ class TopkRouter : public loom::sdk::Router {
     return s;
   }
 
-  // Host memory runs on the CPU kernels; CUDA memory on the CUDA ones (CUDA builds).
+  // Host memory runs on the CPU kernels; CUDA memory on the CUDA ones (topk_cuda_stub.cpp
+  // without CUDA: UNIMPLEMENTED).
   static bool on_cuda(const DLDevice& dev) {
     if (loom::sdk::is_cpu(dev)) return false;
     if (!loom::sdk::is_cuda(dev)) {
       fail_argument("x is on " + loom::sdk::device_string(dev) +
                     "; topk_router runs on host or CUDA memory");
-    }
-    if (LOOM_TOPK_HAVE_CUDA == 0) {
-      throw loom::sdk::Error(LOOM_ERR_UNIMPLEMENTED,
-                             "x is on " + loom::sdk::device_string(dev) +
-                                 " but this topk_router was built without CUDA (LOOM_CUDA=OFF)");
     }
     return true;
   }

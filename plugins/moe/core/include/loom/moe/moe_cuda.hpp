@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include <loom/moe/exchange_cuda.hpp>  // have_cuda() and the exchange's runtime calls
 #include <loom/moe/layer.hpp>
 
 namespace loom::moe::cuda {
