@@ -86,7 +86,7 @@ for t in "${selected[@]}"; do
   seeds=${t#*:}
   prog=$bin/${name}_fuzz
   if [[ ! -x $prog ]]; then
-    echo "fuzz.sh: $prog is not built (clang only; the trainer's targets need LOOM_BUILD_EXAMPLES=ON)" >&2
+    echo "fuzz.sh: $prog is not built (clang only; the trainer's targets need LOOM_BUILD_TRAINER=ON)" >&2
     exit 1
   fi
   work=build/release/fuzz/$name

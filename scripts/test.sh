@@ -9,7 +9,7 @@ echo "== (${SECONDS} s) release tests"
 ctest --preset release -j2
 
 echo "== (${SECONDS} s) host tests under AddressSanitizer + UBSan"
-cmake --preset debug -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --preset debug -DLOOM_BUILD_TRAINER=OFF -DLOOM_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build --preset debug --target loom_host_checks
 ctest --preset debug -j2 -R '^((host|cli|capi)\.|sdk\.SdkKinds\.)'
 

@@ -1,4 +1,4 @@
-// libFuzzer target for the reference trainer's checkpoint files (examples/trainer/train):
+// libFuzzer target for the reference trainer's checkpoint files (trainer/train):
 // the blob container every state file uses (parse_blob: optimizer, trainer, curriculum,
 // router and MoE state), the trainer state inside trainer.rankN.bin (decode_trainer_state,
 // then check_trainer_state against a run's limits), the [moe] state inside moe.rankN.bin

@@ -1,4 +1,4 @@
-// libFuzzer target for the trainer's config reader (examples/trainer/train/config.cpp). The
+// libFuzzer target for the trainer's config reader (trainer/train/config.cpp). The
 // input is a trainer config, optionally followed by a NUL byte and a Loom manifest (TOML
 // cannot contain NUL, so the split never hides a config byte). The config goes through
 // read_config from an in-memory file; an accepted one through everything that reads its

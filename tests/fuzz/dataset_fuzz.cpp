@@ -1,4 +1,4 @@
-// libFuzzer target for the trainer's dataset files (examples/trainer/data/dataset.cpp): the
+// libFuzzer target for the trainer's dataset files (trainer/data/dataset.cpp): the
 // memory-mapped token file (Dataset) and the tokenizer file beside it (Tokenizer::load).
 // The input is one byte of mode, then the file:
 //  - bit 0 clear: a dataset file, opened with Dataset from an in-memory file; with bit 1 set

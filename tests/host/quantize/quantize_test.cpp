@@ -82,7 +82,7 @@ std::string replaced(std::string b, const std::string& from, const std::string& 
   return b;
 }
 
-// A model checkpoint as loom train writes it (examples/trainer/train/checkpoint.cpp): F32
+// A model checkpoint as loom train writes it (trainer/train/checkpoint.cpp): F32
 // tensors in the order given, __metadata__ last with "fnv1a64", the FNV-1a 64 of the data
 // area, and the header padded with spaces to a multiple of 8.
 struct F32Tensor {
@@ -185,7 +185,7 @@ TEST_F(TensorFile, ReadsAValidFileWithItsDataAndMetadata) {
   loom_tensor_file_close(f);
 }
 
-// The trainer's checkpoint layout (examples/trainer/train/checkpoint.cpp): F32 tensors in
+// The trainer's checkpoint layout (trainer/train/checkpoint.cpp): F32 tensors in
 // order, __metadata__ last with a checksum, the header padded with spaces to 8 bytes.
 TEST_F(TensorFile, WriteReadsBackWithItsMetadataAndAWholeFileChecksum) {
   const std::vector<float> w{1.5F, -2.0F, 0.25F, 3.0F, 4.0F, -0.5F};

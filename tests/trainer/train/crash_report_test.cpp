@@ -1,4 +1,4 @@
-// examples/trainer/train/crash_report.cpp: the reports loom-train prints when a fatal signal
+// trainer/train/crash_report.cpp: the reports loom-train prints when a fatal signal
 // (here SIGABRT) ends it, and when a shared library (crash_exit_lib.c, standing in for a
 // plugin) calls exit() before the trainer finished. Each case runs in a death test's child.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// The trainer's quantization procedures (examples/trainer/train/quantization.*) against
+// The trainer's quantization procedures (trainer/train/quantization.*) against
 // quantizers written here in plain C++: the linear-layer seam at evaluation (every block
 // matmul through the quantizer, an 8-bit one close to fp32, a lossless one equal to it),
 // fake quantization with the straight-through estimator, layer-by-layer distillation, the
