@@ -5,14 +5,14 @@ import ctypes
 
 from .._dlpack import *  # noqa: F401,F403
 from .abi import *  # noqa: F401,F403
-from .kinds.codec import *  # noqa: F401,F403
-from .kinds.comm import *  # noqa: F401,F403
-from .kinds.curriculum import *  # noqa: F401,F403
-from .kinds.moe import *  # noqa: F401,F403
 from .kinds.optimizer import *  # noqa: F401,F403
-from .kinds.quantizer import *  # noqa: F401,F403
-from .kinds.router import *  # noqa: F401,F403
+from .kinds.comm import *  # noqa: F401,F403
+from .kinds.codec import *  # noqa: F401,F403
+from .kinds.curriculum import *  # noqa: F401,F403
 from .kinds.sampler import *  # noqa: F401,F403
+from .kinds.router import *  # noqa: F401,F403
+from .kinds.moe import *  # noqa: F401,F403
+from .kinds.quantizer import *  # noqa: F401,F403
 
 
 def _size(struct, last: str) -> int:
@@ -26,6 +26,8 @@ class OpenOptions(ctypes.Structure):
     """loom_open_options (host/include/loom/embed.h)."""
 class TensorInfo(ctypes.Structure):
     """loom_tensor_info (host/include/loom/embed.h)."""
+class TensorOut(ctypes.Structure):
+    """loom_tensor_out (host/include/loom/embed.h)."""
 class QuantizeReport(ctypes.Structure):
     """loom_quantize_report (host/include/loom/embed.h)."""
 class QuantizeSummary(ctypes.Structure):
@@ -35,9 +37,9 @@ class QuantizeSummary(ctypes.Structure):
 OpenOptions._fields_ = [
     ("struct_size", ctypes.c_uint32), ("validate_only", ctypes.c_int32),
     ("plugin_path", ctypes.c_char_p), ("bootstrap", ctypes.POINTER(Bootstrap)),
-    ("log_level", ctypes.c_int32), ("reserved", ctypes.c_int32),
+    ("log_level", ctypes.c_int32), ("reserved", ctypes.c_int32), ("sections", ctypes.c_char_p),
 ]
-OPEN_OPTIONS_SIZE = _size(OpenOptions, "reserved")
+OPEN_OPTIONS_SIZE = _size(OpenOptions, "sections")
 
 TensorInfo._fields_ = [
     ("struct_size", ctypes.c_uint32), ("quantized", ctypes.c_int32), ("name", ctypes.c_char_p),
@@ -46,6 +48,13 @@ TensorInfo._fields_ = [
     ("parameters", ctypes.c_char_p),
 ]
 TENSOR_INFO_SIZE = _size(TensorInfo, "parameters")
+
+TensorOut._fields_ = [
+    ("struct_size", ctypes.c_uint32), ("ndim", ctypes.c_int32), ("name", ctypes.c_char_p),
+    ("dtype", ctypes.c_char_p), ("shape", ctypes.POINTER(ctypes.c_int64)),
+    ("data", ctypes.c_void_p),
+]
+TENSOR_OUT_SIZE = _size(TensorOut, "data")
 
 QuantizeReport._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("tensor", ctypes.c_char_p),
