@@ -21,8 +21,8 @@
 #include <optional>
 #include <thread>
 
+#include <loom/data/metric_index.hpp>
 #include "dataset.hpp"
-#include "metric_index.hpp"
 
 namespace fs = std::filesystem;
 

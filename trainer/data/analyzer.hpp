@@ -1,5 +1,5 @@
 // `loom data analyze`: runs curriculum metrics (kind loom.curriculum, role METRIC) over a
-// dataset and writes their index files (plugins/data/index/metric_index.hpp) and a summary.
+// dataset and writes their index files (<loom/data/metric_index.hpp>) and a summary.
 //
 // Samples (docs/data.md, "The data analyzer"): with sample length L, sample i is the L
 // input tokens [i*L, (i+1)*L) of the train split (its label is token (i+1)*L), for i in

@@ -1,6 +1,6 @@
 #include "dataset.hpp"
 
-#include <common/fnv1a.hpp>
+#include <loom/checksum.h>
 #include "durable_file.hpp"
 
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 namespace loom::trainer {
 
 uint64_t fnv1a64(const void* data, size_t bytes, uint64_t seed) {
-  return loom::common::fnv1a64(data, bytes, seed);
+  return loom_fnv1a64(data, bytes, seed);
 }
 
 // ------------------------------------------------------------------ tokenizer

@@ -14,9 +14,9 @@
 #include <loom_cli_support.hpp>
 #include <sstream>
 
+#include <loom/data/metric_index.hpp>
 #include "analyzer.hpp"
 #include "dataset.hpp"
-#include "metric_index.hpp"
 
 namespace fs = std::filesystem;
 using namespace loom::trainer;

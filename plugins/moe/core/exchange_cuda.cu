@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "cuda_util.cuh"
 #include <loom/moe/exchange_cuda.hpp>
+#include "cuda_util.cuh"
 
 namespace loom::moe::cuda {
 namespace {
