@@ -37,7 +37,6 @@ int check(const Args& args) {
     std::cerr << loom_last_error() << "\n";
     ok = manifest_ok = false;
   } else {
-    loom_close(session);
     for (const auto& problem : manifest_name_problems(c)) {
       std::cerr << problem << "\n";
       ok = false;
@@ -57,6 +56,11 @@ int check(const Args& args) {
       }
     }
   }
+  // The MoE instance's expert-parallel size, from the validated manifest.
+  int64_t ep_size = 1;
+  std::string ep_at;
+  if (manifest_ok && !cc.moe.empty()) ep_size = moe_instance_ep_size(session, c, ep_at);
+  loom_close(session);
   // A quantized checkpoint: it opens (every header check of the tensor-file reader).
   if (!c.checkpoint.empty()) {
     loom_tensor_file* f = nullptr;
@@ -84,9 +88,9 @@ int check(const Args& args) {
       (!cc.sampler.empty() || !cc.seqlen.empty() || !cc.router.empty() || !cc.quantizer.empty())) {
     loom_open_options co = opts;
     co.validate_only = 0;
-    const std::string text = curriculum_manifest(c);
+    co.sections = kCurriculumSections;
     loom_session* cs = nullptr;
-    if (loom_open_string(text.c_str(), c.manifest.c_str(), &co, &cs) != LOOM_OK) {
+    if (loom_open_file(c.manifest.c_str(), &co, &cs) != LOOM_OK) {
       std::cerr << with_run_values(loom_last_error(), c) << "\n";
       ok = false;
     } else {
@@ -153,9 +157,7 @@ int check(const Args& args) {
   // split over the expert-parallel group is checked here, the group needing the comm.
   if (manifest_ok && problems.empty() && !cc.moe.empty()) {
     std::vector<std::string> mp;
-    int64_t ep_size = 1;
-    std::string ep_at;
-    const std::string text = moe_check_manifest(c, ep_size, ep_at);
+    const std::string text = moe_check_manifest(c);
     const std::string who = c.moe_at + ": [moe] instance '" + c.moe + "'";
     loom_open_options mo = opts;
     mo.validate_only = 0;

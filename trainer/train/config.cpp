@@ -11,8 +11,8 @@
 #include <numbers>
 #include <sstream>
 
+#include <loom/data/metric_index.hpp>
 #include <vector>
-#include "metric_index.hpp"
 #include "quantization.hpp"
 
 namespace loom::trainer {
@@ -571,6 +571,14 @@ std::vector<std::string> config_warnings(const TrainConfig& c) {
   return out;
 }
 
+nlohmann::json instance_params(loom_session* session, const char* kind, const std::string& name) {
+  char* raw = nullptr;
+  if (loom_instance_params(session, kind, name.c_str(), &raw) != LOOM_OK) return nullptr;
+  nlohmann::json doc = nlohmann::json::parse(raw, nullptr, false);
+  loom_free_string(raw);
+  return doc.is_discarded() ? nlohmann::json() : doc;
+}
+
 std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   std::vector<std::string> out;
   toml::parse_result r = toml::parse_file(c.manifest);
@@ -620,26 +628,25 @@ std::vector<std::string> manifest_name_problems(const TrainConfig& c) {
   return out;
 }
 
-std::optional<SamplerIndexRef> sampler_index_ref(const TrainConfig& c) {
+std::optional<SamplerIndexRef> sampler_index_ref(loom_session* session, const TrainConfig& c) {
   if (c.sampler.empty()) return std::nullopt;
-  toml::parse_result r = toml::parse_file(c.manifest);
-  if (!r) return std::nullopt;
-  const toml::table* t = r.table()["sampler"][c.sampler].as_table();
-  if (t == nullptr) return std::nullopt;
-  if (t->get_as<std::string>("plugin") == nullptr ||
-      t->get_as<std::string>("plugin")->get() != "curriculum_sampler") {
-    return std::nullopt;
-  }
-  const auto* clustering = t->get_as<std::string>("clustering_type");
-  if (clustering != nullptr && clustering->get() == "single_cluster") return std::nullopt;
-  const auto* index = t->get_as<std::string>("index");
-  const auto* metric = t->get_as<std::string>("metric");
-  if (index == nullptr || metric == nullptr) return std::nullopt;  // the plugin reports it
-  return SamplerIndexRef{index->get(), metric->get()};
+  const nlohmann::json doc = instance_params(session, "sampler", c.sampler);
+  if (!doc.is_object() || doc["plugin"] != "curriculum_sampler") return std::nullopt;
+  const nlohmann::json& p = doc["params"];
+  auto text = [&](const char* key) {
+    const auto it = p.find(key);
+    return it != p.end() && (*it)["value"].is_string() ? (*it)["value"].get<std::string>()
+                                                       : std::string();
+  };
+  if (text("clustering_type") == "single_cluster") return std::nullopt;
+  const std::string index = text("index"), metric = text("metric");
+  if (index.empty() || metric.empty()) return std::nullopt;  // the plugin reports it
+  return SamplerIndexRef{index, metric};
 }
 
-std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksum) {
-  const auto ref = sampler_index_ref(c);
+std::string sampler_index_problem(loom_session* session, const TrainConfig& c,
+                                  uint64_t dataset_checksum) {
+  const auto ref = sampler_index_ref(session, c);
   if (!ref) return {};
   std::string problem;
   try {
@@ -720,64 +727,23 @@ double lr_at(const TrainConfig& c, int64_t step) {
   return c.min_lr + (c.lr - c.min_lr) * f;
 }
 
-std::string curriculum_manifest(const TrainConfig& c) {
-  const std::vector<std::string> keep{"loom", "curriculum", "sampler", "router", "quantizer"};
-  auto only_kept = [&](const toml::table& t) {
-    for (const auto& [k, v] : t) {
-      if (std::find(keep.begin(), keep.end(), std::string(k.str())) == keep.end()) return false;
-    }
-    return true;
-  };
-  toml::parse_result r = toml::parse_file(c.manifest);
-  if (!r) return {};
-  // The manifest's own text with the lines of every other table blanked, so that what the
-  // host reports about the kept tables names their real lines.
-  std::ifstream in(c.manifest, std::ios::binary);
-  std::string text, line;
-  bool kept = true;  // keys before the first table header belong to the root
-  while (std::getline(in, line)) {
-    const size_t b = line.find_first_not_of(" \t");
-    if (b != std::string::npos && line[b] == '[') {
-      const size_t from = line.find_first_not_of("[ \t", b);
-      const size_t to = from == std::string::npos ? from : line.find_first_of(".] \t", from);
-      const std::string section =
-          from == std::string::npos ? std::string() : line.substr(from, to - from);
-      kept = std::find(keep.begin(), keep.end(), section) != keep.end();
-    }
-    text += (kept ? line : std::string()) + "\n";
-  }
-  toml::parse_result blanked = toml::parse(text, c.manifest);
-  if (blanked && only_kept(blanked.table())) return text;
-  // A layout the line filter does not follow (dotted keys at the root, say): the kept tables
-  // re-serialised (their line numbers then differ from the file's).
-  toml::table tables;
-  for (const auto& section : keep) {
-    if (const toml::node* n = r.table().get(section)) tables.insert(section, *n);
-  }
-  std::ostringstream out;
-  out << toml::toml_formatter(tables);
-  return out.str();
+int64_t moe_instance_ep_size(loom_session* session, const TrainConfig& c, std::string& at) {
+  at.clear();
+  const nlohmann::json doc = instance_params(session, "moe", c.moe);
+  if (!doc.is_object() || !doc["params"].contains("ep_size")) return 1;
+  const nlohmann::json& e = doc["params"]["ep_size"];
+  at = e["at"].get<std::string>();
+  return e["value"].is_number_integer() ? e["value"].get<int64_t>() : 1;
 }
 
-std::string moe_instance_comm(const TrainConfig& c) {
-  toml::parse_result r = toml::parse_file(c.manifest);
-  if (!r) return {};
-  const toml::table* t = r.table()["moe"][c.moe].as_table();
-  const auto* comm = t != nullptr ? t->get_as<std::string>("comm") : nullptr;
-  return comm != nullptr ? comm->get() : std::string();
+std::string moe_instance_comm(loom_session* session, const TrainConfig& c) {
+  const nlohmann::json doc = instance_params(session, "moe", c.moe);
+  if (!doc.is_object() || !doc["params"].contains("comm")) return {};
+  const nlohmann::json& v = doc["params"]["comm"]["value"];
+  return v.is_string() ? v.get<std::string>() : std::string();
 }
 
-std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::string& ep_size_at) {
-  ep_size = 1;
-  ep_size_at.clear();
-  toml::parse_result r = toml::parse_file(c.manifest);
-  if (!r) return {};
-  if (const toml::table* t = r.table()["moe"][c.moe].as_table()) {
-    if (const toml::node* n = t->get("ep_size"); n != nullptr && n->is_integer()) {
-      ep_size = n->as_integer()->get();
-      ep_size_at = where(c.manifest, n->source());
-    }
-  }
+std::string moe_check_manifest(const TrainConfig& c) {
   std::ifstream in(c.manifest, std::ios::binary);
   std::string text, line, section;
   bool kept = true;

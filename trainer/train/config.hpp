@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include <loom/embed.h>
+#include <nlohmann/json.hpp>
+
 #include "model.hpp"
 
 namespace loom::trainer {
@@ -120,19 +123,25 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
 // does not reach by its last step, so the rate ends above min_lr).
 std::vector<std::string> config_warnings(const TrainConfig& c);
 
+// One instance's parameters as libloom validated them (loom_instance_params: {"params":
+// {NAME: {"value", "at"}}, ...}), or null when `session` has no such instance. The trainer
+// reads its instances' settings here, never from the manifest's text.
+nlohmann::json instance_params(loom_session* session, const char* kind, const std::string& name);
+
 // The problems of the names the config gives its manifest's instances ([optimizer.NAME],
 // [comm.NAME]), one message each; empty when both are there (or the manifest is unreadable:
-// libloom reports that).
+// libloom reports that). It reads the manifest's table names itself, so that a config's
+// names are checked even when the manifest does not validate.
 std::vector<std::string> manifest_name_problems(const TrainConfig& c);
 
 // The index a [sampler.NAME] of plugin curriculum_sampler reads (any clustering_type but
-// "single_cluster"): its `index` folder and `metric`, from the manifest. nullopt for another
-// plugin, for single_cluster, or when the manifest does not parse.
+// "single_cluster"): its `index` folder and `metric`, as `session` validated them. nullopt for
+// another plugin, for single_cluster, or without an index (the plugin reports that).
 struct SamplerIndexRef {
   std::string index;  // as written (relative: to the working folder, as the sampler opens it)
   std::string metric;
 };
-std::optional<SamplerIndexRef> sampler_index_ref(const TrainConfig& c);
+std::optional<SamplerIndexRef> sampler_index_ref(loom_session* session, const TrainConfig& c);
 
 // `message` (an error from opening the manifest) with the index hint's DATASET and SEQ_LEN
 // filled in from this config, so the `loom data analyze` command it gives runs as printed.
@@ -141,23 +150,24 @@ std::string with_run_values(const std::string& message, const TrainConfig& c);
 // "" when the index the config's sampler reads was written for this dataset (its payload
 // checksum, `dataset_checksum`) and for sample length seq_len; else the problem, naming the
 // index folder and both values (the caller prefixes the config key). No index: "".
-std::string sampler_index_problem(const TrainConfig& c, uint64_t dataset_checksum);
+std::string sampler_index_problem(loom_session* session, const TrainConfig& c,
+                                  uint64_t dataset_checksum);
 
-// The manifest's [loom], [curriculum.*], [sampler.*] and [router.*] tables alone, as TOML
-// text: what `loom check` opens to create and plan the curriculum's and the router's instances
-// without the manifest's comm and optimizer. Empty when the manifest does not parse.
-std::string curriculum_manifest(const TrainConfig& c);
+// The manifest's sections `loom check` opens (loom_open_options.sections) to create and plan
+// the curriculum's, the router's and the quantizer's instances without its comm and optimizer.
+inline constexpr const char* kCurriculumSections = "curriculum,sampler,router,quantizer";
 
 // The manifest's [loom] and [moe.*] tables alone, as TOML text, with each [moe.*] table's
 // `comm` and `ep_size` lines blanked: what `loom check` opens to create and plan the MoE
-// instance without a comm (the other lines keep their numbers). `ep_size` gets the
-// instance's ep_size as written (1 when absent) and `ep_size_at` where ("" when absent).
-// Empty when the manifest does not parse or a [moe.*] table is not laid out line by line.
-std::string moe_check_manifest(const TrainConfig& c, int64_t& ep_size, std::string& ep_size_at);
+// instance as one rank would, without a comm (the other lines keep their numbers). Empty when
+// the manifest does not parse or a [moe.*] table is not laid out line by line. (The one text
+// edit left: the host has no way yet to create an instance with parameters overridden.)
+std::string moe_check_manifest(const TrainConfig& c);
 
-// The `comm` the manifest's [moe.NAME] (NAME = c.moe) names, "" when it names none or the
-// manifest does not parse.
-std::string moe_instance_comm(const TrainConfig& c);
+// The [moe.NAME] instance's (NAME = c.moe) ep_size and where the manifest sets it ("" for the
+// default), and its comm ("" when it names none), as `session` validated them.
+int64_t moe_instance_ep_size(loom_session* session, const TrainConfig& c, std::string& at);
+std::string moe_instance_comm(loom_session* session, const TrainConfig& c);
 
 // The names of the model's parameters [quantization] selects (its tensors and layers), and
 // the problems of its patterns (one per pattern that matches nothing, at the tensors key).

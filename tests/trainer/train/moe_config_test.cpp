@@ -125,7 +125,8 @@ TEST(MoeConfig, TheManifestMustHaveTheInstance) {
 }
 
 // loom check plans the instance from the manifest's [loom] and [moe.*] tables alone, its comm
-// and ep_size lines blanked (the rest keep their line numbers); the ep_size is returned.
+// and ep_size lines blanked (the rest keep their line numbers); the ep_size and its place come
+// from libloom's validated parameters.
 TEST(MoeConfig, CheckManifestDropsTheCommAndKeepsLines) {
   const auto dir = temp_dir();
   const auto cfg = dir / "c.toml";
@@ -134,14 +135,25 @@ TEST(MoeConfig, CheckManifestDropsTheCommAndKeepsLines) {
         "[moe.experts]\nplugin = \"moe\"\nk = 2\ncomm = \"world\"\nep_size = 4\n");
   write(cfg, kBase + "[moe]\ninstance = \"experts\"\nlayers = [1]\n");
   const TrainConfig c = load_config(cfg.string());
-  int64_t ep = 0;
+  // The manifest as libloom validated it, as loom check opens it.
+  auto ep_size = [&](std::string& at) {
+    loom_open_options o{};
+    o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+    o.validate_only = 1;
+    o.log_level = LOOM_LOG_WARN;
+    loom_session* s = nullptr;
+    EXPECT_EQ(loom_open_file(c.manifest.c_str(), &o, &s), LOOM_OK) << loom_last_error();
+    const int64_t ep = s != nullptr ? moe_instance_ep_size(s, c, at) : -1;
+    loom_close(s);
+    return ep;
+  };
   std::string at;
-  const std::string text = moe_check_manifest(c, ep, at);
-  EXPECT_EQ(ep, 4);
-  EXPECT_EQ(at, (dir / "m.toml").string() + ":9:11");
+  EXPECT_EQ(ep_size(at), 4);
+  EXPECT_EQ(at, (dir / "m.toml").string() + ":9:1");
+  const std::string text = moe_check_manifest(c);
   EXPECT_EQ(text, "\n\n\n\n[moe.experts]\nplugin = \"moe\"\nk = 2\n\n\n");
   write(dir / "m.toml", "[optimizer.main]\nplugin = \"adam\"\n[moe.experts]\nplugin = \"moe\"\n");
-  EXPECT_FALSE(moe_check_manifest(c, ep, at).empty());
-  EXPECT_EQ(ep, 1);
+  EXPECT_FALSE(moe_check_manifest(c).empty());
+  EXPECT_EQ(ep_size(at), 1);
   EXPECT_TRUE(at.empty());
 }

@@ -158,7 +158,7 @@ struct Curriculum {
       return;
     }
     // The index's dataset and sample length, before the plan (which compares only N).
-    if (const std::string e = sampler_index_problem(c, dataset_checksum); !e.empty()) {
+    if (const std::string e = sampler_index_problem(session, c, dataset_checksum); !e.empty()) {
       problems.push_back(sampler_who + ": " + e);
       return;
     }

@@ -46,7 +46,7 @@ MoeFeature::MoeFeature(loom_session* session, const TrainConfig& c, Model& model
                       "lamb), or ep_size = 1");
   }
   if (ep_ > 1) {
-    const std::string comm_name = moe_instance_comm(c_);
+    const std::string comm_name = moe_instance_comm(session, c_);
     if (comm_name != c_.comm) {
       throw ConfigError(who_ + ": ep_size " + std::to_string(ep_) +
                         " exchanges tokens over its comm " +
