@@ -91,7 +91,8 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, VersionNamesTheAbi) {
   const auto r = loom("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI 1.5)\n");
+  EXPECT_EQ(r.out,
+            std::string("loom ") + LOOM_EXPECTED_VERSION + " (plugin ABI " + kHostAbi + ")\n");
 }
 
 TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
