@@ -2,14 +2,16 @@
 // the blob container every state file uses (parse_blob: optimizer, trainer, curriculum,
 // router and MoE state), the trainer state inside trainer.rankN.bin (decode_trainer_state,
 // then check_trainer_state against a run's limits), the [moe] state inside moe.rankN.bin
-// (decode_moe_state), and the model weights
-// (load_safetensors, the trainer's own reader, from an in-memory file). The payloads of the
-// other blob kinds go to plugins: the optimizer_state and plugin_state targets cover those.
+// (decode_moe_state), and the model weights (load_safetensors: libloom's safetensors reader
+// and the trainer's rules on top, from an in-memory file; safetensors_fuzz covers the reader
+// itself instrumented). The payloads of the other blob kinds go to plugins: the
+// optimizer_state and plugin_state targets cover those.
 //
 // Input: one byte of mode, then the file. Mode bits 0-1: 0 (and 3) a blob file of kind
 // 1 + (bits 4-6 modulo 5), 1 a trainer state payload alone, 2 a model safetensors file.
 // Bit 2 recomputes the checksums over the input first (a blob's payload size and FNV-1a;
-// the 16 hex digits of a safetensors header's "fnv1a64"), so mutations get past them.
+// the 16 hex digits of a safetensors header's "fnv1a64", then of its "loom.checksum" over the
+// whole file), so mutations get past them.
 //
 // Besides crashes and sanitizer reports, it checks:
 //  - every CheckpointError names the file;
@@ -124,17 +126,28 @@ void blob(std::vector<uint8_t> b, BlobKind kind, bool fix) {
   if (kind == BlobKind::kMoe) moe_state(payload, file);
 }
 
+// The 16 hex digits after `key` in the header, or nullptr.
+uint8_t* digits_after(std::vector<uint8_t>& b, uint64_t n, const std::string& key) {
+  const auto begin = b.begin() + 8;
+  const auto end = begin + static_cast<std::ptrdiff_t>(n);
+  const auto at = std::search(begin, end, key.begin(), key.end());
+  if (end - at < static_cast<std::ptrdiff_t>(key.size() + 16)) return nullptr;
+  return &*(at + static_cast<std::ptrdiff_t>(key.size()));
+}
+
 void weights(std::vector<uint8_t> b, bool fix) {
   uint64_t n = 0;
   if (b.size() >= 8) std::memcpy(&n, b.data(), 8);
   if (fix && b.size() >= 8 && n <= b.size() - 8) {
-    const std::string key = "\"fnv1a64\":\"";
-    const auto begin = b.begin() + 8;
-    const auto end = begin + static_cast<std::ptrdiff_t>(n);
-    const auto at = std::search(begin, end, key.begin(), key.end());
-    if (end - at >= static_cast<std::ptrdiff_t>(key.size() + 16)) {
+    if (uint8_t* d = digits_after(b, n, "\"fnv1a64\":\"")) {
       const std::string sum = hex(loom::trainer::fnv1a64(b.data() + 8 + n, b.size() - 8 - n));
-      std::copy(sum.begin(), sum.end(), at + static_cast<std::ptrdiff_t>(key.size()));
+      std::copy(sum.begin(), sum.end(), d);
+    }
+    // The whole file's, over its bytes with these digits read as '0' (docs/quantization.md).
+    if (uint8_t* d = digits_after(b, n, "\"loom.checksum\":\"fnv1a64:")) {
+      std::fill(d, d + 16, static_cast<uint8_t>('0'));
+      const std::string sum = hex(loom::trainer::fnv1a64(b.data(), b.size()));
+      std::copy(sum.begin(), sum.end(), d);
     }
   }
   g_file->set(b.data(), b.size());

@@ -1,14 +1,16 @@
 #include "checkpoint.hpp"
 
+#include <loom/embed.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "dataset.hpp"
 
@@ -34,6 +36,11 @@ std::string hex(uint64_t v) {
   return s;
 }
 
+// A libloom message, which names the file already; prefixed with it where it does not.
+std::string with_path(const std::string& path, const std::string& message) {
+  return message.rfind(path + ": ", 0) == 0 ? message : path + ": " + message;
+}
+
 constexpr char kBlobMagic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
 constexpr size_t kBlobHeader = 32;
 
@@ -41,116 +48,100 @@ constexpr size_t kBlobHeader = 32;
 
 void save_safetensors(const std::string& path, const std::vector<ParamTensor>& params,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json h;
-  size_t off = 0;
+  // The host's writer lays tensors of one element size out back to back in the order given,
+  // so the data area, which "fnv1a64" covers, is the parameters' values one after the other.
+  static const float kNoBytes = 0.0f;  // the writer wants a pointer even for an empty tensor
+  std::vector<loom_tensor_out> out;
+  out.reserve(params.size());
+  uint64_t sum = fnv1a64(nullptr, 0);
   for (const auto& p : params) {
-    h[p.name] = {{"dtype", "F32"}, {"shape", p.shape}, {"data_offsets", {off, off + 4 * p.numel}}};
-    off += 4 * p.numel;
+    loom_tensor_out t{};
+    t.struct_size = LOOM_TENSOR_OUT_SIZE;
+    t.ndim = static_cast<int32_t>(p.shape.size());
+    t.name = p.name.c_str();
+    t.dtype = "F32";
+    t.shape = p.shape.data();
+    t.data = p.value != nullptr ? p.value : &kNoBytes;
+    out.push_back(t);
+    sum = fnv1a64(p.value, 4 * p.numel, sum);
   }
-  std::vector<uint8_t> data(off);
-  off = 0;
-  for (const auto& p : params) {
-    std::memcpy(data.data() + off, p.value, 4 * p.numel);
-    off += 4 * p.numel;
+  std::map<std::string, std::string> meta = metadata;
+  meta.emplace("format", "pt");
+  meta["fnv1a64"] = hex(sum);
+  std::vector<const char*> pairs;
+  for (const auto& [k, v] : meta) {
+    pairs.push_back(k.c_str());
+    pairs.push_back(v.c_str());
   }
-  nlohmann::ordered_json meta = {{"format", "pt"}};
-  for (const auto& [k, v] : metadata) meta[k] = v;
-  meta["fnv1a64"] = hex(fnv1a64(data.data(), data.size()));
-  h["__metadata__"] = meta;
-  std::string js = h.dump();
-  while (js.size() % 8 != 0) js.push_back(' ');  // data 8-byte aligned, as the format suggests
-  std::vector<uint8_t> out(8 + js.size() + data.size());
-  const uint64_t n = js.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, js.data(), js.size());
-  std::memcpy(out.data() + 8 + js.size(), data.data(), data.size());
-  write_file_atomic(path, out.data(), out.size());
+  if (loom_tensor_file_write(path.c_str(), out.data(), out.size(), pairs.data(), meta.size()) !=
+      LOOM_OK) {
+    throw WriteError(with_path(path, loom_last_error()));
+  }
 }
 
 void load_safetensors(const std::string& path, const std::vector<ParamTensor>& params) {
-  const auto b = read_all(path, "model checkpoint");
-  if (b.size() < 8) {
-    throw CheckpointError(path + ": truncated safetensors file (" + std::to_string(b.size()) +
-                          " bytes, no header length)");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw CheckpointError(path + ": is a folder, not the model checkpoint");
   }
-  uint64_t n;
-  std::memcpy(&n, b.data(), 8);
-  if (n > b.size() - 8) {
-    throw CheckpointError(path + ": truncated safetensors file: header length " +
-                          std::to_string(n) + " exceeds the " + std::to_string(b.size() - 8) +
-                          " bytes that follow");
+  // Opening checks the whole file (header, offsets, sizes) and every checksum it carries.
+  loom_tensor_file* opened = nullptr;
+  if (loom_tensor_file_open(path.c_str(), &opened) != LOOM_OK) {
+    throw CheckpointError(with_path(path, loom_last_error()));
   }
-  auto h = nlohmann::json::parse(b.begin() + 8, b.begin() + 8 + static_cast<std::ptrdiff_t>(n),
-                                 nullptr, false);
-  if (h.is_discarded() || !h.is_object()) {
-    throw CheckpointError(path + ": corrupted safetensors file: the header is not a JSON object");
-  }
-  const uint8_t* data = b.data() + 8 + n;
-  const size_t data_bytes = b.size() - 8 - n;
-  std::set<std::string> seen;
-  size_t expected_bytes = 0;
-  for (const auto& p : params) {
-    if (!h.contains(p.name)) {
-      throw CheckpointError(path + ": tensor '" + p.name + "' is missing");
-    }
-    const auto& t = h[p.name];
-    if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() ||
-        t["dtype"].get<std::string>() != "F32" || !t.contains("shape") ||
-        !t.contains("data_offsets") || !t["data_offsets"].is_array() ||
-        t["data_offsets"].size() != 2) {
-      throw CheckpointError(path + ": tensor '" + p.name + "': bad entry (expected F32)");
-    }
-    std::vector<int64_t> shape;
-    try {
-      shape = t["shape"].get<std::vector<int64_t>>();
-    } catch (...) {
-      throw CheckpointError(path + ": tensor '" + p.name + "': bad shape");
-    }
-    if (shape != p.shape) {
-      throw CheckpointError(path + ": tensor '" + p.name + "' has shape " + t["shape"].dump() +
-                            ", the model needs " + nlohmann::json(p.shape).dump());
-    }
-    const auto& o = t["data_offsets"];
-    if (!o[0].is_number_unsigned() || !o[1].is_number_unsigned()) {
-      throw CheckpointError(path + ": tensor '" + p.name + "': bad data_offsets");
-    }
-    const uint64_t lo = o[0].get<uint64_t>(), hi = o[1].get<uint64_t>();
-    if (hi < lo || hi - lo != 4 * p.numel) {
-      throw CheckpointError(path + ": tensor '" + p.name +
-                            "': data_offsets do not match its shape");
-    }
-    if (hi > data_bytes) {
-      throw CheckpointError(path + ": truncated safetensors file: tensor '" + p.name +
-                            "' ends at byte " + std::to_string(hi) + " of a " +
-                            std::to_string(data_bytes) + "-byte data section");
-    }
-    expected_bytes += 4 * p.numel;
-    seen.insert(p.name);
-  }
-  for (const auto& [k, v] : h.items()) {
-    if (k != "__metadata__" && !seen.count(k)) {
-      throw CheckpointError(path + ": tensor '" + k + "' is not a parameter of this model");
-    }
-  }
-  if (data_bytes != expected_bytes) {
-    throw CheckpointError(path + ": data section is " + std::to_string(data_bytes) +
-                          " bytes, the tensors need " + std::to_string(expected_bytes));
-  }
-  // The checksum is not optional: a header edited to drop or rename it must not switch the
-  // check off.
-  const auto meta = h.find("__metadata__");
-  if (meta == h.end() || !meta->is_object() || !meta->contains("fnv1a64") ||
-      !(*meta)["fnv1a64"].is_string()) {
+  const std::unique_ptr<loom_tensor_file, void (*)(loom_tensor_file*)> file(opened,
+                                                                            loom_tensor_file_close);
+  loom_tensor_file* f = file.get();
+  // The data checksum is not optional: a header edited to drop or rename it must not switch
+  // the check off (the reader verifies only the checksums a file carries).
+  if (loom_tensor_file_metadata(f, "fnv1a64") == nullptr) {
     throw CheckpointError(path +
                           ": has no data checksum (__metadata__ key \"fnv1a64\"): every model "
                           "checkpoint loom train writes has one; the file is damaged or edited");
   }
-  if ((*meta)["fnv1a64"].get<std::string>() != hex(fnv1a64(data, data_bytes))) {
-    throw CheckpointError(path + ": corrupted safetensors file: data checksum mismatch");
+  std::vector<const float*> values(params.size());
+  std::set<std::string> names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamTensor& p = params[i];
+    size_t index = 0;
+    if (loom_tensor_file_find(f, p.name.c_str(), &index) != LOOM_OK) {
+      throw CheckpointError(path + ": tensor '" + p.name + "' is missing");
+    }
+    loom_tensor_info t{};
+    t.struct_size = LOOM_TENSOR_INFO_SIZE;
+    if (loom_tensor_file_info(f, index, &t) != LOOM_OK) {
+      throw CheckpointError(with_path(path, loom_last_error()));
+    }
+    if (t.quantized != 0 || t.tensor.dtype.code != kDLFloat || t.tensor.dtype.bits != 32 ||
+        t.tensor.dtype.lanes != 1) {
+      throw CheckpointError(path + ": tensor '" + p.name + "': bad entry (expected F32" +
+                            (t.quantized != 0 ? ", not a quantized tensor)" : ")"));
+    }
+    const std::vector<int64_t> shape(t.tensor.shape, t.tensor.shape + t.tensor.ndim);
+    if (shape != p.shape) {
+      throw CheckpointError(path + ": tensor '" + p.name + "' has shape " +
+                            nlohmann::json(shape).dump() + ", the model needs " +
+                            nlohmann::json(p.shape).dump());
+    }
+    uint64_t numel = 1;
+    for (const int64_t d : shape) numel *= static_cast<uint64_t>(d);
+    if (numel != p.numel) {
+      throw CheckpointError(path + ": tensor '" + p.name + "' holds " + std::to_string(numel) +
+                            " values, the model needs " + std::to_string(p.numel));
+    }
+    values[i] = static_cast<const float*>(t.tensor.data);
+    names.insert(p.name);
   }
-  for (const auto& p : params) {
-    const uint64_t lo = h[p.name]["data_offsets"][0].get<uint64_t>();
-    std::memcpy(p.value, data + lo, 4 * p.numel);
+  const size_t count = loom_tensor_file_count(f);
+  for (size_t i = 0; i < count; ++i) {
+    const std::string name = loom_tensor_file_name(f, i);
+    if (names.count(name) == 0) {
+      throw CheckpointError(path + ": tensor '" + name + "' is not a parameter of this model");
+    }
+  }
+  // The whole file checked out: only now does anything reach the model.
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel != 0) std::memcpy(params[i].value, values[i], 4 * params[i].numel);
   }
 }
 

@@ -1,13 +1,15 @@
 // Checkpoint files of the reference trainer (docs/trainer.md has the byte layouts):
-//  - model weights as safetensors: 8-byte little-endian header length N, N bytes of JSON
-//    ({"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
-//    "__metadata__": {"format": "pt", "fnv1a64": "<hex of the data section>"}}), then the
-//    raw data;
+//  - model weights as safetensors, read and written by libloom (loom_tensor_file_open,
+//    loom_tensor_file_write): 8-byte little-endian header length N, N bytes of JSON
+//    ({"__metadata__": {"loom.checksum": "fnv1a64:<hex of the whole file>", "fnv1a64": "<hex
+//    of the data section>", "format": "pt", ...}, "name": {"dtype": "F32", "shape": [...],
+//    "data_offsets": [begin, end]}, ...}), then the raw data;
 //  - blobs (optimizer state, trainer state): magic "LOOMCKPT", uint32 version 1, uint32
 //    kind, uint64 payload bytes, uint64 FNV-1a 64 of the payload, then the payload.
-// Every file is written to FILE.tmp, fsynced and renamed into place (durable_file.hpp). Readers
-// throw CheckpointError naming the file and what is wrong (truncated, corrupted, shape
-// mismatch...).
+// Every file is written to a temporary file beside it, fsynced and renamed into place, its
+// folder fsynced (durable_file.hpp; libloom's writer for the weights); writers throw
+// WriteError. Readers throw CheckpointError naming the file and what is wrong (truncated,
+// corrupted, shape mismatch...).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +31,8 @@ class CheckpointError : public std::runtime_error {
 void save_safetensors(const std::string& path, const std::vector<ParamTensor>& params,
                       const std::map<std::string, std::string>& metadata = {});
 // Loads every tensor of `params` (by name; dtype, shape and size must match); tensors in the
-// file that `params` lacks are an error too.
+// file that `params` lacks are an error too, and so is a file without the data checksum
+// "fnv1a64". Nothing reaches `params` unless the whole file checks out.
 void load_safetensors(const std::string& path, const std::vector<ParamTensor>& params);
 
 // kCurriculum: a [curriculum] instance's exported state (the sampler's, the seqlen schedule's);

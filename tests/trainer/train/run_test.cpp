@@ -303,7 +303,9 @@ TEST_F(TrainerRun, CorruptOrTruncatedCheckpointsGiveClearErrors) {
       << model.substr(0, model.size() - 100);
   r = train(1, cfg, "--resume --steps 8");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("model.rank0.safetensors: truncated"), std::string::npos) << r.out;
+  // libloom's reader names the tensor that runs past the end of the short data area.
+  EXPECT_NE(r.out.find("model.rank0.safetensors: header says tensor "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" but the data area is "), std::string::npos) << r.out;
   std::ofstream(ck / "model.rank0.safetensors", std::ios::binary) << model;
 
   std::ofstream(dir_ / "runs/ck/checkpoints/latest") << "step_00000099\n";
