@@ -15,6 +15,7 @@
 // actually moved): allreduce 2 (p - 1) / p of the tensor each way, allgather (p - 1) blocks,
 // all_to_all everything but the own block, broadcast the tensor once per non-root rank.
 #include <loom/sdk.hpp>
+#include <loom/sdk/collective_queue.hpp>
 #include <loom/sdk/cuda.hpp>
 #include <loom/sdk/kinds/comm.hpp>
 
@@ -140,7 +141,10 @@ class Nccl : public loom::sdk::Comm {
     }
   }
 
-  ~Nccl() { release(broken_); }
+  ~Nccl() {
+    queue_.stop();
+    release(broken_);
+  }
   Nccl(const Nccl&) = delete;
   Nccl& operator=(const Nccl&) = delete;
 
@@ -153,6 +157,27 @@ class Nccl : public loom::sdk::Comm {
     out.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
     out.bytes_received = bytes_received_.load(std::memory_order_relaxed);
     out.rounds = rounds_.load(std::memory_order_relaxed);
+  }
+
+  // NCCL calls only queue work on the call's stream: a started collective is queued at once
+  // on the caller's thread, and its request is finished when start returns (stream-ordered).
+  loom::sdk::CollectiveQueue& collective_queue() { return queue_; }
+
+  void reduce_scatter(const loom_reduce_scatter_args& a) {
+    const DLTensor& recv = device_tensor(a.recv, "reduce_scatter recv");
+    const DLTensor& send = device_tensor(a.send, "reduce_scatter send");
+    const ncclDataType_t dt = reduce_dtype(recv);
+    const ncclRedOp_t op = reduce_op(a.op);
+    loom::sdk::expect_dtype(send, recv.dtype, "reduce_scatter send");
+    const auto n = static_cast<std::size_t>(loom::sdk::numel(recv));
+    loom::sdk::expect_numel(send, static_cast<int64_t>(n) * size_, "reduce_scatter send");
+    usable();
+    call("reduce_scatter", [&] {
+      return ncclReduceScatter(loom::sdk::data_as<const char>(send), loom::sdk::data_as<char>(recv),
+                               n, dt, op, comm_, stream(a.stream));
+    });
+    const uint64_t bytes = n * loom::sdk::element_bytes(recv.dtype);
+    count(bytes * (size_ - 1), bytes * (size_ - 1));
   }
 
   void allreduce(const loom_allreduce_args& a) {
@@ -496,6 +521,7 @@ class Nccl : public loom::sdk::Comm {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> rounds_{0};
+  loom::sdk::CollectiveQueue queue_{loom::sdk::CollectiveQueue::Mode::inline_calls};
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The ucx transport's collectives: argument checks, then the algorithms (docs/comm.md):
-// recursive doubling and the pipelined ring for allreduce, the ring for allgather, pairwise
-// exchange for all_to_all, a pipelined binomial tree for broadcast, dissemination for the
-// barrier.
+// recursive doubling and the pipelined ring for allreduce, the ring for allgather and
+// reduce_scatter, pairwise exchange for all_to_all, a pipelined binomial tree for broadcast,
+// dissemination for the barrier.
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -152,6 +152,55 @@ void Ucx::all_to_all(const loom_all_to_all_args& a) {
       rd.wait(s, r);
     }
   });
+}
+
+// ---------------------------------------------------------------- reduce_scatter
+void Ucx::reduce_scatter(const loom_reduce_scatter_args& a) {
+  const DLTensor& recv = host_tensor(a.recv, "reduce_scatter recv");
+  const DLTensor& send = host_tensor(a.send, "reduce_scatter send");
+  const Dtype dt = reduce_dtype(recv, "reduce_scatter recv");
+  if (a.op < LOOM_REDUCE_SUM || a.op > LOOM_REDUCE_MIN) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                "reduce_scatter op " + std::to_string(a.op) + " is not a loom_reduce_op");
+  }
+  loom::sdk::expect_dtype(send, recv.dtype, "reduce_scatter send");
+  const auto n = static_cast<std::size_t>(loom::sdk::numel(recv));
+  loom::sdk::expect_numel(send, static_cast<int64_t>(n) * size_, "reduce_scatter send");
+  usable();
+  const std::size_t es = loom::sdk::element_bytes(recv.dtype);
+  const char* in = loom::sdk::data_as<const char>(send);
+  char* out = loom::sdk::data_as<char>(recv);
+  rounds_.fetch_add(1, std::memory_order_relaxed);
+  if (size_ == 1) {
+    if (n != 0 && in != out) std::memmove(out, in, n * es);
+    return;
+  }
+  const Op op = a.op == LOOM_REDUCE_MAX ? Op::kMax : a.op == LOOM_REDUCE_MIN ? Op::kMin : Op::kSum;
+  const bool avg = a.op == LOOM_REDUCE_AVG;
+  const uint64_t sig = signature(6, static_cast<uint64_t>(a.op), dtype_key(recv.dtype), n);
+  const std::string what = std::string("reduce_scatter(") + loom::sdk::reduce_op_string(a.op) +
+                           ", " + loom::sdk::dtype_string(recv.dtype) + ", " + std::to_string(n) +
+                           " elements per rank)";
+  // The ring works in place: on a copy of send, whose block r is this rank's result at the end.
+  const std::size_t total = n * static_cast<std::size_t>(size_) * es;
+  if (reduce_scatter_work_.size() < total) {
+    reduce_scatter_work_.clear();
+    reduce_scatter_work_.shrink_to_fit();
+    reduce_scatter_work_.resize(total);
+  }
+  char* buf = reduce_scatter_work_.data();
+  std::memcpy(buf, in, total);
+  std::vector<std::size_t> off(static_cast<std::size_t>(size_) + 1);
+  for (int j = 0; j <= size_; ++j)
+    off[static_cast<std::size_t>(j)] = static_cast<std::size_t>(j) * n;
+  collective(sig, what, [&](Round& rd) {
+    // Step s sends segment r - s - 1 and reduces segment r - s - 2 into place: after size - 1
+    // steps segment r holds every rank's contribution.
+    ring(
+        rd, buf, off, es, size_ - 1, size_ - 1, dt, op, avg,
+        [&](int s) { return mod(rank_ - s - 1); }, [&](int s) { return mod(rank_ - s - 2); });
+  });
+  std::memcpy(out, buf + static_cast<std::size_t>(rank_) * n * es, n * es);
 }
 
 // ---------------------------------------------------------------- broadcast

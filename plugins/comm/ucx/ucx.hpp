@@ -7,6 +7,7 @@
 #define LOOM_PLUGINS_COMM_UCX_UCX_HPP
 
 #include <loom/sdk.hpp>
+#include <loom/sdk/collective_queue.hpp>
 #include <loom/sdk/kinds/comm.hpp>
 
 #include <ucp/api/ucp.h>
@@ -192,7 +193,10 @@ class Ucx : public loom::sdk::Comm {
 
   explicit Ucx(Context& ctx);
   Ucx(Context& ctx, SplitPlan&& plan);  // a sub-communicator (connection.cpp)
-  ~Ucx() { teardown(broken_); }
+  ~Ucx() {
+    queue_.stop();  // a started collective may still be running on the queue's thread
+    teardown(broken_);
+  }
   Ucx(const Ucx&) = delete;
   Ucx& operator=(const Ucx&) = delete;
 
@@ -211,7 +215,10 @@ class Ucx : public loom::sdk::Comm {
   void allgather(const loom_allgather_args& a);
   void all_to_all(const loom_all_to_all_args& a);
   void broadcast(const loom_broadcast_args& a);
+  void reduce_scatter(const loom_reduce_scatter_args& a);
   void barrier(void* stream);
+  // Started collectives run on the queue's thread (start, test, wait).
+  loom::sdk::CollectiveQueue& collective_queue() { return queue_; }
   // connection.cpp: collective over this instance; std::nullopt for a negative color.
   std::optional<SplitPlan> split(int32_t color, int32_t key);
 
@@ -301,10 +308,13 @@ class Ucx : public loom::sdk::Comm {
   bool broken_ = false;
   std::string broken_why_;
   std::vector<char> scratch_;
+  std::vector<char> reduce_scatter_work_;  // reduce_scatter's copy of send (the ring is in place)
 
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> rounds_{0};
+  // Last: constructed after, stopped (in the destructor's body) before everything it uses.
+  loom::sdk::CollectiveQueue queue_;
 };
 
 }  // namespace loom::plugins::ucx

@@ -55,6 +55,7 @@
 // refuses further collectives (FAILED_PRECONDITION); argument errors and disagreements
 // leave it usable.
 #include <loom/sdk.hpp>
+#include <loom/sdk/collective_queue.hpp>
 #include <loom/sdk/kinds/comm.hpp>
 
 #include <algorithm>
@@ -333,13 +334,19 @@ class ThreadComm : public loom::sdk::Comm {
     join();
   }
 
-  ~ThreadComm() { leave(); }
+  ~ThreadComm() {
+    queue_.stop();
+    leave();
+  }
   ThreadComm(const ThreadComm&) = delete;
   ThreadComm& operator=(const ThreadComm&) = delete;
 
   int32_t rank() const { return rank_; }
   int32_t size() const { return size_; }
   bool supports_device(DLDevice d) const { return device_supported(d); }
+  // Non-blocking collectives (ABI 1.6) through the SDK's queue; no reduce_scatter of its own,
+  // so callers exercise the SDK's fallback for transports without one.
+  loom::sdk::CollectiveQueue& collective_queue() { return queue_; }
 
   void stats(loom_comm_stats& out) const {
     out.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
@@ -828,6 +835,7 @@ class ThreadComm : public loom::sdk::Comm {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> rounds_{0};
+  loom::sdk::CollectiveQueue queue_;
 };
 
 }  // namespace

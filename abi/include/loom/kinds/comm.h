@@ -6,7 +6,12 @@
  *
  * Process groups (since 1.2): `split` makes a sub-communicator of some of an instance's
  * ranks, an instance of the same plugin with the same function table; its collectives
- * run among those ranks only ("all ranks" above then means the group's ranks). */
+ * run among those ranks only ("all ranks" above then means the group's ranks).
+ *
+ * Non-blocking collectives (since 1.6): `start` begins a collective and returns a request;
+ * `test` asks whether it has finished and `wait` finishes it. Collectives run in the order
+ * they were started or called, the same order on every rank; a blocking call made while
+ * requests are outstanding runs after them. */
 #ifndef LOOM_KINDS_COMM_H
 #define LOOM_KINDS_COMM_H
 
@@ -70,6 +75,49 @@ typedef struct loom_broadcast_args {
 } loom_broadcast_args;
 #define LOOM_BROADCAST_ARGS_SIZE LOOM_STRUCT_SIZE(loom_broadcast_args, stream)
 LOOM_CHECK_STRUCT_SIZE(loom_broadcast_args, LOOM_BROADCAST_ARGS_SIZE);
+
+/* Since 1.6: reduce_scatter's arguments. send holds size * numel(recv) elements in rank
+ * order; rank i receives the reduction over all ranks of block i (send elements
+ * [i * numel(recv), (i + 1) * numel(recv))). */
+typedef struct loom_reduce_scatter_args {
+  uint32_t struct_size;
+  int32_t op; /* loom_reduce_op */
+  const DLTensor* send;
+  DLTensor* recv;
+  void* stream;
+} loom_reduce_scatter_args;
+#define LOOM_REDUCE_SCATTER_ARGS_SIZE LOOM_STRUCT_SIZE(loom_reduce_scatter_args, stream)
+LOOM_CHECK_STRUCT_SIZE(loom_reduce_scatter_args, LOOM_REDUCE_SCATTER_ARGS_SIZE);
+
+/* Since 1.6: the collective a start begins, and the args struct its `args` points to. */
+typedef enum loom_comm_collective {
+  LOOM_COLLECTIVE_ALLREDUCE = 0,      /* const loom_allreduce_args* */
+  LOOM_COLLECTIVE_ALLGATHER = 1,      /* const loom_allgather_args* */
+  LOOM_COLLECTIVE_REDUCE_SCATTER = 2, /* const loom_reduce_scatter_args* */
+  LOOM_COLLECTIVE_ALL_TO_ALL = 3,     /* const loom_all_to_all_args* */
+  LOOM_COLLECTIVE_BROADCAST = 4       /* const loom_broadcast_args* */
+} loom_comm_collective;
+
+/* Since 1.6: start's arguments. The args struct and everything it points to (tensors, their
+ * shapes and data, count arrays) stay valid, and the tensors untouched by the caller, until
+ * the request's wait returns. */
+typedef struct loom_comm_start_args {
+  uint32_t struct_size;
+  int32_t collective; /* loom_comm_collective */
+  const void* args;   /* that collective's args struct */
+  void* request;      /* out: the request, for test and wait */
+} loom_comm_start_args;
+#define LOOM_COMM_START_ARGS_SIZE LOOM_STRUCT_SIZE(loom_comm_start_args, request)
+LOOM_CHECK_STRUCT_SIZE(loom_comm_start_args, LOOM_COMM_START_ARGS_SIZE);
+
+/* Since 1.6: test's and wait's arguments. */
+typedef struct loom_comm_request_args {
+  uint32_t struct_size;
+  int32_t done;  /* out (test): 1 when the collective has finished, 0 while it runs */
+  void* request; /* from start */
+} loom_comm_request_args;
+#define LOOM_COMM_REQUEST_ARGS_SIZE LOOM_STRUCT_SIZE(loom_comm_request_args, request)
+LOOM_CHECK_STRUCT_SIZE(loom_comm_request_args, LOOM_COMM_REQUEST_ARGS_SIZE);
 
 /* Traffic counters since creation. */
 typedef struct loom_comm_stats {
@@ -174,9 +222,33 @@ typedef struct loom_comm_v1 {
    * communicator returns UNIMPLEMENTED. */
   loom_status* (*native_handle2)(void* instance,
                                  loom_comm_native_handle_args* args) LOOM_APPENDED_FIELD;
+
+  /* ---- since 1.6: reduce-scatter and non-blocking collectives. All optional; start, test
+   * and wait come together. A caller of an older plugin falls back to the blocking calls
+   * (loom::sdk::comm_start runs the collective at once and returns a finished request). */
+
+  /* [instance] Optional. Collective: the reduction of block r of every rank's send, on
+   * rank r. */
+  loom_status* (*reduce_scatter)(void* instance,
+                                 const loom_reduce_scatter_args* args) LOOM_APPENDED_FIELD;
+  /* [instance] Optional. Begins a collective (in the order of this instance's other
+   * collectives) and sets args->request. Host tensors may be read and written until wait
+   * returns; device tensors are stream-ordered on the collective's stream as for the
+   * blocking call, and wait also orders nothing more. An error here means no request was
+   * made. Once a collective has failed the instance is broken: later calls fail too. */
+  loom_status* (*start)(void* instance, loom_comm_start_args* args) LOOM_APPENDED_FIELD;
+  /* [instance] Set with start. Sets args->done without blocking (it may make progress on
+   * the request's collective and those before it). An error is the collective's: the
+   * request still needs its wait. */
+  loom_status* (*test)(void* instance, loom_comm_request_args* args) LOOM_APPENDED_FIELD;
+  /* [instance] Set with start. Blocks until the request's collective has finished, returns
+   * its error if it failed, and frees the request, also on an error: every request is
+   * waited for exactly once, before the instance is destroyed. Requests may be waited for
+   * in any order. */
+  loom_status* (*wait)(void* instance, const loom_comm_request_args* args) LOOM_APPENDED_FIELD;
   /* clang-format on */
 } loom_comm_v1;
-#define LOOM_COMM_V1_SIZE LOOM_STRUCT_SIZE(loom_comm_v1, native_handle2)
+#define LOOM_COMM_V1_SIZE LOOM_STRUCT_SIZE(loom_comm_v1, wait)
 LOOM_CHECK_STRUCT_SIZE(loom_comm_v1, LOOM_COMM_V1_SIZE);
 /* The smallest table a host accepts for this kind: the fields of the first ABI minor that
  * had it (later fields are optional and checked against struct_size before use). */

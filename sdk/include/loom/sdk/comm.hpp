@@ -1,7 +1,9 @@
 // Helpers for writers and callers of "loom.comm/1" transports: names of reduce ops, and for
 // code that holds another plugin's communicator (an InstanceRef<loom_comm_v1>): process
 // groups (comm_split, owned by a SubComm), and the calls with a 1.2 args-struct form, which
-// use it when the transport has it and the 1.0 entry otherwise.
+// use it when the transport has it and the 1.0 entry otherwise; non-blocking collectives
+// (comm_start and CommRequest, since 1.6) and reduce-scatter (comm_reduce_scatter), with
+// blocking fallbacks for transports built before 1.6.
 #pragma once
 
 #include <loom/kinds/comm.h>
@@ -10,8 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace loom::sdk {
 
@@ -134,6 +138,155 @@ inline bool comm_supports_device(const InstanceRef<loom_comm_v1>& comm, DLDevice
     return args.supported == 1;
   }
   return comm.call(&loom_comm_v1::supports_device, device) == 1;
+}
+
+// ---- since 1.6: reduce-scatter and non-blocking collectives
+
+// True when the transport starts collectives without blocking (start, test and wait).
+inline bool comm_nonblocking(const InstanceRef<loom_comm_v1>& comm) {
+  return comm.provides(&loom_comm_v1::start) && comm.provides(&loom_comm_v1::test) &&
+         comm.provides(&loom_comm_v1::wait);
+}
+
+namespace detail {
+inline std::size_t comm_numel(const DLTensor& t) {
+  std::size_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<std::size_t>(t.shape[i]);
+  return n;
+}
+}  // namespace detail
+
+// Reduce-scatter through the transport's reduce_scatter; a transport without one (built
+// before 1.6) gets an allreduce of a host copy of send, of which this rank keeps its block
+// (host memory only; device tensors are UNIMPLEMENTED there).
+inline void comm_reduce_scatter(const InstanceRef<loom_comm_v1>& comm,
+                                const loom_reduce_scatter_args& args) {
+  if (comm.provides(&loom_comm_v1::reduce_scatter)) {
+    comm.call(&loom_comm_v1::reduce_scatter, &args);
+    return;
+  }
+  if (args.send == nullptr || args.recv == nullptr) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, "reduce_scatter: send and recv must be set");
+  }
+  if (args.send->device.device_type != kDLCPU || args.recv->device.device_type != kDLCPU) {
+    throw Error(LOOM_ERR_UNIMPLEMENTED,
+                "instance '" + comm.name() +
+                    "' has no reduce_scatter (ABI 1.6) and the fallback works on host memory only");
+  }
+  const int32_t size = comm.call(&loom_comm_v1::size);
+  const std::size_t block = detail::comm_numel(*args.recv);
+  if (detail::comm_numel(*args.send) != block * static_cast<std::size_t>(size) ||
+      args.send->dtype.bits != args.recv->dtype.bits || args.send->dtype.bits % 8 != 0) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT, "reduce_scatter: send must hold " +
+                                               std::to_string(size) +
+                                               " blocks of recv's element count and type");
+  }
+  const std::size_t es = args.send->dtype.bits / 8;
+  std::vector<unsigned char> all(block * static_cast<std::size_t>(size) * es);
+  std::memcpy(all.data(),
+              static_cast<const unsigned char*>(args.send->data) + args.send->byte_offset,
+              all.size());
+  int64_t shape = static_cast<int64_t>(block) * size;
+  DLTensor whole{all.data(), args.send->device, 1, args.send->dtype, &shape, nullptr, 0};
+  const loom_allreduce_args ar{LOOM_ALLREDUCE_ARGS_SIZE, args.op, nullptr, &whole, args.stream};
+  comm.call(&loom_comm_v1::allreduce, &ar);
+  const int32_t rank = comm.call(&loom_comm_v1::rank);
+  std::memcpy(static_cast<unsigned char*>(args.recv->data) + args.recv->byte_offset,
+              all.data() + static_cast<std::size_t>(rank) * block * es, block * es);
+}
+
+// A started collective (comm_start). wait() finishes it and throws its error; test() says
+// whether it has finished. A request still pending when destroyed is waited for, and its
+// error dropped: wait explicitly to see it. Move-only; must not outlive its communicator.
+class CommRequest {
+ public:
+  CommRequest() = default;
+  CommRequest(InstanceRef<loom_comm_v1> comm, void* request)
+      : comm_(std::move(comm)), request_(request) {}
+  ~CommRequest() {
+    try {
+      wait();
+    } catch (...) {  // dropped: the caller did not wait
+    }
+  }
+  CommRequest(CommRequest&& o) noexcept
+      : comm_(std::move(o.comm_)), request_(std::exchange(o.request_, nullptr)) {}
+  CommRequest& operator=(CommRequest&& o) noexcept {
+    if (this != &o) {
+      try {
+        wait();
+      } catch (...) {
+      }
+      comm_ = std::move(o.comm_);
+      request_ = std::exchange(o.request_, nullptr);
+    }
+    return *this;
+  }
+  CommRequest(const CommRequest&) = delete;
+  CommRequest& operator=(const CommRequest&) = delete;
+
+  // True while the request needs a wait.
+  bool pending() const { return request_ != nullptr; }
+
+  // True when the collective has finished (a request from a blocking fallback always has).
+  // Throws the collective's error; the request then still needs wait().
+  bool test() {
+    if (request_ == nullptr) return true;
+    loom_comm_request_args a{LOOM_COMM_REQUEST_ARGS_SIZE, 0, request_};
+    comm_.call(&loom_comm_v1::test, &a);
+    return a.done == 1;
+  }
+
+  // Blocks until the collective has finished and throws its error; the request is spent
+  // either way. No-op once spent.
+  void wait() {
+    if (request_ == nullptr) return;
+    const loom_comm_request_args a{LOOM_COMM_REQUEST_ARGS_SIZE, 0,
+                                   std::exchange(request_, nullptr)};
+    comm_.call(&loom_comm_v1::wait, &a);
+  }
+
+ private:
+  InstanceRef<loom_comm_v1> comm_;
+  void* request_ = nullptr;
+};
+
+// Starts `collective` with its args struct (loom_comm_collective names which one) and returns
+// its request. The args struct and what it points to stay valid and untouched until the
+// request is waited for. A transport built before 1.6 runs the collective here, blocking, and
+// returns a finished request; so does a reduce-scatter on a transport without one (through
+// comm_reduce_scatter).
+inline CommRequest comm_start(const InstanceRef<loom_comm_v1>& comm,
+                              loom_comm_collective collective, const void* args) {
+  if (!comm) throw Error(LOOM_ERR_FAILED_PRECONDITION, "start: the comm reference is not set");
+  const bool scatter_fallback =
+      collective == LOOM_COLLECTIVE_REDUCE_SCATTER && !comm.provides(&loom_comm_v1::reduce_scatter);
+  if (comm_nonblocking(comm) && !scatter_fallback) {
+    loom_comm_start_args a{LOOM_COMM_START_ARGS_SIZE, collective, args, nullptr};
+    comm.call(&loom_comm_v1::start, &a);
+    return {comm, a.request};
+  }
+  switch (collective) {
+    case LOOM_COLLECTIVE_ALLREDUCE:
+      comm.call(&loom_comm_v1::allreduce, static_cast<const loom_allreduce_args*>(args));
+      break;
+    case LOOM_COLLECTIVE_ALLGATHER:
+      comm.call(&loom_comm_v1::allgather, static_cast<const loom_allgather_args*>(args));
+      break;
+    case LOOM_COLLECTIVE_REDUCE_SCATTER:
+      comm_reduce_scatter(comm, *static_cast<const loom_reduce_scatter_args*>(args));
+      break;
+    case LOOM_COLLECTIVE_ALL_TO_ALL:
+      comm.call(&loom_comm_v1::all_to_all, static_cast<const loom_all_to_all_args*>(args));
+      break;
+    case LOOM_COLLECTIVE_BROADCAST:
+      comm.call(&loom_comm_v1::broadcast, static_cast<const loom_broadcast_args*>(args));
+      break;
+    default:
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "start: unknown collective " + std::to_string(static_cast<int>(collective)));
+  }
+  return {comm, nullptr};
 }
 
 }  // namespace loom::sdk

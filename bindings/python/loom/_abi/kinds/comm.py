@@ -22,6 +22,12 @@ class AllToAllArgs(ctypes.Structure):
     """loom_all_to_all_args (abi/include/loom/kinds/comm.h)."""
 class BroadcastArgs(ctypes.Structure):
     """loom_broadcast_args (abi/include/loom/kinds/comm.h)."""
+class ReduceScatterArgs(ctypes.Structure):
+    """loom_reduce_scatter_args (abi/include/loom/kinds/comm.h)."""
+class CommStartArgs(ctypes.Structure):
+    """loom_comm_start_args (abi/include/loom/kinds/comm.h)."""
+class CommRequestArgs(ctypes.Structure):
+    """loom_comm_request_args (abi/include/loom/kinds/comm.h)."""
 class CommStats(ctypes.Structure):
     """loom_comm_stats (abi/include/loom/kinds/comm.h)."""
 class CommSplitArgs(ctypes.Structure):
@@ -67,6 +73,32 @@ BroadcastArgs._fields_ = [
     ("stream", ctypes.c_void_p),
 ]
 BROADCAST_ARGS_SIZE = _size(BroadcastArgs, "stream")
+
+ReduceScatterArgs._fields_ = [
+    ("struct_size", ctypes.c_uint32), ("op", ctypes.c_int32), ("send", ctypes.c_void_p),
+    ("recv", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+]
+REDUCE_SCATTER_ARGS_SIZE = _size(ReduceScatterArgs, "stream")
+# enum loom_comm_collective
+COLLECTIVE_ALLREDUCE = 0
+COLLECTIVE_ALLGATHER = 1
+COLLECTIVE_REDUCE_SCATTER = 2
+COLLECTIVE_ALL_TO_ALL = 3
+COLLECTIVE_BROADCAST = 4
+COMM_COLLECTIVE_NAMES = {
+    0: "allreduce", 1: "allgather", 2: "reduce_scatter", 3: "all_to_all", 4: "broadcast",
+}
+
+CommStartArgs._fields_ = [
+    ("struct_size", ctypes.c_uint32), ("collective", ctypes.c_int32), ("args", ctypes.c_void_p),
+    ("request", ctypes.c_void_p),
+]
+COMM_START_ARGS_SIZE = _size(CommStartArgs, "request")
+
+CommRequestArgs._fields_ = [
+    ("struct_size", ctypes.c_uint32), ("done", ctypes.c_int32), ("request", ctypes.c_void_p),
+]
+COMM_REQUEST_ARGS_SIZE = _size(CommRequestArgs, "request")
 
 CommStats._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
@@ -123,6 +155,13 @@ COMM_V1_SUPPORTS_DEVICE2_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
                                                ctypes.POINTER(CommDeviceArgs))
 COMM_V1_NATIVE_HANDLE2_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
                                              ctypes.POINTER(CommNativeHandleArgs))
+COMM_V1_REDUCE_SCATTER_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.POINTER(ReduceScatterArgs))
+COMM_V1_START_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(CommStartArgs))
+COMM_V1_TEST_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.POINTER(CommRequestArgs))
+COMM_V1_WAIT_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.POINTER(CommRequestArgs))
 CommV1._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("rank", COMM_V1_RANK_FN),
     ("size", COMM_V1_SIZE_FN), ("supports_device", COMM_V1_SUPPORTS_DEVICE_FN),
@@ -132,7 +171,8 @@ CommV1._fields_ = [
     ("native_handle", COMM_V1_NATIVE_HANDLE_FN), ("split", COMM_V1_SPLIT_FN),
     ("destroy_split", COMM_V1_DESTROY_SPLIT_FN), ("barrier2", COMM_V1_BARRIER2_FN),
     ("supports_device2", COMM_V1_SUPPORTS_DEVICE2_FN),
-    ("native_handle2", COMM_V1_NATIVE_HANDLE2_FN),
+    ("native_handle2", COMM_V1_NATIVE_HANDLE2_FN), ("reduce_scatter", COMM_V1_REDUCE_SCATTER_FN),
+    ("start", COMM_V1_START_FN), ("test", COMM_V1_TEST_FN), ("wait", COMM_V1_WAIT_FN),
 ]
-COMM_V1_SIZE = _size(CommV1, "native_handle2")
+COMM_V1_SIZE = _size(CommV1, "wait")
 COMM_V1_MIN_SIZE = _size(CommV1, "stats")

@@ -5,6 +5,7 @@
 #define LOOM_SDK_KINDS_COMM_HPP
 
 #include <loom/kinds/comm.h>
+#include <loom/sdk/collective_queue.hpp>
 #include <loom/sdk/comm.hpp>
 #include <loom/sdk/context.hpp>
 #include <loom/sdk/kinds/table.hpp>
@@ -12,6 +13,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -30,6 +32,10 @@ namespace loom::sdk {
 //             what the sub-communicator needs (std::nullopt for a negative color); the SDK
 //             then constructs it with this instance's Context, so it must not outlive it
 //             (the ABI's rule: children are destroyed before their parent).
+//             void reduce_scatter(const loom_reduce_scatter_args&)         (since 1.6)
+//             CollectiveQueue& collective_queue(): start, test and wait run the blocking
+//             calls above on the queue (loom/sdk/collective_queue.hpp), and each blocking
+//             call first waits for the queue to empty                    (since 1.6)
 struct Comm {
   static constexpr const char* kKind = LOOM_KIND_COMM;
   using sdk_kind = Comm;
@@ -53,8 +59,23 @@ concept CommSplits = requires(T& t, int32_t v) {
 };
 
 template <class T>
+concept CommHasQueue = requires(T& t) {
+  { t.collective_queue() } -> std::same_as<CollectiveQueue&>;
+};
+template <class T>
+concept CommReducesScatter = requires(T& t, const loom_reduce_scatter_args& a) {
+  t.reduce_scatter(a);
+};
+
+template <class T>
 struct CommTable {
   using E = Entry<T>;
+
+  // Before a blocking collective: the started ones go first, the same order on every rank.
+  static T& in_order(T& obj) {
+    if constexpr (CommHasQueue<T>) obj.collective_queue().drain();
+    return obj;
+  }
 
   static int32_t rank(void* instance) noexcept {
     return E::template value<int32_t>(-1, instance, [](T& obj) { return obj.rank(); });
@@ -68,22 +89,23 @@ struct CommTable {
   }
   static loom_status* allreduce(void* instance, const loom_allreduce_args* args) noexcept {
     return E::forward(instance, args, "allreduce args",
-                      [](T& obj, const auto& a) { obj.allreduce(a); });
+                      [](T& obj, const auto& a) { in_order(obj).allreduce(a); });
   }
   static loom_status* allgather(void* instance, const loom_allgather_args* args) noexcept {
     return E::forward(instance, args, "allgather args",
-                      [](T& obj, const auto& a) { obj.allgather(a); });
+                      [](T& obj, const auto& a) { in_order(obj).allgather(a); });
   }
   static loom_status* all_to_all(void* instance, const loom_all_to_all_args* args) noexcept {
     return E::forward(instance, args, "all_to_all args",
-                      [](T& obj, const auto& a) { obj.all_to_all(a); });
+                      [](T& obj, const auto& a) { in_order(obj).all_to_all(a); });
   }
   static loom_status* broadcast(void* instance, const loom_broadcast_args* args) noexcept {
     return E::forward(instance, args, "broadcast args",
-                      [](T& obj, const auto& a) { obj.broadcast(a); });
+                      [](T& obj, const auto& a) { in_order(obj).broadcast(a); });
   }
   static loom_status* barrier(void* instance, void* stream) noexcept {
-    return E::plain(instance, [&](const Instance<T>& self) { self.object().barrier(stream); });
+    return E::plain(instance,
+                    [&](const Instance<T>& self) { in_order(self.object()).barrier(stream); });
   }
   static loom_status* stats(void* instance, loom_comm_stats* out) noexcept {
     return E::filled(instance, out, "stats out", [](T& obj, auto& full) { obj.stats(full); });
@@ -105,7 +127,7 @@ struct CommTable {
                         a.result = nullptr;
                         Holder<T>& h = self.holder();
                         h.forget_export();
-                        auto plan = h.object.split(a.color, a.key);
+                        auto plan = in_order(h.object).split(a.color, a.key);
                         if (!plan.has_value()) return;
                         // bad_alloc is caught by guard() and reported as RESOURCE_EXHAUSTED.
                         a.result = new Holder<T>(h.ctx.raw(), std::in_place,  // NOLINT
@@ -121,7 +143,7 @@ struct CommTable {
   static loom_status* barrier2(void* instance, const loom_comm_barrier_args* args) noexcept {
     return E::checked(instance, args, LOOM_STRUCT_SIZE(loom_comm_barrier_args, stream),
                       "barrier args", [](const loom_comm_barrier_args& a, const Instance<T>& self) {
-                        self.object().barrier(a.stream);
+                        in_order(self.object()).barrier(a.stream);
                       });
   }
   static loom_status* supports_device2(void* instance, loom_comm_device_args* args) noexcept {
@@ -137,6 +159,77 @@ struct CommTable {
                         NativeHandle h = self.object().native_handle();
                         a.kind = h.kind;
                         a.handle = h.handle;
+                      });
+  }
+
+  // ---- since 1.6
+  static loom_status* reduce_scatter(void* instance,
+                                     const loom_reduce_scatter_args* args) noexcept {
+    return E::forward(instance, args, "reduce_scatter args",
+                      [](T& obj, const auto& a) { in_order(obj).reduce_scatter(a); });
+  }
+  // Queues the collective with a full-size copy of its args struct (the tensors it points to
+  // are the caller's until wait).
+  static loom_status* start(void* instance, loom_comm_start_args* args) noexcept {
+    return E::checked(
+        instance, args, LOOM_STRUCT_SIZE(loom_comm_start_args, request), "start args",
+        [](loom_comm_start_args& a, const Instance<T>& self) {
+          a.request = nullptr;
+          T& obj = self.object();
+          CollectiveQueue& q = obj.collective_queue();
+          switch (a.collective) {
+            case LOOM_COLLECTIVE_ALLREDUCE: {
+              const auto c =
+                  normalized(static_cast<const loom_allreduce_args*>(a.args), "allreduce args");
+              a.request = q.start([&obj, c] { obj.allreduce(c); });
+              return;
+            }
+            case LOOM_COLLECTIVE_ALLGATHER: {
+              const auto c =
+                  normalized(static_cast<const loom_allgather_args*>(a.args), "allgather args");
+              a.request = q.start([&obj, c] { obj.allgather(c); });
+              return;
+            }
+            case LOOM_COLLECTIVE_REDUCE_SCATTER: {
+              if constexpr (CommReducesScatter<T>) {
+                const auto c = normalized(static_cast<const loom_reduce_scatter_args*>(a.args),
+                                          "reduce_scatter args");
+                a.request = q.start([&obj, c] { obj.reduce_scatter(c); });
+                return;
+              } else {
+                throw Error(LOOM_ERR_UNIMPLEMENTED, "this transport has no reduce_scatter");
+              }
+            }
+            case LOOM_COLLECTIVE_ALL_TO_ALL: {
+              const auto c =
+                  normalized(static_cast<const loom_all_to_all_args*>(a.args), "all_to_all args");
+              a.request = q.start([&obj, c] { obj.all_to_all(c); });
+              return;
+            }
+            case LOOM_COLLECTIVE_BROADCAST: {
+              const auto c =
+                  normalized(static_cast<const loom_broadcast_args*>(a.args), "broadcast args");
+              a.request = q.start([&obj, c] { obj.broadcast(c); });
+              return;
+            }
+            default:
+              throw Error(LOOM_ERR_INVALID_ARGUMENT, "start: unknown collective " +
+                                                         std::to_string(a.collective) +
+                                                         " (loom_comm_collective is 0..4)");
+          }
+        });
+  }
+  static loom_status* test(void* instance, loom_comm_request_args* args) noexcept {
+    return E::checked(instance, args, LOOM_STRUCT_SIZE(loom_comm_request_args, request),
+                      "request args", [](loom_comm_request_args& a, const Instance<T>& self) {
+                        a.done = 0;
+                        a.done = self.object().collective_queue().test(a.request) ? 1 : 0;
+                      });
+  }
+  static loom_status* wait(void* instance, const loom_comm_request_args* args) noexcept {
+    return E::checked(instance, args, LOOM_STRUCT_SIZE(loom_comm_request_args, request),
+                      "request args", [](const loom_comm_request_args& a, const Instance<T>& self) {
+                        self.object().collective_queue().wait(a.request);
                       });
   }
 
@@ -190,6 +283,12 @@ struct CommTable {
       if constexpr (CommSplits<T>) {
         v.split = &split;
         v.destroy_split = &destroy_split;
+      }
+      if constexpr (CommReducesScatter<T>) v.reduce_scatter = &reduce_scatter;
+      if constexpr (CommHasQueue<T>) {
+        v.start = &start;
+        v.test = &test;
+        v.wait = &wait;
       }
       return v;
     }();
