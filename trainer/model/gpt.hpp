@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numbers>
@@ -378,6 +379,10 @@ class Gpt {
   }
   RouterHookT<T>* router() { return router_.get(); }
 
+  // Called during each training backward once a block's gradients are final (l, from the last
+  // block down) and at its end (-1: every other gradient). Empty: not called.
+  void set_grad_ready(std::function<void(int)> ready) { grad_ready_ = std::move(ready); }
+
   // The linear-layer seam (linear_hook.hpp): evaluation forwards run the slots the hook
   // handles through it. Not owned; nullptr removes it.
   void set_linear_hook(LinearHookT<T>* hook) { linear_hook_ = hook; }
@@ -714,8 +719,10 @@ class Gpt {
         blocks_[l]->backward(dy, dx, B, Tn, scratch_);
       }
       std::swap(dy, dx);
+      if (grad_ready_) grad_ready_(static_cast<int>(l));
     }
     layers::encoder_backward(wte_.grad, wpe_.grad, dy, tokens, B, Tn, C);
+    if (grad_ready_) grad_ready_(-1);
   }
 
   // One layer under the router (see router_hook.hpp): resid_[l] -> resid_[l + 1].
@@ -847,6 +854,7 @@ class Gpt {
   std::vector<T> lnf_, dlnf_, lnf_stats_, logits_, probs_, dresid_a_, dresid_b_;
   BlockScratch<T> scratch_;
   const int32_t* targets_ = nullptr;
+  std::function<void(int)> grad_ready_;
   std::unique_ptr<RouterHookT<T>> router_;
   std::vector<std::vector<T>> router_w_, router_g_;  // per layer; empty: no weight
   std::vector<Route> routes_;

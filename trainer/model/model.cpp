@@ -108,6 +108,10 @@ void Model::replace_mlp(int layer, std::unique_ptr<Mlp> mlp) {
   impl_->sync();
 }
 
+void Model::set_grad_ready(std::function<void(int)> ready) {
+  impl_->gpt.set_grad_ready(std::move(ready));
+}
+
 void Model::set_linear_hook(LinearHook* hook) { impl_->gpt.set_linear_hook(hook); }
 void Model::set_distillation(const Distillation* d) { impl_->gpt.set_distillation(d); }
 const DistillationTerms& Model::distillation_terms() const {

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +109,11 @@ class Model {
   // it says has_weight are appended to parameters() after their layer's MLP (own storage,
   // initialised to 0). nullptr removes it. Call before building views of parameters().
   void set_router(std::unique_ptr<RouterHook> router);
+
+  // The gradient-communication seam: `ready(l)` runs during each training backward as soon as
+  // block l's gradients (its parameters "h.l.*") are final, from the last block down, and
+  // ready(-1) at its end, when every other gradient is. An empty function removes it.
+  void set_grad_ready(std::function<void(int)> ready);
 
   // The MoE seam: replaces layer `layer`'s MLP. The new Mlp's parameters are appended to
   // parameters() (they live in its own storage, not in the contiguous buffer).

@@ -242,15 +242,16 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   TrainConfig c;
   c.config_path = path;
   Errors errors;
-  const std::vector<std::string> sections{"manifest", "model", "data",         "curriculum",
-                                          "routing",  "moe",   "quantization", "train"};
+  const std::vector<std::string> sections{"manifest",     "model",     "data",
+                                          "curriculum",   "routing",   "moe",
+                                          "quantization", "gradients", "train"};
   for (const auto& [k, v] : root) {
     const std::string name(k.str());
     if (std::find(sections.begin(), sections.end(), name) == sections.end() || !v.is_table()) {
       errors.add(where(path, v.source()) + ": unknown top-level key or section '" + name + "'" +
                  loom_text::did_you_mean(name, sections) +
                  " (expected tables [manifest], [model], [data], [curriculum], [routing], [moe], "
-                 "[quantization], [train])");
+                 "[quantization], [gradients], [train])");
     }
   }
   auto sect = [&](const char* name) { return Reader{path, root[name].as_table(), name, &errors}; };
@@ -323,6 +324,17 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   }
 
   read_moe(sect("moe"), c, errors);
+
+  Reader grads = sect("gradients");
+  c.grad_buckets = grads.table != nullptr;
+  grads.number("bucket_mb", c.bucket_mb, 0.001, 65536.0);
+  grads.boolean("overlap", c.overlap);
+  grads.str("wire", c.wire);
+  grads.finish();
+  c.wire_at = grads.at("wire");
+  if (c.wire != "fp32" && c.wire != "bf16") {
+    errors.add(c.wire_at + ": [gradients] wire: '" + c.wire + "' is not one of fp32, bf16");
+  }
 
   Reader q = sect("quantization");
   q.str("quantizer", c.quantizer);

@@ -71,6 +71,13 @@ struct TrainConfig {
   bool kd = false;  // XTC's distillation during QAT: CE + kd_weight * soft CE + hidden MSE
   double kd_weight = 1.0;
   double hidden_weight = 1.0;
+  // [gradients] (optional; docs/trainer.md "Gradient communication"): how the trainer averages
+  // the gradients over the ranks. Absent: one allreduce of all of them after the backward.
+  bool grad_buckets = false;  // the section is present: buckets
+  double bucket_mb = 25.0;    // a bucket's gradients, in MiB of fp32
+  bool overlap = true;        // start each bucket during the backward, as soon as it is final
+  std::string wire = "fp32";  // "fp32" | "bf16": the element type on the wire
+  std::string wire_at;        // FILE:LINE:COL of the key
   // [train]
   int64_t steps = 1000;
   int batch_size = 16;  // sequences per global batch, split evenly over the ranks

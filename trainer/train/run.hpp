@@ -4,6 +4,7 @@
 
 #include <loom/embed.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -50,12 +51,14 @@ std::vector<uint8_t> export_instance_state(loom_instance* inst, const std::strin
 
 // The manifest's comm instance (or a world of one when the config names none).
 struct Comm {
+  loom_instance* instance = nullptr;
   void* obj = nullptr;
   const loom_comm_v1* vt = nullptr;
   int rank = 0;
   int size = 1;
   // Gradient-sync traffic the trainer itself did (the optimizer reports its own).
   uint64_t grad_bytes_sent = 0, grad_bytes_received = 0, grad_rounds = 0;
+  double grad_wait_s = 0;  // time blocked in the gradient average (this process)
 
   static void check(loom_status* st, const char* what) {
     if (st == nullptr) return;
@@ -81,6 +84,7 @@ struct Comm {
   // In-place average of fp32 data over the ranks.
   void average(float* data, size_t n, bool count_as_grad) {
     if (size == 1) return;
+    const auto t0 = std::chrono::steady_clock::now();
     const loom_comm_stats before = stats();
     int64_t shape[1] = {static_cast<int64_t>(n)};
     DLTensor t = tensor(data, shape, kDLFloat, 32);
@@ -91,6 +95,7 @@ struct Comm {
       grad_bytes_sent += after.bytes_sent - before.bytes_sent;
       grad_bytes_received += after.bytes_received - before.bytes_received;
       grad_rounds += after.rounds - before.rounds;
+      grad_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
   }
   // Exact, rank-order sums of doubles (allgather, summed here in rank order).

@@ -12,6 +12,7 @@
 #include "checkpoint.hpp"
 #include "crash_report.hpp"
 #include "curriculum_feature.hpp"
+#include "gradient_buckets_feature.hpp"
 #include "moe_feature.hpp"
 #include "nonfinite_feature.hpp"
 #include "quantization_feature.hpp"
@@ -150,6 +151,7 @@ void Trainer::open_loom() {
     loom_instance* ci = nullptr;
     check_loom(loom_find_instance(session, "comm", c_.comm.c_str(), &ci),
                c_.manifest + ": comm '" + c_.comm + "'");
+    comm_.instance = ci;
     comm_.obj = loom_instance_object(ci);
     comm_.vt = static_cast<const loom_comm_v1*>(loom_instance_vtable(ci));
     comm_.rank = comm_.vt->rank(comm_.obj);
@@ -281,6 +283,11 @@ void Trainer::build_groups() {
   }
   average_all_ = averaged_.size() == params.size();
   flat_.assign(contiguous_ && average_all_ ? 0 : numel_, 0.0f);
+  // [gradients]: the average in buckets, started during the backward (collective: a split).
+  if (c_.grad_buckets && world_ > 1) {
+    features_.push_back(std::make_unique<GradientBucketsFeature>(
+        c_, *model_, comm_, averaged_, optimizer_comm_info(opt_).owns_communication != 0));
+  }
 }
 
 void Trainer::open_metrics() {

@@ -256,19 +256,24 @@ void Trainer::finish() {
   const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
   const uint64_t rounds = comm_.grad_rounds + ci.rounds;
   if (root_) {
-    nlohmann::json summary = {{"final_eval_loss", last_eval_},
-                              {"final_eval_ppl", std::exp(last_eval_)},
-                              {"steps", last_step_},
-                              {"tokens", st_.tokens_seen},
-                              {"layer_tokens", st_.layer_tokens},
-                              {"ranks", world_},
-                              {"optimizer", loom_instance_plugin(opt_)},
-                              {"parameters", numel_},
-                              {"comm_bytes_sent", sent},
-                              {"comm_rounds", rounds},
-                              {"uncompressed_bytes", st_.uncompressed_bytes},
-                              {"skipped_steps", st_.skipped_steps},
-                              {"elapsed_s", st_.elapsed_s}};
+    nlohmann::json summary = {
+        {"final_eval_loss", last_eval_},
+        {"final_eval_ppl", std::exp(last_eval_)},
+        {"steps", last_step_},
+        {"tokens", st_.tokens_seen},
+        {"layer_tokens", st_.layer_tokens},
+        {"ranks", world_},
+        {"optimizer", loom_instance_plugin(opt_)},
+        {"parameters", numel_},
+        {"comm_bytes_sent", sent},
+        {"comm_rounds", rounds},
+        {"uncompressed_bytes", st_.uncompressed_bytes},
+        {"skipped_steps", st_.skipped_steps},
+        {"elapsed_s", st_.elapsed_s},
+        // Time this process was blocked on the trainer's gradient average
+        // (the 1-bit optimizers' own exchange is inside their step).
+        {"comm_wait_s", comm_.grad_wait_s},
+        {"comm_wait_share", train_step_s_ > 0 ? comm_.grad_wait_s / train_step_s_ : 0.0}};
     for (const auto& f : features_) f->summary(summary, train_step_s_);
     const std::string s = summary.dump(2) + "\n";
     write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());

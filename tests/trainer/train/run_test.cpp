@@ -439,8 +439,10 @@ void expect_same_run(const fs::path& runs, const std::string& a, const std::stri
   EXPECT_LT(double(last["comm_bytes_sent"]), double(last["uncompressed_bytes"]));
   auto sa = nlohmann::json::parse(slurp(runs / a / "summary.json"));
   auto sb = nlohmann::json::parse(slurp(runs / b / "summary.json"));
-  sa.erase("elapsed_s");
-  sb.erase("elapsed_s");
+  for (const char* k : {"elapsed_s", "comm_wait_s", "comm_wait_share"}) {
+    sa.erase(k);
+    sb.erase(k);
+  }
   EXPECT_EQ(sa, sb);
   EXPECT_EQ(sb["ranks"], n);
   const auto final_line = [](const std::string& out) {
