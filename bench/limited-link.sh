@@ -80,19 +80,42 @@ mpirun --allow-run-as-root --oversubscribe -np $NP \
   "$WORK/in-ns.sh" "$BENCH" --min-bytes "$SIZE" --max-bytes "$SIZE" --iters "$ITERS" \
   | tee "$WORK/out.jsonl"
 
-python3 - "$WORK/out.jsonl" "$CODEC" <<'EOF'
-import json, sys
-fp32 = None
-comp = {}
+python3 - "$WORK/out.jsonl" "$CODEC" "$RATE" <<'EOF'
+import json, re, sys
+fp32 = bf16 = None
+comp = {}      # codec -> (seconds, sent, received, segments) of the fastest row
+compute = {}   # codec -> seconds of the codec work alone
 for line in open(sys.argv[1]):
     line = line.strip()
     if not line.startswith("{"):
         continue
     j = json.loads(line)
     if j.get("bench") == "allreduce" and j.get("impl") == "ucx":
-        fp32 = j["seconds"]
+        if j.get("dtype") == "bfloat16":
+            bf16 = j["seconds"]
+        else:
+            fp32 = j["seconds"]
     if j.get("bench") == "compressed_allreduce":
-        comp[j.get("codec")] = j["seconds"]
+        c = j.get("codec")
+        row = (j["seconds"], j.get("wire_bytes_per_rank", 0),
+               j.get("wire_bytes_received_per_rank", 0), j.get("segments", 1))
+        if c not in comp or row[0] < comp[c][0]:
+            comp[c] = row
+    if j.get("bench") == "compressed_compute":
+        compute[j.get("codec")] = j["seconds"]
+m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", sys.argv[3].lower())
+rate = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else None
+for c, (s, sent, recv, segs) in sorted(comp.items()):
+    parts = ["codec %s: %.3f s (%d segment(s))" % (c, s, segs)]
+    if rate:
+        bound = max(sent, recv) * 8 / rate
+        parts.append("wire bound %.3f s (%d bytes each way at %s), %.2f of it"
+                     % (bound, max(sent, recv), sys.argv[3], bound / s))
+    if c in compute:
+        parts.append("codec work alone %.3f s" % compute[c])
+    if bf16:
+        parts.append("bf16 allreduce %.3f s (%.2fx)" % (bf16, bf16 / s))
+    print("; ".join(parts))
 if fp32 is None:
     print("fp32_over_compressed=unavailable (no fp32 allreduce row)")
 elif not comp:
@@ -100,5 +123,5 @@ elif not comp:
 else:
     codec = sys.argv[2] if sys.argv[2] in comp else sorted(comp)[0]
     print("fp32_over_compressed=%.2f (codec %s, fp32 %.3f s, compressed %.3f s)"
-          % (fp32 / comp[codec], codec, fp32, comp[codec]))
+          % (fp32 / comp[codec][0], codec, fp32, comp[codec][0]))
 EOF

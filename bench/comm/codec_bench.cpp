@@ -9,7 +9,13 @@
 //                                 (bytes the kernels must move / s) and both as fractions of
 //                                 the measured memory bandwidth
 //   {"bench":"compressed_allreduce",...}  op, dtype, elements, ranks, seconds,
-//                                 wire_bytes_per_rank, over the session's `world` transport
+//                                 wire_bytes_per_rank, over the session's `world` transport;
+//                                 "segments" > 1: pipelined (segments of kSegmentElements)
+//   {"bench":"compressed_compute",...}    the codec work of one compressed allreduce alone
+//                                 (every rank at once, no exchange): the floor the pipeline
+//                                 can reach on this machine
+//   {"bench":"allreduce","dtype":"bfloat16",...}  the ucx allreduce with bf16 on the wire, the
+//                                 strongest uncompressed baseline
 #include "codec_bench.hpp"
 
 #include "bench_support.hpp"
@@ -207,11 +213,128 @@ std::vector<nlohmann::json> bench_codec(const char* name, const InstanceRef<loom
   return lines;
 }
 
+// Segments of the pipelined compressed allreduce rows: 4 Mi elements (16 MiB of fp32).
+constexpr int64_t kSegmentElements = int64_t{1} << 22;
+
+// The slowest rank's value of x (the ranks' times: the collective's time is the slowest's).
+double slowest(const InstanceRef<loom_comm_v1>& comm, double x) {
+  float v = static_cast<float>(x);
+  int64_t one = 1;
+  DLTensor t = fp32(&v, &one);
+  const loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_MAX, nullptr, &t, nullptr};
+  comm.call(&loom_comm_v1::allreduce, &a);
+  return v;
+}
+
+// The ucx allreduce (average) of numel elements with bf16 on the wire: the strongest
+// uncompressed baseline a user would pick.
+void bench_bf16_allreduce(const InstanceRef<loom_comm_v1>& comm, const CommBenchContext& ctx,
+                          size_t numel) {
+  std::vector<uint16_t> buf(numel);
+  for (size_t i = 0; i < numel; ++i) buf[i] = static_cast<uint16_t>(0x3f80 + (i + ctx.rank) % 7);
+  int64_t shape = static_cast<int64_t>(numel);
+  DLTensor t{buf.data(), {kDLCPU, 0}, 1, {kDLBfloat, 16, 1}, &shape, nullptr, 0};
+  const loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, nullptr};
+  comm.call(&loom_comm_v1::allreduce, &a);  // warm-up
+  loom_comm_stats before{};
+  before.struct_size = LOOM_COMM_STATS_SIZE;
+  std::vector<double> times;
+  for (int i = 0; i < std::max(1, ctx.iters); ++i) {
+    comm.call(&loom_comm_v1::barrier, nullptr);
+    comm.call(&loom_comm_v1::stats, &before);
+    const auto t0 = Clock::now();
+    comm.call(&loom_comm_v1::allreduce, &a);
+    times.push_back(slowest(comm, std::chrono::duration<double>(Clock::now() - t0).count()));
+  }
+  loom_comm_stats after{};
+  after.struct_size = LOOM_COMM_STATS_SIZE;
+  comm.call(&loom_comm_v1::stats, &after);
+  std::sort(times.begin(), times.end());
+  if (ctx.rank == 0) {
+    print({{"bench", "allreduce"},
+           {"impl", "ucx"},
+           {"op", "avg"},
+           {"dtype", "bfloat16"},
+           {"elements", numel},
+           {"bytes", numel * 2},
+           {"ranks", ctx.size},
+           {"seconds", times[times.size() / 2]},
+           {"seconds_min", times.front()},
+           {"wire_bytes_per_rank", after.bytes_sent - before.bytes_sent}});
+  }
+}
+
+// The codec work of one compressed allreduce (worker encode, server decode_sum and encode,
+// final decode), on every rank at once without the exchanges.
+void bench_compute(const char* name, const InstanceRef<loom_codec_v1>& codec,
+                   const InstanceRef<loom_comm_v1>& comm, const CommBenchContext& ctx,
+                   size_t numel) {
+  loom_codec_layout l{};
+  l.struct_size = LOOM_CODEC_LAYOUT_SIZE;
+  l.elements = numel;
+  l.world_size = ctx.size;
+  codec.call(&loom_codec_v1::layout, &l);
+  const size_t n = l.padded_elements;
+  const size_t c = n / static_cast<size_t>(ctx.size);
+  std::vector<float> x(n, 0.5f), err(n, 0.0f), slice(c), serr(c, 0.0f), out(n);
+  std::vector<unsigned char> enc(l.chunk_bytes * static_cast<size_t>(ctx.size)), one(l.chunk_bytes);
+  int64_t sn = static_cast<int64_t>(n), sc = static_cast<int64_t>(c);
+  DLTensor xt = fp32(x.data(), &sn), et = fp32(err.data(), &sn), st = fp32(slice.data(), &sc),
+           set = fp32(serr.data(), &sc), ot = fp32(out.data(), &sn);
+  auto run = [&] {
+    loom_codec_encode_args e{LOOM_CODEC_ENCODE_ARGS_SIZE,
+                             static_cast<uint32_t>(ctx.size),
+                             &xt,
+                             &et,
+                             enc.data(),
+                             nullptr};
+    codec.call(&loom_codec_v1::encode, &e);
+    loom_codec_decode_args d{LOOM_CODEC_DECODE_ARGS_SIZE,
+                             static_cast<uint32_t>(ctx.size),
+                             enc.data(),
+                             &st,
+                             1.0f / static_cast<float>(ctx.size),
+                             0,
+                             nullptr};
+    codec.call(codec.provides(&loom_codec_v1::decode_sum) ? &loom_codec_v1::decode_sum
+                                                          : &loom_codec_v1::decode,
+               &d);
+    loom_codec_encode_args s1{LOOM_CODEC_ENCODE_ARGS_SIZE, 1, &st, &set, one.data(), nullptr};
+    codec.call(&loom_codec_v1::encode, &s1);
+    loom_codec_decode_args f{LOOM_CODEC_DECODE_ARGS_SIZE,
+                             static_cast<uint32_t>(ctx.size),
+                             enc.data(),
+                             &ot,
+                             1.0f,
+                             0,
+                             nullptr};
+    codec.call(&loom_codec_v1::decode, &f);
+  };
+  run();
+  double best = 1e300;
+  for (int i = 0; i < std::max(1, ctx.iters); ++i) {
+    comm.call(&loom_comm_v1::barrier, nullptr);
+    const auto t0 = Clock::now();
+    run();
+    best = std::min(best, slowest(comm, std::chrono::duration<double>(Clock::now() - t0).count()));
+  }
+  if (ctx.rank == 0) {
+    print({{"bench", "compressed_compute"},
+           {"codec", name},
+           {"elements", numel},
+           {"ranks", ctx.size},
+           {"threads", thread_count()},
+           {"seconds", best}});
+  }
+}
+
 // fp32 elements per compressed allreduce call; the bandwidths above are per rank.
 void bench_allreduce(const char* name, const InstanceRef<loom_comm_v1>& comm,
                      const InstanceRef<loom_codec_v1>& codec, const CommBenchContext& ctx,
-                     size_t numel) {
-  loom::sdk::CompressedAllreduce ar(comm, codec, static_cast<int64_t>(numel));
+                     size_t numel, int64_t segment_elements = 0) {
+  loom::sdk::CompressedAllreduce::Options options;
+  options.segment_elements = segment_elements;
+  loom::sdk::CompressedAllreduce ar(comm, codec, static_cast<int64_t>(numel), options);
   std::vector<float> buf(numel);
   std::mt19937 rng(static_cast<unsigned>(ctx.rank + 1));
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -232,9 +355,11 @@ void bench_allreduce(const char* name, const InstanceRef<loom_comm_v1>& comm,
            {"dtype", "float32"},
            {"elements", numel},
            {"padded_elements", ar.padded_numel()},
+           {"segments", ar.segment_count()},
            {"ranks", ctx.size},
            {"seconds", s},
            {"wire_bytes_per_rank", ar.last_traffic().bytes_sent},
+           {"wire_bytes_received_per_rank", ar.last_traffic().bytes_received},
            {"rounds", ar.last_traffic().rounds},
            {"fp32_bytes", numel * 4}});
   }
@@ -313,8 +438,16 @@ void run_codec_benchmarks(const CommBenchContext& ctx) {
       comm.call(&loom_comm_v1::barrier, nullptr);
       for (size_t bytes : ctx.sizes_bytes) {
         const size_t numel = std::max<size_t>(bytes / 4, 1);
+        bench_bf16_allreduce(comm, ctx, numel);
+        bench_compute("onebit", onebit, comm, ctx, numel);
         bench_allreduce("onebit", comm, onebit, ctx, numel);
+        if (static_cast<int64_t>(numel) > kSegmentElements) {
+          bench_allreduce("onebit", comm, onebit, ctx, numel, kSegmentElements);
+        }
         bench_allreduce("ef8", comm, ef8, ctx, numel);
+        if (static_cast<int64_t>(numel) > kSegmentElements) {
+          bench_allreduce("ef8", comm, ef8, ctx, numel, kSegmentElements);
+        }
       }
     }
   } catch (const std::exception& e) {

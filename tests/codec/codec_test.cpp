@@ -297,6 +297,128 @@ void check_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool oneb
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+// Pipelined in segments (Options::segment_elements): each segment is the reference algorithm
+// on its own slice, with its own error buffers, bit for bit; the exchanges run in the
+// background on the thread transport (it has start/test/wait), so segment k's exchange
+// overlaps the encode of k + 1 and the decode of k - 1. Three steps, so the errors matter.
+void check_segments_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool onebit_codec,
+                                      int n, int64_t numel, int64_t segment) {
+  SCOPED_TRACE("ranks=" + std::to_string(n) + " numel=" + std::to_string(numel) +
+               " segment=" + std::to_string(segment));
+  test::ThreadWorld world(n);
+  std::vector<std::vector<std::vector<float>>> inputs(3);
+  std::mt19937 rng(static_cast<unsigned>(numel * 17 + n));
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (auto& step : inputs) {
+    step.resize(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      step[r].resize(static_cast<size_t>(numel));
+      for (auto& v : step[r]) v = u(rng) + 0.01f * static_cast<float>(r);
+    }
+  }
+  ref::Codec rc{onebit_codec};
+  const auto unit = static_cast<int64_t>(rc.padded(1, static_cast<uint64_t>(n)));
+  const int64_t seg = (segment + unit - 1) / unit * unit;
+  struct Part {
+    int64_t at, len, padded;
+  };
+  std::vector<Part> parts;
+  for (int64_t at = 0; at < numel; at += seg) {
+    const int64_t len = std::min(seg, numel - at);
+    parts.push_back(
+        {at, len,
+         static_cast<int64_t>(rc.padded(static_cast<uint64_t>(len), static_cast<uint64_t>(n)))});
+  }
+  ASSERT_GE(parts.size(), 3U);
+  // Per segment: the reference's errors, then the expected output of each step.
+  std::vector<std::vector<std::vector<float>>> we(parts.size()), se(parts.size());
+  for (size_t k = 0; k < parts.size(); ++k) {
+    we[k].assign(n, std::vector<float>(static_cast<size_t>(parts[k].padded), 0.0f));
+    se[k].assign(n, std::vector<float>(static_cast<size_t>(parts[k].padded / n), 0.0f));
+  }
+  std::vector<std::vector<float>> want(3, std::vector<float>(static_cast<size_t>(numel)));
+  for (int step = 0; step < 3; ++step) {
+    for (size_t k = 0; k < parts.size(); ++k) {
+      std::vector<std::vector<float>> xs(n);
+      for (int r = 0; r < n; ++r) {
+        xs[r].assign(inputs[step][r].begin() + parts[k].at,
+                     inputs[step][r].begin() + parts[k].at + parts[k].len);
+      }
+      const std::vector<float> o = ref::compressed_allreduce(rc, xs, we[k], se[k]);
+      std::copy(o.begin(), o.end(), want[step].begin() + parts[k].at);
+    }
+  }
+  std::atomic<int> mismatches{0};
+  world.run([&](int r) {
+    CompressedAllreduce::Options opt;
+    opt.segment_elements = segment;
+    CompressedAllreduce ar(world.comm(r), codec(r), numel, opt);
+    EXPECT_EQ(ar.segment_count(), parts.size());
+    EXPECT_EQ(ar.segment_numel(), seg);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> out(static_cast<size_t>(numel));
+      int64_t shape = numel;
+      const DLTensor in{
+          inputs[step][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+      DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+      ar.run(in, o);
+      for (int64_t i = 0; i < numel; ++i) {
+        if (bits_of(out[i]) != bits_of(want[step][i])) ++mismatches;
+      }
+    }
+    const auto* e = static_cast<const float*>(ar.worker_error().data);
+    const auto* s = static_cast<const float*>(ar.server_error().data);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (std::memcmp(e + parts[k].at, we[k][r].data(), parts[k].padded * 4) != 0) ++mismatches;
+      if (std::memcmp(s + parts[k].at / n, se[k][r].data(), parts[k].padded / n * 4) != 0) {
+        ++mismatches;
+      }
+    }
+  });
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST_F(Codecs, SegmentedCompressedAllreduceMatchesTheReferencePerSegment) {
+  for (int n : {1, 2, 3, 4}) {
+    check_segments_against_reference(&Codecs::onebit, true, n, 100003, 20000);
+    check_segments_against_reference(&Codecs::ef8, false, n, 100003, 30001);
+  }
+  // One element short of a whole number of segments, and segments of the codec's unit.
+  check_segments_against_reference(&Codecs::onebit, true, 4, 32 * 5 - 1, 1);
+}
+
+// A state from one segmentation does not import into another; the same one does.
+TEST_F(Codecs, SegmentedStateImportsOnlyIntoTheSameSegments) {
+  test::ThreadWorld world(2);
+  world.run([&](int r) {
+    CompressedAllreduce::Options opt;
+    opt.segment_elements = 1000;
+    CompressedAllreduce a(world.comm(r), onebit(r), 10000, opt);
+    CompressedAllreduce same(world.comm(r), onebit(r), 10000, opt);
+    CompressedAllreduce whole(world.comm(r), onebit(r), 10000);
+    std::vector<std::byte> blob;
+    const loom_state_writer w{LOOM_STATE_WRITER_SIZE, 0, &blob,
+                              [](void* ctx, const void* data, size_t bytes) -> loom_status* {
+                                auto* v = static_cast<std::vector<std::byte>*>(ctx);
+                                const auto* p = static_cast<const std::byte*>(data);
+                                v->insert(v->end(), p, p + bytes);
+                                return nullptr;
+                              }};
+    loom::sdk::StateWriter out(&w);
+    a.export_state(out);
+    loom::sdk::StateReader in(blob);
+    EXPECT_NO_THROW(same.import_state(in));
+    loom::sdk::StateReader again(blob);
+    try {
+      whole.import_state(again);
+      ADD_FAILURE() << "imported a segmented state into one segment";
+    } catch (const loom::sdk::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("segments of 1008 elements"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 TEST_F(Codecs, OnebitCompressedAllreduceMatchesReference) {
   for (int n : {1, 2, 3, 4}) {
     for (int64_t numel : {int64_t{1}, int64_t{13}, int64_t{(1 << 20) + 7}}) {

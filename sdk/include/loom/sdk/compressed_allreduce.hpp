@@ -16,6 +16,15 @@
 // Every rank decodes the same bytes in the same order, so the result is bit-identical on
 // every rank. The error buffers stay rank-private; export them for checkpoints.
 //
+// Pipelined (Options::segment_elements > 0): the buffer is cut into segments of that many
+// elements (rounded up to the codec's granularity), each averaged as above with its own
+// chunks and scales. On a transport with non-blocking collectives (ABI 1.6) the exchanges
+// run in the background in start order, while this thread encodes segment k + 1 and decodes
+// segment k - 1 around the transfer of segment k. One segment (0, the default) is the
+// algorithm above exactly, DeepSpeed's numerics; more segments mean more scales (one per chunk
+// of each segment), so other bits. Device memory runs the segments one after another on the
+// stream.
+//
 // Usage (in an optimizer plugin holding `comm` and `codec` references):
 //
 //   #include <loom/sdk/compressed_allreduce.hpp>
@@ -53,11 +62,13 @@
 #include <loom/abi.h>
 #include <loom/kinds/codec.h>
 #include <loom/kinds/comm.h>
+#include <loom/sdk/comm.hpp>
 #include <loom/sdk/context.hpp>
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
 #include <loom/sdk/tensor.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -155,6 +166,9 @@ struct CompressedAllreduceOptions {
   DLDevice device{kDLCPU, 0};  // where the tensors and every buffer live
   void* stream = nullptr;      // the allocation stream, and the first run()'s default stream
   DeviceOps device_ops;        // required unless device is host memory
+  // > 0: pipelined in segments of this many elements (rounded up to the codec's unit);
+  // 0: one segment.
+  int64_t segment_elements = 0;
 };
 
 class CompressedAllreduce {
@@ -192,77 +206,38 @@ class CompressedAllreduce {
     const CompressedAllreduceTraffic before = read_stats();
     const std::size_t in_bytes = static_cast<std::size_t>(numel_) * sizeof(float);
 
-    // 1. worker: pad (the tail of work_ stays zero from construction) and encode.
+    // Pad (the tail of work_ stays zero from construction).
     const float* in = data_as<const float>(input);
     const float* src = in;
     if (padded_ != numel_) {
       copy(work_, in, in_bytes, stream);
       src = static_cast<const float*>(work_);
     }
-    DLTensor src_t = tensor(const_cast<float*>(src), &shape_padded_);  // NOLINT
-    DLTensor worker_e = tensor(worker_error_, &shape_padded_);
-    encode(&src_t, &worker_e, static_cast<uint32_t>(size_), send_, stream);
-
-    // 2. phase 1: chunk i to rank i.
-    DLTensor send_t = bytes_tensor(send_, &shape_all_chunks_);
-    DLTensor recv_t = bytes_tensor(recv_, &shape_all_chunks_);
-    loom_all_to_all_args a2a{};
-    a2a.struct_size = LOOM_ALL_TO_ALL_ARGS_SIZE;
-    a2a.send = &send_t;
-    a2a.recv = &recv_t;
-    a2a.stream = stream;
-    comm_.call(&loom_comm_v1::all_to_all, &a2a);
-
-    // 3. server: average the n received chunks of this rank's slice, add the server error,
-    // re-encode as one chunk.
-    // A codec with decode_sum sums the n chunks in one pass over the slice; otherwise each
-    // chunk is decoded in turn, accumulating (the same result, bit for bit).
-    DLTensor slice_t = tensor(slice_, &shape_chunk_);
-    loom_codec_decode_args dec{};
-    dec.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
-    dec.output = &slice_t;
-    dec.alpha = 1.0f / static_cast<float>(size_);
-    dec.stream = stream;
-    if (codec_.provides(&loom_codec_v1::decode_sum)) {
-      dec.chunk_count = static_cast<uint32_t>(size_);
-      dec.input = recv_;
-      dec.accumulate = 0;
-      codec_.call(&loom_codec_v1::decode_sum, &dec);
-    } else {
-      dec.chunk_count = 1;
-      for (int32_t i = 0; i < size_; ++i) {
-        dec.input =
-            static_cast<const unsigned char*>(recv_) + static_cast<std::size_t>(i) * chunk_bytes_;
-        dec.accumulate = i > 0 ? 1 : 0;
-        codec_.call(&loom_codec_v1::decode, &dec);
-      }
-    }
-    DLTensor server_e = tensor(server_error_, &shape_chunk_);
-    encode(&slice_t, &server_e, 1, server_chunk_, stream);
-
-    // 4. phase 2: every rank gets every server chunk.
-    DLTensor chunk_t = bytes_tensor(server_chunk_, &shape_one_chunk_);
-    DLTensor gathered_t = bytes_tensor(recv_, &shape_all_chunks_);
-    loom_allgather_args ag{};
-    ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
-    ag.send = &chunk_t;
-    ag.recv = &gathered_t;
-    ag.stream = stream;
-    comm_.call(&loom_comm_v1::allgather, &ag);
-
-    // 5. decode everything; the first numel elements are the result.
     float* out = data_as<float>(output);
     const bool direct = padded_ == numel_;
-    DLTensor out_t = tensor(direct ? out : static_cast<float*>(work_), &shape_padded_);
-    loom_codec_decode_args fin{};
-    fin.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
-    fin.chunk_count = static_cast<uint32_t>(size_);
-    fin.input = recv_;
-    fin.output = &out_t;
-    fin.alpha = 1.0f;
-    fin.accumulate = 0;
-    fin.stream = stream;
-    codec_.call(&loom_codec_v1::decode, &fin);
+    float* dst = direct ? out : static_cast<float*>(work_);
+
+    // Segment k: worker (encode, start phase 1), server (finish phase 1, reduce, re-encode,
+    // start phase 2), finish (finish phase 2, decode). Pipelined: the worker of k + 1 and the
+    // finish of k - 1 run while segment k's exchanges are in flight.
+    const std::size_t count = segments_.size();
+    std::vector<Exchange> x(count);
+    const bool pipelined = count > 1 && is_cpu(options_.device) && comm_nonblocking(comm_);
+    for (std::size_t k = 0; k < count; ++k) {
+      worker(k, src, x[k], stream, pipelined);
+      if (!pipelined) {
+        server(k, x[k], stream, pipelined);
+        finish(k, dst, x[k], stream);
+        continue;
+      }
+      if (k >= 1) server(k - 1, x[k - 1], stream, pipelined);
+      if (k >= 2) finish(k - 2, dst, x[k - 2], stream);
+    }
+    if (pipelined) {
+      server(count - 1, x[count - 1], stream, pipelined);
+      if (count >= 2) finish(count - 2, dst, x[count - 2], stream);
+      finish(count - 1, dst, x[count - 1], stream);
+    }
     if (!direct) {
       copy(out, work_, in_bytes, stream);
       // work_'s tail must be zero again for the next call's padding.
@@ -303,7 +278,11 @@ class CompressedAllreduce {
 
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return padded_; }         // N
-  int64_t chunk_numel() const { return padded_ / size_; }  // c = N / n
+  int64_t chunk_numel() const { return padded_ / size_; }  // c = N / n (one segment)
+  // Segments (1 unless Options::segment_elements cut the buffer) and their length (the last
+  // may be shorter).
+  std::size_t segment_count() const { return segments_.size(); }
+  int64_t segment_numel() const { return segments_.front().padded; }
   std::size_t chunk_bytes() const { return chunk_bytes_; }
   int32_t rank() const { return rank_; }
   int32_t world_size() const { return size_; }
@@ -341,15 +320,26 @@ class CompressedAllreduce {
     out.write_pod<int64_t>(numel_);
     out.write_pod<int64_t>(padded_);
     out.write_pod<int32_t>(size_);
+    out.write_pod<int64_t>(segment_numel());
     const std::vector<std::byte> errors = export_errors();
     out.write_pod<uint64_t>(errors.size());
     out.write(errors.data(), errors.size());
   }
   void import_state(StateReader& in) {
-    in.read_header(kStateMagic, kStateVersion);
+    const uint32_t version = in.read_header(kStateMagic, kStateVersion);
     const auto numel = in.read_pod<int64_t>();
     const auto padded = in.read_pod<int64_t>();
     const auto size = in.read_pod<int32_t>();
+    // Version 1 had one segment. The server errors are laid out by segment, so another
+    // segmentation cannot take them.
+    const int64_t segment = version >= 2 ? in.read_pod<int64_t>() : padded;
+    if (segment != segment_numel()) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "compressed allreduce state was written with segments of " +
+                      std::to_string(segment) + " elements; this one has " +
+                      std::to_string(segment_numel()) +
+                      " (set the same segment length to resume from it)");
+    }
     if (numel != numel_ || padded != padded_ || size != size_) {
       throw Error(LOOM_ERR_INVALID_ARGUMENT,
                   "compressed allreduce state is for " + std::to_string(numel) + " elements (" +
@@ -396,6 +386,184 @@ class CompressedAllreduce {
     CompressedAllreduce& owner;
   };
 
+  // Segment k of the padded buffer: elements [offset, offset + padded), chunks of padded / n
+  // elements encoding to chunk_bytes each; its server slice starts at server_offset of the
+  // server error, its encodings at bytes (n chunks each in send_ and recv_, one in
+  // server_chunk_ at chunk_offset).
+  struct Segment {
+    int64_t offset = 0;
+    int64_t padded = 0;
+    std::size_t chunk_bytes = 0;
+    int64_t server_offset = 0;
+    std::size_t bytes = 0;
+    std::size_t chunk_offset = 0;
+    // DLTensor shapes point here.
+    int64_t shape_padded = 0;
+    int64_t shape_chunk = 0;
+    int64_t shape_one = 0;
+    int64_t shape_all = 0;
+  };
+  // One segment's exchanges of one run: their args and tensors live until they are waited for.
+  struct Exchange {
+    DLTensor send{};
+    DLTensor recv{};
+    DLTensor chunk{};
+    loom_all_to_all_args a2a{};
+    loom_allgather_args ag{};
+    CommRequest request;
+  };
+
+  // Starts (pipelined) or runs one exchange.
+  void exchange(Exchange& x, loom_comm_collective which, const void* args, bool pipelined) {
+    if (pipelined) {
+      x.request = comm_start(comm_, which, args);
+    } else if (which == LOOM_COLLECTIVE_ALL_TO_ALL) {
+      comm_.call(&loom_comm_v1::all_to_all, static_cast<const loom_all_to_all_args*>(args));
+    } else {
+      comm_.call(&loom_comm_v1::allgather, static_cast<const loom_allgather_args*>(args));
+    }
+  }
+
+  // Encodes segment k (+ its worker error) into n chunks and starts phase 1: chunk i to rank i.
+  void worker(std::size_t k, const float* src, Exchange& x, void* stream, bool pipelined) {
+    Segment& g = segments_[k];
+    DLTensor src_t = tensor(const_cast<float*>(src) + g.offset, &g.shape_padded);  // NOLINT
+    DLTensor worker_e = tensor(static_cast<float*>(worker_error_) + g.offset, &g.shape_padded);
+    void* send = static_cast<unsigned char*>(send_) + g.bytes;
+    encode(&src_t, &worker_e, static_cast<uint32_t>(size_), send, stream);
+    x.send = bytes_tensor(send, &g.shape_all);
+    x.recv = bytes_tensor(static_cast<unsigned char*>(recv_) + g.bytes, &g.shape_all);
+    x.a2a.struct_size = LOOM_ALL_TO_ALL_ARGS_SIZE;
+    x.a2a.send = &x.send;
+    x.a2a.recv = &x.recv;
+    x.a2a.stream = stream;
+    exchange(x, LOOM_COLLECTIVE_ALL_TO_ALL, &x.a2a, pipelined);
+  }
+
+  // Finishes phase 1 of segment k, averages the n received chunks of this rank's slice, adds
+  // the server error, re-encodes it as one chunk and starts phase 2 (every rank gets every
+  // server chunk, into the same receive buffer).
+  void server(std::size_t k, Exchange& x, void* stream, bool pipelined) {
+    x.request.wait();
+    Segment& g = segments_[k];
+    // A codec with decode_sum sums the n chunks in one pass over the slice; otherwise each
+    // chunk is decoded in turn, accumulating (the same result, bit for bit).
+    DLTensor slice_t = tensor(slice_, &g.shape_chunk);
+    const void* recv = x.recv.data;
+    loom_codec_decode_args dec{};
+    dec.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
+    dec.output = &slice_t;
+    dec.alpha = 1.0f / static_cast<float>(size_);
+    dec.stream = stream;
+    if (codec_.provides(&loom_codec_v1::decode_sum)) {
+      dec.chunk_count = static_cast<uint32_t>(size_);
+      dec.input = recv;
+      dec.accumulate = 0;
+      codec_.call(&loom_codec_v1::decode_sum, &dec);
+    } else {
+      dec.chunk_count = 1;
+      for (int32_t i = 0; i < size_; ++i) {
+        dec.input =
+            static_cast<const unsigned char*>(recv) + static_cast<std::size_t>(i) * g.chunk_bytes;
+        dec.accumulate = i > 0 ? 1 : 0;
+        codec_.call(&loom_codec_v1::decode, &dec);
+      }
+    }
+    DLTensor server_e =
+        tensor(static_cast<float*>(server_error_) + g.server_offset, &g.shape_chunk);
+    void* chunk = static_cast<unsigned char*>(server_chunk_) + g.chunk_offset;
+    encode(&slice_t, &server_e, 1, chunk, stream);
+    x.chunk = bytes_tensor(chunk, &g.shape_one);
+    x.ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
+    x.ag.send = &x.chunk;
+    x.ag.recv = &x.recv;
+    x.ag.stream = stream;
+    exchange(x, LOOM_COLLECTIVE_ALLGATHER, &x.ag, pipelined);
+  }
+
+  // Finishes phase 2 of segment k and decodes the n gathered chunks into dst.
+  void finish(std::size_t k, float* dst, Exchange& x, void* stream) {
+    x.request.wait();
+    Segment& g = segments_[k];
+    DLTensor out_t = tensor(dst + g.offset, &g.shape_padded);
+    loom_codec_decode_args fin{};
+    fin.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
+    fin.chunk_count = static_cast<uint32_t>(size_);
+    fin.input = x.recv.data;
+    fin.output = &out_t;
+    fin.alpha = 1.0f;
+    fin.accumulate = 0;
+    fin.stream = stream;
+    codec_.call(&loom_codec_v1::decode, &fin);
+  }
+
+  // The codec's layout of `elements` over the ranks, checked.
+  loom_codec_layout layout_of(uint64_t elements) const {
+    loom_codec_layout layout{};
+    layout.struct_size = LOOM_CODEC_LAYOUT_SIZE;
+    layout.elements = elements;
+    layout.world_size = size_;
+    codec_.call(&loom_codec_v1::layout, &layout);
+    if (layout.padded_elements < layout.elements ||
+        layout.padded_elements % static_cast<uint64_t>(size_) != 0 || layout.chunk_bytes == 0 ||
+        layout.padded_elements > static_cast<uint64_t>(INT64_MAX / 8)) {
+      throw Error(LOOM_ERR_INTERNAL, "codec '" + codec_.name() + "' returned an invalid layout (" +
+                                         std::to_string(layout.padded_elements) + " padded, " +
+                                         std::to_string(layout.chunk_bytes) + " bytes a chunk)");
+    }
+    return layout;
+  }
+
+  // Cuts the buffer into segments: of options_.segment_elements rounded up to the codec's unit
+  // (the padded length of one element), the last one padded alone; one segment when 0 or when
+  // that covers the buffer.
+  void plan_segments() {
+    const loom_codec_layout whole = layout_of(static_cast<uint64_t>(numel_));
+    int64_t seg = static_cast<int64_t>(whole.padded_elements);
+    if (options_.segment_elements < 0) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "compressed allreduce: segment_elements must be 0 or more, got " +
+                      std::to_string(options_.segment_elements));
+    }
+    if (options_.segment_elements > 0) {
+      const auto unit = static_cast<int64_t>(layout_of(1).padded_elements);
+      seg = (options_.segment_elements + unit - 1) / unit * unit;
+      if (static_cast<int64_t>(layout_of(static_cast<uint64_t>(seg)).padded_elements) != seg) {
+        throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                    "compressed allreduce: codec '" + codec_.name() + "' pads " +
+                        std::to_string(seg) + " elements, so it cannot cut segments of " +
+                        std::to_string(options_.segment_elements) + " elements");
+      }
+    }
+    segments_.clear();
+    int64_t at = 0;
+    std::size_t bytes = 0;
+    std::size_t chunk_at = 0;
+    while (at < numel_) {
+      const int64_t len = std::min(seg, numel_ - at);
+      const loom_codec_layout l = len == numel_ ? whole : layout_of(static_cast<uint64_t>(len));
+      Segment g;
+      g.offset = at;
+      g.padded = static_cast<int64_t>(l.padded_elements);
+      g.chunk_bytes = static_cast<std::size_t>(l.chunk_bytes);
+      g.server_offset = at / size_;
+      g.bytes = bytes;
+      g.chunk_offset = chunk_at;
+      g.shape_padded = g.padded;
+      g.shape_chunk = g.padded / size_;
+      g.shape_one = static_cast<int64_t>(g.chunk_bytes);
+      g.shape_all = static_cast<int64_t>(g.chunk_bytes) * size_;
+      bytes += g.chunk_bytes * static_cast<std::size_t>(size_);
+      chunk_at += g.chunk_bytes;
+      segments_.push_back(g);
+      at += g.padded;
+    }
+    padded_ = at;
+    chunk_bytes_ = segments_.front().chunk_bytes;
+    encoded_bytes_ = bytes;
+    server_chunk_bytes_ = chunk_at;
+  }
+
   // Encodes `input` (+ `error`, updated in place) into `chunks` chunks at `output`.
   void encode(const DLTensor* input, DLTensor* error, uint32_t chunks, void* output, void* stream) {
     loom_codec_encode_args enc{};
@@ -409,7 +577,7 @@ class CompressedAllreduce {
   }
 
   static constexpr const char* kStateMagic = "loom.compressed_allreduce";
-  static constexpr uint32_t kStateVersion = 1;
+  static constexpr uint32_t kStateVersion = 2;  // 2: with the segment length
 
   struct Allocator {
     std::function<void*(std::size_t)> alloc;  // empty: host memory from operator new
@@ -474,24 +642,9 @@ class CompressedAllreduce {
                                                     std::to_string(size_));
     }
 
-    loom_codec_layout layout{};
-    layout.struct_size = LOOM_CODEC_LAYOUT_SIZE;
-    layout.elements = static_cast<uint64_t>(numel_);
-    layout.world_size = size_;
-    codec_.call(&loom_codec_v1::layout, &layout);
-    if (layout.padded_elements < layout.elements ||
-        layout.padded_elements % static_cast<uint64_t>(size_) != 0 || layout.chunk_bytes == 0 ||
-        layout.padded_elements > static_cast<uint64_t>(INT64_MAX / 8)) {
-      throw Error(LOOM_ERR_INTERNAL, "codec '" + codec_.name() + "' returned an invalid layout (" +
-                                         std::to_string(layout.padded_elements) + " padded, " +
-                                         std::to_string(layout.chunk_bytes) + " bytes a chunk)");
-    }
-    padded_ = static_cast<int64_t>(layout.padded_elements);
-    chunk_bytes_ = static_cast<std::size_t>(layout.chunk_bytes);
+    plan_segments();
     shape_padded_ = padded_;
     shape_chunk_ = padded_ / size_;
-    shape_one_chunk_ = static_cast<int64_t>(chunk_bytes_);
-    shape_all_chunks_ = static_cast<int64_t>(chunk_bytes_) * size_;
 
     if (host) check_same_numel();
 
@@ -499,10 +652,10 @@ class CompressedAllreduce {
       worker_error_ = allocate(worker_bytes());
       server_error_ = allocate(server_bytes());
       work_ = allocate(worker_bytes());
-      slice_ = allocate(server_bytes());
-      send_ = allocate(chunk_bytes_ * static_cast<std::size_t>(size_));
-      recv_ = allocate(chunk_bytes_ * static_cast<std::size_t>(size_));
-      server_chunk_ = allocate(chunk_bytes_);
+      slice_ = allocate(static_cast<std::size_t>(segments_.front().padded / size_) * sizeof(float));
+      send_ = allocate(encoded_bytes_);
+      recv_ = allocate(encoded_bytes_);
+      server_chunk_ = allocate(server_chunk_bytes_);
       zero(work_, worker_bytes(), stream_);
       reset();
     } catch (...) {
@@ -635,15 +788,16 @@ class CompressedAllreduce {
   // movable).
   mutable int64_t shape_padded_ = 0;
   mutable int64_t shape_chunk_ = 0;
-  mutable int64_t shape_one_chunk_ = 0;
-  mutable int64_t shape_all_chunks_ = 0;
-  void* worker_error_ = nullptr;  // fp32[N]
-  void* server_error_ = nullptr;  // fp32[N / n]
-  void* work_ = nullptr;          // fp32[N]: padded input, then padded output
-  void* slice_ = nullptr;         // fp32[N / n]: this rank's averaged slice
-  void* send_ = nullptr;          // n chunks: the worker's encoding
-  void* recv_ = nullptr;          // n chunks: phase 1's receive, then phase 2's
-  void* server_chunk_ = nullptr;  // 1 chunk: the server's encoding
+  std::vector<Segment> segments_;
+  std::size_t encoded_bytes_ = 0;       // n chunks of every segment
+  std::size_t server_chunk_bytes_ = 0;  // one chunk of every segment
+  void* worker_error_ = nullptr;        // fp32[N]
+  void* server_error_ = nullptr;        // fp32[N / n]
+  void* work_ = nullptr;                // fp32[N]: padded input, then padded output
+  void* slice_ = nullptr;               // fp32[a segment / n]: this rank's averaged slice
+  void* send_ = nullptr;                // n chunks a segment: the worker's encodings
+  void* recv_ = nullptr;                // n chunks a segment: phase 1's receive, then phase 2's
+  void* server_chunk_ = nullptr;        // 1 chunk a segment: the server's encodings
   CompressedAllreduceTraffic last_;
   CompressedAllreduceTraffic total_;
   uint64_t calls_ = 0;
