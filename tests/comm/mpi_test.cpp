@@ -148,6 +148,7 @@ TEST(MpiErrors, AnMpiErrorBreaksThatCommunicatorOnly) {
     if (g.rank == 1) {
       // Open MPI says MPI_ERR_TRUNCATE (INVALID_ARGUMENT); another MPI may use another class.
       EXPECT_NE(r.code, LOOM_OK) << r.text;
+      std::printf("failed: %s\n", r.text.c_str());  // what the user reads, in the test's log
       EXPECT_NE(r.text.find("all_to_all"), std::string::npos) << r.text;
       EXPECT_NE(r.text.find("failed on rank 1 (world rank 0)"), std::string::npos) << r.text;
       EXPECT_NE(r.text.find("MPI error class"), std::string::npos) << r.text;
