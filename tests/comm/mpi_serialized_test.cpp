@@ -1,7 +1,7 @@
 // The mpi transport in a program that initialised MPI itself below MPI_THREAD_MULTIPLE
 // (MPI_THREAD_SERIALIZED): the host reuses that MPI, and the transport runs a started
 // collective at once on the caller's thread (its request is finished when start returns),
-// with the same results as the blocking calls. Run under mpirun (comm.mpi.serialized) or
+// with the same results as the blocking calls. Run under mpirun (comm.mpi.np2.serialized) or
 // alone.
 #include <loom/embed.h>
 #include <mpi.h>

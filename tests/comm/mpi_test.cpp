@@ -215,13 +215,13 @@ TEST(MpiErrors, DeviceTensorsAreRefusedNamingTheNcclTransport) {
 }
 
 // Run by comm.mpi.env2 (LOOM_TEST_MPI_REFUSAL=env: 2 ranks of the env launcher) and
-// comm.mpi.bootstrap_single (=single: mpirun -np 2 with LOOM_BOOTSTRAP=single, so the host
+// comm.mpi.np2.bootstrap_single (=single: mpirun -np 2 with LOOM_BOOTSTRAP=single, so the host
 // sees a world of one while MPI sees two). Either way the transport must refuse at once, on
 // every rank, instead of running worlds that do not match the job.
 TEST(MpiLaunch, AJobThatIsNotMpisIsRefusedClearly) {
   if (!testing_mpi()) GTEST_SKIP() << "the mpi transport's own";
   const char* mode = std::getenv("LOOM_TEST_MPI_REFUSAL");
-  if (mode == nullptr) GTEST_SKIP() << "run by comm.mpi.env2 and comm.mpi.bootstrap_single";
+  if (mode == nullptr) GTEST_SKIP() << "run by comm.mpi.env2 and comm.mpi.np2.bootstrap_single";
   const auto t0 = std::chrono::steady_clock::now();
   const Comm c;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
