@@ -182,10 +182,12 @@ const loom_bootstrap* init_mpi() {
   m.initialized(&already);
   if (already == 0) {
     int provided = 0;
-    // [process]: the bootstrap is called one at a time, but from whichever thread opens a
-    // session (not only the one that initialised MPI).
-    constexpr int kThreadSerialized = 2;
-    if (m.init_thread(nullptr, nullptr, kThreadSerialized, &provided) != 0) {
+    // MPI_THREAD_MULTIPLE, whatever MPI then provides: the bootstrap itself needs only
+    // SERIALIZED ([process]: one call at a time, from whichever thread opens a session), but
+    // the mpi transport (plugins/comm/mpi) runs started collectives on a thread of its own
+    // while this thread goes on, and falls back to running them at once below MULTIPLE.
+    constexpr int kThreadMultiple = 3;
+    if (m.init_thread(nullptr, nullptr, kThreadMultiple, &provided) != 0) {
       throw Error(LOOM_ERR_UNAVAILABLE, "MPI_Init_thread failed");
     }
     m.we_initialized = true;

@@ -27,11 +27,11 @@ std::string deepspeed_hint(const std::string& kind, const std::string& key) {
       {"max_grad_norm", "gradient clipping is the trainer's (clip before the step)"},
       {"eps_inside_sqrt", "Loom adds eps outside the square root only (torch.optim's placement)"},
       {"cuda_aware",
-       "the transport is the [comm] instance the optimizer's comm parameter names (ucx works "
-       "on host memory, nccl on device memory)"},
+       "the transport is the [comm] instance the optimizer's comm parameter names (ucx and mpi "
+       "work on host memory, nccl on device memory)"},
       {"comm_backend_name",
        "the transport is the [comm] instance the optimizer's comm parameter names (plugin "
-       "ucx or nccl)"},
+       "ucx, mpi or nccl)"},
       {"fused", "Loom's kernels are always fused"},
       {"foreach", "Loom's kernels are always multi-tensor"},
       {"capturable", "not a Loom setting"},

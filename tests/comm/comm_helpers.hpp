@@ -1,6 +1,9 @@
-// Helpers of the transport tests (comm_test.cpp, split_test.cpp): typed host buffers with
-// DLTensor views, the tests' own fp16/bf16 conversions, and the collectives of a comm
-// instance as calls returning a Result.
+// Helpers of the transport tests (comm_test.cpp, split_test.cpp, nonblocking_test.cpp,
+// mpi_test.cpp): typed host buffers with DLTensor views, the tests' own fp16/bf16
+// conversions, and the collectives of a comm instance as calls returning a Result.
+//
+// The same tests run against each host-memory transport: LOOM_TEST_COMM_PLUGIN names the
+// plugin (ctest sets it to "mpi" for the comm.mpi.* entries; unset: "ucx").
 #pragma once
 
 #include <loom/embed.h>
@@ -8,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,6 +19,13 @@
 #include <gtest/gtest.h>
 
 namespace loom_test {
+
+// The transport under test.
+inline std::string transport() {
+  const char* v = std::getenv("LOOM_TEST_COMM_PLUGIN");
+  return v != nullptr && *v != '\0' ? v : "ucx";
+}
+inline bool testing_ucx() { return transport() == "ucx"; }
 
 // ---- dtypes, written independently of the plugin's conversions
 
@@ -183,11 +194,13 @@ class CommView {
   int size = 1;
 };
 
-// One opened session with a `ucx` instance named "world".
+// One opened session with an instance of the transport under test named "world". `params`
+// are the ucx transport's (timeouts, algorithm choices); other transports get none.
 class Comm : public CommView {
  public:
   explicit Comm(const std::string& params = "") {
-    const std::string toml = "[comm.world]\nplugin = \"ucx\"\n" + params;
+    const std::string toml =
+        "[comm.world]\nplugin = \"" + transport() + "\"\n" + (testing_ucx() ? params : "");
     rc = loom_open_string(toml.c_str(), nullptr, nullptr, &session);
     if (rc != LOOM_OK) {
       error = loom_last_error();
