@@ -24,6 +24,17 @@ _PRUNING = ("sparse_pruning", "row_pruning", "head_pruning", "channel_pruning",
             "layer_reduction")
 
 
+def _enabled(key: str, v: Any) -> bool:
+    """Whether a pruning or layer-reduction section is switched on: layer_reduction has
+    its own ``enabled``, the pruning methods theirs under ``shared_parameters``."""
+    if not isinstance(v, dict):
+        return False
+    if key == "layer_reduction":
+        return v.get("enabled", False) is True
+    shared = v.get("shared_parameters")
+    return isinstance(shared, dict) and shared.get("enabled", False) is True
+
+
 def _unique_name(name: str, out: Conversion) -> str:
     """``name``, or ``name_q``, ``name_q2``, ... when an instance of any kind has it (names
     are unique across kinds)."""
@@ -68,8 +79,7 @@ def map_compression(cfg: Any, out: Conversion) -> None:
         elif k == "activation_quantization":
             continue
         elif k in _PRUNING:
-            enabled = isinstance(v, dict) and isinstance(v.get("shared_parameters"), dict) and \
-                v["shared_parameters"].get("enabled", False)
+            enabled = _enabled(k, v)
             out.unmapped.append(Unmapped(f"compression_training.{k}",
                                          "pruning and layer reduction are not part of Loom"
                                          if enabled else "not enabled: nothing to map"))
