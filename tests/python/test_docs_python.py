@@ -86,3 +86,14 @@ def test_the_deepspeed_command_runs_as_written_from_a_checkout(tmp_path):
     text = (tmp_path / "run.toml").read_text()
     assert "[quantizer.wq1]" in text and "[[quantize]]" in text
     assert "ds_config.json: optimizer.params.lr: not mapped" in r.stderr
+    # The doc's sample of that stderr: its lines are the command's, the removed features
+    # first (the whole block of them), in the same order.
+    text = doc()
+    section = text[text.index("## DeepSpeed configs"):]
+    shown = re.search(r"```\n(ds_config\.json: .*?)```", section, flags=re.S).group(1)
+    shown = shown.splitlines()
+    got = r.stderr.splitlines()
+    removed = [ln for ln in shown if ln.startswith("ds_config.json:  ") or "removed in" in ln]
+    assert removed and got[:len(removed)] == removed == shown[:len(removed)]
+    rest = shown[len(removed):]
+    assert rest and [ln for ln in got if ln in rest] == rest

@@ -45,7 +45,9 @@ __all__ = [
 def from_deepspeed(config):
     """The Loom manifest for a DeepSpeed config (a dict, or the path of its JSON file):
     a :class:`loom.deepspeed.Conversion` with ``.manifest`` (TOML text), ``.tables``,
-    ``.unmapped`` (every key not carried, with the reason) and ``.notes``. See
+    ``.removed`` (the features DeepSpeed removed in September 2026 that the config uses,
+    and the Loom instance that carries each), ``.unmapped`` (every key not carried, with
+    the reason) and ``.notes``. See
     :func:`loom.deepspeed.convert`."""
     from .deepspeed import convert
 
