@@ -123,6 +123,32 @@ def _manifest(plugin: str, params: Dict[str, Any], plugin_path: Any, comm_plugin
     return "\n".join(tables), takes_comm
 
 
+def _masks(gi: int, params: List[torch.Tensor], mask: Any) -> Optional[List[torch.Tensor]]:
+    """A group's ``exp_avg_mask`` as the plugin takes it: one fp32 contiguous tensor per
+    parameter, of its shape and on its device (the mask itself when it is one already, else
+    the mask broadcast to it, as DeepSpeed multiplies it in). None without a mask."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise InvalidArgumentError(
+            f"param_groups[{gi}]['exp_avg_mask'] is a {type(mask).__name__}, not a tensor")
+    out = []
+    for pi, p in enumerate(params):
+        m = mask.detach()
+        if m.dtype != torch.float32 or m.shape != p.shape or m.device != p.device or \
+                not m.is_contiguous():
+            try:
+                m = torch.broadcast_to(m.to(device=p.device, dtype=torch.float32),
+                                       p.shape).contiguous()
+            except RuntimeError:
+                raise InvalidArgumentError(
+                    f"param_groups[{gi}]['exp_avg_mask'] has shape {list(mask.shape)}, which "
+                    f"does not broadcast to param {pi}'s {list(p.shape)}; give masked "
+                    "parameters a group of their own") from None
+        out.append(m)
+    return out
+
+
 class Optimizer(torch.optim.Optimizer):
     """A Loom optimizer plugin (``loom.optimizer/1``) as a ``torch.optim.Optimizer``.
 
@@ -148,7 +174,10 @@ class Optimizer(torch.optim.Optimizer):
     Args:
         params: the parameters, or a list of param-group dicts as for any torch
             optimizer. Group keys: ``lr``, ``weight_decay`` (None: the plugin's
-            ``weight_decay`` parameter), ``non_freeze`` (1-bit Adam's uncompressed groups).
+            ``weight_decay`` parameter), ``non_freeze`` (1-bit Adam's uncompressed groups),
+            ``exp_avg_mask`` (the 1-bit family's momentum mask, as DeepSpeed's: a tensor
+            broadcast to each of the group's parameters; kept as it is by
+            :meth:`load_state_dict`, as DeepSpeed keeps the script's mask).
         instance: an optimizer instance (``session.optimizer("main")``); the caller keeps
             its session open while the optimizer is used.
         plugin: instead of ``instance``, the plugin to open ("adam", "lamb", ...).
@@ -270,6 +299,7 @@ class Optimizer(torch.optim.Optimizer):
                 "lr_scale": 1.0 if gi == 0 and lr0 != 0.0 else lr / base,
                 "weight_decay": None if wd is None else float(wd),
                 "non_freeze": bool(g.get("non_freeze", False)),
+                "exp_avg_mask": _masks(gi, g["params"], g.get("exp_avg_mask")),
             })
         return groups, base, stream
 
@@ -373,6 +403,12 @@ class Optimizer(torch.optim.Optimizer):
         # its import refuses the blob, torch's part is put back.
         old_state, old_groups = self.state, self.param_groups
         super().load_state_dict({"state": state_dict.get("state", {}), "param_groups": saved})
+        # The script's masks stay (DeepSpeed's rule: a mask may change between stages, say
+        # BERT's sequence length 128 then 512), whatever the checkpoint's groups held.
+        for g, old in zip(self.param_groups, old_groups):
+            g.pop("exp_avg_mask", None)
+            if old.get("exp_avg_mask") is not None:
+                g["exp_avg_mask"] = old["exp_avg_mask"]
         try:
             self.instance.import_state(bytes(entry["state"]))
         except BaseException:
