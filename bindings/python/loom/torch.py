@@ -19,8 +19,21 @@ from ._torch_common import _DTYPES, _buffer, _stream
 from ._torch_quant import QuantizedLinear, QuantizedTensor, dequantize, quantize  # noqa: F401
 from .session import Instance, Session, describe_plugins
 
-__all__ = ["Optimizer", "Router", "MoE", "QuantizedLinear", "QuantizedTensor", "quantize",
-           "dequantize", "distributed_bootstrap"]
+__all__ = ["Optimizer", "OnebitAdam", "ZeroOneAdam", "OnebitLamb", "Router", "MoE",
+           "QuantizedLinear", "QuantizedTensor", "quantize", "dequantize",
+           "distributed_bootstrap"]
+
+_ONEBIT = ("OnebitAdam", "ZeroOneAdam", "OnebitLamb")
+
+
+def __getattr__(name: str) -> Any:
+    """DeepSpeed's 1-bit optimizers by their names (in _torch_onebit.py, which builds on
+    Optimizer below; loaded on first use so either module may be imported first)."""
+    if name in _ONEBIT:
+        from . import _torch_onebit
+
+        return getattr(_torch_onebit, name)
+    raise AttributeError(f"module 'loom.torch' has no attribute {name!r}")
 
 
 def distributed_bootstrap(group: Any = None) -> Bootstrap:
