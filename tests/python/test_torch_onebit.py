@@ -91,6 +91,12 @@ def test_signature_is_deepspeeds(name):
 def test_every_deepspeed_argument_says_what_it_becomes():
     args = {a for spec in DEEPSPEED.values() for a, _ in spec} | {"params"}
     assert set(_torch_onebit.ARGUMENTS) == args
+    with open(os.path.join(ROOT, "docs", "python.md"), encoding="utf-8") as f:
+        doc = f.read()
+    section = doc[doc.index("## Migrating from DeepSpeed's 1-bit optimizers"):]
+    section = section[:section.index("\n## ", 1)]
+    for a in args:
+        assert f"`{a}`" in section, a
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -6,7 +6,8 @@ Main entry points:
 - :class:`Session`: an opened manifest (``Session("run.toml")``,
   ``Session.from_string(text)``) and its :class:`Instance` objects.
 - :mod:`loom.torch`: ``loom.torch.Optimizer`` wraps an optimizer plugin as a
-  ``torch.optim.Optimizer``, ``loom.torch.Router`` a random or learned router around a layer
+  ``torch.optim.Optimizer`` (``OnebitAdam``, ``ZeroOneAdam``, ``OnebitLamb``: DeepSpeed's
+  removed 1-bit optimizers with its constructor arguments), ``loom.torch.Router`` a random or learned router around a layer
   (imported on demand, so torch is optional).
 - :class:`Bootstrap`: a rank's bootstrap from Python callables
   (``loom.torch.distributed_bootstrap()`` builds one over torch.distributed).

@@ -1,5 +1,7 @@
-"""PyTorch integration: Loom optimizer plugins as ``torch.optim.Optimizer`` objects,
-routers and Mixture-of-Experts layers as modules, quantizers as packed linear layers.
+"""PyTorch integration: Loom optimizer plugins as ``torch.optim.Optimizer`` objects
+(DeepSpeed's 1-bit ones also by their DeepSpeed names: ``OnebitAdam``, ``ZeroOneAdam``,
+``OnebitLamb``, in _torch_onebit.py), routers and Mixture-of-Experts layers as modules,
+quantizers as packed linear layers.
 
 ``import loom.torch`` needs torch; the rest of the package does not.
 """
