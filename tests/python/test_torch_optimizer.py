@@ -329,3 +329,58 @@ def test_low_precision_params_with_fp32_masters(dtype):
             o.step()
     for x, y in zip(low, other):
         assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------- exp_avg_mask
+
+def _need_ucx():
+    try:
+        loom.describe_plugins("ucx")
+    except loom.LoomError:
+        pytest.skip("the ucx plugin is not built")
+
+
+def test_exp_avg_mask_freezes_the_masked_elements_after_the_freeze():
+    """DeepSpeed's param-group mask of the 1-bit family: a 0 keeps an element's compressed
+    momentum at 0, so after the freeze (weight decay 0) it no longer moves; a mask that
+    broadcasts (one row for a matrix) or of another dtype is the same as the full one."""
+    _need_ucx()
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    full = torch.ones(4, 3)
+    full[:, 0] = 0.0
+    runs = []
+    for mask in (full, torch.tensor([[0.0, 1.0, 1.0]]), full.double()):
+        p = torch.nn.Parameter(w.detach().clone())
+        opt = loom.torch.Optimizer([{"params": [p], "exp_avg_mask": mask}],
+                                   plugin="onebit_adam", lr=0.1, freeze_step=2,
+                                   log_level="error")
+        g = torch.Generator().manual_seed(2)
+        for step in range(1, 7):
+            if step == 3:
+                at_freeze = p.detach().clone()
+            p.grad = torch.randn(4, 3, generator=g)
+            opt.step()
+        runs.append(p.detach().clone())
+        assert torch.equal(p[:, 0], at_freeze[:, 0])  # masked: still since the freeze
+        assert not torch.equal(p[:, 1:], at_freeze[:, 1:])
+        opt.close()
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_a_mask_that_does_not_fit_is_refused_and_load_keeps_the_scripts_mask():
+    _need_ucx()
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    opt = loom.torch.Optimizer([{"params": [p], "exp_avg_mask": torch.ones(5)}],
+                               plugin="onebit_adam", log_level="error")
+    p.grad = torch.ones(4, 3)
+    with pytest.raises(loom.InvalidArgumentError, match=r"exp_avg_mask'\] has shape \[5\], "
+                                                        r"which does not broadcast"):
+        opt.step()
+    mine = torch.ones(4, 3)
+    opt.param_groups[0]["exp_avg_mask"] = mine
+    opt.step()
+    sd = opt.state_dict()
+    sd["param_groups"][0]["exp_avg_mask"] = torch.zeros(4, 3)  # another stage's mask
+    opt.load_state_dict(sd)
+    assert opt.param_groups[0]["exp_avg_mask"] is mine  # DeepSpeed's rule: the script's
+    opt.close()

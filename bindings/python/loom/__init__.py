@@ -6,7 +6,8 @@ Main entry points:
 - :class:`Session`: an opened manifest (``Session("run.toml")``,
   ``Session.from_string(text)``) and its :class:`Instance` objects.
 - :mod:`loom.torch`: ``loom.torch.Optimizer`` wraps an optimizer plugin as a
-  ``torch.optim.Optimizer``, ``loom.torch.Router`` a random or learned router around a layer
+  ``torch.optim.Optimizer`` (``OnebitAdam``, ``ZeroOneAdam``, ``OnebitLamb``: DeepSpeed's
+  removed 1-bit optimizers with its constructor arguments), ``loom.torch.Router`` a random or learned router around a layer
   (imported on demand, so torch is optional).
 - :class:`Bootstrap`: a rank's bootstrap from Python callables
   (``loom.torch.distributed_bootstrap()`` builds one over torch.distributed).
@@ -45,7 +46,9 @@ __all__ = [
 def from_deepspeed(config):
     """The Loom manifest for a DeepSpeed config (a dict, or the path of its JSON file):
     a :class:`loom.deepspeed.Conversion` with ``.manifest`` (TOML text), ``.tables``,
-    ``.unmapped`` (every key not carried, with the reason) and ``.notes``. See
+    ``.removed`` (the features DeepSpeed removed in September 2026 that the config uses,
+    and the Loom instance that carries each), ``.unmapped`` (every key not carried, with
+    the reason) and ``.notes``. See
     :func:`loom.deepspeed.convert`."""
     from .deepspeed import convert
 

@@ -1,5 +1,7 @@
-"""PyTorch integration: Loom optimizer plugins as ``torch.optim.Optimizer`` objects,
-routers and Mixture-of-Experts layers as modules, quantizers as packed linear layers.
+"""PyTorch integration: Loom optimizer plugins as ``torch.optim.Optimizer`` objects
+(DeepSpeed's 1-bit ones also by their DeepSpeed names: ``OnebitAdam``, ``ZeroOneAdam``,
+``OnebitLamb``, in _torch_onebit.py), routers and Mixture-of-Experts layers as modules,
+quantizers as packed linear layers.
 
 ``import loom.torch`` needs torch; the rest of the package does not.
 """
@@ -19,8 +21,21 @@ from ._torch_common import _DTYPES, _buffer, _stream
 from ._torch_quant import QuantizedLinear, QuantizedTensor, dequantize, quantize  # noqa: F401
 from .session import Instance, Session, describe_plugins
 
-__all__ = ["Optimizer", "Router", "MoE", "QuantizedLinear", "QuantizedTensor", "quantize",
-           "dequantize", "distributed_bootstrap"]
+__all__ = ["Optimizer", "OnebitAdam", "ZeroOneAdam", "OnebitLamb", "Router", "MoE",
+           "QuantizedLinear", "QuantizedTensor", "quantize", "dequantize",
+           "distributed_bootstrap"]
+
+_ONEBIT = ("OnebitAdam", "ZeroOneAdam", "OnebitLamb")
+
+
+def __getattr__(name: str) -> Any:
+    """DeepSpeed's 1-bit optimizers by their names (in _torch_onebit.py, which builds on
+    Optimizer below; loaded on first use so either module may be imported first)."""
+    if name in _ONEBIT:
+        from . import _torch_onebit
+
+        return getattr(_torch_onebit, name)
+    raise AttributeError(f"module 'loom.torch' has no attribute {name!r}")
 
 
 def distributed_bootstrap(group: Any = None) -> Bootstrap:
@@ -123,6 +138,32 @@ def _manifest(plugin: str, params: Dict[str, Any], plugin_path: Any, comm_plugin
     return "\n".join(tables), takes_comm
 
 
+def _masks(gi: int, params: List[torch.Tensor], mask: Any) -> Optional[List[torch.Tensor]]:
+    """A group's ``exp_avg_mask`` as the plugin takes it: one fp32 contiguous tensor per
+    parameter, of its shape and on its device (the mask itself when it is one already, else
+    the mask broadcast to it, as DeepSpeed multiplies it in). None without a mask."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise InvalidArgumentError(
+            f"param_groups[{gi}]['exp_avg_mask'] is a {type(mask).__name__}, not a tensor")
+    out = []
+    for pi, p in enumerate(params):
+        m = mask.detach()
+        if m.dtype != torch.float32 or m.shape != p.shape or m.device != p.device or \
+                not m.is_contiguous():
+            try:
+                m = torch.broadcast_to(m.to(device=p.device, dtype=torch.float32),
+                                       p.shape).contiguous()
+            except RuntimeError:
+                raise InvalidArgumentError(
+                    f"param_groups[{gi}]['exp_avg_mask'] has shape {list(mask.shape)}, which "
+                    f"does not broadcast to param {pi}'s {list(p.shape)}; give masked "
+                    "parameters a group of their own") from None
+        out.append(m)
+    return out
+
+
 class Optimizer(torch.optim.Optimizer):
     """A Loom optimizer plugin (``loom.optimizer/1``) as a ``torch.optim.Optimizer``.
 
@@ -148,7 +189,10 @@ class Optimizer(torch.optim.Optimizer):
     Args:
         params: the parameters, or a list of param-group dicts as for any torch
             optimizer. Group keys: ``lr``, ``weight_decay`` (None: the plugin's
-            ``weight_decay`` parameter), ``non_freeze`` (1-bit Adam's uncompressed groups).
+            ``weight_decay`` parameter), ``non_freeze`` (1-bit Adam's uncompressed groups),
+            ``exp_avg_mask`` (the 1-bit family's momentum mask, as DeepSpeed's: a tensor
+            broadcast to each of the group's parameters; kept as it is by
+            :meth:`load_state_dict`, as DeepSpeed keeps the script's mask).
         instance: an optimizer instance (``session.optimizer("main")``); the caller keeps
             its session open while the optimizer is used.
         plugin: instead of ``instance``, the plugin to open ("adam", "lamb", ...).
@@ -270,6 +314,7 @@ class Optimizer(torch.optim.Optimizer):
                 "lr_scale": 1.0 if gi == 0 and lr0 != 0.0 else lr / base,
                 "weight_decay": None if wd is None else float(wd),
                 "non_freeze": bool(g.get("non_freeze", False)),
+                "exp_avg_mask": _masks(gi, g["params"], g.get("exp_avg_mask")),
             })
         return groups, base, stream
 
@@ -373,6 +418,12 @@ class Optimizer(torch.optim.Optimizer):
         # its import refuses the blob, torch's part is put back.
         old_state, old_groups = self.state, self.param_groups
         super().load_state_dict({"state": state_dict.get("state", {}), "param_groups": saved})
+        # The script's masks stay (DeepSpeed's rule: a mask may change between stages, say
+        # BERT's sequence length 128 then 512), whatever the checkpoint's groups held.
+        for g, old in zip(self.param_groups, old_groups):
+            g.pop("exp_avg_mask", None)
+            if old.get("exp_avg_mask") is not None:
+                g["exp_avg_mask"] = old["exp_avg_mask"]
         try:
             self.instance.import_state(bytes(entry["state"]))
         except BaseException:

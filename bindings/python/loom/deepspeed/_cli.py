@@ -12,7 +12,9 @@ PROG = "python3 -m loom.deepspeed"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python3 -m loom.deepspeed``: see :mod:`loom.deepspeed`. Exit status: 0 written, 1
+    """``python3 -m loom.deepspeed``: see :mod:`loom.deepspeed`. On stderr, first the
+    features DeepSpeed removed in September 2026 that the config uses and what carries
+    them here, then the notes and the keys not mapped. Exit status: 0 written, 1
     an unreadable config, one of which nothing maps, or (``--check``) a manifest that does
     not validate; 2 a usage error."""
     ap = argparse.ArgumentParser(
@@ -27,13 +29,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="also validate the manifest against the installed plugins "
                          "(as loom check)")
     ap.add_argument("-q", "--quiet", action="store_true",
-                    help="do not list the keys it cannot map")
+                    help="print nothing but errors (the manifest's comments still list the "
+                         "removed DeepSpeed features, the notes and the keys not mapped)")
     args = ap.parse_args(argv)
     try:
         conv = convert(args.config, manifest_path=args.output)
     except (OSError, ValueError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
+    report = conv.report().splitlines()
+    first = len(conv.removed_lines())
+    if not args.quiet and first and not conv.empty:
+        # What DeepSpeed removed comes first, before the manifest and its check: the reason
+        # this config no longer runs there, and what carries it here.
+        print("\n".join(report[:first]), file=sys.stderr, flush=True)
     if conv.empty:
         # Nothing to write: a manifest of [loom] alone would look like a conversion.
         if not args.quiet and conv.report():
@@ -59,8 +68,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         conv.write(args.output)
     else:
         sys.stdout.write(text)
-    if not args.quiet and conv.report():
-        print(conv.report(), file=sys.stderr)
+    if not args.quiet and report[first:]:
+        print("\n".join(report[first:]), file=sys.stderr)
     if args.output and conv.analyze_manifest is not None and not args.quiet:
         print(f"{conv.source}: wrote {args.output} and {analyze_path(args.output)} (the "
               "metrics for loom data analyze)", file=sys.stderr)

@@ -21,6 +21,23 @@ class Unmapped:
         return f"{self.key}: not mapped: {self.reason}"
 
 
+# DeepSpeed removed these in September 2026 (deepspeedai/DeepSpeed#8490, tracked in #8489;
+# the 1-bit compressed-allreduce backends followed in #8547): its config no longer takes them.
+REMOVED_IN = "September 2026 (deepspeedai/DeepSpeed#8490)"
+
+
+@dataclass
+class Removed:
+    """A feature of the config that DeepSpeed removed in September 2026, and what carries it
+    in the manifest (None: Loom does not carry it either)."""
+    key: str  # dotted path in the config, e.g. "optimizer.type"
+    feature: str  # what DeepSpeed called it, in words: "1-bit Adam (type OneBitAdam)"
+    loom: Optional[str] = None  # what the manifest has for it: '[optimizer.main] plugin "..."'
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.feature}" + (f" -> {self.loom}" if self.loom else "")
+
+
 def analyze_path(manifest_path: Union[str, "os.PathLike[str]"]) -> str:
     """Where the analyzer's manifest is written beside the manifest ``manifest_path``:
     ``run.toml`` -> ``run.analyze.toml``."""
@@ -41,6 +58,10 @@ class Conversion:
             first match wins.
         analyze (list[tuple[str, dict]]): the metric instances ``loom data analyze`` runs to
             build the index the sampler reads (see :attr:`analyze_manifest`).
+        removed (list[Removed]): the features of the config that DeepSpeed removed in
+            September 2026 (the 1-bit optimizers and their comm backends, the compression
+            library's ZeroQuant, XTC, pruning and layer reduction), each with the Loom
+            instance that carries it, or None; reported before everything else.
         unmapped (list[Unmapped]): every key not carried, with the reason.
         notes (list[str]): keys that were mapped with a caveat worth reading, and what to
             run before the manifest is used.
@@ -52,6 +73,7 @@ class Conversion:
     rules: List[Dict[str, Any]] = field(default_factory=list)
     analyze: List[Tuple[str, Dict[str, Any]]] = field(default_factory=list)
     unmapped: List[Unmapped] = field(default_factory=list)
+    removed: List[Removed] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     source: str = "<dict>"
     manifest_path: Optional[str] = None
@@ -63,9 +85,12 @@ class Conversion:
 
     @property
     def manifest(self) -> str:
-        """The manifest as TOML text, headed by comments naming the source, the notes
-        and the keys left out."""
+        """The manifest as TOML text, headed by comments naming the source, the features
+        DeepSpeed removed that the config uses, the notes and the keys left out."""
         head = [f"Loom manifest converted from the DeepSpeed config {self.source}."]
+        if self.removed:
+            head.append("")
+            head += self.removed_lines()
         if self.notes:
             head.append("")
             head += [f"note: {n}" for n in self.notes]
@@ -103,9 +128,29 @@ class Conversion:
             written.append(analyze_path(path))
         return written
 
+    def removed_lines(self) -> List[str]:
+        """What :meth:`report` and the manifest say first: the features of the config that
+        DeepSpeed removed, those Loom carries (with the instance each maps to), then those
+        it does not. Empty when the config uses none."""
+        carried = [r for r in self.removed if r.loom]
+        dropped = [r for r in self.removed if not r.loom]
+        lines: List[str] = []
+        if carried:
+            lines.append(f"this config uses features DeepSpeed removed in {REMOVED_IN}; "
+                         "Loom carries these:")
+            lines += [f"  {r}" for r in carried]
+        if dropped:
+            lines.append(f"this config uses features DeepSpeed removed in {REMOVED_IN}; "
+                         "Loom does not carry these (the keys not mapped say why):")
+            lines += [f"  {r}" for r in dropped]
+        return lines
+
     def report(self) -> str:
-        """One line per note and per unmapped key, prefixed with the source."""
-        lines = [f"{self.source}: note: {n}" for n in self.notes]
+        """First the features DeepSpeed removed that the config uses
+        (:meth:`removed_lines`), then one line per note and per unmapped key, each line
+        prefixed with the source."""
+        lines = [f"{self.source}: {line}" for line in self.removed_lines()]
+        lines += [f"{self.source}: note: {n}" for n in self.notes]
         lines += [f"{self.source}: {u}" for u in self.unmapped]
         return "\n".join(lines)
 

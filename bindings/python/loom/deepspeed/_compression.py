@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._common import Conversion, Unmapped, as_int, kind, safe_name
+from ._common import Conversion, Removed, Unmapped, as_int, kind, safe_name
 
 _QUANT_SHARED_REASONS = {
     "schedule_offset": "when quantization starts is the trainer's (QAT from the step it "
@@ -20,8 +20,22 @@ _QUANT_SHARED_REASONS = {
                            "quantized weight from its first step",
 }
 
-_PRUNING = ("sparse_pruning", "row_pruning", "head_pruning", "channel_pruning",
-            "layer_reduction")
+# DeepSpeed's words for the parts of its compression library Loom does not carry.
+_PRUNING = {"sparse_pruning": "sparse pruning", "row_pruning": "row pruning",
+            "head_pruning": "attention-head pruning", "channel_pruning": "channel pruning",
+            "layer_reduction": "layer reduction (XTC's smaller student, distilled from the "
+                               "teacher's layers)"}
+
+
+def _enabled(key: str, v: Any) -> bool:
+    """Whether a pruning or layer-reduction section is switched on: layer_reduction has
+    its own ``enabled``, the pruning methods theirs under ``shared_parameters``."""
+    if not isinstance(v, dict):
+        return False
+    if key == "layer_reduction":
+        return v.get("enabled", False) is True
+    shared = v.get("shared_parameters")
+    return isinstance(shared, dict) and shared.get("enabled", False) is True
 
 
 def _unique_name(name: str, out: Conversion) -> str:
@@ -68,14 +82,38 @@ def map_compression(cfg: Any, out: Conversion) -> None:
         elif k == "activation_quantization":
             continue
         elif k in _PRUNING:
-            enabled = isinstance(v, dict) and isinstance(v.get("shared_parameters"), dict) and \
-                v["shared_parameters"].get("enabled", False)
+            enabled = _enabled(k, v)
             out.unmapped.append(Unmapped(f"compression_training.{k}",
                                          "pruning and layer reduction are not part of Loom"
                                          if enabled else "not enabled: nothing to map"))
+            if enabled:
+                out.removed.append(Removed(f"compression_training.{k}", _PRUNING[k]))
         else:
             out.unmapped.append(Unmapped(f"compression_training.{k}", "not a key of DeepSpeed's "
                                          "compression_training"))
+    if aq is not None:
+        _activation_removed(aq, act_bits, out)
+
+
+def _activation_removed(aq: Any, act_bits: Optional[int], out: Conversion) -> None:
+    """The removed-feature line of an enabled activation_quantization: the zeroquant
+    instances that carry it (activation_bits = 8), or none."""
+    shared = aq.get("shared_parameters") if isinstance(aq, dict) else None
+    if not isinstance(shared, dict) or shared.get("enabled", False) is not True:
+        return
+    key = "compression_training.activation_quantization"
+    carriers = [f"[{h}]" for h, t in out.tables
+                if h.startswith("quantizer.") and t.get("activation_bits") == 8]
+    feature = "ZeroQuant's INT8 activation quantization"
+    if act_bits == 8 and carriers:
+        out.removed.append(Removed(key, feature, f"activation_bits = 8 on {', '.join(carriers)} "
+                                   "(plugin \"zeroquant\")"))
+    elif act_bits == 8:
+        out.removed.append(Removed(key, f"{feature}: no zeroquant instance takes it (xtc's 1- "
+                                   "and 2-bit matmul multiplies float activations)"))
+    else:
+        out.removed.append(Removed(key, "ZeroQuant's activation quantization, as configured "
+                                   "here (Loom's is 8-bit, symmetric and dynamic)"))
 
 
 def _activation_quantization(cfg: Any, out: Conversion) -> Optional[int]:
@@ -254,6 +292,10 @@ def _weight_quantization(cfg: Any, out: Conversion, act_bits: Optional[int]) -> 
         if "modules" not in g:  # DeepSpeed's default scope: "*", every compressible module
             catch_all.append((gp, instance))
         out.tables.append((header, t))
+        out.removed.append(Removed(
+            gp, f"ZeroQuant {bits}-bit weight quantization" if t["plugin"] == "zeroquant"
+            else f"XTC {t['mode']} ({bits}-bit) weight quantization",
+            f'[{header}] plugin "{t["plugin"]}"'))
         if t["plugin"] == "zeroquant":
             decoded = ("the dequantized weights equal, but +0.0 where DeepSpeed's are -0.0"
                        if symmetric else "the dequantized weights within 2^-21 max|w| of its "

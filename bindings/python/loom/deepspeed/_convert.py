@@ -33,7 +33,9 @@ def convert(config: Union[Dict[str, Any], str, "os.PathLike[str]"], *,
 
     Returns:
         Conversion: ``.manifest`` (TOML text), ``.tables``, ``.rules`` (``[[quantize]]``),
-        ``.analyze_manifest``, ``.unmapped`` (every key not carried, with the reason),
+        ``.analyze_manifest``, ``.removed`` (the features DeepSpeed removed in September
+        2026 that the config uses, and what carries each here), ``.unmapped`` (every key
+        not carried, with the reason),
         ``.notes`` and ``.empty`` (nothing mapped).
 
     Raises:

@@ -1,9 +1,11 @@
 """DeepSpeed's ``optimizer`` section: Adam, AdamW, Lamb and the 1-bit family."""
 from __future__ import annotations
 
-from typing import Any, Dict
+import json
+from typing import Any, Dict, Optional
 
-from ._common import LR, Conversion, Unmapped, as_int, check_value, is_int_param, kind
+from ._common import (LR, Conversion, Removed, Unmapped, as_int, check_value, is_int_param,
+                      kind)
 
 _COMMON = ("betas", "eps", "weight_decay", "bias_correction")
 _PLUGINS = {
@@ -19,6 +21,62 @@ _PLUGINS = {
                                              "factor_threshold")),
 }
 _ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
+_ONEBIT_NAMES = {"onebitadam": "1-bit Adam", "zerooneadam": "0/1 Adam",
+                 "onebitlamb": "1-bit LAMB"}
+
+
+def comm_plugin_installed(name: str) -> bool:
+    """Whether a ``loom.comm/1`` plugin ``name`` is on the plugin search path (False also
+    when libloom itself cannot be loaded: the conversion does not need it)."""
+    try:
+        from ..session import describe_plugins
+
+        info = describe_plugins(name)
+    except Exception:  # NotFoundError, LibraryNotFoundError: not usable here either way
+        return False
+    return any(k.get("kind") == "loom.comm/1"
+               for p in info.get("plugins", []) for k in p.get("kinds", []))
+
+
+def _backend(name: Any, key: str, out: Conversion) -> Optional[str]:
+    """The [comm.world] plugin for DeepSpeed's comm_backend_name ``name`` (None: ucx, with
+    the reason listed), recording the removed feature."""
+    feature = f"the 1-bit compressed allreduce over DeepSpeed's '{name}' backend"
+    if name == "nccl":
+        out.notes.append("comm_backend_name 'nccl': [comm.world] uses the nccl plugin (device "
+                         "memory); ucx is the host-memory transport")
+        plugin = "nccl"
+    elif name == "mpi":
+        if comm_plugin_installed("mpi"):
+            out.notes.append("comm_backend_name 'mpi': [comm.world] uses Loom's mpi transport")
+            plugin = "mpi"
+        else:
+            out.notes.append("comm_backend_name 'mpi': Loom's mpi transport is not installed "
+                             "here, so [comm.world] uses the ucx plugin (host memory, any "
+                             "launcher, mpirun included); with the mpi plugin installed, set "
+                             "plugin = \"mpi\" or convert again")
+            plugin = "ucx"
+    elif name == "compressed":
+        out.notes.append("comm_backend_name 'compressed' (DeepSpeed's backend-agnostic one): "
+                         "[comm.world] uses the ucx plugin (host memory); use nccl for CUDA "
+                         "tensors")
+        plugin = "ucx"
+    elif name == "hccl":
+        out.unmapped.append(Unmapped(key, "'hccl' is DeepSpeed's backend for Ascend NPUs; Loom "
+                                     "has no transport for NPU memory (ucx: host memory, "
+                                     "nccl: CUDA); [comm.world] uses ucx"))
+        out.removed.append(Removed(key, feature))
+        return None
+    else:
+        out.unmapped.append(Unmapped(key, f"{json.dumps(name)} is not one of DeepSpeed's "
+                                     "backends (nccl, mpi, hccl, compressed); [comm.world] uses "
+                                     "ucx"))
+        return None
+    missing = " (Loom's mpi plugin is not installed here)" if name == "mpi" and \
+        plugin != "mpi" else ""
+    out.removed.append(Removed(key, feature, f'[comm.world] plugin "{plugin}"{missing} with '
+                               '[codec.onebit] plugin "onebit"'))
+    return plugin
 
 _OPT_PARAM_REASONS = {
     "lr": LR,
@@ -34,7 +92,6 @@ _OPT_PARAM_REASONS = {
     "capturable": "not a Loom setting",
     "maximize": "Loom's optimizers minimise; negate the loss instead",
 }
-
 
 
 def map_optimizer(cfg: Any, out: Conversion) -> None:
@@ -64,6 +121,7 @@ def map_optimizer(cfg: Any, out: Conversion) -> None:
         params = {}
     table: Dict[str, Any] = {"plugin": plugin}
     comm_plugin = "ucx"
+    removed_at = len(out.removed)  # the type's line goes before its backend's
     for k, v in params.items():
         key = f"optimizer.params.{k}"
         if k in carried:
@@ -90,16 +148,7 @@ def map_optimizer(cfg: Any, out: Conversion) -> None:
                 out.unmapped.append(Unmapped(key, "type AdamW is adam with adam_w_mode = true "
                                              "already"))
         elif k == "comm_backend_name" and low in _ONEBIT:
-            if v == "nccl":
-                comm_plugin = "nccl"
-                out.notes.append("comm_backend_name 'nccl': [comm.world] uses the nccl plugin "
-                                 "(device memory); ucx is the host-memory transport")
-            elif v in ("mpi", "compressed"):
-                out.notes.append(f"comm_backend_name '{v}': [comm.world] uses the ucx plugin "
-                                 "(host memory, any launcher)")
-            else:
-                out.unmapped.append(Unmapped(key, f"no Loom transport for '{v}'; [comm.world] "
-                                             "uses ucx"))
+            comm_plugin = _backend(v, key, out) or "ucx"
         elif k in _OPT_PARAM_REASONS:
             out.unmapped.append(Unmapped(key, _OPT_PARAM_REASONS[k]))
         else:
@@ -120,6 +169,9 @@ def map_optimizer(cfg: Any, out: Conversion) -> None:
                              "(no correction); the manifest sets bias_correction = false to keep "
                              "DeepSpeed's arithmetic (true applies Loom's correction)")
         table["bias_correction"] = False
+        out.removed.insert(removed_at, Removed(
+            "optimizer.type", f"{_ONEBIT_NAMES[low]} (type \"{typ}\")",
+            f'[optimizer.main] plugin "{plugin}" over [comm.world] plugin "{comm_plugin}"'))
         out.tables.append(("comm.world", {"plugin": comm_plugin}))
         out.tables.append(("codec.onebit", {"plugin": "onebit"}))
         table = {"plugin": plugin, "comm": "world", "codec": "onebit",
