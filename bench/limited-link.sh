@@ -6,6 +6,9 @@
 #   sudo bench/limited-link.sh                       # 256 MiB, build/release
 #   BUILD=build/release SIZE=64M ITERS=2 sudo -E bench/limited-link.sh
 #
+#   sudo bench/limited-link.sh -- build/release/bin/loom train CONFIG.toml --fresh
+#                                                    # any command, as the 4 ranks instead
+#
 # Prints the benchmark's JSON lines, then as its last line the time ratio
 #   fp32_over_compressed=<t(fp32 ucx allreduce) / t(compressed allreduce)>
 # (only when the benchmark has compressed_allreduce rows; else the last line says so).
@@ -29,7 +32,13 @@ if [[ $EUID -ne 0 ]]; then
   echo "limited-link.sh: needs root (network namespaces and tc)" >&2
   exit 1
 fi
-if [[ ! -x $BENCH ]]; then
+COMMAND=()
+if [[ ${1:-} == -- ]]; then
+  shift
+  COMMAND=("$@")
+  [[ ${#COMMAND[@]} -gt 0 ]] || { echo "limited-link.sh: nothing after --" >&2; exit 2; }
+fi
+if [[ ${#COMMAND[@]} -eq 0 && ! -x $BENCH ]]; then
   echo "limited-link.sh: $BENCH not found; build the loom-bench-comm target first" >&2
   exit 1
 fi
@@ -72,12 +81,17 @@ chmod +x "$WORK/in-ns.sh"
 
 export PMIX_MCA_ptl_tcp_if_include=$SUBNET.0/24
 export PMIX_MCA_ptl_tcp_remote_connections=1
-mpirun --allow-run-as-root --oversubscribe -np $NP \
-  --mca oob_tcp_if_include "$BR" \
-  --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$SUBNET.0/24" \
-  -x UCX_TLS=tcp,self -x UCX_NET_DEVICES=$DEV -x UCX_LOG_LEVEL=error \
-  -x LOOM_BOOTSTRAP_TIMEOUT=600 \
-  "$WORK/in-ns.sh" "$BENCH" --min-bytes "$SIZE" --max-bytes "$SIZE" --iters "$ITERS" \
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP"
+  --mca oob_tcp_if_include "$BR"
+  --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$SUBNET.0/24"
+  -x UCX_TLS=tcp,self -x UCX_NET_DEVICES=$DEV -x UCX_LOG_LEVEL=error
+  -x LOOM_BOOTSTRAP_TIMEOUT=600 "$WORK/in-ns.sh")
+# What the ranks run: the given command (its status is the script's), or the benchmark.
+if [[ ${#COMMAND[@]} -gt 0 ]]; then
+  "${MPIRUN[@]}" "${COMMAND[@]}"
+  exit 0
+fi
+"${MPIRUN[@]}" "$BENCH" --min-bytes "$SIZE" --max-bytes "$SIZE" --iters "$ITERS" \
   | tee "$WORK/out.jsonl"
 
 python3 - "$WORK/out.jsonl" "$CODEC" "$RATE" <<'EOF'

@@ -131,7 +131,8 @@ TEST_F(Abi12, UnknownSpecFlagBitRefusesThePluginNamingTheParameter) {
   loom_free_string(raw);
   EXPECT_THAT(std::string(loom_last_error()),
               HasSubstr("parameter 0 ('gain') has unknown flags 0x80 (from a newer ABI minor "
-                        "than this host's 1.5)"));
+                        "than this host's " +
+                        kHostAbi + ")"));
   EXPECT_EQ(check("[optimizer.b]\nplugin = \"badflags\"\n"), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_THAT(error_, HasSubstr(at(2, 10) + "optimizer.b: plugin file "));
   EXPECT_THAT(error_, HasSubstr("unknown flags 0x80"));

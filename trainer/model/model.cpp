@@ -63,6 +63,19 @@ void set_num_threads(int threads) {
 
 int num_threads() { return layers::pool_threads(); }
 
+int parameter_block(const std::string& name) {
+  if (name.rfind("h.", 0) != 0) return -1;
+  const size_t dot = name.find('.', 2);
+  if (dot == std::string::npos || dot == 2) return -1;
+  int l = 0;
+  for (size_t i = 2; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    l = l * 10 + (name[i] - '0');
+    if (l > 1 << 20) return -1;
+  }
+  return l;
+}
+
 struct Model::Impl {
   Impl(const ModelConfig& cfg, uint64_t seed) : gpt(cfg, seed) { sync(); }
   void sync() {

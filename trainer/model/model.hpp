@@ -38,6 +38,9 @@ struct ModelConfig {
   int dim = 128;
 };
 
+// The block a parameter belongs to: L for "h.L.rest", -1 for any other name.
+int parameter_block(const std::string& name);
+
 struct ParamTensor {
   std::string name;
   std::vector<int64_t> shape;

@@ -228,20 +228,6 @@ class PluginQuantizer final : public WeightQuantizer {
   loom_quant_format laid_{};
 };
 
-// "h.L.rest" -> L, else -1.
-int block_of(const std::string& name) {
-  if (name.rfind("h.", 0) != 0) return -1;
-  const size_t dot = name.find('.', 2);
-  if (dot == std::string::npos || dot == 2) return -1;
-  int l = 0;
-  for (size_t i = 2; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    l = l * 10 + (name[i] - '0');
-    if (l > 1 << 20) return -1;
-  }
-  return l;
-}
-
 ParamTensor* find_param(std::vector<ParamTensor>& params, const std::string& name) {
   for (auto& p : params) {
     if (p.name == name) return &p;
@@ -296,7 +282,7 @@ std::vector<std::string> select_quant_tensors(const std::vector<ParamTensor>& pa
         non_matrix = true;
         continue;
       }
-      const int l = block_of(p.name);
+      const int l = parameter_block(p.name);
       if (!layers.empty() && std::find(layers.begin(), layers.end(), l) == layers.end()) continue;
       any = true;
       if (std::find(out.begin(), out.end(), p.name) == out.end()) out.push_back(p.name);
@@ -385,7 +371,7 @@ void QuantizedEval::place(const std::string& n, WeightQuantizer* q,
   }
   const LinearSlot slots[] = {LinearSlot::kQkv, LinearSlot::kAttnProj, LinearSlot::kMlpFc,
                               LinearSlot::kMlpProj};
-  const int l = block_of(n);
+  const int l = parameter_block(n);
   for (const LinearSlot s : slots) {
     if (l >= 0 && l < model_.config().layers &&
         n == "h." + std::to_string(l) + "." + linear_suffix(s)) {

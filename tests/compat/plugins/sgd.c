@@ -398,8 +398,8 @@ static loom_status* sgd_import(void* instance, const void* data, size_t bytes) {
                        "import_state: state version %u, this plugin reads version %u",
                        (unsigned)version, STATE_VERSION);
   }
-  /* The builds that write this format are those of minors 0 to 4. */
-  if (minor > 4 || steps < 0 || count > (bytes - header) / 8) {
+  /* The builds that write this format are those of minors 0 to 5. */
+  if (minor > 5 || steps < 0 || count > (bytes - header) / 8) {
     return compat_fail(COMPAT_NAME, LOOM_ERR_DATA_LOSS, "import_state: corrupt header");
   }
   /* Walk the sizes first, then copy: a bad blob leaves the instance as it was. */

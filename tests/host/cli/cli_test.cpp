@@ -101,7 +101,7 @@ TEST_F(Cli, VersionJsonNamesTheAbiAndTheDlpackItWasBuiltWith) {
   const auto doc = nlohmann::json::parse(r.out);
   EXPECT_EQ(doc["version"], LOOM_EXPECTED_VERSION);
   EXPECT_EQ(doc["abi"]["major"], 1);
-  EXPECT_EQ(doc["abi"]["minor"], 5);
+  EXPECT_EQ(doc["abi"]["minor"], LOOM_ABI_MINOR);
   const std::string dlpack = doc["dlpack"]["version"];
   EXPECT_TRUE(std::regex_match(dlpack, std::regex("[0-9]+\\.[0-9]+"))) << dlpack;
   EXPECT_EQ(dlpack, std::to_string(DLPACK_VERSION / 100) + "." +
@@ -218,7 +218,8 @@ TEST_F(Cli, PluginsTableListsProbe) {
   const auto r = loom("plugins " + plugin_path());
   EXPECT_THAT(r.out, StartsWith("NAME"));
   EXPECT_TRUE(std::regex_search(
-      r.out, std::regex(R"(\nprobe +1\.2\.3 +1\.5 +loom\.optimizer/1,loom\.comm/1 )")))
+      r.out, std::regex("\nprobe +1\\.2\\.3 +" + std::to_string(LOOM_ABI_MAJOR) + "\\." +
+                        std::to_string(LOOM_ABI_MINOR) + " +loom\\.optimizer/1,loom\\.comm/1 ")))
       << r.out;
   EXPECT_THAT(r.err, HasSubstr("built for Loom ABI 2"));
 }

@@ -329,7 +329,7 @@ TEST_F(Programs, TrainCheckReportsEveryConfigProblem) {
   EXPECT_EQ(l[3],
             "t.toml:13:1: unknown top-level key or section 'modle' (did you mean "
             "'model'?) (expected tables [manifest], [model], [data], [curriculum], [routing], "
-            "[moe], [quantization], [train])");
+            "[moe], [quantization], [gradients], [train])");
   // Then the manifest it names, as far as the config could be read.
   EXPECT_EQ(l[4], "t.toml: [manifest] optimizer 'mian': " + (dir_ / "m.toml").string() +
                       " has no [optimizer.mian] (it has [optimizer.main]) (did you mean 'main'?)");

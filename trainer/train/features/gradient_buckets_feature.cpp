@@ -22,19 +22,6 @@ uint16_t to_bf16(float f) {
 }
 float from_bf16(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
-// The block a parameter belongs to ("h.L.*"), or -1 for the rest (finished at the end).
-int block_of(const std::string& name) {
-  if (name.rfind("h.", 0) != 0) return -1;
-  const size_t dot = name.find('.', 2);
-  if (dot == std::string::npos || dot == 2) return -1;
-  int l = 0;
-  for (size_t i = 2; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    l = l * 10 + (name[i] - '0');
-  }
-  return l;
-}
-
 loom_comm_stats stats_of(const loom::sdk::InstanceRef<loom_comm_v1>& comm) {
   loom_comm_stats s{};
   s.struct_size = LOOM_COMM_STATS_SIZE;
@@ -83,7 +70,7 @@ GradientBucketsFeature::GradientBucketsFeature(const TrainConfig& c, Model& mode
   // memory), then everything finished at the end.
   auto& params = model_.parameters();
   auto position = [&](size_t i) {
-    const int l = block_of(params[i].name);
+    const int l = parameter_block(params[i].name);
     return l >= 0 && l < layers_ ? layers_ - 1 - l : layers_;
   };
   std::vector<size_t> order(averaged);
