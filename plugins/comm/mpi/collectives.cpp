@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../../common/host_comm_checks.hpp"
 #include "mpi_comm.hpp"
 
 namespace loom::plugins::mpi {
@@ -370,34 +371,17 @@ void MpiComm::barrier(void* /*stream*/) {
 // ---- validation and helpers
 
 const DLTensor& MpiComm::host_tensor(const DLTensor* t, const char* what) {
-  const DLTensor& x = loom::sdk::expect_tensor(t, what);
-  if (!loom::sdk::is_cpu(x)) {
-    throw Error(LOOM_ERR_UNIMPLEMENTED,
-                std::string(what) + " is on " + loom::sdk::device_string(x.device) +
-                    ": the mpi transport moves host memory only (it does not rely on a "
-                    "CUDA-aware MPI; use the nccl transport for CUDA memory)");
-  }
-  loom::sdk::expect_contiguous(x, what);
-  return x;
+  return host_comm_tensor(
+      t, what, "mpi",
+      "it does not rely on a CUDA-aware MPI; use the nccl transport for CUDA memory");
 }
 
 Dtype MpiComm::reduce_dtype(const DLTensor& t, const char* what) {
-  if (loom::sdk::is_fp32(t)) return Dtype::kF32;
-  if (loom::sdk::is_fp16(t)) return Dtype::kF16;
-  if (loom::sdk::is_bf16(t)) return Dtype::kBF16;
-  throw Error(LOOM_ERR_UNIMPLEMENTED, std::string(what) + " has dtype " +
-                                          loom::sdk::dtype_string(t.dtype) +
-                                          ": mpi reduces float32, float16 and bfloat16");
+  return host_comm_reduce_dtype(t, what, "mpi");
 }
 
 std::size_t MpiComm::byte_dtype(const DLTensor& t, const char* what) {
-  const std::size_t es = loom::sdk::element_bytes(t.dtype);
-  if (es == 0 || t.dtype.bits % 8 != 0) {
-    throw Error(LOOM_ERR_UNIMPLEMENTED, std::string(what) + " has dtype " +
-                                            loom::sdk::dtype_string(t.dtype) +
-                                            ": mpi moves whole-byte element types only");
-  }
-  return es;
+  return host_comm_byte_dtype(t, what, "mpi");
 }
 
 void MpiComm::check_op(int32_t op, const char* what) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../common/host_comm_checks.hpp"
 #include "ucx.hpp"
 
 namespace loom::plugins::ucx {
@@ -234,34 +235,15 @@ void Ucx::barrier(void* /*stream*/) {
 // ---- validation
 
 const DLTensor& Ucx::host_tensor(const DLTensor* t, const char* what) {
-  const DLTensor& x = loom::sdk::expect_tensor(t, what);
-  if (!loom::sdk::is_cpu(x)) {
-    throw Error(LOOM_ERR_UNIMPLEMENTED,
-                std::string(what) + " is on " + loom::sdk::device_string(x.device) +
-                    ": the ucx transport moves host memory only (use the nccl transport "
-                    "for CUDA memory)");
-  }
-  loom::sdk::expect_contiguous(x, what);
-  return x;
+  return host_comm_tensor(t, what, "ucx", "use the nccl transport for CUDA memory");
 }
 
 Dtype Ucx::reduce_dtype(const DLTensor& t, const char* what) {
-  if (loom::sdk::is_fp32(t)) return Dtype::kF32;
-  if (loom::sdk::is_fp16(t)) return Dtype::kF16;
-  if (loom::sdk::is_bf16(t)) return Dtype::kBF16;
-  throw Error(LOOM_ERR_UNIMPLEMENTED, std::string(what) + " has dtype " +
-                                          loom::sdk::dtype_string(t.dtype) +
-                                          ": ucx reduces float32, float16 and bfloat16");
+  return host_comm_reduce_dtype(t, what, "ucx");
 }
 
 std::size_t Ucx::byte_dtype(const DLTensor& t, const char* what) {
-  const std::size_t es = loom::sdk::element_bytes(t.dtype);
-  if (es == 0 || t.dtype.bits % 8 != 0) {
-    throw Error(LOOM_ERR_UNIMPLEMENTED, std::string(what) + " has dtype " +
-                                            loom::sdk::dtype_string(t.dtype) +
-                                            ": ucx moves whole-byte element types only");
-  }
-  return es;
+  return host_comm_byte_dtype(t, what, "ucx");
 }
 
 void Ucx::usable() const {
