@@ -16,11 +16,13 @@ ctest --preset debug -j2 -R '^((host|cli|capi)\.|sdk\.SdkKinds\.)'
 echo "== (${SECONDS} s) plugin tests (transports, codecs, optimizers, curriculum, routers, quantizers) under AddressSanitizer + UBSan"
 cmake --build --preset debug --target loom_plugin_checks
 plugin_tests='^(comm\.|codec\.|Codecs\.|OnebitKernels\.|Ef8Kernels\.|optimizers\.|half\.|curriculum\.|data\.sampler\.|data\.index\.|routers\.|moe\.|quantizers\.)'
-# Tests under mpirun: OpenMPI and UCX leak at exit in their own code, so leak checking is
-# off for those (every other sanitizer check stays on).
-ctest --preset debug -j2 -R "$plugin_tests" -E '[Cc]uda|\.np[0-9]|no_join|nccl'
+# Multi-rank tests (under mpirun, .npN; under the env launcher, .envN; no_join): OpenMPI and
+# UCX leak at exit in their own code, and LeakSanitizer's stop-the-world tracer has crashed
+# (signal 11) in a 3-rank UCX process at exit under load, so leak checking is off for those
+# (every other sanitizer check stays on).
+ctest --preset debug -j2 -R "$plugin_tests" -E '[Cc]uda|\.np[0-9]|\.env[0-9]|no_join|nccl'
 ASAN_OPTIONS=detect_leaks=0 ctest --preset debug -j2 -E '[Cc]uda|nccl' \
-  -R '^(comm|codec|optimizers|moe)\..*(\.np[0-9]|no_join)'
+  -R '^(comm|codec|optimizers|moe)\..*(\.np[0-9]|\.env[0-9]|no_join)'
 
 echo "== (${SECONDS} s) GPU tests under CUDA emulation (CPU)"
 # The CUDA code built as C++ against an emulated CUDA runtime (tests/cuda_emulation, see
