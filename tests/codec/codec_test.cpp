@@ -6,10 +6,12 @@
 #include <loom/sdk/compressed_allreduce.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "reference.hpp"
@@ -200,6 +202,28 @@ TEST_F(Codecs, OnebitReproducesTheNotesTestVector) {
   const float s = 0.70243f;
   const float want[13] = {s, -s, s, s, -s, s, s, -s, s, -s, s, -s, s};
   for (int i = 0; i < 13; ++i) EXPECT_NEAR(out[i], want[i], 1e-5) << i;
+}
+
+// The time a run is blocked in the transport: a rank whose peer starts 200 ms late waits for
+// it (at least half of those 200 ms), the late rank less; total_traffic sums the runs.
+TEST_F(Codecs, TrafficCountsTheTimeBlockedOnALatePeer) {
+  test::ThreadWorld world(2);
+  uint64_t waited[2] = {0, 0};
+  uint64_t total[2] = {0, 0};
+  world.run([&](int r) {
+    CompressedAllreduce ar(world.comm(r), onebit(r), 4096);
+    std::vector<float> buf(4096, 1.0f + static_cast<float>(r));
+    int64_t shape = 4096;
+    DLTensor t = DLTensor{buf.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+    ar.run(t);  // both ranks in step
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ar.run(t);
+    waited[r] = ar.last_traffic().wait_ns;
+    total[r] = ar.total_traffic().wait_ns;
+  });
+  EXPECT_GE(waited[0], 100'000'000u);
+  EXPECT_LT(waited[1], waited[0]);
+  for (int r = 0; r < 2; ++r) EXPECT_GE(total[r], waited[r]);
 }
 
 // The same vector through the compressed allreduce on two in-process ranks, two steps (the

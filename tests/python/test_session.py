@@ -168,7 +168,7 @@ def test_comm_info_of_an_optimizer_that_never_communicates():
     with loom.Session.from_string('[optimizer.main]\nplugin = "adam"\n') as s:
         info = s.optimizer().comm_info()
     assert info == {"owns_communication": 0, "bytes_sent": 0, "bytes_received": 0, "rounds": 0,
-                    "uncompressed_bytes_sent": 0, "skipped_steps": 0}
+                    "uncompressed_bytes_sent": 0, "skipped_steps": 0, "comm_wait_ns": 0}
 
 
 def test_describe_plugins():

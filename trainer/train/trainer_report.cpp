@@ -255,6 +255,7 @@ void Trainer::finish() {
   const auto ci = optimizer_comm_info(opt_);
   const uint64_t sent = comm_.grad_bytes_sent + ci.bytes_sent;
   const uint64_t rounds = comm_.grad_rounds + ci.rounds;
+  const double wait_s = comm_.grad_wait_s + static_cast<double>(ci.comm_wait_ns) * 1e-9;
   if (root_) {
     nlohmann::json summary = {
         {"final_eval_loss", last_eval_},
@@ -270,10 +271,11 @@ void Trainer::finish() {
         {"uncompressed_bytes", st_.uncompressed_bytes},
         {"skipped_steps", st_.skipped_steps},
         {"elapsed_s", st_.elapsed_s},
-        // Time this process was blocked on the trainer's gradient average
-        // (the 1-bit optimizers' own exchange is inside their step).
-        {"comm_wait_s", comm_.grad_wait_s},
-        {"comm_wait_share", train_step_s_ > 0 ? comm_.grad_wait_s / train_step_s_ : 0.0}};
+        // Time this process was blocked on the network: the trainer's gradient average, or
+        // the exchange of an optimizer that communicates itself (the 1-bit family reports the
+        // time its transport calls blocked, not its compression).
+        {"comm_wait_s", wait_s},
+        {"comm_wait_share", train_step_s_ > 0 ? wait_s / train_step_s_ : 0.0}};
     for (const auto& f : features_) f->summary(summary, train_step_s_);
     const std::string s = summary.dump(2) + "\n";
     write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());

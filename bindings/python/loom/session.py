@@ -482,7 +482,7 @@ class Instance(CurriculumCalls, QuantizerCalls):
     def comm_info(self) -> Dict[str, int]:
         """What an optimizer communicated on its own (the 1-bit family) and the steps it
         skipped: {"owns_communication", "bytes_sent", "bytes_received", "rounds",
-        "uncompressed_bytes_sent", "skipped_steps"}."""
+        "uncompressed_bytes_sent", "skipped_steps", "comm_wait_ns"}."""
         self._require("optimizer")
         info = _abi.OptimizerCommInfo()
         info.struct_size = _abi.OPTIMIZER_COMM_INFO_SIZE

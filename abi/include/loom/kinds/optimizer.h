@@ -89,8 +89,11 @@ typedef struct loom_optimizer_comm_info {
    * (loom_optimizer_step_args.found_inf) since the instance was created; not part of the
    * exported state, so a restored instance counts from 0. */
   uint64_t skipped_steps LOOM_APPENDED_FIELD;
+  /* Since 1.6. Nanoseconds the instance spent blocked in its transport's calls (waiting on
+   * the network, not compressing) since it was created; not part of the exported state. */
+  uint64_t comm_wait_ns LOOM_APPENDED_FIELD;
 } loom_optimizer_comm_info;
-#define LOOM_OPTIMIZER_COMM_INFO_SIZE LOOM_STRUCT_SIZE(loom_optimizer_comm_info, skipped_steps)
+#define LOOM_OPTIMIZER_COMM_INFO_SIZE LOOM_STRUCT_SIZE(loom_optimizer_comm_info, comm_wait_ns)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_comm_info, LOOM_OPTIMIZER_COMM_INFO_SIZE);
 
 typedef struct loom_optimizer_v1 {

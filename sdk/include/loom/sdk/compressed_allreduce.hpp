@@ -69,6 +69,7 @@
 #include <loom/sdk/tensor.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -89,7 +90,8 @@ namespace loom::sdk {
 struct CompressedAllreduceTraffic {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  uint64_t rounds = 0;  // collective calls the transport counted
+  uint64_t rounds = 0;   // collective calls the transport counted
+  uint64_t wait_ns = 0;  // time blocked in the transport's calls (not encoding or decoding)
 };
 
 // What the compressed allreduce needs to move device memory that neither the codec nor the
@@ -204,6 +206,7 @@ class CompressedAllreduce {
     use_stream(stream);
     const Marker marker(*this);  // the event after this call's work, also on a throw
     const CompressedAllreduceTraffic before = read_stats();
+    run_wait_ns_ = 0;
     const std::size_t in_bytes = static_cast<std::size_t>(numel_) * sizeof(float);
 
     // Pad (the tail of work_ stays zero from construction).
@@ -249,6 +252,8 @@ class CompressedAllreduce {
     last_.bytes_sent = after.bytes_sent - before.bytes_sent;
     last_.bytes_received = after.bytes_received - before.bytes_received;
     last_.rounds = after.rounds - before.rounds;
+    last_.wait_ns = run_wait_ns_;
+    total_.wait_ns += last_.wait_ns;
     total_.bytes_sent += last_.bytes_sent;
     total_.bytes_received += last_.bytes_received;
     total_.rounds += last_.rounds;
@@ -418,10 +423,23 @@ class CompressedAllreduce {
     if (pipelined) {
       x.request = comm_start(comm_, which, args);
     } else if (which == LOOM_COLLECTIVE_ALL_TO_ALL) {
-      comm_.call(&loom_comm_v1::all_to_all, static_cast<const loom_all_to_all_args*>(args));
+      blocked([&] {
+        comm_.call(&loom_comm_v1::all_to_all, static_cast<const loom_all_to_all_args*>(args));
+      });
     } else {
-      comm_.call(&loom_comm_v1::allgather, static_cast<const loom_allgather_args*>(args));
+      blocked([&] {
+        comm_.call(&loom_comm_v1::allgather, static_cast<const loom_allgather_args*>(args));
+      });
     }
+  }
+  // Runs fn, counting its time as time blocked in the transport.
+  template <class Fn>
+  void blocked(Fn&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    run_wait_ns_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
   }
 
   // Encodes segment k (+ its worker error) into n chunks and starts phase 1: chunk i to rank i.
@@ -444,7 +462,7 @@ class CompressedAllreduce {
   // the server error, re-encodes it as one chunk and starts phase 2 (every rank gets every
   // server chunk, into the same receive buffer).
   void server(std::size_t k, Exchange& x, void* stream, bool pipelined) {
-    x.request.wait();
+    blocked([&] { x.request.wait(); });
     Segment& g = segments_[k];
     // A codec with decode_sum sums the n chunks in one pass over the slice; otherwise each
     // chunk is decoded in turn, accumulating (the same result, bit for bit).
@@ -483,7 +501,7 @@ class CompressedAllreduce {
 
   // Finishes phase 2 of segment k and decodes the n gathered chunks into dst.
   void finish(std::size_t k, float* dst, Exchange& x, void* stream) {
-    x.request.wait();
+    blocked([&] { x.request.wait(); });
     Segment& g = segments_[k];
     DLTensor out_t = tensor(dst + g.offset, &g.shape_padded);
     loom_codec_decode_args fin{};
@@ -800,6 +818,7 @@ class CompressedAllreduce {
   void* server_chunk_ = nullptr;        // 1 chunk a segment: the server's encodings
   CompressedAllreduceTraffic last_;
   CompressedAllreduceTraffic total_;
+  uint64_t run_wait_ns_ = 0;  // the current run's time blocked in the transport
   uint64_t calls_ = 0;
   void* stream_ = nullptr;  // the last call's stream: later work and the frees go there
   void* event_ = nullptr;   // recorded after the last call's work on stream_ (device memory)

@@ -55,9 +55,9 @@ OptimizerCommInfo._fields_ = [
     ("struct_size", ctypes.c_uint32), ("owns_communication", ctypes.c_int32),
     ("bytes_sent", ctypes.c_uint64), ("bytes_received", ctypes.c_uint64),
     ("rounds", ctypes.c_uint64), ("uncompressed_bytes_sent", ctypes.c_uint64),
-    ("skipped_steps", ctypes.c_uint64),
+    ("skipped_steps", ctypes.c_uint64), ("comm_wait_ns", ctypes.c_uint64),
 ]
-OPTIMIZER_COMM_INFO_SIZE = _size(OptimizerCommInfo, "skipped_steps")
+OPTIMIZER_COMM_INFO_SIZE = _size(OptimizerCommInfo, "comm_wait_ns")
 
 OPTIMIZER_V1_STEP_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.POINTER(OptimizerStepArgs))
