@@ -8,11 +8,15 @@
 #
 #   sudo bench/limited-link.sh -- build/release/bin/loom train CONFIG.toml --fresh
 #                                                    # any command, as the 4 ranks instead
+#   HOSTS=2 sudo -E bench/limited-link.sh -- COMMAND  # 2 namespaces ("hosts") of 2 ranks:
+#                                                    # ranks 0-1 in the first, 2-3 in the second
 #
+# The ranks get every LOOM_* variable of the caller's environment.
 # Prints the benchmark's JSON lines, then as its last line the time ratio
 #   fp32_over_compressed=<t(fp32 ucx allreduce) / t(compressed allreduce)>
 # (only when the benchmark has compressed_allreduce rows; else the last line says so).
-# Needs root (ip netns, tc). Everything it creates is removed on exit, also on failure.
+# Needs root (ip netns, tc): exits 77 (skipped) without. Everything it creates is removed on
+# exit, also on failure.
 set -euo pipefail
 
 BUILD=${BUILD:-build/release}
@@ -21,6 +25,7 @@ ITERS=${ITERS:-1}
 RATE=${RATE:-1gbit}
 CODEC=${CODEC:-onebit}
 NP=4
+HOSTS=${HOSTS:-$NP}      # network namespaces; NP / HOSTS ranks in each
 TAG=ll$$                 # keeps names unique (and short: interface names <= 15 chars)
 BR=${TAG}br
 SUBNET=10.213.77
@@ -29,8 +34,12 @@ DEV=lleth0               # the veth's name inside every namespace (UCX_NET_DEVIC
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH=$ROOT/$BUILD/bin/loom-bench-comm
 if [[ $EUID -ne 0 ]]; then
-  echo "limited-link.sh: needs root (network namespaces and tc)" >&2
-  exit 1
+  echo "limited-link.sh: needs root (network namespaces and tc); skipped" >&2
+  exit 77
+fi
+if (( HOSTS < 1 || NP % HOSTS != 0 )); then
+  echo "limited-link.sh: HOSTS=$HOSTS must divide the $NP ranks" >&2
+  exit 2
 fi
 COMMAND=()
 if [[ ${1:-} == -- ]]; then
@@ -46,7 +55,7 @@ fi
 WORK=$(mktemp -d)
 cleanup() {
   set +e
-  for i in $(seq 0 $((NP - 1))); do
+  for i in $(seq 0 $((HOSTS - 1))); do
     ip netns del "${TAG}ns$i" 2>/dev/null
     ip link del "${TAG}h$i" 2>/dev/null
   done
@@ -55,10 +64,25 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-ip link add "$BR" type bridge
+# A run killed outright (a test's timeout sends SIGKILL) leaves its namespaces and bridge
+# behind, and its bridge's address on the same subnet would swallow this run's traffic: remove
+# what belongs to runs whose process is gone.
+for stale in $(ip -o link show type bridge 2>/dev/null | sed -n 's/^[0-9]*: ll\([0-9]*\)br[:@].*/\1/p'); do
+  [[ -d /proc/$stale ]] && continue
+  echo "limited-link.sh: removing what the dead run $stale left behind" >&2
+  for ns in $(ip netns list | awk '{print $1}' | grep "^ll${stale}ns" || true); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  ip link del "ll${stale}br" 2>/dev/null || true
+done
+
+if ! ip link add "$BR" type bridge 2>/dev/null; then
+  echo "limited-link.sh: cannot create network devices here (no CAP_NET_ADMIN?); skipped" >&2
+  exit 77
+fi
 ip addr add "$SUBNET.254/24" dev "$BR"
 ip link set "$BR" up
-for i in $(seq 0 $((NP - 1))); do
+for i in $(seq 0 $((HOSTS - 1))); do
   ns=${TAG}ns$i
   ip netns add "$ns"
   ip link add "${TAG}h$i" type veth peer name "${TAG}n$i"
@@ -75,7 +99,7 @@ done
 
 cat >"$WORK/in-ns.sh" <<EOF
 #!/bin/sh
-exec ip netns exec ${TAG}ns\$OMPI_COMM_WORLD_RANK "\$@"
+exec ip netns exec ${TAG}ns\$((OMPI_COMM_WORLD_RANK / $((NP / HOSTS)))) "\$@"
 EOF
 chmod +x "$WORK/in-ns.sh"
 
@@ -85,7 +109,11 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP"
   --mca oob_tcp_if_include "$BR"
   --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$SUBNET.0/24"
   -x UCX_TLS=tcp,self -x UCX_NET_DEVICES=$DEV -x UCX_LOG_LEVEL=error
-  -x LOOM_BOOTSTRAP_TIMEOUT=600 "$WORK/in-ns.sh")
+  -x LOOM_BOOTSTRAP_TIMEOUT="${LOOM_BOOTSTRAP_TIMEOUT:-600}")
+for v in $(compgen -e | grep '^LOOM_' || true); do
+  [[ $v == LOOM_BOOTSTRAP_TIMEOUT ]] || MPIRUN+=(-x "$v")
+done
+MPIRUN+=("$WORK/in-ns.sh")
 # What the ranks run: the given command (its status is the script's), or the benchmark.
 if [[ ${#COMMAND[@]} -gt 0 ]]; then
   "${MPIRUN[@]}" "${COMMAND[@]}"
