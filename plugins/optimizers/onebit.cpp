@@ -4,6 +4,7 @@
 #include "onebit.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <span>
@@ -173,6 +174,11 @@ loom::sdk::Schema Onebit::common_schema() {
            "Divide the moments by (1 - beta^t). DeepSpeed accepts and ignores it; here it "
            "is applied (false gives DeepSpeed's arithmetic)."),
       loom::optim::skip_nonfinite_param(),
+      Bool("hierarchical", false,
+           "Compress only between hosts: average inside each host in fp32, run the compressed "
+           "allreduce between hosts on each rank's block, share the blocks inside the host "
+           "(host memory; every host with the same number of ranks; a host is a hostname and "
+           "network namespace)."),
   };
 }
 
@@ -192,6 +198,7 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
       weight_decay_(ctx.get_float("weight_decay")),
       bias_correction_(ctx.get_bool("bias_correction")),
       skip_nonfinite_(ctx.get_bool("skip_nonfinite")),
+      hierarchical_(ctx.get_bool("hierarchical")),
       variant_(variant) {
   world_ = comm_.call(&loom_comm_v1::size);
   if (world_ <= 0) throw Error(LOOM_ERR_UNAVAILABLE, "comm '" + comm_.name() + "' has no ranks");
@@ -206,6 +213,7 @@ void Onebit::comm_info(loom_optimizer_comm_info& out) {
   out.rounds = rounds_;
   out.uncompressed_bytes_sent = uncompressed_bytes_;
   out.skipped_steps = skipped_;
+  out.comm_wait_ns = comm_wait_ns_;
 }
 
 void Onebit::step(const loom_optimizer_step_args& args) {
@@ -308,10 +316,14 @@ void Onebit::export_state(loom::sdk::StateWriter& out) {
   out.write_pod<uint64_t>(rounds_);
   out.write_pod<uint64_t>(uncompressed_bytes_);
   std::vector<std::byte> car;
-  if (car_) {
+  if (car_ || hier_) {
     loom_state_writer w{LOOM_STATE_WRITER_SIZE, 0, &car, &append};
     loom::sdk::StateWriter cw(&w);
-    car_->export_state(cw);
+    if (hier_) {
+      hier_->export_state(cw);
+    } else {
+      car_->export_state(cw);
+    }
   } else {
     car = pending_car_;
   }
@@ -347,12 +359,12 @@ void Onebit::import_state(std::span<const std::byte> blob) {
   in.expect_end();
   check_imported({steps, total, offsets, m.size(), v.size(), aux.size(), var_interval,
                   local_interval, lamb, car.size()},
-                 {variant_, laid_out_, &offsets_, total_, car_ != nullptr});
-  if (car_ && !car.empty()) {
+                 {variant_, laid_out_, &offsets_, total_, car_ != nullptr || hier_ != nullptr});
+  if ((car_ || hier_) && !car.empty()) {
     // Validate the error buffers' sizes against the live allreduce before committing.
     loom::sdk::StateReader cr(car);
-    car_->import_state(cr);
-  } else if (car_) {
+    import_exchange_state(cr);
+  } else if (car_ || hier_) {
     reset_car();
   }
   // car_ exists after a step, so on CUDA the backend has begun on the last step's stream:
@@ -377,7 +389,7 @@ void Onebit::import_state(std::span<const std::byte> blob) {
   bytes_received_ = br;
   rounds_ = rounds;
   uncompressed_bytes_ = ub;
-  if (!car_) pending_car_ = std::move(car);
+  if (!car_ && !hier_) pending_car_ = std::move(car);
 }
 
 loom_status* Onebit::append(void* ctx, const void* data, size_t bytes) {
@@ -422,6 +434,13 @@ void Onebit::check_device(DLDevice device) {
   }
   const bool cuda = loom::sdk::is_cuda(device);
   const std::string where = loom::sdk::device_string(device);
+  if (cuda && hierarchical_) {
+    throw Error(LOOM_ERR_UNIMPLEMENTED,
+                std::string(name()) +
+                    ": hierarchical = true runs on host memory; this step's "
+                    "tensors are on " +
+                    where + " (leave hierarchical off there)");
+  }
   if (comm_.call(&loom_comm_v1::supports_device, device) == 0) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 "comm '" + comm_.name() + "' cannot use " + where + " memory; " +
@@ -454,7 +473,19 @@ void Onebit::assign_copy(Buffer& dst, const Buffer& src) {
   be().copy(dst.data(), src.data(), src.size());
 }
 
+void Onebit::import_exchange_state(loom::sdk::StateReader& in) {
+  if (hier_) {
+    hier_->import_state(in);
+  } else {
+    car_->import_state(in);
+  }
+}
+
 void Onebit::reset_car() {
+  if (hier_) {
+    if (loom::sdk::CompressedAllreduce* between = hier_->between_hosts()) between->reset();
+    return;
+  }
   if (!car_) return;
   if (!on_cuda()) {
     car_->reset();
@@ -519,7 +550,17 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
     // The compressed allreduce covers the tensors outside non_freeze groups (none when
     // every group is non_freeze).
     std::unique_ptr<loom::sdk::CompressedAllreduce> car;
-    if (packed > 0) {
+    if (packed > 0 && hierarchical_) {
+      // Host memory (check_device refuses CUDA with hierarchical); collective, like the flat one.
+      hier_ = std::make_unique<loom::sdk::HierarchicalCompressedAllreduce>(
+          ctx_, comm_, codec_, static_cast<int64_t>(packed),
+          loom::sdk::CompressedAllreduce::Options{});
+      if (!pending_car_.empty()) {
+        loom::sdk::StateReader cr(pending_car_);
+        hier_->import_state(cr);
+        pending_car_.clear();
+      }
+    } else if (packed > 0) {
       // On CUDA: buffers from the host's device_alloc, stream-ordered on this step's stream;
       // a later step on another stream hands it over with use_stream() (an event), and the
       // buffers are freed on the last step's stream when the optimizer is destroyed.
@@ -545,11 +586,29 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
 }
 
 template <class Fn>
-void Onebit::counted(Fn&& fn) {
+void Onebit::counted(Fn&& fn, bool compressed_run) {
+  if (compressed_run) {
+    // The compressed allreduce counts its own traffic (a hierarchical one on the
+    // sub-communicators it split off, whose calls the parent's stats do not see) and only
+    // its time in the transport as waiting.
+    fn();
+    const loom::sdk::CompressedAllreduceTraffic t =
+        hier_ ? hier_->last_traffic() : car_->last_traffic();
+    bytes_sent_ += t.bytes_sent;
+    bytes_received_ += t.bytes_received;
+    rounds_ += t.rounds;
+    comm_wait_ns_ += t.wait_ns;
+    return;
+  }
   loom_comm_stats before{};
   before.struct_size = LOOM_COMM_STATS_SIZE;
   comm_.call(&loom_comm_v1::stats, &before);
+  const auto t0 = std::chrono::steady_clock::now();
   fn();
+  // A plain allreduce is all waiting.
+  comm_wait_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
   loom_comm_stats after{};
   after.struct_size = LOOM_COMM_STATS_SIZE;
   comm_.call(&loom_comm_v1::stats, &after);
@@ -567,7 +626,7 @@ void Onebit::allreduce_avg(Buffer& buf) {
   int64_t shape[1] = {static_cast<int64_t>(buf.size())};
   DLTensor t = flat_tensor(buf.data(), shape, device_);
   loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, stream_};
-  counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); });
+  counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); }, /*compressed_run=*/false);
 }
 
 void Onebit::compressed(Buffer& buf) {
@@ -575,14 +634,14 @@ void Onebit::compressed(Buffer& buf) {
   if (!any_non_freeze()) {
     int64_t shape[1] = {static_cast<int64_t>(buf.size())};
     DLTensor t = flat_tensor(buf.data(), shape, device_);
-    counted([&] { car_->run(t, stream_); });
+    counted([&] { hier_ ? hier_->run(t) : car_->run(t, stream_); }, /*compressed_run=*/true);
     return;
   }
   ensure(subset_, compressed_numel_);
   copy_subset(buf, subset_, /*non_freeze=*/false, /*gather=*/true);
   int64_t shape[1] = {static_cast<int64_t>(subset_.size())};
   DLTensor t = flat_tensor(subset_.data(), shape, device_);
-  counted([&] { car_->run(t, stream_); });
+  counted([&] { hier_ ? hier_->run(t) : car_->run(t, stream_); }, /*compressed_run=*/true);
   copy_subset(buf, subset_, /*non_freeze=*/false, /*gather=*/false);
 }
 

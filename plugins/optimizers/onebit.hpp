@@ -46,6 +46,7 @@
 
 #include <loom/sdk.hpp>
 #include <loom/sdk/compressed_allreduce.hpp>
+#include <loom/sdk/hierarchical_allreduce.hpp>
 #include <loom/sdk/kinds/optimizer.hpp>
 
 #include <cstddef>
@@ -133,6 +134,7 @@ class Onebit : public loom::sdk::Optimizer {
   void assign_copy(Buffer& dst, const Buffer& src);
   // Zeroes the compressed allreduce's error buffers, ordered on the current stream.
   void reset_car();
+  void import_exchange_state(loom::sdk::StateReader& in);
 
   // One Segment per tensor of the selected groups, in layout order (with Groups::kAll,
   // segment j is flat tensor j). `masks`: carry each tensor's exp_avg_mask (never for a
@@ -206,6 +208,7 @@ class Onebit : public loom::sdk::Optimizer {
   double weight_decay_;
   bool bias_correction_;
   bool skip_nonfinite_;
+  bool hierarchical_;
   int32_t world_ = 1;
 
   // State (all exported; a variant uses the fields its comment names). The flat buffers
@@ -229,8 +232,11 @@ class Onebit : public loom::sdk::Optimizer {
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
   uint64_t rounds_ = 0;
+  uint64_t comm_wait_ns_ = 0;  // blocked in the transport (comm_info; not exported)
   uint64_t uncompressed_bytes_ = 0;
   std::unique_ptr<loom::sdk::CompressedAllreduce> car_;
+  // Instead of car_ with `hierarchical = true`: compression between hosts only.
+  std::unique_ptr<loom::sdk::HierarchicalCompressedAllreduce> hier_;
   std::vector<std::byte> pending_car_;  // imported before the first step built car_
 
   // Set with car_ (not exported: the groups' flags come with every step): per flat tensor, 1
@@ -269,9 +275,10 @@ class Onebit : public loom::sdk::Optimizer {
   // True when flat_ (the step's local gradients) is finite on every rank: each rank checks
   // its own, then one allreduce MAX of the flag, so that all ranks skip the same steps.
   bool finite_on_every_rank();
-  // Counts what `fn` (one collective) did on the transport.
+  // Counts what `fn` (one collective) did on the transport and the time it kept this rank
+  // waiting: all of a plain collective's, only a compressed run's time in the transport.
   template <class Fn>
-  void counted(Fn&& fn);
+  void counted(Fn&& fn, bool compressed_run);
 
   Variant variant_;
 

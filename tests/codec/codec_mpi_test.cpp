@@ -5,9 +5,13 @@
 // and ef8) run over the same transport without either knowing the other.
 #include <loom/embed.h>
 #include <loom/sdk/compressed_allreduce.hpp>
+#include <loom/sdk/hierarchical_allreduce.hpp>
 
+#include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -18,6 +22,7 @@
 namespace {
 
 using loom::sdk::CompressedAllreduce;
+using loom::sdk::HierarchicalCompressedAllreduce;
 using loom::sdk::InstanceRef;
 
 int failures = 0;
@@ -103,6 +108,94 @@ void run_case(const InstanceRef<loom_comm_v1>& comm, const InstanceRef<loom_code
          "%s numel %" PRId64 ": server error differs", codec.name().c_str(), numel);
 }
 
+// The two-level allreduce with hosts named by rank: ranks [h * per_host, (h + 1) * per_host)
+// are host h. The reference: each host's fp32 average (per_host 1 or 2, so the sum's order
+// cannot change its bits), cut into per_host blocks, and block l averaged between hosts by
+// the reference compressed allreduce of the ranks with local index l.
+void run_hierarchical(const InstanceRef<loom_comm_v1>& comm,
+                      const InstanceRef<loom_codec_v1>& codec, bool onebit, int per_host,
+                      int64_t numel, bool default_hosts = false) {
+  const int rank = comm.call(&loom_comm_v1::rank);
+  const int n = comm.call(&loom_comm_v1::size);
+  const int hosts = n / per_host;
+  const ref::Codec rc{onebit};
+  const int64_t block = (numel + per_host - 1) / per_host;
+  const uint64_t bpad = rc.padded(static_cast<uint64_t>(block), static_cast<uint64_t>(hosts));
+  // Error buffers of the reference, per local index and host.
+  std::vector<std::vector<std::vector<float>>> we(
+      per_host, std::vector<std::vector<float>>(hosts, std::vector<float>(bpad, 0.0f)));
+  std::vector<std::vector<std::vector<float>>> se(
+      per_host, std::vector<std::vector<float>>(hosts, std::vector<float>(bpad / hosts, 0.0f)));
+  // default_hosts: the machine's own names (each network namespace a host), which the
+  // launcher made ranks [h * per_host, (h + 1) * per_host) of namespace h.
+  HierarchicalCompressedAllreduce ar(comm, codec, numel, {},
+                                     default_hosts ? "" : "host" + std::to_string(rank / per_host));
+  EXPECT(ar.topology().hosts == hosts && ar.topology().ranks_per_host == per_host &&
+             ar.topology().host == rank / per_host && ar.topology().local == rank % per_host,
+         "topology %d x %d, host %d, local %d", ar.topology().hosts, ar.topology().ranks_per_host,
+         ar.topology().host, ar.topology().local);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::vector<float>> avg(hosts, std::vector<float>(block * per_host, 0.0f));
+    for (int h = 0; h < hosts; ++h) {
+      std::vector<std::vector<float>> local(per_host);
+      for (int l = 0; l < per_host; ++l) local[l] = input(h * per_host + l, step, numel);
+      for (int64_t i = 0; i < numel; ++i) {
+        float sum = 0.0f;
+        for (int l = 0; l < per_host; ++l) sum += local[l][i];
+        avg[h][i] = sum / static_cast<float>(per_host);
+      }
+    }
+    std::vector<float> want(block * per_host);
+    for (int l = 0; l < per_host; ++l) {
+      std::vector<std::vector<float>> xs(hosts);
+      for (int h = 0; h < hosts; ++h) {
+        xs[h].assign(avg[h].begin() + l * block, avg[h].begin() + (l + 1) * block);
+      }
+      // One rank per host is the flat algorithm, which compresses even on one host; more
+      // ranks on a single host need no compression at all.
+      const std::vector<float> out =
+          hosts > 1 || per_host == 1 ? ref::compressed_allreduce(rc, xs, we[l], se[l]) : xs[0];
+      std::copy(out.begin(), out.end(), want.begin() + l * block);
+    }
+    want.resize(numel);
+    std::vector<float> got = input(rank, step, numel);
+    int64_t shape = numel;
+    DLTensor t{got.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+    ar.run(t);
+    // Up to two ranks per host the reduction's order cannot change a bit; with more, the
+    // transport's order may round differently.
+    float worst = 0.0f;
+    for (int64_t i = 0; i < numel; ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    EXPECT(
+        per_host <= 2 ? std::memcmp(got.data(), want.data(), got.size() * 4) == 0 : worst <= 1e-6f,
+        "hierarchical %s %d x %d numel %" PRId64 " step %d differs from the reference by %g",
+        codec.name().c_str(), hosts, per_host, numel, step, static_cast<double>(worst));
+    // Between hosts, each rank sends compressed chunks of its block only.
+    if (hosts > 1 && per_host > 1) {
+      const auto all = ar.last_traffic();
+      const auto intra = ar.last_intra_traffic();
+      EXPECT(all.bytes_sent - intra.bytes_sent <=
+                 2 * static_cast<uint64_t>(hosts - 1) * ar.between_hosts()->chunk_bytes(),
+             "between hosts %" PRIu64 " bytes", all.bytes_sent - intra.bytes_sent);
+      EXPECT(intra.bytes_sent > 0, "no bytes inside the host");
+    }
+  }
+}
+
+// Hosts with different rank counts are refused on every rank, naming the counts.
+void refuse_uneven_hosts(const InstanceRef<loom_comm_v1>& comm,
+                         const InstanceRef<loom_codec_v1>& codec) {
+  const int rank = comm.call(&loom_comm_v1::rank);
+  std::string what;
+  try {
+    HierarchicalCompressedAllreduce ar(comm, codec, 16, {}, rank == 0 ? "a" : "b");
+  } catch (const loom::sdk::Error& e) {
+    what = e.what();
+  }
+  EXPECT(what.find("every host must hold the same number of ranks") != std::string::npos,
+         "uneven hosts gave '%s'", what.c_str());
+}
+
 }  // namespace
 
 int main() {
@@ -125,6 +218,24 @@ int main() {
     for (int64_t numel : {int64_t{13}, int64_t{100003}}) {
       run_case(comm, find<loom_codec_v1>(s, "codec", "ef8"), false, numel);
     }
+    // Two levels: one rank per host (the flat algorithm), two per host, all on one host.
+    const int n = comm.call(&loom_comm_v1::size);
+    for (int per_host : {1, 2, n > 2 ? n : 0}) {
+      if (per_host == 0 || n % per_host != 0) continue;
+      for (int64_t numel : {int64_t{13}, int64_t{(1 << 18) + 3}}) {
+        run_hierarchical(comm, find<loom_codec_v1>(s, "codec", "onebit"), true, per_host, numel);
+      }
+    }
+    // Under bench/limited-link.sh with HOSTS namespaces: the topology found on its own.
+    if (const char* netns = std::getenv("LOOM_TEST_NETNS_HOSTS")) {
+      const int hosts = std::atoi(netns);
+      EXPECT(hosts > 0 && n % hosts == 0, "LOOM_TEST_NETNS_HOSTS=%s with %d ranks", netns, n);
+      if (hosts > 0 && n % hosts == 0) {
+        run_hierarchical(comm, find<loom_codec_v1>(s, "codec", "onebit"), true, n / hosts,
+                         (1 << 20) + 5, /*default_hosts=*/true);
+      }
+    }
+    if (n == 3) refuse_uneven_hosts(comm, find<loom_codec_v1>(s, "codec", "onebit"));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     ++failures;
