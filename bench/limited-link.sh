@@ -10,17 +10,21 @@
 #                                                    # any command, as the 4 ranks instead
 #   HOSTS=2 sudo -E bench/limited-link.sh -- COMMAND  # 2 namespaces ("hosts") of 2 ranks:
 #                                                    # ranks 0-1 in the first, 2-3 in the second
+#   RATE=100mbit MIN_SIZE=1M SIZE=256M sudo -E bench/limited-link.sh
+#                                                    # a sweep: 1, 4, 16, 64, 256 MiB
 #
 # The ranks get every LOOM_* variable of the caller's environment.
-# Prints the benchmark's JSON lines, then as its last line the time ratio
+# Prints the benchmark's JSON lines, then for each size (its own heading when there are
+# several) a line per codec, the hierarchical row where HOSTS makes one, and the time ratio
 #   fp32_over_compressed=<t(fp32 ucx allreduce) / t(compressed allreduce)>
-# (only when the benchmark has compressed_allreduce rows; else the last line says so).
+# (only when the benchmark has compressed_allreduce rows; else that line says so).
 # Needs root (ip netns, tc): exits 77 (skipped) without. Everything it creates is removed on
 # exit, also on failure.
 set -euo pipefail
 
 BUILD=${BUILD:-build/release}
 SIZE=${SIZE:-256M}
+MIN_SIZE=${MIN_SIZE:-$SIZE}  # below SIZE: every 4x from MIN_SIZE up to SIZE
 ITERS=${ITERS:-1}
 RATE=${RATE:-1gbit}
 CODEC=${CODEC:-onebit}
@@ -119,51 +123,63 @@ if [[ ${#COMMAND[@]} -gt 0 ]]; then
   "${MPIRUN[@]}" "${COMMAND[@]}"
   exit 0
 fi
-"${MPIRUN[@]}" "$BENCH" --min-bytes "$SIZE" --max-bytes "$SIZE" --iters "$ITERS" \
+"${MPIRUN[@]}" "$BENCH" --min-bytes "$MIN_SIZE" --max-bytes "$SIZE" --iters "$ITERS" \
   | tee "$WORK/out.jsonl"
 
 python3 - "$WORK/out.jsonl" "$CODEC" "$RATE" <<'EOF'
 import json, re, sys
-fp32 = bf16 = None
-comp = {}      # codec -> (seconds, sent, received, segments) of the fastest row
-compute = {}   # codec -> seconds of the codec work alone
+from collections import defaultdict
+# Per size (fp32 elements): the ucx allreduces, the fastest compressed row of each codec
+# (seconds, sent, received, segments), the codec work alone, the hierarchical row.
+fp32, bf16, hier = {}, {}, {}
+comp, compute = defaultdict(dict), defaultdict(dict)
 for line in open(sys.argv[1]):
     line = line.strip()
     if not line.startswith("{"):
         continue
     j = json.loads(line)
+    n = j.get("elements")
     if j.get("bench") == "allreduce" and j.get("impl") == "ucx":
-        if j.get("dtype") == "bfloat16":
-            bf16 = j["seconds"]
-        else:
-            fp32 = j["seconds"]
-    if j.get("bench") == "compressed_allreduce":
-        c = j.get("codec")
+        (bf16 if j.get("dtype") == "bfloat16" else fp32)[n] = j["seconds"]
+    elif j.get("bench") == "compressed_allreduce" and j.get("hierarchical"):
+        hier[n] = j
+    elif j.get("bench") == "compressed_allreduce":
         row = (j["seconds"], j.get("wire_bytes_per_rank", 0),
                j.get("wire_bytes_received_per_rank", 0), j.get("segments", 1))
-        if c not in comp or row[0] < comp[c][0]:
-            comp[c] = row
-    if j.get("bench") == "compressed_compute":
-        compute[j.get("codec")] = j["seconds"]
+        if j["codec"] not in comp[n] or row[0] < comp[n][j["codec"]][0]:
+            comp[n][j["codec"]] = row
+    elif j.get("bench") == "compressed_compute":
+        compute[n][j.get("codec")] = j["seconds"]
 m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", sys.argv[3].lower())
 rate = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else None
-for c, (s, sent, recv, segs) in sorted(comp.items()):
-    parts = ["codec %s: %.3f s (%d segment(s))" % (c, s, segs)]
-    if rate:
-        bound = max(sent, recv) * 8 / rate
-        parts.append("wire bound %.3f s (%d bytes each way at %s), %.2f of it"
-                     % (bound, max(sent, recv), sys.argv[3], bound / s))
-    if c in compute:
-        parts.append("codec work alone %.3f s" % compute[c])
-    if bf16:
-        parts.append("bf16 allreduce %.3f s (%.2fx)" % (bf16, bf16 / s))
-    print("; ".join(parts))
-if fp32 is None:
-    print("fp32_over_compressed=unavailable (no fp32 allreduce row)")
-elif not comp:
-    print("fp32_over_compressed=unavailable (no compressed_allreduce rows: fp32 only, %.3f s)" % fp32)
-else:
-    codec = sys.argv[2] if sys.argv[2] in comp else sorted(comp)[0]
-    print("fp32_over_compressed=%.2f (codec %s, fp32 %.3f s, compressed %.3f s)"
-          % (fp32 / comp[codec][0], codec, fp32, comp[codec][0]))
+sizes = sorted(set(fp32) | set(comp))
+for n in sizes:
+    if len(sizes) > 1:
+        print("%d MiB:" % (n * 4 >> 20) if n * 4 >= 1 << 20 else "%d bytes:" % (n * 4))
+    for c, (s, sent, recv, segs) in sorted(comp[n].items()):
+        parts = ["codec %s: %.3f s (%d segment(s))" % (c, s, segs)]
+        if rate:
+            bound = max(sent, recv) * 8 / rate
+            parts.append("wire bound %.3f s (%d bytes each way at %s), %.2f of it"
+                         % (bound, max(sent, recv), sys.argv[3], bound / s))
+        if c in compute[n]:
+            parts.append("codec work alone %.3f s" % compute[n][c])
+        if n in bf16:
+            parts.append("bf16 allreduce %.3f s (%.2fx)" % (bf16[n], bf16[n] / s))
+        print("; ".join(parts))
+    if n in hier:
+        h = hier[n]
+        print("hierarchical %s (%d hosts x %d ranks): %.3f s, %d bytes between hosts per rank"
+              % (h["codec"], h["hosts"], h["ranks_per_host"], h["seconds"],
+                 h["between_hosts_bytes_per_rank"])
+              + ("; fp32 %.2fx" % (fp32[n] / h["seconds"]) if n in fp32 else ""))
+    if n not in fp32:
+        print("fp32_over_compressed=unavailable (no fp32 allreduce row)")
+    elif not comp[n]:
+        print("fp32_over_compressed=unavailable (no compressed_allreduce rows: fp32 only, %.3f s)"
+              % fp32[n])
+    else:
+        codec = sys.argv[2] if sys.argv[2] in comp[n] else sorted(comp[n])[0]
+        print("fp32_over_compressed=%.2f (codec %s, fp32 %.3f s, compressed %.3f s)"
+              % (fp32[n] / comp[n][codec][0], codec, fp32[n], comp[n][codec][0]))
 EOF

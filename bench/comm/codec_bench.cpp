@@ -16,12 +16,16 @@
 //                                 can reach on this machine
 //   {"bench":"allreduce","dtype":"bfloat16",...}  the ucx allreduce with bf16 on the wire, the
 //                                 strongest uncompressed baseline
+//   {"bench":"compressed_allreduce","hierarchical":true,...}  the two-level allreduce (fp32
+//                                 inside a host, compressed between hosts), only where the
+//                                 ranks span several hosts of several ranks each
 #include "codec_bench.hpp"
 
 #include "bench_support.hpp"
 
 #include <loom/embed.h>
 #include <loom/sdk/compressed_allreduce.hpp>
+#include <loom/sdk/hierarchical_allreduce.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -365,6 +369,46 @@ void bench_allreduce(const char* name, const InstanceRef<loom_comm_v1>& comm,
   }
 }
 
+// The two-level allreduce (loom/sdk/hierarchical_allreduce.hpp); nothing where every rank is
+// its own host (it is the flat one) or all share one (it is an exact fp32 allreduce).
+void bench_hierarchical(const char* name, const InstanceRef<loom_comm_v1>& comm,
+                        const InstanceRef<loom_codec_v1>& codec, const CommBenchContext& ctx,
+                        size_t numel) {
+  loom::sdk::HierarchicalCompressedAllreduce ar(comm, codec, static_cast<int64_t>(numel));
+  const loom::sdk::HostTopology topo = ar.topology();
+  if (topo.hosts == 1 || topo.ranks_per_host == 1) return;
+  std::vector<float> buf(numel);
+  std::mt19937 rng(static_cast<unsigned>(ctx.rank + 1));
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (auto& v : buf) v = g(rng);
+  int64_t shape = static_cast<int64_t>(numel);
+  DLTensor t = fp32(buf.data(), &shape);
+  ar.run(t);  // warm-up
+  comm.call(&loom_comm_v1::barrier, nullptr);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < std::max(1, ctx.iters); ++i) ar.run(t);
+  comm.call(&loom_comm_v1::barrier, nullptr);
+  const double s =
+      std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, ctx.iters);
+  if (ctx.rank == 0) {
+    const auto all = ar.last_traffic();
+    const auto intra = ar.last_intra_traffic();
+    print({{"bench", "compressed_allreduce"},
+           {"op", "compressed_allreduce"},
+           {"codec", name},
+           {"hierarchical", true},
+           {"hosts", topo.hosts},
+           {"ranks_per_host", topo.ranks_per_host},
+           {"dtype", "float32"},
+           {"elements", numel},
+           {"ranks", ctx.size},
+           {"seconds", s},
+           {"wire_bytes_per_rank", all.bytes_sent},
+           {"between_hosts_bytes_per_rank", all.bytes_sent - intra.bytes_sent},
+           {"fp32_bytes", numel * 4}});
+  }
+}
+
 }  // namespace
 
 void run_codec_benchmarks(const CommBenchContext& ctx) {
@@ -448,6 +492,7 @@ void run_codec_benchmarks(const CommBenchContext& ctx) {
         if (static_cast<int64_t>(numel) > kSegmentElements) {
           bench_allreduce("ef8", comm, ef8, ctx, numel, kSegmentElements);
         }
+        bench_hierarchical("onebit", comm, onebit, ctx, numel);
       }
     }
   } catch (const std::exception& e) {
