@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end on commodity-Ethernet links: `loom train` as 4 ranks over 1 Gbit/s shaped links
-# (bench/limited-link.sh), a communication-bound model (12.8M parameters, 32 tokens per rank
+# (bench/limited-link.sh), a communication-bound model (12.8M parameters, 8 tokens per rank
 # and step), once per gradient-communication setup:
 #
 #   adam_fp32            Adam, one blocking fp32 allreduce after the backward
@@ -13,6 +13,7 @@
 #
 #   sudo bench/train-limited-link.sh                    # all of them, 200 steps each
 #   STEPS=100 RUNS="adam_bf16_overlap onebit_adam" sudo -E bench/train-limited-link.sh
+#   WARMUP_WIRE=bf16 sudo -E bench/train-limited-link.sh   # the 1-bit warmups in bf16
 #
 # Prints one JSON line per run, then a table: tokens/s over the whole run, wall time, the share
 # of step time spent waiting on the network, the final eval loss, and the wall time until the
@@ -28,6 +29,7 @@ RUNS=${RUNS:-adam_fp32 adam_fp32_overlap adam_bf16 adam_bf16_overlap onebit_adam
 DATA=${DATA:-$ROOT/build/data/fortunes.bin}
 TRAIN=$ROOT/$BUILD/bin/loom-train
 FREEZE=$((STEPS * 15 / 100)) # the 1-bit family's full-precision warmup: 15% of the run
+WARMUP_WIRE=${WARMUP_WIRE:-fp32} # the 1-bit family's warmup allreduces on the wire: fp32 or bf16
 
 [[ $EUID -eq 0 ]] || { echo "train-limited-link.sh: needs root (network namespaces and tc)" >&2; exit 1; }
 [[ -x $TRAIN ]] || { echo "train-limited-link.sh: $TRAIN not found; build the release preset" >&2; exit 1; }
@@ -92,11 +94,13 @@ for run in $RUNS; do
 comm = \"world\"
 codec = \"onebit\"
 weight_decay = 0.01
+warmup_wire = \"$WARMUP_WIRE\"
 freeze_step = $FREEZE"; config "$run" ;;
     zero_one_adam) manifest "$run" "plugin = \"zero_one_adam\"
 comm = \"world\"
 codec = \"onebit\"
 weight_decay = 0.01
+warmup_wire = \"$WARMUP_WIRE\"
 var_freeze_step = $FREEZE
 var_update_scaler = 4
 local_step_scaler = $FREEZE
@@ -105,6 +109,7 @@ local_step_clipper = 4"; config "$run" ;;
 comm = \"world\"
 codec = \"onebit\"
 weight_decay = 0.01
+warmup_wire = \"$WARMUP_WIRE\"
 freeze_step = $FREEZE"; config "$run" ;;
     *) echo "train-limited-link.sh: unknown run '$run'" >&2; exit 2 ;;
   esac

@@ -3,6 +3,8 @@
 // zero_one_adam.cpp and onebit_lamb.cpp.
 #include "onebit.hpp"
 
+#include "common/half.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -179,6 +181,11 @@ loom::sdk::Schema Onebit::common_schema() {
            "allreduce between hosts on each rank's block, share the blocks inside the host "
            "(host memory; every host with the same number of ranks; a host is a hostname and "
            "network namespace)."),
+      String("warmup_wire", "fp32",
+             "What the uncompressed allreduces put on the wire (the warmup steps; 0/1 Adam's "
+             "variance steps): bf16 halves their bytes and rounds the averaged gradient to "
+             "bf16, as the trainer's [gradients] wire = \"bf16\" does (host memory).")
+          .choices({"fp32", "bf16"}),
   };
 }
 
@@ -199,6 +206,7 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
       bias_correction_(ctx.get_bool("bias_correction")),
       skip_nonfinite_(ctx.get_bool("skip_nonfinite")),
       hierarchical_(ctx.get_bool("hierarchical")),
+      warmup_bf16_(ctx.get_string("warmup_wire") == "bf16"),
       variant_(variant) {
   world_ = comm_.call(&loom_comm_v1::size);
   if (world_ <= 0) throw Error(LOOM_ERR_UNAVAILABLE, "comm '" + comm_.name() + "' has no ranks");
@@ -441,6 +449,13 @@ void Onebit::check_device(DLDevice device) {
                     "tensors are on " +
                     where + " (leave hierarchical off there)");
   }
+  if (cuda && warmup_bf16_) {
+    throw Error(LOOM_ERR_UNIMPLEMENTED,
+                std::string(name()) +
+                    ": warmup_wire = \"bf16\" converts on the host; this step's "
+                    "tensors are on " +
+                    where + " (use warmup_wire = \"fp32\" there)");
+  }
   if (comm_.call(&loom_comm_v1::supports_device, device) == 0) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 "comm '" + comm_.name() + "' cannot use " + where + " memory; " +
@@ -624,9 +639,23 @@ void Onebit::gather_grads(const std::vector<StepGroup>& groups, float inv_scale)
 void Onebit::allreduce_avg(Buffer& buf) {
   if (world_ == 1) return;
   int64_t shape[1] = {static_cast<int64_t>(buf.size())};
-  DLTensor t = flat_tensor(buf.data(), shape, device_);
+  if (!warmup_bf16_) {
+    DLTensor t = flat_tensor(buf.data(), shape, device_);
+    loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, stream_};
+    counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); }, /*compressed_run=*/false);
+    return;
+  }
+  // Host memory only (check_device). Rounded once on the way out, averaged in the transport,
+  // widened exactly on the way back: every rank ends with the same fp32 values.
+  namespace half = loom::plugins::half;
+  wire16_.resize(buf.size());
+  float* f = buf.data();
+  for (std::size_t i = 0; i < buf.size(); ++i) wire16_[i] = half::f32_to_bf16(f[i]);
+  DLTensor t{
+      wire16_.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLBfloat, 16, 1}, shape, nullptr, 0};
   loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, stream_};
   counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); }, /*compressed_run=*/false);
+  for (std::size_t i = 0; i < buf.size(); ++i) f[i] = half::bf16_to_f32(wire16_[i]);
 }
 
 void Onebit::compressed(Buffer& buf) {

@@ -209,6 +209,7 @@ class Onebit : public loom::sdk::Optimizer {
   bool bias_correction_;
   bool skip_nonfinite_;
   bool hierarchical_;
+  bool warmup_bf16_;  // warmup_wire = "bf16"
   int32_t world_ = 1;
 
   // State (all exported; a variant uses the fields its comment names). The flat buffers
@@ -237,6 +238,7 @@ class Onebit : public loom::sdk::Optimizer {
   std::unique_ptr<loom::sdk::CompressedAllreduce> car_;
   // Instead of car_ with `hierarchical = true`: compression between hosts only.
   std::unique_ptr<loom::sdk::HierarchicalCompressedAllreduce> hier_;
+  std::vector<uint16_t> wire16_;        // the uncompressed allreduce's bf16 buffer (warmup_wire)
   std::vector<std::byte> pending_car_;  // imported before the first step built car_
 
   // Set with car_ (not exported: the groups' flags come with every step): per flat tensor, 1

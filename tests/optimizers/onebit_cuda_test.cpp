@@ -363,6 +363,25 @@ TEST(OnebitCudaDispatch, RefusesUnsupportedDevicesBeforeTouchingAnything) {
   }
 }
 
+// The host-only options name themselves on a CUDA step, before the transport is asked.
+TEST(OnebitCudaDispatch, HostOnlyOptionsRefuseCudaSteps) {
+  for (const auto& v : kVariants) {
+    Session s("[comm.u]\nplugin = \"ucx\"\n" + optimizer("h", v, "u") + "hierarchical = true\n" +
+                  optimizer("w", v, "u") + "warmup_wire = \"bf16\"\n",
+              "");
+    ASSERT_NE(s.s, nullptr) << s.error;
+    FakeCudaStep cuda({{kDLCUDA, 0}, {kDLCUDA, 0}});
+    EXPECT_EQ(cuda.run(s.opt("h"), 1), LOOM_ERR_UNIMPLEMENTED) << v;
+    EXPECT_NE(std::string(loom_last_error()).find("hierarchical = true runs on host memory"),
+              std::string::npos)
+        << loom_last_error();
+    EXPECT_EQ(cuda.run(s.opt("w"), 1), LOOM_ERR_UNIMPLEMENTED) << v;
+    EXPECT_NE(std::string(loom_last_error()).find("warmup_wire = \"bf16\" converts on the host"),
+              std::string::npos)
+        << loom_last_error();
+  }
+}
+
 // ------------------------------------------------------------------ GPU
 
 TEST(OnebitCuda, UcxRefusesCudaTensorsAndLeavesParamsUnchanged) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "abi_v10.hpp"
+#include "common/half.hpp"
 
 namespace {
 
@@ -69,6 +70,21 @@ struct World {
       ADD_FAILURE() << st->message;
       st->destroy(st);
     }
+  }
+  // The average with bf16 on the wire: rounded to bf16, averaged, widened.
+  void average_bf16(std::vector<float>& x) {
+    namespace half = loom::plugins::half;
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = half::f32_to_bf16(x[i]);
+    int64_t shape[1] = {static_cast<int64_t>(h.size())};
+    DLTensor t{h.data(), {kDLCPU, 0}, 1, {kDLBfloat, 16, 1}, shape, nullptr, 0};
+    loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, nullptr};
+    loom_status* st = vt->allreduce(comm, &a);
+    if (st != nullptr) {
+      ADD_FAILURE() << st->message;
+      st->destroy(st);
+    }
+    for (size_t i = 0; i < x.size(); ++i) x[i] = half::bf16_to_f32(h[i]);
   }
 };
 
@@ -169,6 +185,48 @@ TEST(Onebit, AdamWarmupEqualsAdamThenStaysClose) {
   std::vector<float> x = a0;
   w.average(x);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(x[i], a0[i]);
+}
+
+// warmup_wire = "bf16": the warmup is Adam on the gradients averaged with bf16 on the wire
+// (the whole flat gradient in one allreduce, as the plugin sends it), at half the bytes.
+TEST(Onebit, Bf16WarmupEqualsAdamOnTheBf16AverageAtHalfTheBytes) {
+  World w(
+      "[optimizer.ob]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+      "freeze_step = 30\nwarmup_wire = \"bf16\"\n"
+      "[optimizer.ob32]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+      "freeze_step = 30\n"
+      "[optimizer.adam]\nplugin = \"adam\"\n");
+  ASSERT_NE(w.s, nullptr);
+  loom_instance* ob = w.opt("ob");
+  loom_instance* ob32 = w.opt("ob32");
+  loom_instance* ad = w.opt("adam");
+  LeastSquares prob(w.rank);
+  std::vector<float> a0(32, 0.0f), a1(16, 0.0f), b0 = a0, b1 = a1, c0 = a0, c1 = a1, g0, g1, h0, h1;
+  for (int t = 1; t <= 30; ++t) {
+    prob.loss_grad(a0, a1, &g0, &g1);
+    ASSERT_EQ(step(ob, {&a0, &a1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
+    prob.loss_grad(c0, c1, &g0, &g1);
+    ASSERT_EQ(step(ob32, {&c0, &c1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
+    prob.loss_grad(b0, b1, &h0, &h1);
+    if (w.size > 1) {
+      std::vector<float> flat(h0);
+      flat.insert(flat.end(), h1.begin(), h1.end());
+      w.average_bf16(flat);
+      std::copy(flat.begin(), flat.begin() + 32, h0.begin());
+      std::copy(flat.begin() + 32, flat.end(), h1.begin());
+    }
+    ASSERT_EQ(step(ad, {&b0, &b1}, {&h0, &h1}, 2e-3, t), 0) << loom_last_error();
+    ASSERT_EQ(0, std::memcmp(a0.data(), b0.data(), a0.size() * 4)) << "warmup step " << t;
+    ASSERT_EQ(0, std::memcmp(a1.data(), b1.data(), a1.size() * 4)) << "warmup step " << t;
+  }
+  loom_optimizer_comm_info info{}, info32{};
+  info.struct_size = info32.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
+  ASSERT_EQ(loom_optimizer_get_comm_info(ob, &info), 0);
+  ASSERT_EQ(loom_optimizer_get_comm_info(ob32, &info32), 0);
+  // Half the bytes of the same warmup with fp32 on the wire (same sizes, same algorithm).
+  EXPECT_EQ(2 * info.bytes_sent, info32.bytes_sent);
+  EXPECT_EQ(info.rounds, info32.rounds);
+  if (w.size == 1) EXPECT_EQ(info.bytes_sent, 0u);
 }
 
 // ------------------------------------------------------------- checkpoints
