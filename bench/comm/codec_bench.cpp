@@ -332,13 +332,11 @@ void bench_compute(const char* name, const InstanceRef<loom_codec_v1>& codec,
   }
 }
 
-// fp32 elements per compressed allreduce call; the bandwidths above are per rank.
-void bench_allreduce(const char* name, const InstanceRef<loom_comm_v1>& comm,
-                     const InstanceRef<loom_codec_v1>& codec, const CommBenchContext& ctx,
-                     size_t numel, int64_t segment_elements = 0) {
-  loom::sdk::CompressedAllreduce::Options options;
-  options.segment_elements = segment_elements;
-  loom::sdk::CompressedAllreduce ar(comm, codec, static_cast<int64_t>(numel), options);
+// Seconds per ar.run (a compressed allreduce of either form) on numel normal values: one
+// warm-up run, then ctx.iters runs between barriers.
+template <class Allreduce>
+double seconds_per_run(Allreduce& ar, const InstanceRef<loom_comm_v1>& comm,
+                       const CommBenchContext& ctx, size_t numel) {
   std::vector<float> buf(numel);
   std::mt19937 rng(static_cast<unsigned>(ctx.rank + 1));
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -350,8 +348,17 @@ void bench_allreduce(const char* name, const InstanceRef<loom_comm_v1>& comm,
   const auto t0 = Clock::now();
   for (int i = 0; i < std::max(1, ctx.iters); ++i) ar.run(t);
   comm.call(&loom_comm_v1::barrier, nullptr);
-  const double s =
-      std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, ctx.iters);
+  return std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, ctx.iters);
+}
+
+// fp32 elements per compressed allreduce call; the bandwidths above are per rank.
+void bench_allreduce(const char* name, const InstanceRef<loom_comm_v1>& comm,
+                     const InstanceRef<loom_codec_v1>& codec, const CommBenchContext& ctx,
+                     size_t numel, int64_t segment_elements = 0) {
+  loom::sdk::CompressedAllreduce::Options options;
+  options.segment_elements = segment_elements;
+  loom::sdk::CompressedAllreduce ar(comm, codec, static_cast<int64_t>(numel), options);
+  const double s = seconds_per_run(ar, comm, ctx, numel);
   if (ctx.rank == 0) {
     print({{"bench", "compressed_allreduce"},
            {"op", "compressed_allreduce"},
@@ -377,19 +384,7 @@ void bench_hierarchical(const char* name, const InstanceRef<loom_comm_v1>& comm,
   loom::sdk::HierarchicalCompressedAllreduce ar(comm, codec, static_cast<int64_t>(numel));
   const loom::sdk::HostTopology topo = ar.topology();
   if (topo.hosts == 1 || topo.ranks_per_host == 1) return;
-  std::vector<float> buf(numel);
-  std::mt19937 rng(static_cast<unsigned>(ctx.rank + 1));
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  for (auto& v : buf) v = g(rng);
-  int64_t shape = static_cast<int64_t>(numel);
-  DLTensor t = fp32(buf.data(), &shape);
-  ar.run(t);  // warm-up
-  comm.call(&loom_comm_v1::barrier, nullptr);
-  const auto t0 = Clock::now();
-  for (int i = 0; i < std::max(1, ctx.iters); ++i) ar.run(t);
-  comm.call(&loom_comm_v1::barrier, nullptr);
-  const double s =
-      std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, ctx.iters);
+  const double s = seconds_per_run(ar, comm, ctx, numel);
   if (ctx.rank == 0) {
     const auto all = ar.last_traffic();
     const auto intra = ar.last_intra_traffic();

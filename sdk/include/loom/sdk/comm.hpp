@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -138,6 +139,25 @@ inline bool comm_supports_device(const InstanceRef<loom_comm_v1>& comm, DLDevice
     return args.supported == 1;
   }
   return comm.call(&loom_comm_v1::supports_device, device) == 1;
+}
+
+// Every rank's `value` (a 64-bit integer), in rank order: an allgather of one element, for
+// the agreements a collective object makes at construction (sizes, host names' hashes).
+template <class T>
+std::vector<T> comm_allgather_value(const InstanceRef<loom_comm_v1>& comm, T value) {
+  static_assert(sizeof(T) == 8 && std::is_integral_v<T>, "a 64-bit integer");
+  std::vector<T> all(static_cast<std::size_t>(comm.call(&loom_comm_v1::size)));
+  int64_t one = 1;
+  int64_t n = static_cast<int64_t>(all.size());
+  const DLDataType dtype{std::is_signed_v<T> ? uint8_t{kDLInt} : uint8_t{kDLUInt}, 64, 1};
+  DLTensor send{&value, DLDevice{kDLCPU, 0}, 1, dtype, &one, nullptr, 0};
+  DLTensor recv{all.data(), DLDevice{kDLCPU, 0}, 1, dtype, &n, nullptr, 0};
+  loom_allgather_args ag{};
+  ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
+  ag.send = &send;
+  ag.recv = &recv;
+  comm.call(&loom_comm_v1::allgather, &ag);
+  return all;
 }
 
 // ---- since 1.6: reduce-scatter and non-blocking collectives

@@ -684,17 +684,7 @@ class CompressedAllreduce {
 
   // Every rank must pass the same numel: exchange it once over the transport.
   void check_same_numel() {
-    std::vector<int64_t> all(static_cast<std::size_t>(size_));
-    int64_t mine = numel_;
-    int64_t shape1 = 1;
-    int64_t shape_n = size_;
-    DLTensor send = flat_view(&mine, DLDevice{kDLCPU, 0}, DLDataType{kDLInt, 64, 1}, &shape1);
-    DLTensor recv = flat_view(all.data(), DLDevice{kDLCPU, 0}, DLDataType{kDLInt, 64, 1}, &shape_n);
-    loom_allgather_args ag{};
-    ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
-    ag.send = &send;
-    ag.recv = &recv;
-    comm_.call(&loom_comm_v1::allgather, &ag);
+    const std::vector<int64_t> all = comm_allgather_value(comm_, static_cast<int64_t>(numel_));
     for (int32_t i = 0; i < size_; ++i) {
       if (all[static_cast<std::size_t>(i)] != numel_) {
         throw Error(LOOM_ERR_INVALID_ARGUMENT,

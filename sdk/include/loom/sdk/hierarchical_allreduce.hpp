@@ -74,17 +74,8 @@ inline std::string default_host_name() {
 inline HostTopology host_topology(const InstanceRef<loom_comm_v1>& comm, const std::string& host) {
   const int32_t size = comm.call(&loom_comm_v1::size);
   const int32_t rank = comm.call(&loom_comm_v1::rank);
-  uint64_t mine = loom_fnv1a64(host.data(), host.size(), LOOM_FNV1A64_OFFSET);
-  std::vector<uint64_t> all(static_cast<std::size_t>(size));
-  int64_t one = 1;
-  int64_t n = size;
-  DLTensor send = flat_view(&mine, DLDevice{kDLCPU, 0}, DLDataType{kDLUInt, 64, 1}, &one);
-  DLTensor recv = flat_view(all.data(), DLDevice{kDLCPU, 0}, DLDataType{kDLUInt, 64, 1}, &n);
-  loom_allgather_args ag{};
-  ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
-  ag.send = &send;
-  ag.recv = &recv;
-  comm.call(&loom_comm_v1::allgather, &ag);
+  const std::vector<uint64_t> all =
+      comm_allgather_value(comm, loom_fnv1a64(host.data(), host.size(), LOOM_FNV1A64_OFFSET));
   std::map<uint64_t, int32_t> index;  // host hash -> host number, by first rank
   std::vector<int32_t> count;
   HostTopology t;
