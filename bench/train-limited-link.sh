@@ -14,6 +14,7 @@
 #   sudo bench/train-limited-link.sh                    # all of them, 200 steps each
 #   STEPS=100 RUNS="adam_bf16_overlap onebit_adam" sudo -E bench/train-limited-link.sh
 #   WARMUP_WIRE=bf16 sudo -E bench/train-limited-link.sh   # the 1-bit warmups in bf16
+#   BATCH=16 ...          # sequences of 8 tokens per step over the 4 ranks (default 4)
 #
 # Prints one JSON line per run, then a table: tokens/s over the whole run, wall time, the share
 # of step time spent waiting on the network, the final eval loss, and the wall time until the
@@ -25,6 +26,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build/release}
 STEPS=${STEPS:-200}
+BATCH=${BATCH:-4}           # sequences of 8 tokens per step over the 4 ranks
 RUNS=${RUNS:-adam_fp32 adam_fp32_overlap adam_bf16 adam_bf16_overlap onebit_adam zero_one_adam onebit_lamb}
 DATA=${DATA:-$ROOT/build/data/fortunes.bin}
 TRAIN=$ROOT/$BUILD/bin/loom-train
@@ -66,7 +68,7 @@ dataset = "$DATA"
 ${2:-}
 [train]
 steps = $STEPS
-batch_size = 4
+batch_size = $BATCH
 seq_len = 8
 lr = 1e-3
 min_lr = 1e-4
