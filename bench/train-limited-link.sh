@@ -8,6 +8,7 @@
 #   adam_bf16            Adam, bf16 buckets after the backward
 #   adam_bf16_overlap    Adam, bf16 buckets started during the backward
 #   onebit_adam          1-bit Adam (fp32 warmup, then 1-bit momentum)
+#   onebit_adam_sharded  1-bit Adam with shard_state (ZeRO-1; its warmup always fp32)
 #   zero_one_adam        0/1 Adam (variance frozen, then growing local-step intervals)
 #   onebit_lamb          1-bit LAMB
 #
@@ -17,9 +18,10 @@
 #   BATCH=16 ...          # sequences of 8 tokens per step over the 4 ranks (default 4)
 #
 # Prints one JSON line per run, then a table: tokens/s over the whole run, wall time, the share
-# of step time spent waiting on the network, the final eval loss, and the wall time until the
+# of step time spent waiting on the network, the final eval loss, the wall time until the
 # eval loss first reaches TARGET (default: adam_fp32's final eval loss plus 2%, or the first
-# run's when adam_fp32 is not among RUNS). Needs root, build/release (loom-train and the
+# run's when adam_fp32 is not among RUNS), and rank 0's optimizer state and peak resident set
+# (MiB). Needs root, build/release (loom-train and the
 # plugins) and build/data/fortunes.bin (docs/data.md).
 set -euo pipefail
 
@@ -98,6 +100,12 @@ codec = \"onebit\"
 weight_decay = 0.01
 warmup_wire = \"$WARMUP_WIRE\"
 freeze_step = $FREEZE"; config "$run" ;;
+    onebit_adam_sharded) manifest "$run" "plugin = \"onebit_adam\"
+comm = \"world\"
+codec = \"onebit\"
+weight_decay = 0.01
+shard_state = true
+freeze_step = $FREEZE"; config "$run" ;;
     zero_one_adam) manifest "$run" "plugin = \"zero_one_adam\"
 comm = \"world\"
 codec = \"onebit\"
@@ -142,16 +150,21 @@ else:
     base = "adam_fp32" if "adam_fp32" in rows else runs[0]
     target = rows[base][0]["final_eval_loss"] * 1.02
 print(f"target eval loss {target:.4f}")
-print(f"{'run':20} {'tok/s':>7} {'wall s':>7} {'wait':>5} {'eval':>7} {'to target s':>11}")
+print(f"{'run':20} {'tok/s':>7} {'wall s':>7} {'wait':>5} {'eval':>7} {'to target s':>11} "
+      f"{'state MiB':>9} {'RSS MiB':>7}")
 for run in runs:
     s, elapsed_at, evals = rows[run]
     reach = next((elapsed_at.get(st) for st, loss in evals if loss <= target), None)
     out = {"run": run, "tokens_per_s": s["tokens"] / s["elapsed_s"], "elapsed_s": s["elapsed_s"],
            "comm_wait_share": s.get("comm_wait_share"), "final_eval_loss": s["final_eval_loss"],
            "seconds_to_target": reach, "target_eval_loss": target,
-           "comm_bytes_sent": s.get("comm_bytes_sent"), "evals": evals}
+           "comm_bytes_sent": s.get("comm_bytes_sent"),
+           "optimizer_state_bytes": s.get("optimizer_state_bytes"),
+           "peak_rss_bytes": s.get("peak_rss_bytes"), "evals": evals}
     print(json.dumps(out), file=sys.stderr)
     print(f"{run:20} {out['tokens_per_s']:7.1f} {s['elapsed_s']:7.1f} "
           f"{(s.get('comm_wait_share') or 0):5.2f} {s['final_eval_loss']:7.4f} "
-          f"{reach if reach is None else round(reach, 1)!s:>11}")
+          f"{reach if reach is None else round(reach, 1)!s:>11} "
+          f"{(s.get('optimizer_state_bytes') or 0) / 2**20:9.1f} "
+          f"{(s.get('peak_rss_bytes') or 0) / 2**20:7.1f}")
 EOF

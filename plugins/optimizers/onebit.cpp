@@ -72,7 +72,8 @@ struct Into {
   bool laid_out;  // has stepped: its tensors are fixed
   const std::vector<uint64_t>* offsets;
   uint64_t total;
-  bool compresses;  // has a compressed allreduce
+  bool compresses;   // has a compressed allreduce
+  uint64_t moments;  // the elements m and v must have: total, or the slice (shard_state)
 };
 
 // Refuses (DATA_LOSS, naming the field with the expected and the found) a state whose
@@ -120,8 +121,9 @@ void check_imported(const Imported& in, const Into& into) {
              why);
     }
   };
-  sized("m", m, total, "(total)");
-  sized("v", v, total, "(total)");
+  const char* moments_why = into.moments == total ? "(total)" : "(this rank's slice)";
+  sized("m", m, into.moments, moments_why);
+  sized("v", v, into.moments, moments_why);
   if (variant == Variant::kOnebitAdam) {
     sized("aux", aux, 0, "(onebit_adam keeps none)");
   } else {
@@ -186,6 +188,11 @@ loom::sdk::Schema Onebit::common_schema() {
              "variance steps): bf16 halves their bytes and rounds the averaged gradient to "
              "bf16, as the trainer's [gradients] wire = \"bf16\" does (host memory).")
           .choices({"fp32", "bf16"}),
+      Bool("shard_state", false,
+           "ZeRO-1: each rank keeps the moments of 1/N of the parameters; the gradients are "
+           "reduce-scattered (compressed after the freeze), each rank updates its slice and "
+           "the parameters are allgathered in fp32 (onebit_adam only; host memory; not with "
+           "hierarchical, warmup_wire = \"bf16\" or non_freeze groups)."),
   };
 }
 
@@ -207,9 +214,24 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
       skip_nonfinite_(ctx.get_bool("skip_nonfinite")),
       hierarchical_(ctx.get_bool("hierarchical")),
       warmup_bf16_(ctx.get_string("warmup_wire") == "bf16"),
+      shard_(ctx.get_bool("shard_state")),
       variant_(variant) {
   world_ = comm_.call(&loom_comm_v1::size);
+  rank_ = comm_.call(&loom_comm_v1::rank);
   if (world_ <= 0) throw Error(LOOM_ERR_UNAVAILABLE, "comm '" + comm_.name() + "' has no ranks");
+  if (shard_ && variant != Variant::kOnebitAdam) {
+    throw Error(LOOM_ERR_UNIMPLEMENTED,
+                std::string(name()) + ": shard_state = true is onebit_adam's only" +
+                    (variant == Variant::kZeroOneAdam
+                         ? " (0/1 Adam's local steps update every parameter from the whole "
+                           "moments on each rank)"
+                         : " (1-bit LAMB's per-tensor trust ratios over slices are not built)"));
+  }
+  if (shard_ && (hierarchical_ || warmup_bf16_)) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                std::string(name()) + ": shard_state = true cannot be combined with " +
+                    (hierarchical_ ? "hierarchical = true" : "warmup_wire = \"bf16\""));
+  }
   // Which memory the comm and codec must support is known at the first step (a CUDA-only
   // transport such as nccl is fine for CUDA tensors): checked there.
 }
@@ -226,12 +248,14 @@ void Onebit::comm_info(loom_optimizer_comm_info& out) {
 
 void Onebit::step(const loom_optimizer_step_args& args) {
   auto groups = loom::optim::collect(args, weight_decay_, /*allow_cuda=*/true);
-  if (variant_ != Variant::kOnebitAdam) {
+  if (variant_ != Variant::kOnebitAdam || shard_) {
     for (std::size_t g = 0; g < groups.size(); ++g) {
       if (groups[g].non_freeze()) {
         throw Error(LOOM_ERR_INVALID_ARGUMENT,
                     "group " + std::to_string(g) + " sets LOOM_OPTIMIZER_GROUP_NON_FREEZE: " +
-                        "non_freeze is supported by onebit_adam only, not " + name());
+                        (shard_ ? std::string("not supported with shard_state = true")
+                                : "non_freeze is supported by onebit_adam only, not " +
+                                      std::string(name())));
       }
     }
   }
@@ -302,7 +326,7 @@ bool Onebit::finite_on_every_rank() {
 }
 
 void Onebit::export_state(loom::sdk::StateWriter& out) {
-  out.write_header(name(), kVersion);
+  out.write_header(name(), shard_ ? 2 : 1);
   out.write_pod<uint64_t>(steps_);
   out.write_pod<uint64_t>(total_);
   out.write_vector(offsets_);
@@ -336,11 +360,16 @@ void Onebit::export_state(loom::sdk::StateWriter& out) {
     car = pending_car_;
   }
   out.write_vector(car);
+  if (shard_) {
+    // Whose slice the moments are: a resume needs the same rank of the same world size.
+    out.write_pod<int32_t>(rank_);
+    out.write_pod<int32_t>(world_);
+  }
 }
 
 void Onebit::import_state(std::span<const std::byte> blob) {
   loom::sdk::StateReader in(blob);
-  in.read_header(name(), kVersion);
+  const uint32_t version = in.read_header(name(), kVersion);
   const auto steps = in.read_pod<uint64_t>();
   const auto total = in.read_pod<uint64_t>();
   auto offsets = in.read_vector<uint64_t>();
@@ -364,10 +393,29 @@ void Onebit::import_state(std::span<const std::byte> blob) {
   const auto rounds = in.read_pod<uint64_t>();
   const auto ub = in.read_pod<uint64_t>();
   auto car = in.read_vector<std::byte>();
+  const bool sharded = version >= 2;
+  const int32_t slice_rank = sharded ? in.read_pod<int32_t>() : 0;
+  const int32_t slice_world = sharded ? in.read_pod<int32_t>() : 0;
   in.expect_end();
+  if (sharded != shard_) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                std::string(name()) +
+                    " state: written with shard_state = " + (sharded ? "true" : "false") +
+                    ", this instance has shard_state = " + (shard_ ? "true" : "false") +
+                    " (resume with the setting it was written with)");
+  }
+  if (sharded && (slice_rank != rank_ || slice_world != world_)) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                std::string(name()) + " state: holds rank " + std::to_string(slice_rank) + " of " +
+                    std::to_string(slice_world) +
+                    "'s slice of the moments, but this instance is rank " + std::to_string(rank_) +
+                    " of " + std::to_string(world_) +
+                    " (a sharded state resumes on the same rank of the same number of ranks)");
+  }
   check_imported({steps, total, offsets, m.size(), v.size(), aux.size(), var_interval,
                   local_interval, lamb, car.size()},
-                 {variant_, laid_out_, &offsets_, total_, car_ != nullptr || hier_ != nullptr});
+                 {variant_, laid_out_, &offsets_, total_, car_ != nullptr || hier_ != nullptr,
+                  shard_ ? shard_numel(total) : total});
   if ((car_ || hier_) && !car.empty()) {
     // Validate the error buffers' sizes against the live allreduce before committing.
     loom::sdk::StateReader cr(car);
@@ -448,6 +496,12 @@ void Onebit::check_device(DLDevice device) {
                     ": hierarchical = true runs on host memory; this step's "
                     "tensors are on " +
                     where + " (leave hierarchical off there)");
+  }
+  if (cuda && shard_) {
+    throw Error(LOOM_ERR_UNIMPLEMENTED,
+                std::string(name()) +
+                    ": shard_state = true runs on host memory; this step's tensors are on " +
+                    where + " (leave shard_state off there)");
   }
   if (cuda && warmup_bf16_) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
@@ -552,8 +606,9 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
   } else {
     offsets_ = std::move(offsets);
     total_ = total;
-    m_ = Buffer::zeros(total_, device_, stream_);
-    v_ = Buffer::zeros(total_, device_, stream_);
+    const uint64_t moments = shard_ ? shard_numel(total_) : total_;
+    m_ = Buffer::zeros(moments, device_, stream_);
+    v_ = Buffer::zeros(moments, device_, stream_);
     if (variant_ != Variant::kOnebitAdam) aux_ = Buffer::zeros(total_, device_, stream_);
     if (variant_ == Variant::kOnebitLamb) lamb_.assign(offsets_.size() - 1, {});
   }
@@ -573,6 +628,19 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
       if (!pending_car_.empty()) {
         loom::sdk::StateReader cr(pending_car_);
         hier_->import_state(cr);
+        pending_car_.clear();
+      }
+    } else if (packed > 0 && shard_) {
+      // Host memory (check_device); over the padded length, so the flat buffer is its input
+      // as it is (no padded copy).
+      padded_ = shard_numel(total_) * static_cast<uint64_t>(world_);
+      shard_lo_ = shard_numel(total_) * static_cast<uint64_t>(rank_);
+      car = std::make_unique<loom::sdk::CompressedAllreduce>(
+          ctx_, comm_, codec_, static_cast<int64_t>(padded_),
+          loom::sdk::CompressedAllreduce::Options{});
+      if (!pending_car_.empty()) {
+        loom::sdk::StateReader cr(pending_car_);
+        car->import_state(cr);
         pending_car_.clear();
       }
     } else if (packed > 0) {
@@ -597,11 +665,11 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
     compressed_numel_ = packed;
     laid_out_ = true;
   }
-  ensure(flat_, total_);
+  ensure(flat_, shard_ ? padded_ : total_);
+  if (shard_) ensure(slice_, m_.size());
 }
 
-template <class Fn>
-void Onebit::counted(Fn&& fn, bool compressed_run) {
+void Onebit::counted(const std::function<void()>& fn, bool compressed_run) {
   if (compressed_run) {
     // The compressed allreduce counts its own traffic (a hierarchical one on the
     // sub-communicators it split off, whose calls the parent's stats do not see) and only

@@ -8,11 +8,19 @@
 // All tensors of all groups are fused into one flat buffer: one collective per step for the
 // whole model.
 //
+// Sharded state (onebit_adam's shard_state = true; onebit_shard.cpp): ZeRO-1 for the
+// optimizer. Rank r of n keeps m and v for its slice [r * c, r * c + c) of the flat layout
+// (c = the codec's padded length / n); a step reduce-scatters the gradients (fp32 in the
+// warmup, the compressed allreduce's worker half after the freeze), updates the slice's
+// parameters and allgathers them (fp32). It compresses the gradient, not the local momentum
+// (no rank holds the whole momentum to add it to), with the same error feedback.
+//
 // Where the code lives:
 //   onebit.hpp (this file)  the shared part, class Onebit: parameters every variant has, the
 //                           device and layout checks, the flat state and scratch buffers, the
 //                           backend, the collectives, the state format;
 //   onebit.cpp              its implementation;
+//   onebit_shard.cpp        onebit_adam's step with shard_state = true;
 //   onebit_adam.cpp, zero_one_adam.cpp, onebit_lamb.cpp
 //                           one algorithm each: its schema, its own parameters and its step;
 //   onebit_plugin.cpp       the plugin entry; built three times (LOOM_ONEBIT_VARIANT selects
@@ -51,6 +59,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -198,6 +207,14 @@ class Onebit : public loom::sdk::Optimizer {
   // m = beta1 * m + (1 - beta1) * g over the whole flat layout.
   void momentum_flat(const Buffer& g);
 
+  // shard_state (onebit_shard.cpp). One step of onebit_adam on this rank's slice: the
+  // gradients reduce-scattered (compressed after freeze_step), Adam on the slice (v frozen
+  // after freeze_step), the parameters allgathered.
+  void sharded_adam(const std::vector<StepGroup>& groups, double lr, uint64_t t,
+                    uint64_t freeze_step);
+  // The slice's length for `total` elements over world_ ranks (0 for none).
+  uint64_t shard_numel(uint64_t total) const;
+
   // Parameters every variant has.
   loom::sdk::Context ctx_;
   loom::sdk::InstanceRef<loom_comm_v1> comm_;
@@ -210,6 +227,8 @@ class Onebit : public loom::sdk::Optimizer {
   bool skip_nonfinite_;
   bool hierarchical_;
   bool warmup_bf16_;  // warmup_wire = "bf16"
+  bool shard_;        // shard_state
+  int32_t rank_ = 0;
   int32_t world_ = 1;
 
   // State (all exported; a variant uses the fields its comment names). The flat buffers
@@ -256,9 +275,16 @@ class Onebit : public loom::sdk::Optimizer {
   Buffer flat_;    // the step's gradients in the flat layout
   Buffer subset_;  // the compressed or non_freeze tensors, packed
   Buffer prev_;    // 1-bit LAMB: m before this step's momentum update (m_prev)
+  Buffer slice_;   // shard_state: this rank's slice of the averaged gradient, then of the params
+
+  // shard_state: flat_ holds padded_ elements (the codec's padding, zero past total_); this
+  // rank's slice is [shard_lo_, shard_lo_ + m_.size()).
+  uint64_t padded_ = 0;
+  uint64_t shard_lo_ = 0;
 
  private:
-  static constexpr uint32_t kVersion = 1;
+  // 2: followed by the shard record (shard_state only; unsharded states stay version 1).
+  static constexpr uint32_t kVersion = 2;
 
   static loom_status* append(void* ctx, const void* data, size_t bytes);
   static bool same_device(DLDevice a, DLDevice b) {
@@ -270,6 +296,16 @@ class Onebit : public loom::sdk::Optimizer {
   DLDevice step_device(const std::vector<StepGroup>& groups) const;
   // The state's device is fixed by the first step; the comm and the codec must support it.
   void check_device(DLDevice device);
+  // shard_state: the parts of the step's tensors inside [lo, hi) of the flat layout, their
+  // offsets counted from `base`; the gradient pointers are the parameters (fp32), for copies.
+  // `group_of` (optional) gets each piece's group index.
+  Segments pieces(const std::vector<StepGroup>& groups, uint64_t lo, uint64_t hi, uint64_t base,
+                  bool masks, std::vector<std::size_t>* group_of = nullptr) const;
+  // shard_state: slice_ = the ranks' average of flat_'s slice (fp32, or the compressed
+  // allreduce's worker half when `compressed_run`).
+  void reduce_scatter_grads(bool compressed_run);
+  // shard_state: every rank's updated slice of the parameters into every rank's tensors.
+  void allgather_params(const std::vector<StepGroup>& groups);
   // step() once the device and stream are set (and, on CUDA, ordered after the last step).
   void ordered_step(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
   // The flat layout: tensor k of the step occupies [offsets_[k], offsets_[k+1]).
@@ -279,8 +315,7 @@ class Onebit : public loom::sdk::Optimizer {
   bool finite_on_every_rank();
   // Counts what `fn` (one collective) did on the transport and the time it kept this rank
   // waiting: all of a plain collective's, only a compressed run's time in the transport.
-  template <class Fn>
-  void counted(Fn&& fn, bool compressed_run);
+  void counted(const std::function<void()>& fn, bool compressed_run);
 
   Variant variant_;
 

@@ -16,6 +16,10 @@ OnebitAdam::OnebitAdam(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kOnebitAd
 }
 
 void OnebitAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
+  if (shard_) {
+    sharded_adam(groups, lr, t, freeze_step_);
+    return;
+  }
   if (t <= freeze_step_) {
     allreduce_avg(flat_);
     adam_full(groups, lr, bc(beta1_, t), bc(beta2_, t));

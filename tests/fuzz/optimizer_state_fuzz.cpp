@@ -1,12 +1,13 @@
 // libFuzzer target for the optimizers' state import: every optimizer with a state format of
-// its own (adam, lamb, onebit_adam, zero_one_adam, onebit_lamb, and the SDK template's sgd),
+// its own (adam, lamb, onebit_adam (also with shard_state), zero_one_adam, onebit_lamb, and the
+// SDK template's sgd),
 // compiled into the target and made by plugin_host.hpp through its factory, as a host makes
 // it; the 1-bit family over the thread_comm test transport (one rank) and the onebit codec.
 // The blob goes through the factory's import_state_with_args (the SDK's frame check, then the
 // plugin's parser), and an accepted state through two optimizer steps, so a state that
 // parses but does not fit what the step does with it shows up here.
 //
-// Input: one byte of mode, then the blob. Mode bits 0-2 pick the optimizer (modulo 6);
+// Input: one byte of mode, then the blob. Mode bits 0-2 pick the optimizer (modulo 7);
 // bit 3 wraps the blob in a valid SDK frame first (tag, size, CRC32C), so mutations of the
 // payload get past the checksum to the plugin's own checks; bit 4 imports into an instance
 // that has already stepped (the 1-bit family then imports its compressed allreduce's error
@@ -86,6 +87,11 @@ void make_globals() {
        true,
        {{"freeze_step", loom_fuzz::int_value(2)}}},
       {"sgd", &loom_fuzz_entry_sgd, false, {{"momentum", loom_fuzz::float_value(0.9)}}},
+      // Its state format's version 2 (the shard record); one rank, so the slice is all.
+      {"onebit_adam_sharded",
+       &loom_fuzz_entry_onebit_adam,
+       true,
+       {{"freeze_step", loom_fuzz::int_value(2)}, {"shard_state", loom_fuzz::bool_value(true)}}},
   };
 }
 

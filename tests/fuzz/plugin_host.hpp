@@ -45,6 +45,13 @@ inline loom_value float_value(double v) {
   x.float_value = v;
   return x;
 }
+inline loom_value bool_value(bool v) {
+  loom_value x{};
+  x.struct_size = LOOM_VALUE_SIZE;
+  x.type = LOOM_PARAM_BOOL;
+  x.int_value = v ? 1 : 0;  // BOOL travels as int_value
+  return x;
+}
 inline loom_value string_value(const char* s) {
   loom_value x{};
   x.struct_size = LOOM_VALUE_SIZE;

@@ -316,6 +316,161 @@ TEST(Onebit, HierarchicalAndFlatStatesAreNotInterchangeable) {
   }
 }
 
+// ------------------------------------------------------------- sharded state (ZeRO-1)
+
+std::vector<char> export_blob(loom_instance* opt) {
+  size_t size = 0;
+  EXPECT_EQ(loom_instance_export_state(opt, nullptr, 0, &size), 0) << loom_last_error();
+  std::vector<char> blob(size);
+  EXPECT_EQ(loom_instance_export_state(opt, blob.data(), size, &size), 0) << loom_last_error();
+  return blob;
+}
+
+// The warmup is Adam on the exact average: the sharded optimizer reduce-scatters, updates its
+// slice and allgathers the parameters, the same arithmetic on the same averaged gradient. After
+// the freeze it compresses gradients instead of momenta (another error-feedback path): the test
+// states how close it stays to Adam on the exact average, the reference both 1-bit paths
+// approximate, on the convex problem.
+TEST(OnebitShard, WarmupMatchesAdamAndCompressionStaysClose) {
+  const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nfreeze_step = 20\n";
+  World w("[optimizer.full]\nplugin = \"onebit_adam\"\n" + refs +
+          "[optimizer.shard]\nplugin = \"onebit_adam\"\nshard_state = true\n" + refs +
+          "[optimizer.adam]\nplugin = \"adam\"\n");
+  ASSERT_NE(w.s, nullptr);
+  LeastSquares prob(w.rank);
+  std::vector<float> a0(32, 0.0f), a1(16, 0.0f), b0 = a0, b1 = a1, c0 = a0, c1 = a1, g0, g1;
+  double worst_warmup = 0.0;
+  for (int t = 1; t <= 200; ++t) {
+    prob.loss_grad(a0, a1, &g0, &g1);
+    ASSERT_EQ(step(w.opt("full"), {&a0, &a1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
+    prob.loss_grad(b0, b1, &g0, &g1);
+    ASSERT_EQ(step(w.opt("shard"), {&b0, &b1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
+    prob.loss_grad(c0, c1, &g0, &g1);
+    w.average(g0);
+    w.average(g1);
+    ASSERT_EQ(step(w.opt("adam"), {&c0, &c1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
+    if (t <= 20) {
+      for (size_t i = 0; i < c0.size(); ++i) {
+        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(c0[i] - b0[i])));
+      }
+      for (size_t i = 0; i < c1.size(); ++i) {
+        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(c1[i] - b1[i])));
+      }
+    }
+  }
+  // The same averaged gradient up to the transports' summation order (one reduce-scatter of
+  // the fused buffer against two allreduces): within a few fp32 roundings of parameters of
+  // size ~0.04.
+  EXPECT_LE(worst_warmup, 1e-6) << "warmup";
+  // Every rank holds the same parameters after the allgather: each rank's against rank 0's.
+  std::vector<float> mine(b0);
+  mine.insert(mine.end(), b1.begin(), b1.end());
+  std::vector<float> all(mine.size() * static_cast<size_t>(w.size));
+  int64_t n1 = static_cast<int64_t>(mine.size()), nall = static_cast<int64_t>(all.size());
+  DLTensor send{mine.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &n1, nullptr, 0};
+  DLTensor recv{all.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &nall, nullptr, 0};
+  loom_allgather_args ga{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, nullptr};
+  ASSERT_EQ(w.vt->allgather(w.comm, &ga), nullptr);
+  for (size_t i = 0; i < mine.size(); ++i) ASSERT_EQ(mine[i], all[i]) << "element " << i;
+  // The objective (local losses averaged over the ranks) after 180 compressed steps.
+  std::vector<float> losses = {static_cast<float>(prob.loss_grad(c0, c1, nullptr, nullptr)),
+                               static_cast<float>(prob.loss_grad(a0, a1, nullptr, nullptr)),
+                               static_cast<float>(prob.loss_grad(b0, b1, nullptr, nullptr))};
+  w.average(losses);
+  if (w.rank == 0) {
+    std::printf("least squares after 200 steps: adam %.5f, onebit_adam %.5f, sharded %.5f\n",
+                losses[0], losses[1], losses[2]);
+  }
+  EXPECT_LE(std::fabs(losses[2] - losses[0]), 0.02 * losses[0])
+      << "sharded " << losses[2] << " vs adam " << losses[0];
+}
+
+TEST(OnebitShard, ResumesBitIdentically) {
+  resume_check("onebit_adam", "freeze_step = 5\nshard_state = true\n", 16, {3, 9});
+}
+
+// A rank keeps its slice of m and v; a state moves only to the same rank of the same world and
+// the same setting; the other two variants and the combinations that need whole buffers refuse.
+TEST(OnebitShard, StateIsASliceAndMovesOnlyWhereItFits) {
+  const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nfreeze_step = 2\n";
+  World w("[optimizer.full]\nplugin = \"onebit_adam\"\n" + refs +
+          "[optimizer.shard]\nplugin = \"onebit_adam\"\nshard_state = true\n" + refs +
+          "[optimizer.other]\nplugin = \"onebit_adam\"\nshard_state = true\n" + refs);
+  ASSERT_NE(w.s, nullptr);
+  std::vector<float> p(4000, 0.5f), g(4000), q(p);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>((i * 7 + w.rank) % 13);
+  for (int t = 1; t <= 4; ++t) {
+    ASSERT_EQ(step(w.opt("full"), {&p}, {&g}, 1e-3, t), 0) << loom_last_error();
+    ASSERT_EQ(step(w.opt("shard"), {&q}, {&g}, 1e-3, t), 0) << loom_last_error();
+  }
+  const std::vector<char> full = export_blob(w.opt("full"));
+  const std::vector<char> shard = export_blob(w.opt("shard"));
+  // Unsharded: m and v (2 x 4000 floats) and both error buffers. Sharded: m and v of the slice
+  // (2 x 4000 / n, rounded up to the codec's padding) and the same error buffers less the
+  // server's, so the blob shrinks by at least 2 x 4000 x (1 - 1/n) floats, minus padding.
+  if (w.size > 1) {
+    const double saved = 2.0 * 4000 * 4 * (1.0 - 1.0 / w.size);
+    EXPECT_LE(static_cast<double>(shard.size()), static_cast<double>(full.size()) - 0.95 * saved)
+        << "sharded " << shard.size() << " bytes, unsharded " << full.size();
+  }
+  // Its own state resumes; the unsharded one does not fit, nor the other way round.
+  EXPECT_EQ(loom_instance_import_state(w.opt("other"), shard.data(), shard.size()), 0)
+      << loom_last_error();
+  EXPECT_NE(loom_instance_import_state(w.opt("other"), full.data(), full.size()), 0);
+  EXPECT_NE(std::string(loom_last_error()).find("shard_state = false"), std::string::npos)
+      << loom_last_error();
+  EXPECT_NE(loom_instance_import_state(w.opt("full"), shard.data(), shard.size()), 0);
+  EXPECT_NE(std::string(loom_last_error()).find("shard_state = true"), std::string::npos)
+      << loom_last_error();
+  // Another rank's slice (the blobs have the same size on every rank: the slices do).
+  if (w.size > 1) {
+    std::vector<uint64_t> sizes = {shard.size()};
+    std::vector<uint64_t> all_sizes(static_cast<size_t>(w.size));
+    int64_t one = 1, n = w.size;
+    DLTensor s1{sizes.data(), {kDLCPU, 0}, 1, {kDLUInt, 64, 1}, &one, nullptr, 0};
+    DLTensor sn{all_sizes.data(), {kDLCPU, 0}, 1, {kDLUInt, 64, 1}, &n, nullptr, 0};
+    loom_allgather_args ga{LOOM_ALLGATHER_ARGS_SIZE, 0, &s1, &sn, nullptr};
+    ASSERT_EQ(w.vt->allgather(w.comm, &ga), nullptr);
+    for (const uint64_t z : all_sizes) ASSERT_EQ(z, shard.size());
+    std::vector<char> all(shard.size() * static_cast<size_t>(w.size));
+    int64_t bytes = static_cast<int64_t>(shard.size()), total = static_cast<int64_t>(all.size());
+    DLTensor b1{
+        const_cast<char*>(shard.data()), {kDLCPU, 0}, 1, {kDLUInt, 8, 1}, &bytes, nullptr, 0};
+    DLTensor bn{all.data(), {kDLCPU, 0}, 1, {kDLUInt, 8, 1}, &total, nullptr, 0};
+    loom_allgather_args gb{LOOM_ALLGATHER_ARGS_SIZE, 0, &b1, &bn, nullptr};
+    ASSERT_EQ(w.vt->allgather(w.comm, &gb), nullptr);
+    const size_t next = static_cast<size_t>((w.rank + 1) % w.size);
+    EXPECT_NE(
+        loom_instance_import_state(w.opt("other"), all.data() + next * shard.size(), shard.size()),
+        0);
+    EXPECT_NE(std::string(loom_last_error()).find("same rank of the same number of ranks"),
+              std::string::npos)
+        << loom_last_error();
+  }
+}
+
+// Refused when the instance is made: the variants without it, and the combinations.
+TEST(OnebitShard, RefusedWhereItCannotWork) {
+  for (const std::string& bad :
+       {std::string("plugin = \"zero_one_adam\"\nshard_state = true\n"),
+        std::string("plugin = \"onebit_lamb\"\nshard_state = true\n"),
+        std::string("plugin = \"onebit_adam\"\nshard_state = true\nhierarchical = true\n"),
+        std::string("plugin = \"onebit_adam\"\nshard_state = true\nwarmup_wire = \"bf16\"\n")}) {
+    const std::string toml =
+        "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
+        "[optimizer.x]\ncomm = \"world\"\ncodec = \"onebit\"\n" +
+        bad;
+    loom_open_options o{};
+    o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+    o.log_level = -1;
+    loom_session* s = nullptr;
+    EXPECT_NE(loom_open_string(toml.c_str(), "bad.toml", &o, &s), 0) << bad;
+    EXPECT_NE(std::string(loom_last_error()).find("shard_state"), std::string::npos)
+        << loom_last_error();
+    loom_close(s);
+  }
+}
+
 TEST(Onebit, ForeignStateAndLayoutChangesAreRejected) {
   const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\n";
   World w("[optimizer.a]\nplugin = \"onebit_adam\"\n" + refs +
@@ -419,14 +574,6 @@ struct OnebitState {
     return {c, c + b.size()};
   }
 };
-
-std::vector<char> export_blob(loom_instance* opt) {
-  size_t size = 0;
-  EXPECT_EQ(loom_instance_export_state(opt, nullptr, 0, &size), 0) << loom_last_error();
-  std::vector<char> blob(size);
-  EXPECT_EQ(loom_instance_export_state(opt, blob.data(), size, &size), 0) << loom_last_error();
-  return blob;
-}
 
 // Imports `blob` into `opt` and expects it refused with `code` and an error containing
 // `message`, the instance unchanged.
@@ -1025,6 +1172,10 @@ void mlp_check(const char* plugin, const char* baseline, const std::string& para
 
 TEST(OnebitMlp, OnebitAdamWithin2PercentOfAdam) {
   mlp_check("onebit_adam", "adam", "freeze_step = 100\n", 1e-2);
+}
+// ZeRO-1: each rank keeps the moments of its slice (gradients compressed, not momenta).
+TEST(OnebitMlp, ShardedOnebitAdamWithin2PercentOfAdam) {
+  mlp_check("onebit_adam", "adam", "freeze_step = 100\nshard_state = true\n", 1e-2);
 }
 TEST(OnebitMlp, HierarchicalOnebitAdamWithin2PercentOfAdam) {
   mlp_check("onebit_adam", "adam", "freeze_step = 100\nhierarchical = true\n", 1e-2);

@@ -1,5 +1,7 @@
 // Trainer: the banner, the log lines and metrics, evaluation (also --eval-only), and the end
 // of a run (trainer.hpp).
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <iostream>
 
@@ -248,6 +250,14 @@ int Trainer::eval_checkpoint(nlohmann::json& out) {
 }
 // ---- the end: final eval, summary.json, the totals and the plot
 
+namespace {
+uint64_t peak_rss_bytes() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // KiB on Linux
+}
+}  // namespace
+
 void Trainer::finish() {
   if (std::isnan(last_eval_)) last_eval_ = evaluate();  // resumed at the end: report again
   // [quantization]: the float weights' loss beside the quantized one (every rank).
@@ -275,7 +285,11 @@ void Trainer::finish() {
         // the exchange of an optimizer that communicates itself (the 1-bit family reports the
         // time its transport calls blocked, not its compression).
         {"comm_wait_s", wait_s},
-        {"comm_wait_share", train_step_s_ > 0 ? wait_s / train_step_s_ : 0.0}};
+        {"comm_wait_share", train_step_s_ > 0 ? wait_s / train_step_s_ : 0.0},
+        // Rank 0's memory: what its optimizer keeps (its state, as a checkpoint stores it; a
+        // sharded one keeps its slice) and the process's peak resident set.
+        {"optimizer_state_bytes", export_instance_state(opt_, "optimizer").size()},
+        {"peak_rss_bytes", peak_rss_bytes()}};
     for (const auto& f : features_) f->summary(summary, train_step_s_);
     const std::string s = summary.dump(2) + "\n";
     write_file_atomic((run_dir_ / "summary.json").string(), s.data(), s.size());

@@ -52,10 +52,10 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kSteps = 300;
-// Fields that hold wall-clock time (metrics lines and summary.json).
-const char* const kTimingKeys[] = {"tokens_per_s",         "elapsed_s",   "sampler_s",
-                                   "train_step_s",         "comm_wait_s", "comm_wait_share",
-                                   "sampler_share_of_step"};
+// Fields that hold wall-clock time or the process's memory (metrics lines and summary.json).
+const char* const kTimingKeys[] = {"tokens_per_s",          "elapsed_s",     "sampler_s",
+                                   "train_step_s",          "comm_wait_s",   "comm_wait_share",
+                                   "sampler_share_of_step", "peak_rss_bytes"};
 
 // trainer.rank{R}.bin: the LOOMCKPT frame (magic 8, version u32, kind u32 = 2, payload bytes
 // u64, FNV-1a 64 of the payload u64), then the payload "LTS5": magic u32, step i64, seed u64,

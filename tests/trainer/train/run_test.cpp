@@ -68,6 +68,10 @@ class TrainerRun : public ::testing::Test {
         << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
            "[optimizer.main]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
            "freeze_step = 8\n";
+    std::ofstream(dir_ / "onebit_shard.toml")
+        << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
+           "[optimizer.main]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+           "freeze_step = 8\nshard_state = true\n";
     std::ofstream(dir_ / "onebit3.toml")
         << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
            "[optimizer.main]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
@@ -125,6 +129,10 @@ class TrainerRun : public ::testing::Test {
   static std::vector<nlohmann::json> metrics(const std::string& run, const std::string& type) {
     return run_metrics(dir_ / "runs" / run, type);
   }
+  // Runs `manifest` on 2 ranks for 24 steps as `full_run`, and as `part_run` stopped after
+  // step 13 and resumed; the metrics and the final weights must match.
+  static void interrupted_and_resumed(const std::string& manifest, const std::string& full_run,
+                                      const std::string& part_run);
 };
 fs::path TrainerRun::dir_;
 
@@ -165,20 +173,38 @@ TEST_F(TrainerRun, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
 
 TEST_F(TrainerRun, InterruptedAndResumedMatchesUninterrupted) {
   if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
-  const auto full = train(2, config("full", "onebit.toml", "", 3), "--fresh");
+  interrupted_and_resumed("onebit.toml", "full", "part");
+}
+
+// onebit_adam with shard_state: each rank's checkpoint holds its slice of the moments, and a
+// resumed run continues bit for bit.
+TEST_F(TrainerRun, ShardedOnebitAdamResumesAndKeepsASliceOfTheState) {
+  if (std::string(LOOM_MPIRUN).empty()) GTEST_SKIP() << "mpirun not found";
+  interrupted_and_resumed("onebit_shard.toml", "shard_full", "shard_part");
+  const auto s = nlohmann::json::parse(slurp(dir_ / "runs/shard_full/summary.json"));
+  // Unsharded, a rank keeps m, v and the worker error for every parameter (12 bytes each)
+  // beside the server error; sharded on 2 ranks, half of m and v: about 8 + 2.
+  const double params = double(s["parameters"]);
+  EXPECT_LT(double(s["optimizer_state_bytes"]), 12.0 * params) << s.dump();
+  EXPECT_GT(double(s["optimizer_state_bytes"]), 8.0 * params) << s.dump();
+}
+
+void TrainerRun::interrupted_and_resumed(const std::string& manifest, const std::string& full_run,
+                                         const std::string& part_run) {
+  const auto full = train(2, config(full_run, manifest, "", 3), "--fresh");
   ASSERT_EQ(full.code, 0) << full.out;
   // Killed after step 13: the last checkpoint is step 10; steps 11-13 are done again. Metrics
   // every 3 steps, so a line that averages steps 10-12 must come out the same after resume.
-  const auto part = train(2, config("part", "onebit.toml", "", 3), "--fresh --stop-after 13");
+  const auto part = train(2, config(part_run, manifest, "", 3), "--fresh --stop-after 13");
   ASSERT_EQ(part.code, 0) << part.out;
-  const auto again = train(2, config("part", "onebit.toml", "", 3));
+  const auto again = train(2, config(part_run, manifest, "", 3));
   EXPECT_NE(again.code, 0) << "a run dir with checkpoints needs --resume or --fresh";
   EXPECT_NE(again.out.find("pass --resume"), std::string::npos) << again.out;
-  const auto rest = train(2, config("part", "onebit.toml", "", 3), "--resume");
+  const auto rest = train(2, config(part_run, manifest, "", 3), "--resume");
   ASSERT_EQ(rest.code, 0) << rest.out;
   EXPECT_NE(rest.out.find("resumed from"), std::string::npos) << rest.out;
   for (const char* type : {"train", "eval"}) {
-    const auto a = metrics("full", type), b = metrics("part", type);
+    const auto a = metrics(full_run, type), b = metrics(part_run, type);
     ASSERT_EQ(a.size(), b.size()) << type;
     for (size_t i = 0; i < a.size(); ++i) {
       for (const char* k : {"step", "loss", "eval_loss", "grad_norm", "lr", "comm_bytes_sent",
@@ -190,12 +216,12 @@ TEST_F(TrainerRun, InterruptedAndResumedMatchesUninterrupted) {
     }
   }
   // The compression stage ran (1-bit Adam sends less than the fp32 allreduce would).
-  const auto last = metrics("full", "train").back();
+  const auto last = metrics(full_run, "train").back();
   EXPECT_LT(double(last["comm_bytes_sent"]), double(last["uncompressed_bytes"]));
   // Final weights are bit-identical on both ranks' files.
   for (const char* f : {"model.rank0.safetensors", "model.rank1.safetensors"}) {
-    EXPECT_EQ(slurp(dir_ / "runs/full/checkpoints/step_00000024" / f),
-              slurp(dir_ / "runs/part/checkpoints/step_00000024" / f))
+    EXPECT_EQ(slurp(dir_ / "runs" / full_run / "checkpoints/step_00000024" / f),
+              slurp(dir_ / "runs" / part_run / "checkpoints/step_00000024" / f))
         << f;
   }
 }
@@ -439,7 +465,10 @@ void expect_same_run(const fs::path& runs, const std::string& a, const std::stri
   EXPECT_LT(double(last["comm_bytes_sent"]), double(last["uncompressed_bytes"]));
   auto sa = nlohmann::json::parse(slurp(runs / a / "summary.json"));
   auto sb = nlohmann::json::parse(slurp(runs / b / "summary.json"));
-  for (const char* k : {"elapsed_s", "comm_wait_s", "comm_wait_share"}) {
+  // Rank 0's memory: the optimizer's state is part of the result, its peak resident set not.
+  EXPECT_GT(uint64_t(sb["optimizer_state_bytes"]), 0u);
+  EXPECT_GT(uint64_t(sb["peak_rss_bytes"]), uint64_t(sb["optimizer_state_bytes"]));
+  for (const char* k : {"elapsed_s", "comm_wait_s", "comm_wait_share", "peak_rss_bytes"}) {
     sa.erase(k);
     sb.erase(k);
   }

@@ -37,6 +37,8 @@
 //   // In place: momentum becomes the compressed average over all ranks.
 //   allreduce.run(momentum_tensor);      // fp32, contiguous, numel elements, host memory
 //   auto t = allreduce.last_traffic();   // bytes this rank sent/received, rounds
+//   // Or only this rank's slice of the average (steps 1-3 without the server's re-encode):
+//   allreduce.reduce_scatter(gradient_tensor, slice_tensor);  // chunk_numel() elements
 //   ...
 //   allreduce.export_state(writer);      // inside the optimizer's export_state
 //   allreduce.import_state(reader);      // inside its import_state
@@ -248,19 +250,40 @@ class CompressedAllreduce {
            static_cast<std::size_t>(padded_ - numel_) * sizeof(float), stream);
     }
 
-    const CompressedAllreduceTraffic after = read_stats();
-    last_.bytes_sent = after.bytes_sent - before.bytes_sent;
-    last_.bytes_received = after.bytes_received - before.bytes_received;
-    last_.rounds = after.rounds - before.rounds;
-    last_.wait_ns = run_wait_ns_;
-    total_.wait_ns += last_.wait_ns;
-    total_.bytes_sent += last_.bytes_sent;
-    total_.bytes_received += last_.bytes_received;
-    total_.rounds += last_.rounds;
-    ++calls_;
+    account(before);
   }
   // In place.
   void run(DLTensor& tensor, void* stream = nullptr) { run(tensor, tensor, stream); }
+
+  // The first half of run(), for owners that keep one slice of the result each (a sharded
+  // optimizer): `slice` = this rank's chunk_numel() elements of the compressed average of
+  // `input`, elements [rank() * c, rank() * c + c) of the padded buffer (c = chunk_numel();
+  // the padding's entries average zeros). Only the worker half compresses (the worker error
+  // is updated, the server error is not used), so the slice is the exact average of the ranks'
+  // decoded encodings, about half run()'s bytes. One segment only (segment_elements = 0).
+  void reduce_scatter(const DLTensor& input, DLTensor& slice, void* stream = nullptr) {
+    if (stream == nullptr) stream = stream_;
+    check_tensor(input, "compressed reduce-scatter input");
+    check_tensor(slice, "compressed reduce-scatter slice", chunk_numel());
+    if (segments_.size() != 1) {
+      throw Error(LOOM_ERR_FAILED_PRECONDITION,
+                  "compressed reduce-scatter needs one segment; this allreduce has " +
+                      std::to_string(segments_.size()) + " (segment_elements = 0)");
+    }
+    use_stream(stream);
+    const Marker marker(*this);
+    const CompressedAllreduceTraffic before = read_stats();
+    run_wait_ns_ = 0;
+    const float* src = data_as<const float>(input);
+    if (padded_ != numel_) {
+      copy(work_, src, static_cast<std::size_t>(numel_) * sizeof(float), stream);
+      src = static_cast<const float*>(work_);
+    }
+    Exchange x;
+    worker(0, src, x, stream, /*pipelined=*/false);
+    reduce(0, x, slice, stream);
+    account(before);
+  }
 
   // Makes `stream` the one later work on the buffers goes to (run() without a stream, reset,
   // export, import, the destructor's frees), ordered after the work queued so far: for an
@@ -462,15 +485,32 @@ class CompressedAllreduce {
   // the server error, re-encodes it as one chunk and starts phase 2 (every rank gets every
   // server chunk, into the same receive buffer).
   void server(std::size_t k, Exchange& x, void* stream, bool pipelined) {
-    blocked([&] { x.request.wait(); });
     Segment& g = segments_[k];
+    DLTensor slice_t = tensor(slice_, &g.shape_chunk);
+    reduce(k, x, slice_t, stream);
+    DLTensor server_e =
+        tensor(static_cast<float*>(server_error_) + g.server_offset, &g.shape_chunk);
+    void* chunk = static_cast<unsigned char*>(server_chunk_) + g.chunk_offset;
+    encode(&slice_t, &server_e, 1, chunk, stream);
+    x.chunk = bytes_tensor(chunk, &g.shape_one);
+    x.ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
+    x.ag.send = &x.chunk;
+    x.ag.recv = &x.recv;
+    x.ag.stream = stream;
+    exchange(x, LOOM_COLLECTIVE_ALLGATHER, &x.ag, pipelined);
+  }
+
+  // Finishes phase 1 of segment k and averages the n received chunks of this rank's slice
+  // into `out` (the segment's chunk length).
+  void reduce(std::size_t k, Exchange& x, DLTensor& out, void* stream) {
+    blocked([&] { x.request.wait(); });
+    const Segment& g = segments_[k];
     // A codec with decode_sum sums the n chunks in one pass over the slice; otherwise each
     // chunk is decoded in turn, accumulating (the same result, bit for bit).
-    DLTensor slice_t = tensor(slice_, &g.shape_chunk);
     const void* recv = x.recv.data;
     loom_codec_decode_args dec{};
     dec.struct_size = LOOM_CODEC_DECODE_ARGS_SIZE;
-    dec.output = &slice_t;
+    dec.output = &out;
     dec.alpha = 1.0f / static_cast<float>(size_);
     dec.stream = stream;
     if (codec_.provides(&loom_codec_v1::decode_sum)) {
@@ -487,16 +527,6 @@ class CompressedAllreduce {
         codec_.call(&loom_codec_v1::decode, &dec);
       }
     }
-    DLTensor server_e =
-        tensor(static_cast<float*>(server_error_) + g.server_offset, &g.shape_chunk);
-    void* chunk = static_cast<unsigned char*>(server_chunk_) + g.chunk_offset;
-    encode(&slice_t, &server_e, 1, chunk, stream);
-    x.chunk = bytes_tensor(chunk, &g.shape_one);
-    x.ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
-    x.ag.send = &x.chunk;
-    x.ag.recv = &x.recv;
-    x.ag.stream = stream;
-    exchange(x, LOOM_COLLECTIVE_ALLGATHER, &x.ag, pipelined);
   }
 
   // Finishes phase 2 of segment k and decodes the n gathered chunks into dst.
@@ -669,12 +699,13 @@ class CompressedAllreduce {
     try {
       worker_error_ = allocate(worker_bytes());
       server_error_ = allocate(server_bytes());
-      work_ = allocate(worker_bytes());
+      // The padded copy of the input (and output) only where the codec pads.
+      if (padded_ != numel_) work_ = allocate(worker_bytes());
       slice_ = allocate(static_cast<std::size_t>(segments_.front().padded / size_) * sizeof(float));
       send_ = allocate(encoded_bytes_);
       recv_ = allocate(encoded_bytes_);
       server_chunk_ = allocate(server_chunk_bytes_);
-      zero(work_, worker_bytes(), stream_);
+      if (work_ != nullptr) zero(work_, worker_bytes(), stream_);
       reset();
     } catch (...) {
       release();
@@ -695,16 +726,31 @@ class CompressedAllreduce {
     }
   }
 
-  void check_tensor(const DLTensor& t, const char* what) const {
+  // fp32, contiguous, `n` elements (numel() unless given), on the options' device.
+  void check_tensor(const DLTensor& t, const char* what, int64_t n = -1) const {
     expect_tensor(&t, what);
     expect_fp32(t, what);
     expect_contiguous(t, what);
-    expect_numel(t, numel_, what);
+    expect_numel(t, n < 0 ? numel_ : n, what);
     if (is_cpu(options_.device)) {
       expect_cpu(t, what);
     } else {
       expect_device(t, options_.device, what);
     }
+  }
+
+  // The traffic and waiting of the call that read `before` at its start: into last_ and total_.
+  void account(const CompressedAllreduceTraffic& before) {
+    const CompressedAllreduceTraffic after = read_stats();
+    last_.bytes_sent = after.bytes_sent - before.bytes_sent;
+    last_.bytes_received = after.bytes_received - before.bytes_received;
+    last_.rounds = after.rounds - before.rounds;
+    last_.wait_ns = run_wait_ns_;
+    total_.wait_ns += last_.wait_ns;
+    total_.bytes_sent += last_.bytes_sent;
+    total_.bytes_received += last_.bytes_received;
+    total_.rounds += last_.rounds;
+    ++calls_;
   }
 
   CompressedAllreduceTraffic read_stats() const {
@@ -801,7 +847,7 @@ class CompressedAllreduce {
   std::size_t server_chunk_bytes_ = 0;  // one chunk of every segment
   void* worker_error_ = nullptr;        // fp32[N]
   void* server_error_ = nullptr;        // fp32[N / n]
-  void* work_ = nullptr;                // fp32[N]: padded input, then padded output
+  void* work_ = nullptr;                // fp32[N] where N > numel: padded input, then output
   void* slice_ = nullptr;               // fp32[a segment / n]: this rank's averaged slice
   void* send_ = nullptr;                // n chunks a segment: the worker's encodings
   void* recv_ = nullptr;                // n chunks a segment: phase 1's receive, then phase 2's

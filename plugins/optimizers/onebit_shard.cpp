@@ -1,0 +1,182 @@
+// onebit_adam with shard_state = true (onebit.hpp, "Sharded state"): each rank keeps m and v
+// for its slice of the flat layout only.
+//
+// A step, on rank r of n with slice [lo, lo + c):
+//   1. flat_ = the local gradients (padded with zeros to n * c elements);
+//   2. slice_ = the ranks' average of flat_[lo, lo + c): an fp32 reduce-scatter in the warmup,
+//      the compressed allreduce's worker half after freeze_step (each rank's whole gradient
+//      encoded with its error feedback, only the server's average of the slice kept);
+//   3. Adam on the slice's parameters (both moments in the warmup; the momentum only, v frozen,
+//      after), exp_avg_mask applied to the momentum as in the unsharded path;
+//   4. slice_ = the slice's updated parameters, allgathered into flat_ and copied into the
+//      other slices' parameters (and their low-precision copies).
+// Per rank it keeps 2c floats of moments where the unsharded optimizer keeps 2nc, beside the
+// compressed allreduce's worker error (nc: every rank encodes its whole gradient). The
+// allgather of fp32 parameters costs what the second half of an fp32 allreduce does: the
+// memory is paid for with wire bytes (docs/optimizers.md has the figures).
+#include "onebit.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loom::optim::onebit {
+
+namespace {
+
+DLTensor flat_view(float* data, int64_t* shape) {
+  return loom::sdk::flat_view(data, DLDevice{kDLCPU, 0}, DLDataType{kDLFloat, 32, 1}, shape);
+}
+
+// Bytes of one element of a low-precision copy or a gradient.
+std::size_t element_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+}  // namespace
+
+uint64_t Onebit::shard_numel(uint64_t total) const {
+  if (total == 0) return 0;
+  loom_codec_layout layout{};
+  layout.struct_size = LOOM_CODEC_LAYOUT_SIZE;
+  layout.elements = total;
+  layout.world_size = world_;
+  codec_.call(&loom_codec_v1::layout, &layout);
+  if (layout.padded_elements < total ||
+      layout.padded_elements % static_cast<uint64_t>(world_) != 0) {
+    throw Error(LOOM_ERR_INTERNAL, "codec '" + codec_.name() + "' returned an invalid layout (" +
+                                       std::to_string(layout.padded_elements) + " padded for " +
+                                       std::to_string(total) + " elements)");
+  }
+  return layout.padded_elements / static_cast<uint64_t>(world_);
+}
+
+Segments Onebit::pieces(const std::vector<StepGroup>& groups, uint64_t lo, uint64_t hi,
+                        uint64_t base, bool masks, std::vector<std::size_t>* group_of) const {
+  Segments out;
+  std::size_t k = 0;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    for (const auto& t : groups[gi].tensors) {
+      const uint64_t off = offsets_[k++];
+      const uint64_t a = std::max(off, lo);
+      const uint64_t b = std::min<uint64_t>(off + t.ref.n, hi);
+      if (a >= b) continue;
+      const std::size_t skip = a - off;
+      Segment s;
+      s.offset = a - base;
+      s.n = b - a;
+      s.p = t.ref.p + skip;
+      s.mask = masks && t.mask != nullptr ? t.mask + skip : nullptr;
+      s.low = t.ref.low == nullptr
+                  ? nullptr
+                  : static_cast<std::byte*>(t.ref.low) + skip * element_bytes(t.ref.ltype);
+      s.ltype = t.ref.ltype;
+      s.g = s.p;
+      s.gtype = DType::kF32;
+      out.push_back(s);
+      if (group_of != nullptr) group_of->push_back(gi);
+    }
+  }
+  return out;
+}
+
+void Onebit::reduce_scatter_grads(bool compressed_run) {
+  const std::size_t c = slice_.size();
+  if (world_ == 1) {  // as the unsharded path: nothing to average, nothing compressed
+    be().copy(slice_.data(), flat_.data(), c);
+    return;
+  }
+  int64_t send_shape[1] = {static_cast<int64_t>(padded_)};
+  int64_t recv_shape[1] = {static_cast<int64_t>(c)};
+  DLTensor send = flat_view(flat_.data(), send_shape);
+  DLTensor recv = flat_view(slice_.data(), recv_shape);
+  if (compressed_run) {
+    counted([&] { car_->reduce_scatter(send, recv, stream_); }, /*compressed_run=*/true);
+    return;
+  }
+  const loom_reduce_scatter_args a{LOOM_REDUCE_SCATTER_ARGS_SIZE, LOOM_REDUCE_AVG, &send, &recv,
+                                   stream_};
+  counted([&] { loom::sdk::comm_reduce_scatter(comm_, a); }, /*compressed_run=*/false);
+}
+
+void Onebit::allgather_params(const std::vector<StepGroup>& groups) {
+  const std::size_t c = slice_.size();
+  const uint64_t hi = std::min<uint64_t>(shard_lo_ + c, total_);
+  // The slice's parameters, zeros past the last tensor (they become flat_'s zero padding).
+  be().zero(slice_.data(), c);
+  be().load_grad(pieces(groups, shard_lo_, hi, shard_lo_, /*masks=*/false), slice_.data(), 1.0f);
+  if (world_ == 1) return;
+  int64_t send_shape[1] = {static_cast<int64_t>(c)};
+  int64_t recv_shape[1] = {static_cast<int64_t>(padded_)};
+  DLTensor send = flat_view(slice_.data(), send_shape);
+  DLTensor recv = flat_view(flat_.data(), recv_shape);
+  loom_allgather_args a{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, stream_};
+  counted([&] { comm_.call(&loom_comm_v1::allgather, &a); }, /*compressed_run=*/false);
+  // Every other slice into the tensors; this rank's own parameters are already updated.
+  Segments others = pieces(groups, 0, shard_lo_, 0, /*masks=*/false);
+  const Segments after = pieces(groups, hi, total_, 0, /*masks=*/false);
+  others.insert(others.end(), after.begin(), after.end());
+  for (const Segment& s : others) be().copy(s.p, flat_.data() + s.offset, s.n);
+  be().copy_out(others);
+}
+
+void Onebit::sharded_adam(const std::vector<StepGroup>& groups, double lr_base, uint64_t t,
+                          uint64_t freeze_step) {
+  if (total_ == 0) return;
+  const std::size_t c = slice_.size();
+  const uint64_t hi = std::min<uint64_t>(shard_lo_ + c, total_);
+  be().zero(flat_.data() + total_, padded_ - total_);  // the padding averages zeros
+  const bool compressing = t > freeze_step;
+  reduce_scatter_grads(compressing);
+  if (!compressing) {
+    // Warmup: the fused Adam kernel on the slice's pieces, with the averaged gradient (one
+    // call per group: its learning rate and weight decay).
+    std::vector<std::size_t> group_of;
+    const Segments segs = pieces(groups, shard_lo_, hi, shard_lo_, /*masks=*/false, &group_of);
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      const StepGroup& g = groups[gi];
+      const double lr = lr_base * g.lr_scale;
+      loom::optim::AdamHyper h;
+      h.set_betas(beta1_, beta2_);
+      h.eps = static_cast<float>(eps_);
+      h.inv_scale = 1.0f;
+      h.decay = static_cast<float>(1.0 - lr * g.weight_decay);
+      h.step_size = static_cast<float>(lr / bc(beta1_, t));
+      h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
+      std::vector<loom::optim::TensorRef> refs;
+      for (std::size_t j = 0; j < segs.size(); ++j) {
+        if (group_of[j] != gi) continue;
+        const Segment& s = segs[j];
+        loom::optim::TensorRef r;
+        r.p = s.p;
+        r.g = slice_.data() + s.offset;
+        r.gtype = DType::kF32;
+        r.m = m_.data() + s.offset;
+        r.v = v_.data() + s.offset;
+        r.low = s.low;
+        r.ltype = s.ltype;
+        r.n = s.n;
+        refs.push_back(r);
+      }
+      if (!refs.empty()) be().adam(refs, h);
+    }
+  } else {
+    // Compression: the momentum of the slice from the averaged gradient, v frozen (its bias
+    // correction at freeze_step), exp_avg_mask on the momentum.
+    be().momentum(m_.data(), slice_.data(), c, loom::optim::decay_of(beta1_));
+    const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, freeze_step)));
+    const double bc1 = bc(beta1_, t);
+    std::vector<std::size_t> group_of;
+    Segments segs = pieces(groups, shard_lo_, hi, shard_lo_, /*masks=*/true, &group_of);
+    for (std::size_t j = 0; j < segs.size(); ++j) {
+      const StepGroup& g = groups[group_of[j]];
+      const double lr = lr_base * g.lr_scale;
+      segs[j].decay = static_cast<float>(1.0 - lr * g.weight_decay);
+      segs[j].step = static_cast<float>(lr / bc1);
+    }
+    be().apply_adam(segs, m_.data(), v_.data(), inv_bc2, static_cast<float>(eps_));
+  }
+  allgather_params(groups);
+}
+
+}  // namespace loom::optim::onebit
