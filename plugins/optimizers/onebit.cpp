@@ -191,8 +191,8 @@ loom::sdk::Schema Onebit::common_schema() {
       Bool("shard_state", false,
            "ZeRO-1: each rank keeps the moments of 1/N of the parameters; the gradients are "
            "reduce-scattered (compressed after the freeze), each rank updates its slice and "
-           "the parameters are allgathered in fp32 (onebit_adam only; host memory; not with "
-           "hierarchical, warmup_wire = \"bf16\" or non_freeze groups)."),
+           "the parameters are allgathered in fp32 (onebit_adam only; not with hierarchical, "
+           "warmup_wire = \"bf16\" or non_freeze groups)."),
   };
 }
 
@@ -497,12 +497,6 @@ void Onebit::check_device(DLDevice device) {
                     "tensors are on " +
                     where + " (leave hierarchical off there)");
   }
-  if (cuda && shard_) {
-    throw Error(LOOM_ERR_UNIMPLEMENTED,
-                std::string(name()) +
-                    ": shard_state = true runs on host memory; this step's tensors are on " +
-                    where + " (leave shard_state off there)");
-  }
   if (cuda && warmup_bf16_) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 std::string(name()) +
@@ -630,29 +624,22 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
         hier_->import_state(cr);
         pending_car_.clear();
       }
-    } else if (packed > 0 && shard_) {
-      // Host memory (check_device); over the padded length, so the flat buffer is its input
-      // as it is (no padded copy).
-      padded_ = shard_numel(total_) * static_cast<uint64_t>(world_);
-      shard_lo_ = shard_numel(total_) * static_cast<uint64_t>(rank_);
-      car = std::make_unique<loom::sdk::CompressedAllreduce>(
-          ctx_, comm_, codec_, static_cast<int64_t>(padded_),
-          loom::sdk::CompressedAllreduce::Options{});
-      if (!pending_car_.empty()) {
-        loom::sdk::StateReader cr(pending_car_);
-        car->import_state(cr);
-        pending_car_.clear();
-      }
     } else if (packed > 0) {
       // On CUDA: buffers from the host's device_alloc, stream-ordered on this step's stream;
       // a later step on another stream hands it over with use_stream() (an event), and the
       // buffers are freed on the last step's stream when the optimizer is destroyed.
+      // shard_state: over the padded length (every tensor is in it: no non_freeze groups),
+      // so the flat buffer is its input as it is, without a padded copy.
+      if (shard_) {
+        padded_ = shard_numel(total_) * static_cast<uint64_t>(world_);
+        shard_lo_ = shard_numel(total_) * static_cast<uint64_t>(rank_);
+      }
       loom::sdk::CompressedAllreduce::Options options;
       options.device = device_;
       options.stream = stream_;
       if (on_cuda()) options.device_ops = device_ops(device_.device_id);
       car = std::make_unique<loom::sdk::CompressedAllreduce>(
-          ctx_, comm_, codec_, static_cast<int64_t>(packed), std::move(options));
+          ctx_, comm_, codec_, static_cast<int64_t>(shard_ ? padded_ : packed), std::move(options));
       if (!pending_car_.empty()) {
         // Error buffers of a checkpoint made with other non_freeze groups do not fit.
         loom::sdk::StateReader cr(pending_car_);

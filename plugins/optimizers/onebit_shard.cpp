@@ -13,7 +13,8 @@
 // Per rank it keeps 2c floats of moments where the unsharded optimizer keeps 2nc, beside the
 // compressed allreduce's worker error (nc: every rank encodes its whole gradient). The
 // allgather of fp32 parameters costs what the second half of an fp32 allreduce does: the
-// memory is paid for with wire bytes (docs/optimizers.md has the figures).
+// memory is paid for with wire bytes (docs/optimizers.md has the figures). Host or CUDA
+// memory: every loop is a backend primitive and every collective runs on the step's stream.
 #include "onebit.hpp"
 
 #include <algorithm>
@@ -26,8 +27,8 @@ namespace loom::optim::onebit {
 
 namespace {
 
-DLTensor flat_view(float* data, int64_t* shape) {
-  return loom::sdk::flat_view(data, DLDevice{kDLCPU, 0}, DLDataType{kDLFloat, 32, 1}, shape);
+DLTensor flat_view(float* data, DLDevice device, int64_t* shape) {
+  return loom::sdk::flat_view(data, device, DLDataType{kDLFloat, 32, 1}, shape);
 }
 
 // Bytes of one element of a low-precision copy or a gradient.
@@ -88,10 +89,17 @@ void Onebit::reduce_scatter_grads(bool compressed_run) {
   }
   int64_t send_shape[1] = {static_cast<int64_t>(padded_)};
   int64_t recv_shape[1] = {static_cast<int64_t>(c)};
-  DLTensor send = flat_view(flat_.data(), send_shape);
-  DLTensor recv = flat_view(slice_.data(), recv_shape);
+  DLTensor send = flat_view(flat_.data(), device_, send_shape);
+  DLTensor recv = flat_view(slice_.data(), device_, recv_shape);
   if (compressed_run) {
     counted([&] { car_->reduce_scatter(send, recv, stream_); }, /*compressed_run=*/true);
+    return;
+  }
+  if (on_cuda() && !comm_.provides(&loom_comm_v1::reduce_scatter)) {
+    // A transport without reduce_scatter (built before ABI 1.6): the SDK's fallback works on
+    // host memory only, so average the whole buffer on the device and keep the slice.
+    allreduce_avg(flat_);
+    be().copy(slice_.data(), flat_.data() + shard_lo_, c);
     return;
   }
   const loom_reduce_scatter_args a{LOOM_REDUCE_SCATTER_ARGS_SIZE, LOOM_REDUCE_AVG, &send, &recv,
@@ -108,8 +116,8 @@ void Onebit::allgather_params(const std::vector<StepGroup>& groups) {
   if (world_ == 1) return;
   int64_t send_shape[1] = {static_cast<int64_t>(c)};
   int64_t recv_shape[1] = {static_cast<int64_t>(padded_)};
-  DLTensor send = flat_view(slice_.data(), send_shape);
-  DLTensor recv = flat_view(flat_.data(), recv_shape);
+  DLTensor send = flat_view(slice_.data(), device_, send_shape);
+  DLTensor recv = flat_view(flat_.data(), device_, recv_shape);
   loom_allgather_args a{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, stream_};
   counted([&] { comm_.call(&loom_comm_v1::allgather, &a); }, /*compressed_run=*/false);
   // Every other slice into the tensors; this rank's own parameters are already updated.

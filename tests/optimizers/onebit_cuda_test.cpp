@@ -436,8 +436,8 @@ TEST(OnebitCuda, WorldOfOneZeroOneAdamMatchesCpu) { world_of_one("zero_one_adam"
 TEST(OnebitCuda, WorldOfOneOnebitLambMatchesCpu) { world_of_one("onebit_lamb"); }
 
 // p thread ranks on one GPU, each with its own session (one thread_comm instance used by a CPU
-// and a CUDA instance of the variant) and its own stream.
-void thread_ranks(const std::string& v, int p) {
+// and a CUDA instance of the variant, both with the parameter lines `extra`) and its own stream.
+void thread_ranks(const std::string& v, int p, const std::string& extra = "") {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = loom_test::thread_comm_dir();
   if (dir.empty()) GTEST_SKIP() << "the thread_comm test plugin is not found";
@@ -449,13 +449,13 @@ void thread_ranks(const std::string& v, int p) {
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     {
-      Session s(
-          thread_comm("c", world, rank, p) + optimizer("cpu", v, "c") + optimizer("gpu", v, "c"),
-          dir);
+      Session s(thread_comm("c", world, rank, p) + optimizer("cpu", v, "c") + extra +
+                    optimizer("gpu", v, "c") + extra,
+                dir);
       ASSERT_NE(s.s, nullptr) << s.error;
       Model cpu(false, stream);
       Model gpu(true, stream);
-      const bool nf = v == "onebit_adam";
+      const bool nf = v == "onebit_adam" && extra.empty();  // shard_state refuses non_freeze
       for (int t = 1; t <= kSteps; ++t) {
         ASSERT_EQ(cpu.step(s.opt("cpu"), rank, t, nf), LOOM_OK) << loom_last_error();
         ASSERT_EQ(gpu.step(s.opt("gpu"), rank, t, nf), LOOM_OK) << loom_last_error();
@@ -489,6 +489,12 @@ TEST(OnebitCuda, ThreadRanksZeroOneAdam) {
 }
 TEST(OnebitCuda, ThreadRanksOnebitLamb) {
   for (int p : {2, 4}) thread_ranks("onebit_lamb", p);
+}
+// ZeRO-1 on the device: slices of m and v, the compressed reduce-scatter and the parameter
+// allgather on device buffers (thread_comm has no reduce_scatter: the warmup averages the
+// whole buffer and keeps the slice).
+TEST(OnebitCuda, ThreadRanksShardedOnebitAdam) {
+  for (int p : {2, 4}) thread_ranks("onebit_adam", p, "shard_state = true\n");
 }
 
 std::vector<char> export_blob(loom_instance* opt) {
