@@ -136,14 +136,16 @@ for run in runs:
     d = f"{work}/runs/{run}"
     summary = json.load(open(f"{d}/summary.json"))
     elapsed_at = {}  # step -> elapsed seconds at that step's log line (before its eval)
+    window = []  # [step, tokens/s since the previous log line] (where the time goes)
     evals = []
     for line in open(f"{d}/metrics.jsonl"):
         j = json.loads(line)
         if j.get("type") == "train":
             elapsed_at[j["step"]] = j["elapsed_s"]
+            window.append([j["step"], round(j["tokens_per_s"], 1)])
         elif j.get("type") == "eval":
             evals.append((j["step"], j["eval_loss"]))
-    rows[run] = (summary, elapsed_at, evals)
+    rows[run] = (summary, elapsed_at, evals, window)
 if target:
     target = float(target)
 else:
@@ -153,14 +155,15 @@ print(f"target eval loss {target:.4f}")
 print(f"{'run':20} {'tok/s':>7} {'wall s':>7} {'wait':>5} {'eval':>7} {'to target s':>11} "
       f"{'state MiB':>9} {'RSS MiB':>7}")
 for run in runs:
-    s, elapsed_at, evals = rows[run]
+    s, elapsed_at, evals, window = rows[run]
     reach = next((elapsed_at.get(st) for st, loss in evals if loss <= target), None)
     out = {"run": run, "tokens_per_s": s["tokens"] / s["elapsed_s"], "elapsed_s": s["elapsed_s"],
            "comm_wait_share": s.get("comm_wait_share"), "final_eval_loss": s["final_eval_loss"],
            "seconds_to_target": reach, "target_eval_loss": target,
            "comm_bytes_sent": s.get("comm_bytes_sent"),
            "optimizer_state_bytes": s.get("optimizer_state_bytes"),
-           "peak_rss_bytes": s.get("peak_rss_bytes"), "evals": evals}
+           "peak_rss_bytes": s.get("peak_rss_bytes"), "evals": evals,
+           "tokens_per_s_by_window": window}
     print(json.dumps(out), file=sys.stderr)
     print(f"{run:20} {out['tokens_per_s']:7.1f} {s['elapsed_s']:7.1f} "
           f"{(s.get('comm_wait_share') or 0):5.2f} {s['final_eval_loss']:7.4f} "

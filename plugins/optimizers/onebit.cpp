@@ -412,6 +412,14 @@ void Onebit::import_state(std::span<const std::byte> blob) {
                     " of " + std::to_string(world_) +
                     " (a sharded state resumes on the same rank of the same number of ranks)");
   }
+  // A slice is total / world elements plus the codec's padding: a total far beyond what m
+  // holds is corrupt (and would overflow the codec's layout).
+  if (shard_ && total / static_cast<uint64_t>(world_) > m.size()) {
+    throw Error(LOOM_ERR_DATA_LOSS,
+                std::string(name()) + " state: m has " + std::to_string(m.size()) +
+                    " elements, too few for a slice of " + std::to_string(total) + " over " +
+                    std::to_string(world_) + " ranks");
+  }
   check_imported({steps, total, offsets, m.size(), v.size(), aux.size(), var_interval,
                   local_interval, lamb, car.size()},
                  {variant_, laid_out_, &offsets_, total_, car_ != nullptr || hier_ != nullptr,

@@ -2,7 +2,8 @@
 // (or alone): every rank computes the reference model of all ranks locally (inputs are
 // seeded by rank and step), runs the real thing, and checks it bit for bit; then the ranks
 // allgather a hash of their outputs and check that all are the same. Both codecs (onebit
-// and ef8) run over the same transport without either knowing the other.
+// and ef8) run over the same transport without either knowing the other. The same for the
+// reduce-scatter half (CompressedAllreduce::reduce_scatter).
 #include <loom/embed.h>
 #include <loom/sdk/compressed_allreduce.hpp>
 #include <loom/sdk/hierarchical_allreduce.hpp>
@@ -196,6 +197,41 @@ void refuse_uneven_hosts(const InstanceRef<loom_comm_v1>& comm,
          "uneven hosts gave '%s'", what.c_str());
 }
 
+// reduce_scatter(): this rank's slice of the worker half, bit for bit as the reference, over
+// two steps (the worker error carries); the server error stays zero; about half run()'s bytes.
+void run_reduce_scatter(const InstanceRef<loom_comm_v1>& comm,
+                        const InstanceRef<loom_codec_v1>& codec, bool onebit, int64_t numel) {
+  const int rank = comm.call(&loom_comm_v1::rank);
+  const int n = comm.call(&loom_comm_v1::size);
+  const ref::Codec rc{onebit};
+  const uint64_t padded = rc.padded(static_cast<uint64_t>(numel), static_cast<uint64_t>(n));
+  std::vector<std::vector<float>> we(n, std::vector<float>(padded, 0.0f));
+  CompressedAllreduce ar(comm, codec, numel);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::vector<float>> xs;
+    for (int r = 0; r < n; ++r) xs.push_back(input(r, step, numel));
+    const std::vector<std::vector<float>> want = ref::compressed_reduce_scatter(rc, xs, we);
+    std::vector<float> got(static_cast<size_t>(ar.chunk_numel()));
+    int64_t shape = numel, cshape = ar.chunk_numel();
+    DLTensor in{xs[rank].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+    DLTensor out{got.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &cshape, nullptr, 0};
+    ar.reduce_scatter(in, out);
+    EXPECT(std::memcmp(got.data(), want[rank].data(), got.size() * 4) == 0,
+           "%s reduce_scatter numel %" PRId64 " step %d differs from the reference",
+           codec.name().c_str(), numel, step);
+    const auto t = ar.last_traffic();
+    // One exchange of (n - 1) chunks, where run() makes two (nothing on one rank).
+    const uint64_t cb = ar.chunk_bytes();
+    EXPECT(t.bytes_sent >= (n - 1) * cb && (n == 1 || t.bytes_sent < 2 * (n - 1) * cb),
+           "%s reduce_scatter sent %" PRIu64 " bytes", codec.name().c_str(), t.bytes_sent);
+  }
+  EXPECT(std::memcmp(ar.worker_error().data, we[rank].data(), padded * 4) == 0,
+         "%s reduce_scatter numel %" PRId64 ": worker error differs", codec.name().c_str(), numel);
+  const std::vector<float> zeros(padded / n, 0.0f);
+  EXPECT(std::memcmp(ar.server_error().data, zeros.data(), zeros.size() * 4) == 0,
+         "%s reduce_scatter: the server error was touched", codec.name().c_str());
+}
+
 }  // namespace
 
 int main() {
@@ -217,6 +253,10 @@ int main() {
     }
     for (int64_t numel : {int64_t{13}, int64_t{100003}}) {
       run_case(comm, find<loom_codec_v1>(s, "codec", "ef8"), false, numel);
+    }
+    for (int64_t numel : {int64_t{13}, int64_t{(1 << 18) + 3}}) {
+      run_reduce_scatter(comm, find<loom_codec_v1>(s, "codec", "onebit"), true, numel);
+      run_reduce_scatter(comm, find<loom_codec_v1>(s, "codec", "ef8"), false, numel);
     }
     // Two levels: one rank per host (the flat algorithm), two per host, all on one host.
     const int n = comm.call(&loom_comm_v1::size);

@@ -174,4 +174,30 @@ inline std::vector<float> compressed_allreduce(const Codec& codec,
   return out;
 }
 
+// Its first half (CompressedAllreduce::reduce_scatter): rank r's slice is the average of the
+// ranks' decoded chunk r, before any re-encode. Returns the n slices (N / n each); we[i] is
+// updated, no server error is used.
+inline std::vector<std::vector<float>> compressed_reduce_scatter(
+    const Codec& codec, const std::vector<std::vector<float>>& xs,
+    std::vector<std::vector<float>>& we) {
+  const size_t n = xs.size();
+  const size_t N = we[0].size();
+  const size_t c = N / n;
+  const size_t cb = codec.chunk_bytes(c);
+  std::vector<std::vector<uint8_t>> sent(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float> b(N, 0.0f);
+    std::copy(xs[i].begin(), xs[i].end(), b.begin());
+    sent[i] = codec.encode(b, &we[i], n);
+  }
+  std::vector<std::vector<float>> slices(n, std::vector<float>(c));
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      codec.decode(sent[i].data() + r * cb, 1, c, 1.0f / static_cast<float>(n), i > 0,
+                   slices[r].data());
+    }
+  }
+  return slices;
+}
+
 }  // namespace ref
