@@ -3,8 +3,6 @@
 // zero_one_adam.cpp and onebit_lamb.cpp.
 #include "onebit.hpp"
 
-#include "common/half.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -186,7 +184,7 @@ loom::sdk::Schema Onebit::common_schema() {
       String("warmup_wire", "fp32",
              "What the uncompressed allreduces put on the wire (the warmup steps; 0/1 Adam's "
              "variance steps): bf16 halves their bytes and rounds the averaged gradient to "
-             "bf16, as the trainer's [gradients] wire = \"bf16\" does (host memory).")
+             "bf16, as the trainer's [gradients] wire = \"bf16\" does.")
           .choices({"fp32", "bf16"}),
       Bool("shard_state", false,
            "ZeRO-1: each rank keeps the moments of 1/N of the parameters; the gradients are "
@@ -505,13 +503,6 @@ void Onebit::check_device(DLDevice device) {
                     "tensors are on " +
                     where + " (leave hierarchical off there)");
   }
-  if (cuda && warmup_bf16_) {
-    throw Error(LOOM_ERR_UNIMPLEMENTED,
-                std::string(name()) +
-                    ": warmup_wire = \"bf16\" converts on the host; this step's "
-                    "tensors are on " +
-                    where + " (use warmup_wire = \"fp32\" there)");
-  }
   if (comm_.call(&loom_comm_v1::supports_device, device) == 0) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 "comm '" + comm_.name() + "' cannot use " + where + " memory; " +
@@ -708,17 +699,22 @@ void Onebit::allreduce_avg(Buffer& buf) {
     counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); }, /*compressed_run=*/false);
     return;
   }
-  // Host memory only (check_device). Rounded once on the way out, averaged in the transport,
-  // widened exactly on the way back: every rank ends with the same fp32 values.
-  namespace half = loom::plugins::half;
-  wire16_.resize(buf.size());
-  float* f = buf.data();
-  for (std::size_t i = 0; i < buf.size(); ++i) wire16_[i] = half::f32_to_bf16(f[i]);
-  DLTensor t{
-      wire16_.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLBfloat, 16, 1}, shape, nullptr, 0};
+  // Rounded once on the way out (the copy-out primitive: round to nearest even, as the
+  // trainer's bf16 wire), averaged in the transport, widened exactly on the way back (the
+  // gradient-load primitive): every rank ends with the same fp32 values, on either device.
+  ensure(wire_, (buf.size() + 1) / 2);  // buf.size() bf16 values
+  Segment s;
+  s.n = buf.size();
+  s.p = buf.data();
+  s.low = wire_.data();
+  s.ltype = loom::optim::DType::kBF16;
+  be().copy_out({s});
+  DLTensor t{wire_.data(), device_, 1, DLDataType{kDLBfloat, 16, 1}, shape, nullptr, 0};
   loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, stream_};
   counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); }, /*compressed_run=*/false);
-  for (std::size_t i = 0; i < buf.size(); ++i) f[i] = half::bf16_to_f32(wire16_[i]);
+  s.g = wire_.data();
+  s.gtype = loom::optim::DType::kBF16;
+  be().load_grad({s}, buf.data(), 1.0f);
 }
 
 void Onebit::compressed(Buffer& buf) {
@@ -768,6 +764,19 @@ void Onebit::apply_adam(const std::vector<StepGroup>& groups, double lr_base, do
   be().apply_adam(segs, m_.data(), v_.data(), inv_bc2, eps);
 }
 
+loom::optim::AdamHyper Onebit::adam_hyper(const StepGroup& g, double lr_base, double bc1,
+                                          double bc2) const {
+  const double lr = lr_base * g.lr_scale;
+  loom::optim::AdamHyper h;
+  h.set_betas(beta1_, beta2_);
+  h.eps = static_cast<float>(eps_);
+  h.inv_scale = 1.0f;
+  h.decay = static_cast<float>(1.0 - lr * g.weight_decay);
+  h.step_size = static_cast<float>(lr / bc1);
+  h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  return h;
+}
+
 void Onebit::adam_full(const std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
                        Groups which) {
   std::size_t k = 0;
@@ -776,14 +785,7 @@ void Onebit::adam_full(const std::vector<StepGroup>& groups, double lr_base, dou
       k += g.tensors.size();
       continue;
     }
-    const double lr = lr_base * g.lr_scale;
-    loom::optim::AdamHyper h;
-    h.set_betas(beta1_, beta2_);
-    h.eps = static_cast<float>(eps_);
-    h.inv_scale = 1.0f;
-    h.decay = static_cast<float>(1.0 - lr * g.weight_decay);
-    h.step_size = static_cast<float>(lr / bc1);
-    h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+    const loom::optim::AdamHyper h = adam_hyper(g, lr_base, bc1, bc2);
     std::vector<loom::optim::TensorRef> refs;
     for (const auto& t : g.tensors) {
       const std::size_t off = offsets_[k++];

@@ -201,6 +201,9 @@ class Onebit : public loom::sdk::Optimizer {
   // first (written back), as apply_masks(groups, m_) would.
   void apply_adam(const std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
                   Groups which, bool masks);
+  // The fused Adam kernel's scalars for group g (its lr_scale and weight decay).
+  loom::optim::AdamHyper adam_hyper(const StepGroup& g, double lr_base, double bc1,
+                                    double bc2) const;
   // Warmup: the averaged gradient through the fused Adam kernel (identical to `adam`).
   void adam_full(const std::vector<StepGroup>& groups, double lr_base, double bc1, double bc2,
                  Groups which = Groups::kAll);
@@ -257,7 +260,7 @@ class Onebit : public loom::sdk::Optimizer {
   std::unique_ptr<loom::sdk::CompressedAllreduce> car_;
   // Instead of car_ with `hierarchical = true`: compression between hosts only.
   std::unique_ptr<loom::sdk::HierarchicalCompressedAllreduce> hier_;
-  std::vector<uint16_t> wire16_;        // the uncompressed allreduce's bf16 buffer (warmup_wire)
+  Buffer wire_;  // warmup_wire = "bf16": the allreduce's n bf16 values, in (n + 1) / 2 floats
   std::vector<std::byte> pending_car_;  // imported before the first step built car_
 
   // Set with car_ (not exported: the groups' flags come with every step): per flat tensor, 1

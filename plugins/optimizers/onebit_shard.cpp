@@ -142,15 +142,8 @@ void Onebit::sharded_adam(const std::vector<StepGroup>& groups, double lr_base, 
     std::vector<std::size_t> group_of;
     const Segments segs = pieces(groups, shard_lo_, hi, shard_lo_, /*masks=*/false, &group_of);
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      const StepGroup& g = groups[gi];
-      const double lr = lr_base * g.lr_scale;
-      loom::optim::AdamHyper h;
-      h.set_betas(beta1_, beta2_);
-      h.eps = static_cast<float>(eps_);
-      h.inv_scale = 1.0f;
-      h.decay = static_cast<float>(1.0 - lr * g.weight_decay);
-      h.step_size = static_cast<float>(lr / bc(beta1_, t));
-      h.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
+      const loom::optim::AdamHyper h =
+          adam_hyper(groups[gi], lr_base, bc(beta1_, t), bc(beta2_, t));
       std::vector<loom::optim::TensorRef> refs;
       for (std::size_t j = 0; j < segs.size(); ++j) {
         if (group_of[j] != gi) continue;

@@ -141,6 +141,22 @@ struct Codec {
   }
 };
 
+// The workers' step: rank i's input, zero-padded to N, encoded with its worker error we[i]
+// into n chunks (chunk r goes to rank r).
+inline std::vector<std::vector<uint8_t>> worker_encode(const Codec& codec,
+                                                       const std::vector<std::vector<float>>& xs,
+                                                       std::vector<std::vector<float>>& we) {
+  const size_t n = xs.size();
+  const size_t N = we[0].size();
+  std::vector<std::vector<uint8_t>> sent(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float> b(N, 0.0f);
+    std::copy(xs[i].begin(), xs[i].end(), b.begin());
+    sent[i] = codec.encode(b, &we[i], n);
+  }
+  return sent;
+}
+
 // The two-phase compressed allreduce of 1-bit Adam over n simulated ranks. xs[i] is rank
 // i's input (numel each); we[i] (padded N) and se[i] (N / n) are its error buffers (in/out).
 // Returns the output every rank must see.
@@ -153,12 +169,7 @@ inline std::vector<float> compressed_allreduce(const Codec& codec,
   const size_t N = we[0].size();
   const size_t c = N / n;
   const size_t cb = codec.chunk_bytes(c);
-  std::vector<std::vector<uint8_t>> sent(n);
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<float> b(N, 0.0f);
-    std::copy(xs[i].begin(), xs[i].end(), b.begin());
-    sent[i] = codec.encode(b, &we[i], n);
-  }
+  const std::vector<std::vector<uint8_t>> sent = worker_encode(codec, xs, we);
   std::vector<uint8_t> gathered;
   for (size_t r = 0; r < n; ++r) {
     std::vector<float> a(c);
@@ -184,12 +195,7 @@ inline std::vector<std::vector<float>> compressed_reduce_scatter(
   const size_t N = we[0].size();
   const size_t c = N / n;
   const size_t cb = codec.chunk_bytes(c);
-  std::vector<std::vector<uint8_t>> sent(n);
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<float> b(N, 0.0f);
-    std::copy(xs[i].begin(), xs[i].end(), b.begin());
-    sent[i] = codec.encode(b, &we[i], n);
-  }
+  const std::vector<std::vector<uint8_t>> sent = worker_encode(codec, xs, we);
   std::vector<std::vector<float>> slices(n, std::vector<float>(c));
   for (size_t r = 0; r < n; ++r) {
     for (size_t i = 0; i < n; ++i) {

@@ -390,7 +390,7 @@ TEST(OnebitShard, ResumesBitIdentically) {
 }
 
 // A rank keeps its slice of m and v; a state moves only to the same rank of the same world and
-// the same setting; the other two variants and the combinations that need whole buffers refuse.
+// the same setting.
 TEST(OnebitShard, StateIsASliceAndMovesOnlyWhereItFits) {
   const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nfreeze_step = 2\n";
   World w("[optimizer.full]\nplugin = \"onebit_adam\"\n" + refs +
@@ -449,7 +449,8 @@ TEST(OnebitShard, StateIsASliceAndMovesOnlyWhereItFits) {
   }
 }
 
-// Refused when the instance is made: the variants without it, and the combinations.
+// Refused when the instance is made: the two variants without it, and the combinations that
+// need whole buffers.
 TEST(OnebitShard, RefusedWhereItCannotWork) {
   for (const std::string& bad :
        {std::string("plugin = \"zero_one_adam\"\nshard_state = true\n"),
