@@ -8,7 +8,10 @@
 #   adam_bf16            Adam, bf16 buckets after the backward
 #   adam_bf16_overlap    Adam, bf16 buckets started during the backward
 #   onebit_adam          1-bit Adam (fp32 warmup, then 1-bit momentum)
-#   onebit_adam_sharded  1-bit Adam with shard_state (ZeRO-1; its warmup always fp32)
+#   onebit_adam_sharded  1-bit Adam with shard_state (ZeRO-1; its warmup always fp32), the
+#                        parameters allgathered in fp32
+#   onebit_adam_sharded_ef8  the same with the ef8 codec (8 bits) and the parameter change
+#                        allgathered compressed (shard_gather = "compressed")
 #   zero_one_adam        0/1 Adam (variance frozen, then growing local-step intervals)
 #   onebit_lamb          1-bit LAMB
 #
@@ -52,6 +55,8 @@ log_level = "warn"
 plugin = "ucx"
 [codec.onebit]
 plugin = "onebit"
+[codec.ef8]
+plugin = "ef8"
 [optimizer.main]
 $2
 EOF
@@ -105,6 +110,13 @@ comm = \"world\"
 codec = \"onebit\"
 weight_decay = 0.01
 shard_state = true
+freeze_step = $FREEZE"; config "$run" ;;
+    onebit_adam_sharded_ef8) manifest "$run" "plugin = \"onebit_adam\"
+comm = \"world\"
+codec = \"ef8\"
+weight_decay = 0.01
+shard_state = true
+shard_gather = \"compressed\"
 freeze_step = $FREEZE"; config "$run" ;;
     zero_one_adam) manifest "$run" "plugin = \"zero_one_adam\"
 comm = \"world\"

@@ -189,8 +189,15 @@ loom::sdk::Schema Onebit::common_schema() {
       Bool("shard_state", false,
            "ZeRO-1: each rank keeps the moments of 1/N of the parameters; the gradients are "
            "reduce-scattered (compressed after the freeze), each rank updates its slice and "
-           "the parameters are allgathered in fp32 (onebit_adam only; not with hierarchical, "
-           "warmup_wire = \"bf16\" or non_freeze groups)."),
+           "shares it (onebit_adam only; not with hierarchical, warmup_wire = \"bf16\" or "
+           "non_freeze groups)."),
+      String("shard_gather", "fp32",
+             "With shard_state, how a rank shares its slice after the freeze: \"fp32\" "
+             "allgathers the parameters themselves (exact, 4 bytes a parameter on the wire); "
+             "\"compressed\" allgathers the change of its parameters through the codec with "
+             "error feedback, every rank adding the same bits (use it with an 8-bit codec such "
+             "as ef8: with 1 bit it can diverge). The warmup is always fp32.")
+          .choices({"fp32", "compressed"}),
   };
 }
 
@@ -213,6 +220,7 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
       hierarchical_(ctx.get_bool("hierarchical")),
       warmup_bf16_(ctx.get_string("warmup_wire") == "bf16"),
       shard_(ctx.get_bool("shard_state")),
+      gather_fp32_(ctx.get_string("shard_gather") == "fp32"),
       variant_(variant) {
   world_ = comm_.call(&loom_comm_v1::size);
   rank_ = comm_.call(&loom_comm_v1::rank);

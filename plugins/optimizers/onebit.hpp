@@ -12,8 +12,10 @@
 // optimizer. Rank r of n keeps m and v for its slice [r * c, r * c + c) of the flat layout
 // (c = the codec's padded length / n); a step reduce-scatters the gradients (fp32 in the
 // warmup, the compressed allreduce's worker half after the freeze), updates the slice's
-// parameters and allgathers them (fp32). It compresses the gradient, not the local momentum
-// (no rank holds the whole momentum to add it to), with the same error feedback.
+// parameters and allgathers them (fp32), or after the freeze with shard_gather =
+// "compressed" the change of them (the compressed allreduce's server half). It compresses
+// the gradient, not the local momentum (no rank holds the whole momentum to add it to), with
+// the same error feedback.
 //
 // Where the code lives:
 //   onebit.hpp (this file)  the shared part, class Onebit: parameters every variant has, the
@@ -231,6 +233,7 @@ class Onebit : public loom::sdk::Optimizer {
   bool hierarchical_;
   bool warmup_bf16_;  // warmup_wire = "bf16"
   bool shard_;        // shard_state
+  bool gather_fp32_;  // shard_gather = "fp32"
   int32_t rank_ = 0;
   int32_t world_ = 1;
 
@@ -279,6 +282,7 @@ class Onebit : public loom::sdk::Optimizer {
   Buffer subset_;  // the compressed or non_freeze tensors, packed
   Buffer prev_;    // 1-bit LAMB: m before this step's momentum update (m_prev)
   Buffer slice_;   // shard_state: this rank's slice of the averaged gradient, then of the params
+  Buffer old_;     // shard_state, compressed gather: the slice's parameters before the step
 
   // shard_state: flat_ holds padded_ elements (the codec's padding, zero past total_); this
   // rank's slice is [shard_lo_, shard_lo_ + m_.size()).
@@ -309,6 +313,10 @@ class Onebit : public loom::sdk::Optimizer {
   void reduce_scatter_grads(bool compressed_run);
   // shard_state: every rank's updated slice of the parameters into every rank's tensors.
   void allgather_params(const std::vector<StepGroup>& groups);
+  // shard_state after the freeze, shard_gather = "compressed": `segs` (the slice's pieces with
+  // their decay and step) stepped on a copy of the slice's parameters; the change shared
+  // through the compressed allreduce's allgather and added to every rank's tensors.
+  void share_update(const std::vector<StepGroup>& groups, Segments segs, float inv_bc2);
   // step() once the device and stream are set (and, on CUDA, ordered after the last step).
   void ordered_step(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
   // The flat layout: tensor k of the step occupies [offsets_[k], offsets_[k+1]).

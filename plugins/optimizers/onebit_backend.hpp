@@ -72,6 +72,7 @@ class Backend : public loom::optim::Backend {
   virtual void zero_one_sync_post(const Segments& s, float* m, const float* v, float* u,
                                   float scale, float inv_bc2, float eps) = 0;
   virtual void copy_out(const Segments& s) = 0;
+  virtual void add_update(const Segments& s, const float* flat) = 0;
   // LAMB warmup pass 1 (out: 2 doubles per segment, sum p^2 and sum u^2) and pass 2
   // (lamb_apply with seg.step = lr * lr_scale * trust ratio).
   virtual void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, Decay b1,
@@ -186,6 +187,14 @@ class CpuBackend final : public loom::optim::CpuBackendT<Backend> {
   void copy_out(const Segments& s) override {
     for (const Segment& seg : s) {
       if (seg.low != nullptr) copy_out_cpu(seg.p, seg.low, seg.ltype, seg.n);
+    }
+  }
+  void add_update(const Segments& s, const float* flat) override {
+    for (const Segment& seg : s) {
+      float* p = seg.p;
+      const float* d = flat + seg.offset;
+      for_range(seg.n, [&](std::size_t i) { p[i] += d[i]; });
+      if (seg.low != nullptr) copy_out_cpu(p, seg.low, seg.ltype, seg.n);
     }
   }
   void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, Decay b1,
@@ -341,6 +350,9 @@ class CudaBackend final : public loom::optim::CudaBackendT<Backend> {
     ok(k::zero_one_sync_post(s.data(), s.size(), m, v, u, scale, inv_bc2, eps, stream_));
   }
   void copy_out(const Segments& s) override { ok(k::copy_out(s.data(), s.size(), stream_)); }
+  void add_update(const Segments& s, const float* flat) override {
+    ok(k::add_update(s.data(), s.size(), flat, stream_));
+  }
   void lamb_warmup_moments(const Segments& s, const float* g, float* m, float* v, Decay b1,
                            Decay b2, float inv_bc1, float inv_bc2, float eps,
                            double* out) override {

@@ -9,11 +9,17 @@
 //   3. Adam on the slice's parameters (both moments in the warmup; the momentum only, v frozen,
 //      after), exp_avg_mask applied to the momentum as in the unsharded path;
 //   4. slice_ = the slice's updated parameters, allgathered into flat_ and copied into the
-//      other slices' parameters (and their low-precision copies).
+//      other slices' parameters (and their low-precision copies); or, after freeze_step with
+//      shard_gather = "compressed", the change of the slice's parameters, encoded with the
+//      server error, allgathered and added by every rank to its tensors (its own slice too:
+//      every rank adds the same bits to the same values, so the replicas stay identical, and
+//      what the encoding left out goes into the next step's change).
 // Per rank it keeps 2c floats of moments where the unsharded optimizer keeps 2nc, beside the
 // compressed allreduce's worker error (nc: every rank encodes its whole gradient). The
-// allgather of fp32 parameters costs what the second half of an fp32 allreduce does: the
-// memory is paid for with wire bytes (docs/optimizers.md has the figures). Host or CUDA
+// allgather of fp32 parameters costs what the second half of an fp32 allreduce does; the
+// compressed one what the second half of the compressed allreduce does, but with 1 bit the
+// change of an Adam step (sign and one scale per slice) can diverge: docs/optimizers.md has
+// the figures and the advice (an 8-bit codec). Host or CUDA
 // memory: every loop is a backend primitive and every collective runs on the step's stream.
 #include "onebit.hpp"
 
@@ -21,6 +27,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace loom::optim::onebit {
@@ -175,9 +182,43 @@ void Onebit::sharded_adam(const std::vector<StepGroup>& groups, double lr_base, 
       segs[j].decay = static_cast<float>(1.0 - lr * g.weight_decay);
       segs[j].step = static_cast<float>(lr / bc1);
     }
+    if (!gather_fp32_) {
+      share_update(groups, std::move(segs), inv_bc2);
+      return;
+    }
     be().apply_adam(segs, m_.data(), v_.data(), inv_bc2, static_cast<float>(eps_));
   }
   allgather_params(groups);
+}
+
+void Onebit::share_update(const std::vector<StepGroup>& groups, Segments segs, float inv_bc2) {
+  const std::size_t c = slice_.size();
+  const uint64_t hi = std::min<uint64_t>(shard_lo_ + c, total_);
+  // The slice's parameters before the step (old_) and after it (slice_, stepped as a copy:
+  // this rank's tensors change below, by the shared bits, like every other rank's).
+  ensure(old_, c);
+  be().zero(old_.data(), c);
+  be().load_grad(pieces(groups, shard_lo_, hi, shard_lo_, /*masks=*/false), old_.data(), 1.0f);
+  be().copy(slice_.data(), old_.data(), c);
+  for (Segment& s : segs) {
+    s.p = slice_.data() + s.offset;
+    s.low = nullptr;
+  }
+  be().apply_adam(segs, m_.data(), v_.data(), inv_bc2, static_cast<float>(eps_));
+  // slice_ = 1 * slice_ + (-1) * old_: the change, exactly (one rounding of new - old).
+  be().momentum(slice_.data(), old_.data(), c, loom::optim::Decay{1.0f, -1.0f});
+  if (world_ == 1) {  // nothing to share: the change as it is
+    be().add_update(pieces(groups, 0, total_, 0, /*masks=*/false), slice_.data());
+    return;
+  }
+  // Encoded with this rank's server error (what the encoding leaves out is added to the next
+  // step's change), allgathered, decoded: every rank adds the same bits to the same values.
+  int64_t send_shape[1] = {static_cast<int64_t>(c)};
+  int64_t recv_shape[1] = {static_cast<int64_t>(padded_)};
+  DLTensor send = flat_view(slice_.data(), device_, send_shape);
+  DLTensor recv = flat_view(flat_.data(), device_, recv_shape);
+  counted([&] { car_->allgather(send, recv, stream_); }, /*compressed_run=*/true);
+  be().add_update(pieces(groups, 0, total_, 0, /*masks=*/false), flat_.data());
 }
 
 }  // namespace loom::optim::onebit

@@ -459,6 +459,24 @@ TEST_F(OnebitCudaKernels, CopyOut) {
   }
 }
 
+// shard_state's compressed parameter update: p += flat[offset + i], then the low copies.
+TEST_F(OnebitCudaKernels, AddUpdate) {
+  Rand r;
+  for (Layout l : layouts()) {
+    Params p(l, r);
+    const auto flat = r.normal(l.total, 0.01f);
+    for (std::size_t k = 0; k < l.segs.size(); ++k) {
+      for (std::size_t i = 0; i < l.segs[k].n; ++i) p.host[k][i] += flat[l.segs[k].offset + i];
+    }
+    Lows low(l);
+    Dev<float> df(flat);
+    const std::string e = ob::add_update(l.segs.data(), l.segs.size(), df.get(), nullptr);
+    ASSERT_TRUE(e.empty()) << e;
+    p.expect_equal("add_update " + name_of(l));
+    low.expect_match(l, p, "add_update " + name_of(l));
+  }
+}
+
 TEST_F(OnebitCudaKernels, LambWarmupMomentsAndApply) {
   Rand r;
   for (Layout l : layouts()) {

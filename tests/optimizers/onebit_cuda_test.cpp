@@ -495,6 +495,8 @@ TEST(OnebitCuda, ThreadRanksBf16Warmup) {
 // whole buffer and keeps the slice).
 TEST(OnebitCuda, ThreadRanksShardedOnebitAdam) {
   for (int p : {2, 4}) thread_ranks("onebit_adam", p, "shard_state = true\n");
+  // The parameter change shared through the codec (the add_update kernel).
+  thread_ranks("onebit_adam", 2, "shard_state = true\nshard_gather = \"compressed\"\n");
 }
 
 std::vector<char> export_blob(loom_instance* opt) {

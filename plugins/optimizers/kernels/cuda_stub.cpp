@@ -66,6 +66,7 @@ std::string zero_one_sync_pre(const Segment*, std::size_t, const float*, float*,
                               void*) {
   refuse();
 }
+std::string add_update(const Segment*, std::size_t, const float*, void*) { refuse(); }
 std::string zero_one_sync_post(const Segment*, std::size_t, float*, const float*, float*, float,
                                float, float, void*) {
   refuse();

@@ -204,6 +204,14 @@ __global__ void copy_out_kernel(Batch b) {
   for_block(b, [&](const Segment& s, int64_t i, int64_t) { store_low(s, i, s.p[i]); });
 }
 
+__global__ void add_update_kernel(Batch b, const float* flat) {
+  for_block(b, [&](const Segment& s, int64_t i, int64_t f) {
+    const float np = add(s.p[i], flat[f]);
+    s.p[i] = np;
+    store_low(s, i, np);
+  });
+}
+
 __global__ void lamb_apply_kernel(Batch b, const float* m, const float* v, float inv_bc1,
                                   float inv_bc2, float eps) {
   for_block(b, [&](const Segment& s, int64_t i, int64_t f) {
@@ -443,6 +451,13 @@ std::string copy_out(const Segment* segs, std::size_t count, void* stream) {
   return launch_each(with_low.data(), with_low.size(), stream, "onebit copy_out",
                      [&](const Batch& b, unsigned blocks, cudaStream_t s) {
                        copy_out_kernel<<<blocks, kThreads, 0, s>>>(b);
+                     });
+}
+
+std::string add_update(const Segment* segs, std::size_t count, const float* flat, void* stream) {
+  return launch_each(segs, count, stream, "onebit add_update",
+                     [&](const Batch& b, unsigned blocks, cudaStream_t s) {
+                       add_update_kernel<<<blocks, kThreads, 0, s>>>(b, flat);
                      });
 }
 

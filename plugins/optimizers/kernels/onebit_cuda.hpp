@@ -104,6 +104,10 @@ std::string zero_one_sync_post(const Segment* segs, std::size_t count, float* m,
 // Copies p into seg.low (RNE) for every segment with a low copy. Reads n, p, low, ltype.
 std::string copy_out(const Segment* segs, std::size_t count, void* stream);
 
+// shard_state's compressed parameter update: p += flat[offset + i]; copy-out to seg.low.
+// Reads offset, n, p, low, ltype.
+std::string add_update(const Segment* segs, std::size_t count, const float* flat, void* stream);
+
 // 1-bit LAMB warmup, pass 1 (lamb_moments_cpu on the averaged gradient g, per tensor):
 // m = b1.beta * m + b1.rest * g; v = b2.beta * v + b2.rest * g * g;
 // u = seg.wd * p + (m * inv_bc1) / (sqrt(v) * inv_bc2 + eps).

@@ -39,6 +39,8 @@
 //   auto t = allreduce.last_traffic();   // bytes this rank sent/received, rounds
 //   // Or only this rank's slice of the average (steps 1-3 without the server's re-encode):
 //   allreduce.reduce_scatter(gradient_tensor, slice_tensor);  // chunk_numel() elements
+//   // and every rank's slice to every rank (steps 3-5: re-encode, allgather, decode):
+//   allreduce.allgather(slice_tensor, update_tensor);  // numel() elements
 //   ...
 //   allreduce.export_state(writer);      // inside the optimizer's export_state
 //   allreduce.import_state(reader);      // inside its import_state
@@ -265,11 +267,7 @@ class CompressedAllreduce {
     if (stream == nullptr) stream = stream_;
     check_tensor(input, "compressed reduce-scatter input");
     check_tensor(slice, "compressed reduce-scatter slice", chunk_numel());
-    if (segments_.size() != 1) {
-      throw Error(LOOM_ERR_FAILED_PRECONDITION,
-                  "compressed reduce-scatter needs one segment; this allreduce has " +
-                      std::to_string(segments_.size()) + " (segment_elements = 0)");
-    }
+    one_segment("reduce-scatter");
     use_stream(stream);
     const Marker marker(*this);
     const CompressedAllreduceTraffic before = read_stats();
@@ -282,6 +280,35 @@ class CompressedAllreduce {
     Exchange x;
     worker(0, src, x, stream, /*pipelined=*/false);
     reduce(0, x, slice, stream);
+    account(before);
+  }
+
+  // The second half of run(): `output` (numel() elements) = every rank's `slice`
+  // (chunk_numel() elements: rank r's covers [r * c, r * c + c) of the padded buffer), each
+  // encoded with its rank's server error (updated), allgathered and decoded, so every rank
+  // gets the same bits. For an owner that updated its slice alone and shares the change (a
+  // sharded optimizer's parameter update); about half run()'s bytes. One segment only.
+  void allgather(const DLTensor& slice, DLTensor& output, void* stream = nullptr) {
+    if (stream == nullptr) stream = stream_;
+    check_tensor(slice, "compressed allgather slice", chunk_numel());
+    check_tensor(output, "compressed allgather output");
+    one_segment("allgather");
+    use_stream(stream);
+    const Marker marker(*this);
+    const CompressedAllreduceTraffic before = read_stats();
+    run_wait_ns_ = 0;
+    Segment& g = segments_[0];
+    Exchange x;
+    x.recv = bytes_tensor(recv_, &g.shape_all);
+    share(0, x, slice, stream, /*pipelined=*/false);
+    float* out = data_as<float>(output);
+    const bool direct = padded_ == numel_;
+    finish(0, direct ? out : static_cast<float*>(work_), x, stream);
+    if (!direct) {
+      copy(out, work_, static_cast<std::size_t>(numel_) * sizeof(float), stream);
+      zero(static_cast<float*>(work_) + numel_,
+           static_cast<std::size_t>(padded_ - numel_) * sizeof(float), stream);
+    }
     account(before);
   }
 
@@ -488,10 +515,17 @@ class CompressedAllreduce {
     Segment& g = segments_[k];
     DLTensor slice_t = tensor(slice_, &g.shape_chunk);
     reduce(k, x, slice_t, stream);
+    share(k, x, slice_t, stream, pipelined);
+  }
+
+  // Encodes this rank's slice of segment k (+ the server error) as one chunk and starts
+  // phase 2 into x.recv.
+  void share(std::size_t k, Exchange& x, const DLTensor& slice, void* stream, bool pipelined) {
+    Segment& g = segments_[k];
     DLTensor server_e =
         tensor(static_cast<float*>(server_error_) + g.server_offset, &g.shape_chunk);
     void* chunk = static_cast<unsigned char*>(server_chunk_) + g.chunk_offset;
-    encode(&slice_t, &server_e, 1, chunk, stream);
+    encode(&slice, &server_e, 1, chunk, stream);
     x.chunk = bytes_tensor(chunk, &g.shape_one);
     x.ag.struct_size = LOOM_ALLGATHER_ARGS_SIZE;
     x.ag.send = &x.chunk;
@@ -736,6 +770,15 @@ class CompressedAllreduce {
       expect_cpu(t, what);
     } else {
       expect_device(t, options_.device, what);
+    }
+  }
+
+  // reduce_scatter() and allgather() work on one segment (segment_elements = 0).
+  void one_segment(const char* what) const {
+    if (segments_.size() != 1) {
+      throw Error(LOOM_ERR_FAILED_PRECONDITION,
+                  std::string("compressed ") + what + " needs one segment; this allreduce has " +
+                      std::to_string(segments_.size()) + " (segment_elements = 0)");
     }
   }
 
