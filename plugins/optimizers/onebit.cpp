@@ -233,6 +233,12 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
                            "moments on each rank)"
                          : " (1-bit LAMB's per-tensor trust ratios over slices are not built)"));
   }
+  if (!shard_ && !gather_fp32_) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                std::string(name()) +
+                    ": shard_gather = \"compressed\" needs shard_state = true (it says how a "
+                    "rank shares its slice)");
+  }
   if (shard_ && (hierarchical_ || warmup_bf16_)) {
     throw Error(LOOM_ERR_INVALID_ARGUMENT,
                 std::string(name()) + ": shard_state = true cannot be combined with " +

@@ -472,7 +472,8 @@ TEST(OnebitShard, RefusedWhereItCannotWork) {
        {std::string("plugin = \"zero_one_adam\"\nshard_state = true\n"),
         std::string("plugin = \"onebit_lamb\"\nshard_state = true\n"),
         std::string("plugin = \"onebit_adam\"\nshard_state = true\nhierarchical = true\n"),
-        std::string("plugin = \"onebit_adam\"\nshard_state = true\nwarmup_wire = \"bf16\"\n")}) {
+        std::string("plugin = \"onebit_adam\"\nshard_state = true\nwarmup_wire = \"bf16\"\n"),
+        std::string("plugin = \"onebit_adam\"\nshard_gather = \"compressed\"\n")}) {
     const std::string toml =
         "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
         "[optimizer.x]\ncomm = \"world\"\ncodec = \"onebit\"\n" +
