@@ -4,7 +4,8 @@ torchrun). With WORKER_MODE=torch_distributed the rank first starts torch.distri
 (gloo, env://, on MASTER_PORT) and the optimizer opens its own session by plugin name over
 loom.torch.distributed_bootstrap(). Each rank has its own gradients; writes its parameters, the distance of its
 warmup from torch.optim.Adam over the averaged gradients, and the traffic counters, to
-OUT_DIR/rankN.json."""
+OUT_DIR/rankN.json. With WORKER_SHARD=1 the optimizer keeps sharded state (shard_state = true:
+each rank the moments of half the parameters)."""
 import io
 import json
 import os
@@ -78,7 +79,8 @@ def main():
         opt2 = loom.torch.Optimizer(params2, plugin="onebit_adam", freeze_step=FREEZE, lr=1e-2,
                                     log_level="error")
     else:
-        s = loom.Session.from_string(MANIFEST, "onebit.toml", log_level="error")
+        manifest = MANIFEST + ("shard_state = true\n" if os.environ.get("WORKER_SHARD") else "")
+        s = loom.Session.from_string(manifest, "onebit.toml", log_level="error")
         opt = loom.torch.Optimizer(params, s.optimizer(), lr=1e-2)
         opt2 = None
     with s:
@@ -110,6 +112,7 @@ def main():
                                         for a, b in zip(params, ref))
         out["params"] = [p.detach().view(-1).tolist() for p in params]
         out["info"] = opt.comm_info()
+        out["state_bytes"] = len(opt.instance.export_state())
         if opt2 is not None:
             out["resumed_identical"] = all(torch.equal(a, b) for a, b in zip(params, params2))
             out["resumed_info"] = opt2.comm_info()

@@ -40,7 +40,7 @@ def _env(tmp_path):
     return env
 
 
-def _check(tmp_path):
+def _check(tmp_path, shard=False):
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     # Warmup is Adam over the averaged gradients (uncompressed allreduce).
     for r in ranks:
@@ -49,7 +49,16 @@ def _check(tmp_path):
     assert ranks[0]["params"] == ranks[1]["params"]
     info = ranks[0]["info"]
     assert info["owns_communication"] == 1
-    assert 0 < info["bytes_sent"] < info["uncompressed_bytes_sent"] / 2, info
+    if shard:
+        # The parameters are allgathered in fp32: about half an fp32 allreduce a step.
+        assert 0 < info["bytes_sent"] < info["uncompressed_bytes_sent"], info
+        # m, v and the server error for half the 1173 parameters (padded to 1184), the worker
+        # error for all: (1 + 3/2) * 4 = 10 bytes a parameter, where unsharded keeps
+        # (3 + 1/2) * 4 = 14 (m, v and the worker error for all, the server error for half).
+        assert ranks[0]["state_bytes"] < 11 * 1173, ranks[0]["state_bytes"]
+    else:
+        assert 0 < info["bytes_sent"] < info["uncompressed_bytes_sent"] / 2, info
+        assert ranks[0]["state_bytes"] > 14 * 1173, ranks[0]["state_bytes"]
 
 
 def _spawn(tmp_path, codes=(0, 0), **extra):
@@ -64,13 +73,20 @@ def _spawn(tmp_path, codes=(0, 0), **extra):
     results = run_together(commands, 180, "the two ranks")
     assert [rc for rc, _, _ in results] == list(codes), report(results)
     if codes == (0, 0):
-        _check(tmp_path)
+        _check(tmp_path, shard=bool(extra.get("WORKER_SHARD")))
     return [out for _, out, _ in results]
 
 
 def test_two_ranks_from_launcher_variables(tmp_path):
     _need_ucx()
     _spawn(tmp_path)
+
+
+def test_two_ranks_with_sharded_state(tmp_path):
+    """shard_state = true through the Python binding: each rank keeps half the moments, the
+    ranks' parameters stay identical, the warmup is Adam's."""
+    _need_ucx()
+    _spawn(tmp_path, WORKER_SHARD="1")
 
 
 def test_two_ranks_over_torch_distributed(tmp_path):

@@ -82,7 +82,8 @@ def test_signature_is_deepspeeds(name):
     # form can reach them
     assert [(p.name, p.kind) for p in ps if p not in positional] == [
         ("plugin_path", P.KEYWORD_ONLY), ("log_level", P.KEYWORD_ONLY),
-        ("bootstrap", P.KEYWORD_ONLY)]
+        ("bootstrap", P.KEYWORD_ONLY)] + (
+            [("shard_state", P.KEYWORD_ONLY)] if name == "OnebitAdam" else [])
     assert cls(name).__module__ == "loom.torch" and name in loom.torch.__all__
     assert issubclass(cls(name), loom.torch.Optimizer)
     assert issubclass(cls(name), torch.optim.Optimizer)
@@ -144,7 +145,29 @@ def test_the_plugin_gets_deepspeeds_values(name):
     assert "bias_correction = false" in text
     for k, v in args.items():
         assert f"{k} = {v}" in text, k
+    assert ("shard_state = false" in text) == (name == "OnebitAdam")
     opt.close()
+
+
+def test_onebit_adam_takes_shard_state():
+    """Loom's keyword: ZeRO-1 for the 1-bit Adam state, in the plugin's manifest; a non-bool
+    is refused by name."""
+    captured = {}
+    real = loom.Session.from_string
+
+    def spy(text, *a, **k):
+        captured["text"] = text
+        return real(text, *a, **k)
+
+    loom.Session.from_string = staticmethod(spy)
+    try:
+        opt = loom.torch.OnebitAdam([param()], log_level="error", shard_state=True)
+    finally:
+        loom.Session.from_string = real
+    assert "shard_state = true" in captured["text"]
+    opt.close()
+    with pytest.raises(loom.InvalidArgumentError, match="shard_state"):
+        loom.torch.OnebitAdam([param()], log_level="error", shard_state="yes")
 
 
 # ---------------------------------------------------------------- refusals and warnings

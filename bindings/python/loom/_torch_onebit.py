@@ -205,7 +205,9 @@ class OnebitAdam(_DeepSpeedOnebit, Optimizer):
     (DeepSpeed's fp16 wrapper spent a first step() on zeros). Refusals raise
     :class:`loom.InvalidArgumentError` (a ValueError) naming the argument. Loom's own
     keyword-only arguments follow DeepSpeed's: ``plugin_path``, ``log_level`` and
-    ``bootstrap``, as for :class:`loom.torch.Optimizer`.
+    ``bootstrap``, as for :class:`loom.torch.Optimizer`, and ``shard_state``: True keeps
+    each rank's share of the moments only (ZeRO stage 1, which DeepSpeed refused for its
+    1-bit optimizers; the plugin's ``shard_state``, docs/optimizers.md).
 
     Attributes:
         comm_backend_name (str): as given; comm_plugin (str): the Loom transport it
@@ -220,13 +222,18 @@ class OnebitAdam(_DeepSpeedOnebit, Optimizer):
                  max_grad_norm: float = 0., amsgrad: bool = False,
                  cuda_aware: bool = False, comm_backend_name: str = 'nccl', *,
                  plugin_path: Union[None, str, Sequence[str]] = None,
-                 log_level: Optional[str] = None, bootstrap: Any = "auto") -> None:
+                 log_level: Optional[str] = None, bootstrap: Any = "auto",
+                 shard_state: bool = False) -> None:
+        if not isinstance(shard_state, bool):
+            raise InvalidArgumentError(
+                f"loom.torch.OnebitAdam: shard_state={shard_state!r}: expected True or False")
         self._open("loom.torch.OnebitAdam", "onebit_adam", params, deepspeed=deepspeed,
                    lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                    eps_inside_sqrt=eps_inside_sqrt, weight_decay=weight_decay,
                    max_grad_norm=max_grad_norm, amsgrad=amsgrad, cuda_aware=cuda_aware,
                    comm_backend_name=comm_backend_name,
-                   plugin_params={"freeze_step": freeze_step}, plugin_path=plugin_path,
+                   plugin_params={"freeze_step": freeze_step, "shard_state": shard_state},
+                   plugin_path=plugin_path,
                    log_level=log_level, bootstrap=bootstrap, non_freeze=True)
         self.freeze_step = freeze_step
 
