@@ -118,7 +118,8 @@ void Onebit::allgather_params(const std::vector<StepGroup>& groups) {
   const std::size_t c = slice_.size();
   const uint64_t hi = std::min<uint64_t>(shard_lo_ + c, total_);
   // The slice's parameters, zeros past the last tensor (they become flat_'s zero padding).
-  be().zero(slice_.data(), c);
+  const std::size_t filled = hi > shard_lo_ ? hi - shard_lo_ : 0;
+  be().zero(slice_.data() + filled, c - filled);
   be().load_grad(pieces(groups, shard_lo_, hi, shard_lo_, /*masks=*/false), slice_.data(), 1.0f);
   if (world_ == 1) return;
   int64_t send_shape[1] = {static_cast<int64_t>(c)};
@@ -197,7 +198,8 @@ void Onebit::share_update(const std::vector<StepGroup>& groups, Segments segs, f
   // The slice's parameters before the step (old_) and after it (slice_, stepped as a copy:
   // this rank's tensors change below, by the shared bits, like every other rank's).
   ensure(old_, c);
-  be().zero(old_.data(), c);
+  const std::size_t filled = hi > shard_lo_ ? hi - shard_lo_ : 0;
+  be().zero(old_.data() + filled, c - filled);
   be().load_grad(pieces(groups, shard_lo_, hi, shard_lo_, /*masks=*/false), old_.data(), 1.0f);
   be().copy(slice_.data(), old_.data(), c);
   for (Segment& s : segs) {
