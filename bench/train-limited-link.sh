@@ -8,7 +8,7 @@
 #   adam_bf16            Adam, bf16 buckets after the backward
 #   adam_bf16_overlap    Adam, bf16 buckets started during the backward
 #   onebit_adam          1-bit Adam (fp32 warmup, then 1-bit momentum)
-#   onebit_adam_sharded  1-bit Adam with shard_state (ZeRO-1; its warmup always fp32), the
+#   onebit_adam_sharded  1-bit Adam with shard_state (ZeRO-1; an fp32 warmup), the
 #                        parameters allgathered in fp32
 #   onebit_adam_sharded_ef8  the same with the ef8 codec (8 bits) and the parameter change
 #                        allgathered compressed (shard_gather = "compressed")

@@ -189,8 +189,7 @@ loom::sdk::Schema Onebit::common_schema() {
       Bool("shard_state", false,
            "ZeRO-1: each rank keeps the moments of 1/N of the parameters; the gradients are "
            "reduce-scattered (compressed after the freeze), each rank updates its slice and "
-           "shares it (onebit_adam only; not with hierarchical, warmup_wire = \"bf16\" or "
-           "non_freeze groups)."),
+           "shares it (onebit_adam only; not with hierarchical or non_freeze groups)."),
       String("shard_gather", "fp32",
              "With shard_state, how a rank shares its slice after the freeze: \"fp32\" "
              "allgathers the parameters themselves (exact, 4 bytes a parameter on the wire); "
@@ -239,10 +238,10 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
                     ": shard_gather = \"compressed\" needs shard_state = true (it says how a "
                     "rank shares its slice)");
   }
-  if (shard_ && (hierarchical_ || warmup_bf16_)) {
-    throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                std::string(name()) + ": shard_state = true cannot be combined with " +
-                    (hierarchical_ ? "hierarchical = true" : "warmup_wire = \"bf16\""));
+  if (shard_ && hierarchical_) {
+    throw Error(
+        LOOM_ERR_INVALID_ARGUMENT,
+        std::string(name()) + ": shard_state = true cannot be combined with hierarchical = true");
   }
   // Which memory the comm and codec must support is known at the first step (a CUDA-only
   // transport such as nccl is fine for CUDA tensors): checked there.
@@ -713,22 +712,31 @@ void Onebit::allreduce_avg(Buffer& buf) {
     counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); }, /*compressed_run=*/false);
     return;
   }
-  // Rounded once on the way out (the copy-out primitive: round to nearest even, as the
-  // trainer's bf16 wire), averaged in the transport, widened exactly on the way back (the
-  // gradient-load primitive): every rank ends with the same fp32 values, on either device.
-  ensure(wire_, (buf.size() + 1) / 2);  // buf.size() bf16 values
-  Segment s;
-  s.n = buf.size();
-  s.p = buf.data();
-  s.low = wire_.data();
-  s.ltype = loom::optim::DType::kBF16;
-  be().copy_out({s});
+  // Rounded once on the way out, averaged in the transport, widened exactly on the way back:
+  // every rank ends with the same fp32 values, on either device.
+  to_bf16(buf, buf.size(), wire_);
   DLTensor t{wire_.data(), device_, 1, DLDataType{kDLBfloat, 16, 1}, shape, nullptr, 0};
   loom_allreduce_args a{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, stream_};
   counted([&] { comm_.call(&loom_comm_v1::allreduce, &a); }, /*compressed_run=*/false);
-  s.g = wire_.data();
+  from_bf16(wire_, buf.size(), buf);
+}
+
+void Onebit::to_bf16(const Buffer& src, std::size_t n, Buffer& wire) {
+  ensure(wire, (n + 1) / 2);  // n bf16 values
+  Segment s;  // the copy-out primitive: round to nearest even, as the trainer's bf16 wire
+  s.n = n;
+  s.p = const_cast<float*>(src.data());  // NOLINT(cppcoreguidelines-pro-type-const-cast): read
+  s.low = wire.data();
+  s.ltype = loom::optim::DType::kBF16;
+  be().copy_out({s});
+}
+
+void Onebit::from_bf16(const Buffer& wire, std::size_t n, Buffer& dst) {
+  Segment s;  // the gradient-load primitive: exact
+  s.n = n;
+  s.g = wire.data();
   s.gtype = loom::optim::DType::kBF16;
-  be().load_grad({s}, buf.data(), 1.0f);
+  be().load_grad({s}, dst.data(), 1.0f);
 }
 
 void Onebit::compressed(Buffer& buf) {

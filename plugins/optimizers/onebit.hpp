@@ -189,6 +189,9 @@ class Onebit : public loom::sdk::Optimizer {
   void gather_grads(const std::vector<StepGroup>& groups, float inv_scale);
   // The uncompressed average of buf over the ranks (on the state's device and stream).
   void allreduce_avg(Buffer& buf);
+  // warmup_wire = "bf16": wire = src[0, n) rounded to bf16; dst[0, n) = wire widened (exact).
+  void to_bf16(const Buffer& src, std::size_t n, Buffer& wire);
+  void from_bf16(const Buffer& wire, std::size_t n, Buffer& dst);
   // The compressed average of `buf` (flat layout) over the tensors outside non_freeze groups;
   // the non_freeze tensors' entries are left as they are.
   void compressed(Buffer& buf);
@@ -263,7 +266,8 @@ class Onebit : public loom::sdk::Optimizer {
   std::unique_ptr<loom::sdk::CompressedAllreduce> car_;
   // Instead of car_ with `hierarchical = true`: compression between hosts only.
   std::unique_ptr<loom::sdk::HierarchicalCompressedAllreduce> hier_;
-  Buffer wire_;  // warmup_wire = "bf16": the allreduce's n bf16 values, in (n + 1) / 2 floats
+  Buffer wire_;        // warmup_wire = "bf16": the allreduce's n bf16 values, in (n + 1) / 2 floats
+  Buffer wire_slice_;  // and with shard_state, the reduce-scatter's slice
   std::vector<std::byte> pending_car_;  // imported before the first step built car_
 
   // Set with car_ (not exported: the groups' flags come with every step): per flat tensor, 1

@@ -109,6 +109,19 @@ void Onebit::reduce_scatter_grads(bool compressed_run) {
     be().copy(slice_.data(), flat_.data() + shard_lo_, c);
     return;
   }
+  if (warmup_bf16_) {
+    // bf16 on the wire: the padded buffer rounded once, reduce-scattered, the slice widened.
+    to_bf16(flat_, padded_, wire_);
+    ensure(wire_slice_, (c + 1) / 2);
+    constexpr DLDataType kBf16{kDLBfloat, 16, 1};
+    DLTensor send16{wire_.data(), device_, 1, kBf16, send_shape, nullptr, 0};
+    DLTensor recv16{wire_slice_.data(), device_, 1, kBf16, recv_shape, nullptr, 0};
+    const loom_reduce_scatter_args a{LOOM_REDUCE_SCATTER_ARGS_SIZE, LOOM_REDUCE_AVG, &send16,
+                                     &recv16, stream_};
+    counted([&] { loom::sdk::comm_reduce_scatter(comm_, a); }, /*compressed_run=*/false);
+    from_bf16(wire_slice_, c, slice_);
+    return;
+  }
   const loom_reduce_scatter_args a{LOOM_REDUCE_SCATTER_ARGS_SIZE, LOOM_REDUCE_AVG, &send, &recv,
                                    stream_};
   counted([&] { loom::sdk::comm_reduce_scatter(comm_, a); }, /*compressed_run=*/false);

@@ -489,6 +489,7 @@ TEST(OnebitCuda, ThreadRanksOnebitLamb) {
 // The warmup's allreduce with bf16 on the wire, cast and widened on the device.
 TEST(OnebitCuda, ThreadRanksBf16Warmup) {
   for (const auto& v : kVariants) thread_ranks(v, 2, "warmup_wire = \"bf16\"\n");
+  thread_ranks("onebit_adam", 2, "warmup_wire = \"bf16\"\nshard_state = true\n");
 }
 // ZeRO-1 on the device: slices of m and v, the compressed reduce-scatter and the parameter
 // allgather on device buffers (thread_comm has no reduce_scatter: the warmup averages the
