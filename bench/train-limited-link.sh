@@ -91,6 +91,14 @@ EOF
 
 adam='plugin = "adam"
 weight_decay = 0.01'
+onebit() { # NAME PLUGIN CODEC PARAMETERS: a 1-bit family run (it owns its communication)
+  manifest "$1" "plugin = \"$2\"
+comm = \"world\"
+codec = \"$3\"
+weight_decay = 0.01
+$4"
+  config "$1"
+}
 for run in $RUNS; do
   case $run in
     adam_fp32) manifest "$run" "$adam"; config "$run" ;;
@@ -99,40 +107,20 @@ for run in $RUNS; do
     adam_bf16) manifest "$run" "$adam"; config "$run" $'[gradients]\nwire = "bf16"\noverlap = false' ;;
     adam_bf16_overlap) manifest "$run" "$adam"
       config "$run" $'[gradients]\nwire = "bf16"\noverlap = true' ;;
-    onebit_adam) manifest "$run" "plugin = \"onebit_adam\"
-comm = \"world\"
-codec = \"onebit\"
-weight_decay = 0.01
-warmup_wire = \"$WARMUP_WIRE\"
-freeze_step = $FREEZE"; config "$run" ;;
-    onebit_adam_sharded) manifest "$run" "plugin = \"onebit_adam\"
-comm = \"world\"
-codec = \"onebit\"
-weight_decay = 0.01
-shard_state = true
-freeze_step = $FREEZE"; config "$run" ;;
-    onebit_adam_sharded_ef8) manifest "$run" "plugin = \"onebit_adam\"
-comm = \"world\"
-codec = \"ef8\"
-weight_decay = 0.01
-shard_state = true
+    onebit_adam) onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
+freeze_step = $FREEZE" ;;
+    onebit_adam_sharded) onebit "$run" onebit_adam onebit "shard_state = true
+freeze_step = $FREEZE" ;;
+    onebit_adam_sharded_ef8) onebit "$run" onebit_adam ef8 "shard_state = true
 shard_gather = \"compressed\"
-freeze_step = $FREEZE"; config "$run" ;;
-    zero_one_adam) manifest "$run" "plugin = \"zero_one_adam\"
-comm = \"world\"
-codec = \"onebit\"
-weight_decay = 0.01
-warmup_wire = \"$WARMUP_WIRE\"
+freeze_step = $FREEZE" ;;
+    zero_one_adam) onebit "$run" zero_one_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
 var_freeze_step = $FREEZE
 var_update_scaler = 4
 local_step_scaler = $FREEZE
-local_step_clipper = 4"; config "$run" ;;
-    onebit_lamb) manifest "$run" "plugin = \"onebit_lamb\"
-comm = \"world\"
-codec = \"onebit\"
-weight_decay = 0.01
-warmup_wire = \"$WARMUP_WIRE\"
-freeze_step = $FREEZE"; config "$run" ;;
+local_step_clipper = 4" ;;
+    onebit_lamb) onebit "$run" onebit_lamb onebit "warmup_wire = \"$WARMUP_WIRE\"
+freeze_step = $FREEZE" ;;
     *) echo "train-limited-link.sh: unknown run '$run'" >&2; exit 2 ;;
   esac
   echo "== $run ($STEPS steps)" >&2
