@@ -471,7 +471,8 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
           "loom_optimizer_get_comm_info: set out->struct_size to LOOM_OPTIMIZER_COMM_INFO_SIZE");
     }
     const auto* vt = static_cast<const loom_optimizer_v1*>(table);
-    const bool has_fn = vt->struct_size >= LOOM_OPTIMIZER_V1_SIZE && vt->comm_info != nullptr;
+    const bool has_fn = vt->struct_size >= LOOM_STRUCT_SIZE(loom_optimizer_v1, comm_info) &&
+                        vt->comm_info != nullptr;
     // Hand the plugin a full-size struct, then copy back what the caller's size holds.
     loom_optimizer_comm_info full{};
     full.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
@@ -482,6 +483,31 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
     full.struct_size = size < LOOM_OPTIMIZER_COMM_INFO_SIZE ? size : LOOM_OPTIMIZER_COMM_INFO_SIZE;
     std::memcpy(out, &full, full.struct_size);
     return succeed();
+  });
+}
+
+LOOM_API int32_t loom_optimizer_grads_ready(loom_instance* instance,
+                                            const loom_optimizer_ready_args* args) {
+  void* obj = nullptr;
+  const void* vt = nullptr;
+  const int32_t rc =
+      loom_instance_table(instance, LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE, &obj, &vt);
+  if (rc != LOOM_OK) return rc;
+  return api_call([&] {
+    if (args == nullptr || args->step == nullptr) {
+      return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_grads_ready: NULL args");
+    }
+    const auto* table = static_cast<const loom_optimizer_v1*>(vt);
+    if (table->struct_size < LOOM_STRUCT_SIZE(loom_optimizer_v1, grads_ready) ||
+        table->grads_ready == nullptr) {
+      return fail(LOOM_ERR_UNIMPLEMENTED,
+                  impl(instance)->label + ": grads_ready: the optimizer starts nothing early");
+    }
+    return loom_instance_take_status(
+        instance,
+        loom::host::guarded_call(impl(instance)->label + " grads_ready",
+                                 [&] { return table->grads_ready(obj, args); }),
+        nullptr, 0);
   });
 }
 

@@ -133,6 +133,10 @@ LOOM_API int32_t loom_optimizer_step_f32(loom_instance* instance, float* const* 
                                          size_t count, double lr);
 LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
                                               loom_optimizer_comm_info* out);
+/* Since 1.6: loom_optimizer_v1.grads_ready (overlap with the backward); LOOM_ERR_UNIMPLEMENTED
+ * when the optimizer has none (its step() then does everything, as it always may). */
+LOOM_API int32_t loom_optimizer_grads_ready(loom_instance* instance,
+                                            const loom_optimizer_ready_args* args);
 
 /* ---- loom.comm/1: process groups (since 1.2) */
 

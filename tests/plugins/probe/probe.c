@@ -424,7 +424,8 @@ static loom_status* opt_import(void* instance, const void* data, size_t bytes) {
   return NULL;
 }
 
-static const loom_optimizer_v1 k_opt_vtable = {LOOM_OPTIMIZER_V1_SIZE, 0, opt_step, opt_comm_info};
+static const loom_optimizer_v1 k_opt_vtable = {LOOM_OPTIMIZER_V1_SIZE, 0, opt_step, opt_comm_info,
+                                               NULL};
 
 static const loom_factory k_opt_factory = {
     .struct_size = LOOM_FACTORY_SIZE,

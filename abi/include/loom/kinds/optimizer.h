@@ -96,6 +96,21 @@ typedef struct loom_optimizer_comm_info {
 #define LOOM_OPTIMIZER_COMM_INFO_SIZE LOOM_STRUCT_SIZE(loom_optimizer_comm_info, comm_wait_ns)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_comm_info, LOOM_OPTIMIZER_COMM_INFO_SIZE);
 
+/* Since 1.6. Overlap with the backward (loom_optimizer_v1.grads_ready): the gradients of some
+ * tensors of the coming step are final. */
+typedef struct loom_optimizer_ready_args {
+  uint32_t struct_size;
+  uint32_t reserved;
+  /* The coming step's args: the groups, grad_scale, step and stream that step() will get (its
+   * lr is read by step() only). Borrowed for the call; the gradients it names must stay as
+   * they are until step() returns. */
+  const loom_optimizer_step_args* step;
+  size_t first; /* tensors [first, first + count), numbered across the groups in order */
+  size_t count;
+} loom_optimizer_ready_args;
+#define LOOM_OPTIMIZER_READY_ARGS_SIZE LOOM_STRUCT_SIZE(loom_optimizer_ready_args, count)
+LOOM_CHECK_STRUCT_SIZE(loom_optimizer_ready_args, LOOM_OPTIMIZER_READY_ARGS_SIZE);
+
 typedef struct loom_optimizer_v1 {
   uint32_t struct_size;
   uint32_t reserved;
@@ -105,8 +120,20 @@ typedef struct loom_optimizer_v1 {
   /* [instance] Optional (NULL: the optimizer never communicates and reports no skipped
    * steps). Fills `out`, whose struct_size the caller sets. */
   loom_status* (*comm_info)(void* instance, loom_optimizer_comm_info* out);
+  /* [instance] Since 1.6. Optional (NULL: step() does all of the step's work). The gradients of
+   * tensors [first, first + count) of the coming step are final: the optimizer may start its
+   * communication of them (the 1-bit family: the exchange of the buckets they complete) while
+   * the caller computes the rest. The step() that follows, with the same groups, grad_scale,
+   * step and stream, finishes the step, whatever was announced (step() takes the tensors
+   * never announced as they are then); every rank must announce the same tensors in the same
+   * order. A call for another step number than the one in progress is FAILED_PRECONDITION. The
+   * outcome (parameters, state, skipped steps) is the same, bit for bit, as step() alone. */
+  /* clang-format off */
+  loom_status* (*grads_ready)(void* instance, const loom_optimizer_ready_args* args)
+      LOOM_APPENDED_FIELD;
+  /* clang-format on */
 } loom_optimizer_v1;
-#define LOOM_OPTIMIZER_V1_SIZE LOOM_STRUCT_SIZE(loom_optimizer_v1, comm_info)
+#define LOOM_OPTIMIZER_V1_SIZE LOOM_STRUCT_SIZE(loom_optimizer_v1, grads_ready)
 LOOM_CHECK_STRUCT_SIZE(loom_optimizer_v1, LOOM_OPTIMIZER_V1_SIZE);
 /* The smallest table a host accepts for this kind: the fields of the first ABI minor that
  * had it (later fields are optional and checked against struct_size before use). */

@@ -22,6 +22,8 @@ class OptimizerStepArgs(ctypes.Structure):
     """loom_optimizer_step_args (abi/include/loom/kinds/optimizer.h)."""
 class OptimizerCommInfo(ctypes.Structure):
     """loom_optimizer_comm_info (abi/include/loom/kinds/optimizer.h)."""
+class OptimizerReadyArgs(ctypes.Structure):
+    """loom_optimizer_ready_args (abi/include/loom/kinds/optimizer.h)."""
 class OptimizerV1(ctypes.Structure):
     """loom_optimizer_v1 (abi/include/loom/kinds/optimizer.h)."""
 
@@ -59,13 +61,22 @@ OptimizerCommInfo._fields_ = [
 ]
 OPTIMIZER_COMM_INFO_SIZE = _size(OptimizerCommInfo, "comm_wait_ns")
 
+OptimizerReadyArgs._fields_ = [
+    ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+    ("step", ctypes.POINTER(OptimizerStepArgs)), ("first", ctypes.c_size_t),
+    ("count", ctypes.c_size_t),
+]
+OPTIMIZER_READY_ARGS_SIZE = _size(OptimizerReadyArgs, "count")
+
 OPTIMIZER_V1_STEP_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.POINTER(OptimizerStepArgs))
 OPTIMIZER_V1_COMM_INFO_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
                                              ctypes.POINTER(OptimizerCommInfo))
+OPTIMIZER_V1_GRADS_READY_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                               ctypes.POINTER(OptimizerReadyArgs))
 OptimizerV1._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("step", OPTIMIZER_V1_STEP_FN),
-    ("comm_info", OPTIMIZER_V1_COMM_INFO_FN),
+    ("comm_info", OPTIMIZER_V1_COMM_INFO_FN), ("grads_ready", OPTIMIZER_V1_GRADS_READY_FN),
 ]
-OPTIMIZER_V1_SIZE = _size(OptimizerV1, "comm_info")
+OPTIMIZER_V1_SIZE = _size(OptimizerV1, "grads_ready")
 OPTIMIZER_V1_MIN_SIZE = _size(OptimizerV1, "step")

@@ -12,6 +12,8 @@ namespace loom::sdk {
 // "loom.optimizer/1"
 //   required: void step(const loom_optimizer_step_args&)
 //   optional: void comm_info(loom_optimizer_comm_info&)
+//             void grads_ready(const loom_optimizer_ready_args&)  (since 1.6; args.step is the
+//             SDK's normalized copy, as step()'s)
 struct Optimizer {
   static constexpr const char* kKind = LOOM_KIND_OPTIMIZER;
   using sdk_kind = Optimizer;
@@ -31,6 +33,16 @@ struct OptimizerTable {
                      [](T& obj, auto& full) { obj.comm_info(full); });
   }
 
+  static loom_status* grads_ready(void* instance, const loom_optimizer_ready_args* args) noexcept {
+    return E::forward(instance, args, "grads_ready args", [](T& obj, const auto& a) {
+      if (a.step == nullptr) throw Error(LOOM_ERR_INVALID_ARGUMENT, "grads_ready: NULL step args");
+      auto full = a;
+      const auto step = normalized(a.step, "grads_ready step args");
+      full.step = &step;
+      obj.grads_ready(full);
+    });
+  }
+
   static const loom_optimizer_v1* get() {
     static_assert(
         requires(T & t, const loom_optimizer_step_args& a) { t.step(a); },
@@ -41,6 +53,9 @@ struct OptimizerTable {
       v.step = &step;
       if constexpr (requires(T & t, loom_optimizer_comm_info & o) { t.comm_info(o); }) {
         v.comm_info = &comm_info;
+      }
+      if constexpr (requires(T & t, const loom_optimizer_ready_args& a) { t.grads_ready(a); }) {
+        v.grads_ready = &grads_ready;
       }
       return v;
     }();
