@@ -276,9 +276,12 @@ TEST_F(Codecs, CompressedAllreduceReproducesTheNotesTestVector) {
 
 // The compressed allreduce against the reference model at sizes that need padding, on 1 to 4
 // ranks, three steps (so the error buffers matter), bit for bit, and the same on every rank.
+// `incremental`: begin() and end() (one segment, started by end()), undoable, then a fourth
+// call undone: the errors of the third again.
 void check_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool onebit_codec, int n,
-                             int64_t numel) {
-  SCOPED_TRACE("ranks=" + std::to_string(n) + " numel=" + std::to_string(numel));
+                             int64_t numel, bool incremental = false) {
+  SCOPED_TRACE("ranks=" + std::to_string(n) + " numel=" + std::to_string(numel) +
+               (incremental ? " incremental" : ""));
   test::ThreadWorld world(n);
   std::vector<std::vector<std::vector<float>>> inputs(3);  // [step][rank]
   std::mt19937 rng(static_cast<unsigned>(numel * 31 + n));
@@ -308,10 +311,26 @@ void check_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool oneb
       const DLTensor in{
           inputs[step][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
       DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      ar.run(in, o);
+      if (incremental) {
+        ar.begin(in, o, nullptr, /*undoable=*/true);
+        for (size_t k = ar.segment_count(); k-- > 1;) ar.start(k);  // segment 0 by end()
+        ar.end();
+      } else {
+        ar.run(in, o);
+      }
       for (int64_t i = 0; i < numel; ++i) {
         if (bits_of(out[i]) != bits_of(want[step][i])) ++mismatches;
       }
+    }
+    if (incremental) {  // a fourth call, undone
+      std::vector<float> out(static_cast<size_t>(numel));
+      int64_t shape = numel;
+      const DLTensor in{inputs[0][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+      DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+      ar.begin(in, o, nullptr, /*undoable=*/true);
+      ar.start(ar.segment_count() / 2);
+      ar.end();
+      ar.undo();
     }
     const DLTensor e = ar.worker_error();
     if (std::memcmp(e.data, we[r].data(), padded * 4) != 0) ++mismatches;
@@ -325,10 +344,13 @@ void check_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool oneb
 // on its own slice, with its own error buffers, bit for bit; the exchanges run in the
 // background on the thread transport (it has start/test/wait), so segment k's exchange
 // overlaps the encode of k + 1 and the decode of k - 1. Three steps, so the errors matter.
+// `incremental`: through begin(), start() from the last segment down and end() (an owner
+// overlapping a backward), undoable, then a fourth call undone: the errors of the third again.
 void check_segments_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool onebit_codec,
-                                      int n, int64_t numel, int64_t segment) {
+                                      int n, int64_t numel, int64_t segment,
+                                      bool incremental = false) {
   SCOPED_TRACE("ranks=" + std::to_string(n) + " numel=" + std::to_string(numel) +
-               " segment=" + std::to_string(segment));
+               " segment=" + std::to_string(segment) + (incremental ? " incremental" : ""));
   test::ThreadWorld world(n);
   std::vector<std::vector<std::vector<float>>> inputs(3);
   std::mt19937 rng(static_cast<unsigned>(numel * 17 + n));
@@ -385,10 +407,26 @@ void check_segments_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), 
       const DLTensor in{
           inputs[step][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
       DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      ar.run(in, o);
+      if (incremental) {
+        ar.begin(in, o, nullptr, /*undoable=*/true);
+        for (size_t k = ar.segment_count(); k-- > 1;) ar.start(k);  // segment 0 by end()
+        ar.end();
+      } else {
+        ar.run(in, o);
+      }
       for (int64_t i = 0; i < numel; ++i) {
         if (bits_of(out[i]) != bits_of(want[step][i])) ++mismatches;
       }
+    }
+    if (incremental) {  // a fourth call, undone
+      std::vector<float> out(static_cast<size_t>(numel));
+      int64_t shape = numel;
+      const DLTensor in{inputs[0][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+      DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+      ar.begin(in, o, nullptr, /*undoable=*/true);
+      ar.start(ar.segment_count() / 2);
+      ar.end();
+      ar.undo();
     }
     const auto* e = static_cast<const float*>(ar.worker_error().data);
     const auto* s = static_cast<const float*>(ar.server_error().data);
@@ -409,6 +447,16 @@ TEST_F(Codecs, SegmentedCompressedAllreduceMatchesTheReferencePerSegment) {
   }
   // One element short of a whole number of segments, and segments of the codec's unit.
   check_segments_against_reference(&Codecs::onebit, true, 4, 32 * 5 - 1, 1);
+}
+
+// Started a segment at a time in another order, and a call undone.
+TEST_F(Codecs, IncrementalCompressedAllreduceMatchesTheReferencePerSegment) {
+  for (int n : {1, 2, 3, 4}) {
+    check_against_reference(&Codecs::onebit, true, n, 1000003, true);
+    check_segments_against_reference(&Codecs::onebit, true, n, 100003, 20000, true);
+    check_segments_against_reference(&Codecs::ef8, false, n, 100003, 30001, true);
+  }
+  check_segments_against_reference(&Codecs::onebit, true, 4, 32 * 5 - 1, 1, true);
 }
 
 // A state from one segmentation does not import into another; the same one does.

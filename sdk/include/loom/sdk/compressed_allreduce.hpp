@@ -68,6 +68,7 @@
 #include <loom/kinds/comm.h>
 #include <loom/sdk/comm.hpp>
 #include <loom/sdk/context.hpp>
+#include <loom/sdk/device_ops.hpp>
 #include <loom/sdk/state.hpp>
 #include <loom/sdk/status.hpp>
 #include <loom/sdk/tensor.hpp>
@@ -78,15 +79,12 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <new>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
-
-#ifdef LOOM_SDK_CUDA_RUNTIME
-#include <cuda_runtime_api.h>
-#endif
 
 namespace loom::sdk {
 
@@ -97,75 +95,6 @@ struct CompressedAllreduceTraffic {
   uint64_t rounds = 0;   // collective calls the transport counted
   uint64_t wait_ns = 0;  // time blocked in the transport's calls (not encoding or decoding)
 };
-
-// What the compressed allreduce needs to move device memory that neither the codec nor the
-// transport does for it. Unused (and may stay empty) for host memory. Each throws Error on
-// failure.
-struct DeviceOps {
-  // Device to device, ordered on `stream`.
-  std::function<void(void* dst, const void* src, std::size_t bytes, void* stream)> copy;
-  // Sets `bytes` bytes to zero, ordered on `stream`.
-  std::function<void(void* dst, std::size_t bytes, void* stream)> zero;
-  // Synchronous copies between host and device (state export/import only).
-  std::function<void(void* host_dst, const void* device_src, std::size_t bytes, void* stream)>
-      to_host;
-  std::function<void(void* device_dst, const void* host_src, std::size_t bytes, void* stream)>
-      from_host;
-  // Ordering across streams (optional; needed to run on more than one stream). Creates
-  // *event on first use (on the buffers' device) and records it after the work queued so far
-  // on `stream`.
-  std::function<void(void** event, void* stream)> record_event;
-  // Work queued on `stream` after this starts after the event's last record.
-  std::function<void(void* event, void* stream)> wait_event;
-  // Destroys an event record_event created (at destruction).
-  std::function<void(void* event)> destroy_event;
-};
-
-#ifdef LOOM_SDK_CUDA_RUNTIME
-// DeviceOps over the CUDA runtime.
-inline DeviceOps cuda_device_ops() {
-  auto ok = [](cudaError_t e, const char* what) {
-    if (e != cudaSuccess) {
-      throw Error(LOOM_ERR_INTERNAL, std::string(what) + ": " + cudaGetErrorString(e));
-    }
-  };
-  DeviceOps ops;
-  ops.copy = [ok](void* dst, const void* src, std::size_t bytes, void* stream) {
-    ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                       static_cast<cudaStream_t>(stream)),
-       "cudaMemcpyAsync");
-  };
-  ops.zero = [ok](void* dst, std::size_t bytes, void* stream) {
-    ok(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
-  };
-  ops.to_host = [ok](void* dst, const void* src, std::size_t bytes, void* stream) {
-    ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
-       "cudaMemcpyAsync");
-    ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
-  };
-  ops.from_host = [ok](void* dst, const void* src, std::size_t bytes, void* stream) {
-    ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
-       "cudaMemcpyAsync");
-    ok(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
-  };
-  // Events are created on the current device, which must be the buffers' device.
-  ops.record_event = [ok](void** event, void* stream) {
-    if (*event == nullptr) {
-      cudaEvent_t e = nullptr;
-      ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      *event = e;
-    }
-    ok(cudaEventRecord(static_cast<cudaEvent_t>(*event), static_cast<cudaStream_t>(stream)),
-       "cudaEventRecord");
-  };
-  ops.wait_event = [ok](void* event, void* stream) {
-    ok(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
-       "cudaStreamWaitEvent");
-  };
-  ops.destroy_event = [](void* event) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
-  return ops;
-}
-#endif
 
 // Where a CompressedAllreduce works (CompressedAllreduce::Options).
 struct CompressedAllreduceOptions {
@@ -198,64 +127,118 @@ class CompressedAllreduce {
 
   CompressedAllreduce(const CompressedAllreduce&) = delete;
   CompressedAllreduce& operator=(const CompressedAllreduce&) = delete;
-  ~CompressedAllreduce() { release(); }
+  ~CompressedAllreduce() {
+    abandon();
+    release();
+  }
 
   // output = compressed average over ranks of input. Both fp32, contiguous, numel() elements,
   // on options.device; output may be input (in place). `stream`: NULL uses the last call's
   // stream (at first options.stream); another stream waits for the last call's work first.
   void run(const DLTensor& input, DLTensor& output, void* stream = nullptr) {
-    if (stream == nullptr) stream = stream_;
-    check_tensor(input, "compressed allreduce input");
-    check_tensor(output, "compressed allreduce output");
-    use_stream(stream);
-    const Marker marker(*this);  // the event after this call's work, also on a throw
-    const CompressedAllreduceTraffic before = read_stats();
-    run_wait_ns_ = 0;
-    const std::size_t in_bytes = static_cast<std::size_t>(numel_) * sizeof(float);
-
-    // Pad (the tail of work_ stays zero from construction).
-    const float* in = data_as<const float>(input);
-    const float* src = in;
-    if (padded_ != numel_) {
-      copy(work_, in, in_bytes, stream);
-      src = static_cast<const float*>(work_);
-    }
-    float* out = data_as<float>(output);
-    const bool direct = padded_ == numel_;
-    float* dst = direct ? out : static_cast<float*>(work_);
-
-    // Segment k: worker (encode, start phase 1), server (finish phase 1, reduce, re-encode,
-    // start phase 2), finish (finish phase 2, decode). Pipelined: the worker of k + 1 and the
-    // finish of k - 1 run while segment k's exchanges are in flight.
-    const std::size_t count = segments_.size();
-    std::vector<Exchange> x(count);
-    const bool pipelined = count > 1 && is_cpu(options_.device) && comm_nonblocking(comm_);
-    for (std::size_t k = 0; k < count; ++k) {
-      worker(k, src, x[k], stream, pipelined);
-      if (!pipelined) {
-        server(k, x[k], stream, pipelined);
-        finish(k, dst, x[k], stream);
-        continue;
-      }
-      if (k >= 1) server(k - 1, x[k - 1], stream, pipelined);
-      if (k >= 2) finish(k - 2, dst, x[k - 2], stream);
-    }
-    if (pipelined) {
-      server(count - 1, x[count - 1], stream, pipelined);
-      if (count >= 2) finish(count - 2, dst, x[count - 2], stream);
-      finish(count - 1, dst, x[count - 1], stream);
-    }
-    if (!direct) {
-      copy(out, work_, in_bytes, stream);
-      // work_'s tail must be zero again for the next call's padding.
-      zero(static_cast<float*>(work_) + numel_,
-           static_cast<std::size_t>(padded_ - numel_) * sizeof(float), stream);
-    }
-
-    account(before);
+    begin(input, output, stream);
+    end();
   }
   // In place.
   void run(DLTensor& tensor, void* stream = nullptr) { run(tensor, tensor, stream); }
+
+  // Incremental: run() a segment at a time, each started once its elements are final, so the
+  // exchange overlaps the caller's work (a backward that finishes the gradients from the last
+  // layer down):
+  //   begin(input, output, stream)  as run(), but sends nothing yet;
+  //   start(k)  segment k's elements (segment_offset(k), segment_elements(k)) of `input` are
+  //             final: encode and send them, and move the segments started before on, as run()
+  //             does (the server step of the one before, the decode of the one before that);
+  //   end()     starts the segments not started yet (in ascending order) and finishes all;
+  //             `output` holds the average.
+  // Each segment's result does not depend on when it starts, so any start order gives run()'s
+  // bits; every rank must start the segments in the same order (they are collectives).
+  // `undoable`: the error buffers are kept as they were at begin() until the next begin(), so
+  // undo() after end() can put them back (an optimizer that skips the step; costs a copy of
+  // each segment's errors and one more buffer of error_bytes()). Host or device memory; the
+  // overlap needs host memory and a transport with non-blocking collectives (else each start()
+  // runs its segment to the end). An exception leaves the run abandoned: begin() starts anew.
+  void begin(const DLTensor& input, DLTensor& output, void* stream = nullptr,
+             bool undoable = false) {
+    if (stream == nullptr) stream = stream_;
+    check_tensor(input, "compressed allreduce input");
+    check_tensor(output, "compressed allreduce output");
+    abandon();
+    use_stream(stream);
+    if (undoable && undo_ == nullptr) undo_ = allocate(error_bytes());
+    run_ = std::make_unique<Run>();
+    Run& r = *run_;
+    r.in = data_as<const float>(input);
+    r.out = data_as<float>(output);
+    r.stream = stream;
+    r.undoable = undoable;
+    r.x = std::vector<Exchange>(segments_.size());
+    r.started.assign(segments_.size(), false);
+    r.pipelined = segments_.size() > 1 && is_cpu(options_.device) && comm_nonblocking(comm_);
+    r.before = read_stats();
+    run_wait_ns_ = 0;
+  }
+  void start(std::size_t k) {
+    if (!run_ || k >= segments_.size() || run_->started[k]) {
+      throw Error(
+          LOOM_ERR_FAILED_PRECONDITION,
+          "compressed allreduce: start(" + std::to_string(k) + ") " +
+              (!run_                   ? "without begin()"
+               : k >= segments_.size() ? "of " + std::to_string(segments_.size()) + " segments"
+                                       : "twice in one run"));
+    }
+    Run& r = *run_;
+    const Marker marker(*this);
+    try {
+      r.started[k] = true;
+      if (r.undoable) keep_errors(k, r.stream);
+      worker(k, source(k), r.x[k], r.stream, r.pipelined);
+      if (!r.pipelined) {
+        server(k, r.x[k], r.stream, false);
+        finish_into(k);
+        return;
+      }
+      r.order.push_back(k);
+      const std::size_t i = r.order.size() - 1;
+      if (i >= 1) server(r.order[i - 1], r.x[r.order[i - 1]], r.stream, true);
+      if (i >= 2) finish_into(r.order[i - 2]);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+  }
+  void end() {
+    if (!run_)
+      throw Error(LOOM_ERR_FAILED_PRECONDITION, "compressed allreduce: end() without begin()");
+    for (std::size_t k = 0; k < segments_.size(); ++k) {
+      if (!run_->started[k]) start(k);
+    }
+    Run& r = *run_;
+    const Marker marker(*this);
+    try {
+      const std::size_t count = r.order.size();
+      if (count >= 1) server(r.order[count - 1], r.x[r.order[count - 1]], r.stream, true);
+      if (count >= 2) finish_into(r.order[count - 2]);
+      if (count >= 1) finish_into(r.order[count - 1]);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    account(r.before);
+    run_kept_ = r.undoable;
+    run_.reset();
+  }
+  void undo() {
+    if (run_ || !run_kept_) {
+      throw Error(LOOM_ERR_FAILED_PRECONDITION,
+                  "compressed allreduce: undo() needs a finished undoable run");
+    }
+    copy(worker_error_, undo_, worker_bytes(), stream_);
+    copy(server_error_, static_cast<unsigned char*>(undo_) + worker_bytes(), server_bytes(),
+         stream_);
+    run_kept_ = false;
+    mark();
+  }
 
   // The first half of run(), for owners that keep one slice of the result each (a sharded
   // optimizer): `slice` = this rank's chunk_numel() elements of the compressed average of
@@ -338,6 +321,12 @@ class CompressedAllreduce {
   // may be shorter).
   std::size_t segment_count() const { return segments_.size(); }
   int64_t segment_numel() const { return segments_.front().padded; }
+  // Segment k's elements of the input: [segment_offset(k), + segment_elements(k)).
+  int64_t segment_offset(std::size_t k) const { return segments_.at(k).offset; }
+  int64_t segment_elements(std::size_t k) const {
+    const Segment& g = segments_.at(k);
+    return std::min(g.padded, numel_ - g.offset);
+  }
   std::size_t chunk_bytes() const { return chunk_bytes_; }
   int32_t rank() const { return rank_; }
   int32_t world_size() const { return size_; }
@@ -467,6 +456,68 @@ class CompressedAllreduce {
     loom_allgather_args ag{};
     CommRequest request;
   };
+
+  // The run begin() started: its buffers, the segments' exchanges and the order they started.
+  struct Run {
+    const float* in = nullptr;
+    float* out = nullptr;
+    void* stream = nullptr;
+    bool undoable = false;
+    bool pipelined = false;
+    std::vector<Exchange> x;  // sized once: the args point into it
+    std::vector<bool> started;
+    std::vector<std::size_t> order;
+    CompressedAllreduceTraffic before;
+  };
+
+  // Segment k's input as the worker reads it at its offset: the caller's buffer, or work_ for
+  // the segment the codec pads past numel() (its tail stays zero).
+  const float* source(std::size_t k) {
+    const Segment& g = segments_[k];
+    if (g.offset + g.padded <= numel_) return run_->in;
+    copy(static_cast<float*>(work_) + g.offset, run_->in + g.offset,
+         static_cast<std::size_t>(numel_ - g.offset) * sizeof(float), run_->stream);
+    return static_cast<const float*>(work_);
+  }
+  // finish() into the caller's output (through work_ for the padded segment).
+  void finish_into(std::size_t k) {
+    const Segment& g = segments_[k];
+    Run& r = *run_;
+    if (g.offset + g.padded <= numel_) {
+      finish(k, r.out, r.x[k], r.stream);
+      return;
+    }
+    auto* work = static_cast<float*>(work_);
+    finish(k, work, r.x[k], r.stream);
+    copy(r.out + g.offset, work + g.offset,
+         static_cast<std::size_t>(numel_ - g.offset) * sizeof(float), r.stream);
+    zero(work + numel_, static_cast<std::size_t>(padded_ - numel_) * sizeof(float), r.stream);
+  }
+  // Keeps segment k's worker and server errors in undo_ (same layout) before they change.
+  void keep_errors(std::size_t k, void* stream) {
+    const Segment& g = segments_[k];
+    const auto f = sizeof(float);
+    copy(static_cast<unsigned char*>(undo_) + static_cast<std::size_t>(g.offset) * f,
+         static_cast<float*>(worker_error_) + g.offset, static_cast<std::size_t>(g.padded) * f,
+         stream);
+    copy(static_cast<unsigned char*>(undo_) + worker_bytes() +
+             static_cast<std::size_t>(g.server_offset) * f,
+         static_cast<float*>(server_error_) + g.server_offset,
+         static_cast<std::size_t>(g.padded / size_) * f, stream);
+  }
+  // Drops a run in progress: waits for the exchanges it started (their buffers are ours).
+  void abandon() noexcept {
+    if (run_) {
+      for (Exchange& x : run_->x) {
+        try {
+          x.request.wait();
+        } catch (...) {  // the run's own error is the one reported
+        }
+      }
+    }
+    run_.reset();
+    run_kept_ = false;
+  }
 
   // Starts (pipelined) or runs one exchange.
   void exchange(Exchange& x, loom_comm_collective which, const void* args, bool pipelined) {
@@ -830,8 +881,8 @@ class CompressedAllreduce {
   }
   // Frees the buffers (stream-ordered) and the ordering event.
   void release() noexcept {
-    for (void** p :
-         {&worker_error_, &server_error_, &work_, &slice_, &send_, &recv_, &server_chunk_}) {
+    for (void** p : {&worker_error_, &server_error_, &work_, &slice_, &send_, &recv_,
+                     &server_chunk_, &undo_}) {
       deallocate(*p);
       *p = nullptr;
     }
@@ -897,6 +948,9 @@ class CompressedAllreduce {
   void* server_chunk_ = nullptr;        // 1 chunk a segment: the server's encodings
   CompressedAllreduceTraffic last_;
   CompressedAllreduceTraffic total_;
+  std::unique_ptr<Run> run_;  // begin() .. end()
+  void* undo_ = nullptr;   // undoable runs: the errors at begin(), as worker_error_ + server_error_
+  bool run_kept_ = false;  // undo_ holds the last (finished) run's errors
   uint64_t run_wait_ns_ = 0;  // the current run's time blocked in the transport
   uint64_t calls_ = 0;
   void* stream_ = nullptr;  // the last call's stream: later work and the frees go there
