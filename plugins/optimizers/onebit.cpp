@@ -48,10 +48,6 @@ loom::sdk::DeviceOps device_ops(int device) {
   return ops;
 }
 
-// The most steps an instance takes: far past any run, and it keeps 0/1 Adam's doubling
-// intervals from wrapping to 0 (see check_imported).
-constexpr uint64_t kMaxSteps = uint64_t{1} << 62;
-
 // What import_state read, before it replaces anything.
 struct Imported {
   uint64_t steps;
@@ -304,6 +300,10 @@ void Onebit::ordered_step(const std::vector<StepGroup>& groups,
   }
   layout(groups);  // validates against the state before anything changes
   device_set_ = true;
+  if (bucketed() || pending_) {
+    bucketed_step(groups, args);
+    return;
+  }
   const uint64_t t = steps_ + 1;
   gather_grads(groups, static_cast<float>(1.0 / args.grad_scale));  // flat_ is scratch
   // The 1-bit optimizers see local gradients: a NaN on one rank must skip the step on all.
@@ -325,6 +325,10 @@ bool Onebit::finite_on_every_rank() {
   finite_.reset(device_, stream_);
   finite_.check({{flat_.data(), loom::optim::DType::kF32, static_cast<std::size_t>(total_)}}, 1.0f,
                 stream_);
+  return agreed_finite();
+}
+
+bool Onebit::agreed_finite() {
   if (world_ > 1) {
     // One fp32 (0 or 1) on the state's device; not counted in the traffic counters, which
     // measure the gradient averaging (and are state: a skipped step leaves them as they were).
@@ -337,6 +341,11 @@ bool Onebit::finite_on_every_rank() {
 }
 
 void Onebit::export_state(loom::sdk::StateWriter& out) {
+  if (pending_) {
+    throw Error(LOOM_ERR_FAILED_PRECONDITION,
+                std::string(name()) + ": step " + std::to_string(steps_ + 1) +
+                    " is in progress (grads_ready was called): export after its step()");
+  }
   out.write_header(name(), shard_ ? 2 : 1);
   out.write_pod<uint64_t>(steps_);
   out.write_pod<uint64_t>(total_);
@@ -649,6 +658,7 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
       loom::sdk::CompressedAllreduce::Options options;
       options.device = device_;
       options.stream = stream_;
+      options.segment_elements = static_cast<int64_t>(bucket_elements_);  // 0: one segment
       if (on_cuda()) options.device_ops = device_ops(device_.device_id);
       car = std::make_unique<loom::sdk::CompressedAllreduce>(
           ctx_, comm_, codec_, static_cast<int64_t>(shard_ ? padded_ : packed), std::move(options));

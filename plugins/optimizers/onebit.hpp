@@ -73,6 +73,10 @@
 
 namespace loom::optim::onebit {
 
+// The most steps an instance takes: far past any run, and it keeps 0/1 Adam's doubling
+// intervals from wrapping to 0 (see check_imported).
+constexpr uint64_t kMaxSteps = uint64_t{1} << 62;
+
 enum class Variant { kOnebitAdam = 0, kZeroOneAdam = 1, kOnebitLamb = 2 };
 
 // The plugin's name; also the magic of its state blob.
@@ -98,12 +102,15 @@ struct TensorState {  // onebit_lamb's per-tensor scalars
 // schema() and implements algorithm_step().
 class Onebit : public loom::sdk::Optimizer {
  public:
-  virtual ~Onebit() = default;
+  virtual ~Onebit();
   Onebit(const Onebit&) = delete;
   Onebit& operator=(const Onebit&) = delete;
 
   void comm_info(loom_optimizer_comm_info& out);
   void step(const loom_optimizer_step_args& args);
+  // Overlap with the backward (onebit_overlap.cpp): marks the tensors' gradients final and
+  // starts the buckets they complete. Does nothing unless the step is bucketed (bucketed()).
+  void grads_ready(const loom_optimizer_ready_args& args);
   // Format v1: header, variant, counters, flat buffers, per-tensor scalars, traffic
   // counters, then the compressed allreduce's error buffers. The same on every device:
   // device buffers are copied to the host (on the last step's stream, synchronized first, so
@@ -215,6 +222,17 @@ class Onebit : public loom::sdk::Optimizer {
   // m = beta1 * m + (1 - beta1) * g over the whole flat layout.
   void momentum_flat(const Buffer& g);
 
+  // Buckets (onebit_adam's bucket_mb > 0; onebit_overlap.cpp): the compressed allreduce cut
+  // into segments of bucket_elements_, each exchanged (the warmup's allreduce too) as soon as
+  // the gradients it covers are final; the finite check agreed after the exchange, a skipped
+  // step undone. The same bits whether grads_ready() started some
+  // buckets during the backward or step() starts them all.
+  bool bucketed() const;
+  void bucketed_step(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
+  // The last step of the warmup (onebit_adam's freeze_step; the buckets' variant only).
+  virtual uint64_t bucket_freeze_step() const { return 0; }
+  uint64_t bucket_elements_ = 0;
+
   // shard_state (onebit_shard.cpp). One step of onebit_adam on this rank's slice: the
   // gradients reduce-scattered (compressed after freeze_step), Adam on the slice (v frozen
   // after freeze_step), the parameters allgathered.
@@ -281,6 +299,26 @@ class Onebit : public loom::sdk::Optimizer {
   uint64_t skipped_ = 0;
   FiniteFlag finite_;
 
+  // The bucketed step begun by grads_ready() and finished by step() (onebit_overlap.cpp).
+  struct Pending {
+    int64_t step = 0;
+    bool warmup = true;
+    float inv_scale = 1.0f;
+    std::vector<uint8_t> ready;      // per flat tensor
+    std::vector<uint8_t> begun;      // per bucket: started
+    std::size_t started = 0;         // how many
+    std::vector<std::size_t> last;   // per bucket: the last flat tensor it covers
+    std::vector<std::size_t> first;  // and the first
+    loom_comm_stats before{};        // the comm's counters when the step began (warmup)
+    // The warmup's allreduces, one per bucket (their args point here: sized once).
+    std::vector<int64_t> shape;
+    std::vector<DLTensor> tensor;
+    std::vector<loom_allreduce_args> args;
+    std::vector<loom::sdk::CommRequest> request;
+  };
+  std::unique_ptr<Pending> pending_;
+  Buffer m_keep_;  // buckets after the freeze: m before the step, for a skipped step
+
   // Scratch on device_ (not exported).
   Buffer flat_;    // the step's gradients in the flat layout
   Buffer subset_;  // the compressed or non_freeze tensors, packed
@@ -328,6 +366,15 @@ class Onebit : public loom::sdk::Optimizer {
   // True when flat_ (the step's local gradients) is finite on every rank: each rank checks
   // its own, then one allreduce MAX of the flag, so that all ranks skip the same steps.
   bool finite_on_every_rank();
+  // The allreduce MAX of finite_ (checked so far) and its outcome: true when no rank raised it.
+  bool agreed_finite();
+  // The bucketed step's parts (onebit_overlap.cpp).
+  void begin_pending(const loom_optimizer_step_args& args, bool warmup);
+  void mark_ready(const std::vector<StepGroup>& groups, std::size_t first, std::size_t count);
+  void start_buckets();
+  void start_bucket(std::size_t k);
+  void finish_pending(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
+
   // Counts what `fn` (one collective) did on the transport and the time it kept this rank
   // waiting: all of a plain collective's, only a compressed run's time in the transport.
   void counted(const std::function<void()>& fn, bool compressed_run);
@@ -353,6 +400,7 @@ class OnebitAdam final : public Onebit {
 
  private:
   void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
+  uint64_t bucket_freeze_step() const override { return freeze_step_; }
   uint64_t freeze_step_ = 0;
 };
 

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -1059,6 +1060,190 @@ TEST(OnebitExtras, Abi10SizedStructsStillWork) {
   }
 }
 
+// ------------------------------------------------------------- buckets and grads_ready
+
+// Tensors of several sizes (so buckets cut some of them), one step's args over them; the
+// gradients are drawn per rank and step, independent of the parameters.
+struct Model {
+  std::vector<std::vector<float>> p, g;
+  std::vector<int64_t> shape;
+  std::vector<DLTensor> tp, tg;
+  std::vector<loom_optimizer_tensor> ts;
+  loom_optimizer_group group{};
+  loom_optimizer_step_args args{};
+  int32_t found_inf = 0;
+  Model() {
+    for (const int64_t n : {300, 17, 129, 64, 255, 8, 190}) {
+      p.emplace_back(static_cast<size_t>(n), 0.05f);
+      g.emplace_back(static_cast<size_t>(n), 0.0f);
+      shape.push_back(n);
+    }
+    const size_t k = p.size();
+    tp.resize(k);
+    tg.resize(k);
+    ts.resize(k);
+    for (size_t i = 0; i < k; ++i) {
+      tp[i] = DLTensor{p[i].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape[i], nullptr, 0};
+      tg[i] = tp[i];
+      tg[i].data = g[i].data();
+      ts[i] = {LOOM_OPTIMIZER_TENSOR_SIZE, 0, &tp[i], &tg[i], nullptr, nullptr};
+    }
+    group = {LOOM_OPTIMIZER_GROUP_SIZE, 0, ts.data(), ts.size(), 1.0, NAN, 0, 0};
+  }
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  void draw(int rank, int t) {
+    std::mt19937 rng(static_cast<unsigned>(1000 * t + rank));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (size_t i = 0; i < g.size(); ++i) {
+      for (size_t j = 0; j < g[i].size(); ++j) {
+        g[i][j] = 0.2f * d(rng) + 0.01f * static_cast<float>(i) + p[i][j] * 0.1f;
+      }
+    }
+  }
+  // One step: the tensors announced from the last one down (as a backward finishes them), one
+  // at a time, when `announce`; then step().
+  int32_t step(loom_instance* opt, int64_t t, bool announce, double lr = 5e-3) {
+    args = {LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &group, 1, lr, 1.0, t, nullptr, &found_inf};
+    found_inf = 0;
+    for (size_t i = ts.size(); announce && i-- > 0;) {
+      const loom_optimizer_ready_args r{LOOM_OPTIMIZER_READY_ARGS_SIZE, 0, &args, i, 1};
+      if (const int32_t rc = loom_optimizer_grads_ready(opt, &r)) return rc;
+    }
+    return loom_optimizer_step(opt, &args);
+  }
+};
+
+// Announcing the gradients during a "backward" starts buckets early; the outcome is the bits of
+// step() alone, in the warmup and after the freeze, in fp32 and bf16 on the warmup's wire, with
+// the same traffic.
+void announced_equals_step_alone(const std::string& extra) {
+  const std::string opt =
+      "plugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+      "freeze_step = 6\nbucket_mb = 0.0004\n" +
+      extra;
+  World w("[optimizer.early]\n" + opt + "[optimizer.late]\n" + opt +
+          "[optimizer.whole]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+          "freeze_step = 6\n" +
+          extra);
+  ASSERT_NE(w.s, nullptr);
+  Model a, b, c;
+  for (int t = 1; t <= 24; ++t) {
+    a.draw(w.rank, t);
+    b.draw(w.rank, t);
+    c.draw(w.rank, t);
+    ASSERT_EQ(a.step(w.opt("early"), t, true), 0) << loom_last_error();
+    ASSERT_EQ(b.step(w.opt("late"), t, false), 0) << loom_last_error();
+    ASSERT_EQ(c.step(w.opt("whole"), t, false), 0) << loom_last_error();
+    for (size_t i = 0; i < a.p.size(); ++i) {
+      ASSERT_TRUE(same(a.p[i], b.p[i])) << "step " << t << " tensor " << i << " rank " << w.rank;
+    }
+  }
+  EXPECT_EQ(export_blob(w.opt("early")), export_blob(w.opt("late")));
+  loom_optimizer_comm_info ia{}, ib{};
+  ia.struct_size = ib.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
+  ASSERT_EQ(loom_optimizer_get_comm_info(w.opt("early"), &ia), 0);
+  ASSERT_EQ(loom_optimizer_get_comm_info(w.opt("late"), &ib), 0);
+  EXPECT_EQ(ia.bytes_sent, ib.bytes_sent);
+  EXPECT_EQ(ia.rounds, ib.rounds);
+  // Buckets are other bits than one exchange (their own scales), close to them: 18 compressed
+  // steps of parameters moving about 0.1, against the unbucketed run.
+  double worst = 0;
+  for (size_t i = 0; i < a.p.size(); ++i) {
+    for (size_t j = 0; j < a.p[i].size(); ++j) {
+      worst = std::max(worst, static_cast<double>(std::fabs(a.p[i][j] - c.p[i][j])));
+    }
+  }
+  EXPECT_GT(worst, 0.0) << "the buckets changed nothing: were there several?";
+  EXPECT_LT(worst, 0.05);
+}
+
+TEST(OnebitOverlap, AnnouncedBucketsGiveTheBitsOfStepAlone) { announced_equals_step_alone(""); }
+TEST(OnebitOverlap, AnnouncedBf16WarmupGivesTheBitsOfStepAlone) {
+  announced_equals_step_alone("warmup_wire = \"bf16\"\n");
+}
+
+// A NaN on one rank, found only after the buckets were sent: every rank skips the step and the
+// state is byte for byte what it was (the momentum and error buffers put back), in the warmup
+// and after the freeze; the next step goes on as if the skipped one had not happened.
+TEST(OnebitOverlap, SkippedStepIsUndone) {
+  const std::string opt =
+      "plugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+      "freeze_step = 4\nbucket_mb = 0.0004\n";
+  World w("[optimizer.a]\n" + opt + "[optimizer.b]\n" + opt);
+  ASSERT_NE(w.s, nullptr);
+  Model a, b;
+  int64_t tb = 0;
+  for (int t = 1; t <= 12; ++t) {
+    a.draw(w.rank, t);
+    const bool poison = t == 3 || t == 8;  // warmup, compression
+    if (poison) {
+      const std::vector<char> before = export_blob(w.opt("a"));
+      const std::vector<float> p0 = a.p[0];
+      if (w.rank == w.size - 1) a.g[6][5] = std::numeric_limits<float>::quiet_NaN();
+      ASSERT_EQ(a.step(w.opt("a"), t, true), 0) << loom_last_error();
+      EXPECT_EQ(a.found_inf, 1) << "step " << t << " rank " << w.rank;
+      EXPECT_EQ(export_blob(w.opt("a")), before) << "step " << t;
+      EXPECT_TRUE(same(a.p[0], p0));
+      a.draw(w.rank, t);  // the step again, finite
+    }
+    ASSERT_EQ(a.step(w.opt("a"), t, true), 0) << loom_last_error();
+    EXPECT_EQ(a.found_inf, 0);
+    b.draw(w.rank, t);
+    ASSERT_EQ(b.step(w.opt("b"), ++tb, false), 0) << loom_last_error();
+    for (size_t i = 0; i < a.p.size(); ++i) ASSERT_TRUE(same(a.p[i], b.p[i])) << "step " << t;
+  }
+}
+
+TEST(OnebitOverlap, MisuseIsRefused) {
+  const std::string opt =
+      "plugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+      "freeze_step = 2\nbucket_mb = 0.0004\n";
+  World w("[optimizer.a]\n" + opt);
+  ASSERT_NE(w.s, nullptr);
+  Model a;
+  a.draw(w.rank, 1);
+  a.args = {LOOM_OPTIMIZER_STEP_ARGS_SIZE, 0, &a.group, 1, 1e-3, 1.0, 1, nullptr, &a.found_inf};
+  loom_optimizer_ready_args r{LOOM_OPTIMIZER_READY_ARGS_SIZE, 0, &a.args, 6, 1};
+  ASSERT_EQ(loom_optimizer_grads_ready(w.opt("a"), &r), 0) << loom_last_error();
+  // Past the step's tensors.
+  r.first = 7;
+  EXPECT_EQ(loom_optimizer_grads_ready(w.opt("a"), &r), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("past the step's 7"), std::string::npos)
+      << loom_last_error();
+  // The error dropped the step in progress: it begins anew.
+  r.first = 6;
+  ASSERT_EQ(loom_optimizer_grads_ready(w.opt("a"), &r), 0) << loom_last_error();
+  // Another step while one is in progress; exporting in the middle of a step.
+  loom_optimizer_step_args next = a.args;
+  next.step = 2;
+  loom_optimizer_ready_args r2{LOOM_OPTIMIZER_READY_ARGS_SIZE, 0, &next, 5, 1};
+  EXPECT_EQ(loom_optimizer_grads_ready(w.opt("a"), &r2), LOOM_ERR_FAILED_PRECONDITION);
+  ASSERT_EQ(loom_optimizer_grads_ready(w.opt("a"), &r), 0) << loom_last_error();
+  size_t size = 0;
+  EXPECT_EQ(loom_instance_export_state(w.opt("a"), nullptr, 0, &size),
+            LOOM_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(loom_last_error()).find("in progress"), std::string::npos);
+  ASSERT_EQ(loom_optimizer_step(w.opt("a"), &a.args), 0) << loom_last_error();
+  EXPECT_FALSE(export_blob(w.opt("a")).empty());
+  // Buckets cannot cut the one-piece exchanges.
+  for (const char* combo : {"shard_state = true\n", "hierarchical = true\n"}) {
+    loom_session* s = nullptr;
+    loom_open_options o{};
+    o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+    o.log_level = -1;
+    const std::string toml =
+        "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
+        "[optimizer.x]\n" +
+        opt + combo;
+    EXPECT_NE(loom_open_string(toml.c_str(), "bad.toml", &o, &s), 0) << combo;
+    EXPECT_NE(std::string(loom_last_error()).find("bucket_mb > 0 cannot be combined"),
+              std::string::npos)
+        << loom_last_error();
+    loom_close(s);
+  }
+}
+
 // ------------------------------------------------------------- a small real problem
 
 // 2-layer MLP (16 -> 8 tanh -> 4, softmax cross-entropy) on a synthetic classification
@@ -1232,6 +1417,10 @@ TEST(OnebitMlp, OnebitAdamWithin2PercentOfAdam) {
   mlp_check("onebit_adam", "adam", "freeze_step = 100\n", 1e-2);
 }
 // ZeRO-1: each rank keeps the moments of its slice (gradients compressed, not momenta).
+// In buckets of 64 elements (the MLP's tensors are cut and mixed).
+TEST(OnebitMlp, BucketedOnebitAdamWithin2PercentOfAdam) {
+  mlp_check("onebit_adam", "adam", "freeze_step = 100\nbucket_mb = 0.000244\n", 1e-2);
+}
 TEST(OnebitMlp, ShardedOnebitAdamWithin2PercentOfAdam) {
   mlp_check("onebit_adam", "adam", "freeze_step = 100\nshard_state = true\n", 1e-2);
 }

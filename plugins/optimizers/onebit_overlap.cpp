@@ -1,0 +1,277 @@
+// onebit_adam in buckets (bucket_mb > 0), and their overlap with the backward (grads_ready).
+//
+// The flat layout is cut into the compressed allreduce's segments (bucket_mb each, the codec's
+// unit rounded); a bucket is started once every gradient it covers is final (a caller that
+// lays its tensors out in the order its backward finishes them gets buckets that complete one
+// after another during the backward). Starting a bucket:
+//   warmup:      its gradients (fp32, or rounded to bf16) averaged by a non-blocking allreduce;
+//   compression: its m kept (for a skipped step), its momentum updated, its segment of the
+//                compressed allreduce encoded and sent (the errors kept the same way).
+// step() marks the tensors never announced, starts what is left, waits, and only then agrees
+// on the finite check (each rank checked its own gradients as it loaded them): a skipped step
+// puts m and the error buffers back, so the state is byte for byte what it was, as unbucketed.
+// Nothing here depends on when a bucket started, so grads_ready() during the backward gives
+// the bits step() alone gives. Host memory only (on CUDA, step() does it all, the same bits).
+#include <loom/sdk/comm.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "onebit.hpp"
+
+namespace loom::optim::onebit {
+
+Onebit::~Onebit() = default;
+
+namespace {
+
+uint64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+}
+
+}  // namespace
+
+bool Onebit::bucketed() const {
+  return bucket_elements_ > 0 && variant_ == Variant::kOnebitAdam && !shard_ && !hier_ && car_ &&
+         world_ > 1 && !on_cuda() && !any_non_freeze();
+}
+
+void Onebit::grads_ready(const loom_optimizer_ready_args& args) {
+  auto groups = loom::optim::collect(*args.step, weight_decay_, /*allow_cuda=*/true);
+  const DLDevice device = step_device(groups);
+  if (loom::sdk::is_cuda(device)) return;  // step() does it all on the stream
+  try {
+    if (!pending_) {
+      if (bucket_elements_ == 0 || steps_ >= kMaxSteps) return;  // step() reports the limit
+      check_device(device);
+      device_ = device;
+      stream_ = args.step->stream;
+      layout(groups);
+      device_set_ = true;
+      if (!bucketed()) return;
+      begin_pending(*args.step, steps_ + 1 <= bucket_freeze_step());
+    } else if (pending_->step != args.step->step) {
+      throw Error(LOOM_ERR_FAILED_PRECONDITION,
+                  "grads_ready for step " + std::to_string(args.step->step) + " while step " +
+                      std::to_string(pending_->step) + " is in progress (call step() first)");
+    }
+    const std::size_t tensors = offsets_.size() - 1;
+    if (args.first > tensors || args.count > tensors - args.first) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "grads_ready: tensors [" + std::to_string(args.first) +
+                                                 ", " + std::to_string(args.first) + " + " +
+                                                 std::to_string(args.count) + ") past the step's " +
+                                                 std::to_string(tensors));
+    }
+    mark_ready(groups, args.first, args.count);
+    start_buckets();
+  } catch (...) {
+    pending_.reset();  // waits for what it started; step() begins anew
+    throw;
+  }
+}
+
+void Onebit::bucketed_step(const std::vector<StepGroup>& groups,
+                           const loom_optimizer_step_args& args) {
+  try {
+    if (!pending_) {
+      begin_pending(args, steps_ + 1 <= bucket_freeze_step());
+    } else if (pending_->step != args.step ||
+               pending_->inv_scale != static_cast<float>(1.0 / args.grad_scale)) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "step " + std::to_string(args.step) + " (grad_scale " +
+                      std::to_string(args.grad_scale) +
+                      ") is not the step grads_ready began: " + std::to_string(pending_->step));
+    }
+    mark_ready(groups, 0, offsets_.size() - 1);
+    start_buckets();
+    finish_pending(groups, args);
+  } catch (...) {
+    pending_.reset();
+    throw;
+  }
+  pending_.reset();
+}
+
+void Onebit::begin_pending(const loom_optimizer_step_args& args, bool warmup) {
+  auto p = std::make_unique<Pending>();
+  p->step = args.step;
+  p->warmup = warmup;
+  p->inv_scale = static_cast<float>(1.0 / args.grad_scale);
+  const std::size_t tensors = offsets_.size() - 1;
+  const std::size_t buckets = car_->segment_count();
+  p->ready.assign(tensors, 0);
+  p->begun.assign(buckets, 0);
+  p->first.resize(buckets);
+  p->last.resize(buckets);
+  std::size_t j = 0;
+  for (std::size_t k = 0; k < buckets; ++k) {
+    const auto lo = static_cast<uint64_t>(car_->segment_offset(k));
+    const uint64_t hi = lo + static_cast<uint64_t>(car_->segment_elements(k));
+    while (j + 1 < tensors && offsets_[j + 1] <= lo) ++j;
+    p->first[k] = j;
+    std::size_t e = j;
+    while (e + 1 < tensors && offsets_[e + 1] < hi) ++e;
+    p->last[k] = e;
+  }
+  finite_.reset(device_, stream_);
+  if (warmup) {
+    p->shape.assign(buckets, 0);
+    p->tensor.resize(buckets);
+    p->args.resize(buckets);
+    p->request.resize(buckets);
+    if (warmup_bf16_) ensure(wire_, (total_ + 1) / 2);
+    p->before.struct_size = LOOM_COMM_STATS_SIZE;
+    comm_.call(&loom_comm_v1::stats, &p->before);
+  } else {
+    ensure(m_keep_, total_);
+    int64_t shape[1] = {static_cast<int64_t>(total_)};
+    DLTensor t{m_.data(), device_, 1, DLDataType{kDLFloat, 32, 1}, shape, nullptr, 0};
+    car_->begin(t, t, stream_, /*undoable=*/true);
+  }
+  pending_ = std::move(p);
+}
+
+// Loads the tensors' gradients (once each) into flat_ and checks them on this rank.
+void Onebit::mark_ready(const std::vector<StepGroup>& groups, std::size_t first,
+                        std::size_t count) {
+  Pending& p = *pending_;
+  Segments load;
+  std::vector<FiniteInput> check;
+  std::size_t k = 0;
+  for (const auto& g : groups) {
+    for (const auto& t : g.tensors) {
+      if (k >= first && k < first + count && p.ready[k] == 0) {
+        p.ready[k] = 1;
+        Segment s;
+        s.offset = offsets_[k];
+        s.n = t.ref.n;
+        s.g = t.ref.g;
+        s.gtype = t.ref.gtype;
+        load.push_back(s);
+        check.push_back({flat_.data() + offsets_[k], loom::optim::DType::kF32, t.ref.n});
+      }
+      ++k;
+    }
+  }
+  if (load.empty()) return;
+  be().load_grad(load, flat_.data(), p.inv_scale);
+  if (skip_nonfinite_) finite_.check(check, 1.0f, stream_);
+}
+
+// Starts every bucket whose gradients are now all final, scanning from the last one down:
+// every rank announces the same tensors in the same order, so every rank starts the buckets in
+// the same order (they are collectives), whatever that order is.
+void Onebit::start_buckets() {
+  Pending& p = *pending_;
+  const std::size_t buckets = p.first.size();
+  for (std::size_t i = 0; i < buckets && p.started < buckets; ++i) {
+    const std::size_t k = buckets - 1 - i;
+    if (p.begun[k] != 0) continue;
+    bool complete = true;
+    for (std::size_t j = p.first[k]; j <= p.last[k] && complete; ++j) complete = p.ready[j] != 0;
+    if (!complete) continue;
+    start_bucket(k);
+    p.begun[k] = 1;
+    ++p.started;
+  }
+}
+
+void Onebit::start_bucket(std::size_t k) {
+  Pending& p = *pending_;
+  const auto lo = static_cast<std::size_t>(car_->segment_offset(k));
+  const auto n = static_cast<std::size_t>(car_->segment_elements(k));
+  if (!p.warmup) {
+    be().copy(m_keep_.data() + lo, m_.data() + lo, n);
+    if (skip_nonfinite_ && finite_.raised(stream_)) {
+      // This rank's step will be skipped (and undone): the other ranks still expect the
+      // bucket, and the codec refuses a non-finite input, so it sends zeros.
+      be().zero(m_.data() + lo, n);
+    } else {
+      be().momentum(m_.data() + lo, flat_.data() + lo, n, loom::optim::decay_of(beta1_));
+    }
+    car_->start(k);
+    return;
+  }
+  p.shape[k] = static_cast<int64_t>(n);
+  DLTensor& t = p.tensor[k];
+  if (warmup_bf16_) {
+    // Rounded as the unbucketed bf16 warmup rounds (the trainer's bf16 wire).
+    auto* wire = reinterpret_cast<uint16_t*>(wire_.data()) + lo;  // NOLINT: bf16 in floats
+    Segment s;
+    s.n = n;
+    s.p = flat_.data() + lo;
+    s.low = wire;
+    s.ltype = loom::optim::DType::kBF16;
+    be().copy_out({s});
+    t = DLTensor{wire, device_, 1, DLDataType{kDLBfloat, 16, 1}, &p.shape[k], nullptr, 0};
+  } else {
+    t = DLTensor{flat_.data() + lo, device_, 1, DLDataType{kDLFloat, 32, 1},
+                 &p.shape[k],       nullptr, 0};
+  }
+  p.args[k] = loom_allreduce_args{LOOM_ALLREDUCE_ARGS_SIZE, LOOM_REDUCE_AVG, nullptr, &t, stream_};
+  p.request[k] = loom::sdk::comm_start(comm_, LOOM_COLLECTIVE_ALLREDUCE, &p.args[k]);
+}
+
+void Onebit::finish_pending(const std::vector<StepGroup>& groups,
+                            const loom_optimizer_step_args& args) {
+  Pending& p = *pending_;
+  const uint64_t t = steps_ + 1;
+  uint64_t sent = 0;
+  uint64_t received = 0;
+  uint64_t rounds = 0;
+  if (p.warmup) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& r : p.request) r.wait();
+    comm_wait_ns_ += nanoseconds_since(t0);
+    if (warmup_bf16_) {
+      for (std::size_t k = 0; k < p.request.size(); ++k) {
+        Segment s;  // widened exactly
+        s.offset = static_cast<std::size_t>(car_->segment_offset(k));
+        s.n = static_cast<std::size_t>(car_->segment_elements(k));
+        s.g = reinterpret_cast<const uint16_t*>(wire_.data()) + s.offset;  // NOLINT: bf16
+        s.gtype = loom::optim::DType::kBF16;
+        be().load_grad({s}, flat_.data(), 1.0f);
+      }
+    }
+    loom_comm_stats after{};
+    after.struct_size = LOOM_COMM_STATS_SIZE;
+    comm_.call(&loom_comm_v1::stats, &after);
+    sent = after.bytes_sent - p.before.bytes_sent;
+    received = after.bytes_received - p.before.bytes_received;
+    rounds = after.rounds - p.before.rounds;
+  } else {
+    car_->end();
+    const loom::sdk::CompressedAllreduceTraffic tr = car_->last_traffic();
+    comm_wait_ns_ += tr.wait_ns;
+    sent = tr.bytes_sent;
+    received = tr.bytes_received;
+    rounds = tr.rounds;
+  }
+  if (skip_nonfinite_ && !agreed_finite()) {
+    if (!p.warmup) {  // the momentum and the error buffers as they were
+      be().copy(m_.data(), m_keep_.data(), total_);
+      car_->undo();
+    }
+    ++skipped_;
+    ctx_.debug("step " + std::to_string(args.step) + " skipped: a gradient is not finite");
+    loom::optim::report_found_inf(args, true);
+    return;
+  }
+  bytes_sent_ += sent;
+  bytes_received_ += received;
+  rounds_ += rounds;
+  uncompressed_bytes_ +=
+      static_cast<uint64_t>(2.0 * (world_ - 1) / world_ * static_cast<double>(total_) * 4.0);
+  if (p.warmup) {
+    adam_full(groups, args.lr, bc(beta1_, t), bc(beta2_, t));
+  } else {
+    apply_adam(groups, args.lr, bc(beta1_, t), bc(beta2_, bucket_freeze_step()), Groups::kAll,
+               /*masks=*/true);
+  }
+  steps_ = t;
+  loom::optim::report_found_inf(args, false);
+}
+
+}  // namespace loom::optim::onebit
