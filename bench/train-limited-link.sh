@@ -8,6 +8,11 @@
 #   adam_bf16            Adam, bf16 buckets after the backward
 #   adam_bf16_overlap    Adam, bf16 buckets started during the backward
 #   onebit_adam          1-bit Adam (fp32 warmup, then 1-bit momentum)
+#   onebit_adam_buckets  1-bit Adam in buckets of BUCKET_MB (default 12: about one block),
+#                        exchanged after the backward
+#   onebit_adam_overlap  the same buckets, each started during the backward as soon as its
+#                        gradients are final ([gradients] overlap = true); both without
+#                        gradient clipping (clip_grad_norm = 0: the overlap cannot clip)
 #   onebit_adam_sharded  1-bit Adam with shard_state (ZeRO-1; an fp32 warmup), the
 #                        parameters allgathered in fp32
 #   onebit_adam_sharded_ef8  the same with the ef8 codec (8 bits) and the parameter change
@@ -37,6 +42,7 @@ DATA=${DATA:-$ROOT/build/data/fortunes.bin}
 TRAIN=$ROOT/$BUILD/bin/loom-train
 FREEZE=$((STEPS * 15 / 100)) # the 1-bit family's full-precision warmup: 15% of the run
 WARMUP_WIRE=${WARMUP_WIRE:-fp32} # the 1-bit family's warmup allreduces on the wire: fp32 or bf16
+BUCKET_MB=${BUCKET_MB:-12}       # onebit_adam_buckets and _overlap: MiB of fp32 a bucket
 
 [[ $EUID -eq 0 ]] || { echo "train-limited-link.sh: needs root (network namespaces and tc)" >&2; exit 1; }
 [[ -x $TRAIN ]] || { echo "train-limited-link.sh: $TRAIN not found; build the release preset" >&2; exit 1; }
@@ -61,7 +67,7 @@ plugin = "ef8"
 $2
 EOF
 }
-config() { # NAME [GRADIENTS-SECTION]
+config() { # NAME [GRADIENTS-SECTION] [MORE-TRAIN-KEYS]
   cat >"$WORK/$1.toml" <<EOF
 [manifest]
 path = "$1.manifest.toml"
@@ -86,18 +92,20 @@ log_interval = 20
 checkpoint_interval = 0
 plot = "none"
 run_dir = "$WORK/runs/$1"
+${3:-}
 EOF
 }
 
 adam='plugin = "adam"
 weight_decay = 0.01'
-onebit() { # NAME PLUGIN CODEC PARAMETERS: a 1-bit family run (it owns its communication)
+onebit() { # NAME PLUGIN CODEC PARAMETERS [GRADIENTS-SECTION] [MORE-TRAIN-KEYS]: a 1-bit
+  # family run (it owns its communication)
   manifest "$1" "plugin = \"$2\"
 comm = \"world\"
 codec = \"$3\"
 weight_decay = 0.01
 $4"
-  config "$1"
+  config "$1" "${5:-}" "${6:-}"
 }
 for run in $RUNS; do
   case $run in
@@ -109,6 +117,11 @@ for run in $RUNS; do
       config "$run" $'[gradients]\nwire = "bf16"\noverlap = true' ;;
     onebit_adam) onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
 freeze_step = $FREEZE" ;;
+    onebit_adam_buckets | onebit_adam_overlap)
+      overlap=false; [[ $run == onebit_adam_overlap ]] && overlap=true
+      onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
+freeze_step = $FREEZE
+bucket_mb = $BUCKET_MB" $'[gradients]\noverlap = '"$overlap" 'clip_grad_norm = 0' ;;
     onebit_adam_sharded) onebit "$run" onebit_adam onebit "shard_state = true
 freeze_step = $FREEZE" ;;
     onebit_adam_sharded_ef8) onebit "$run" onebit_adam ef8 "shard_state = true

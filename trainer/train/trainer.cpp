@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <numeric>
 
 #include "checkpoint.hpp"
 #include "crash_report.hpp"
 #include "curriculum_feature.hpp"
+#include "gradient_announce_feature.hpp"
 #include "gradient_buckets_feature.hpp"
 #include "moe_feature.hpp"
 #include "nonfinite_feature.hpp"
@@ -229,6 +231,22 @@ void Trainer::build_groups() {
   auto& params = model_->parameters();
   pt_.resize(params.size());
   gt_.resize(params.size());
+  // [gradients] overlap with an optimizer that exchanges the gradients itself: it is told which
+  // are final during the backward, and gets its tensors in the order the backward finishes them.
+  // The order is the same with overlap = false, so that both give the same bits.
+  const bool owns = optimizer_comm_info(opt_).owns_communication != 0;
+  const bool announce = c_.grad_buckets && world_ > 1 && owns && announces_gradients(opt_);
+  if (announce && c_.overlap && c_.clip_grad_norm > 0) {
+    throw ConfigError(c_.config_path + ": [gradients] overlap = true with optimizer '" +
+                      c_.optimizer +
+                      "', which exchanges each gradient as the backward finishes it: "
+                      "clip_grad_norm cannot scale them afterwards (set [train] clip_grad_norm "
+                      "= 0, or [gradients] overlap = false)");
+  }
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (announce) order = backward_order(*model_, order);
+  std::vector<bool> decays(params.size(), false);
   // The momentum mask of the position embedding: rows < seq_len are 1, the rest (never
   // used, so their gradient is always 0) are 0. See TrainConfig::mask_unused_positions.
   for (size_t i = 0; i < params.size(); ++i) {
@@ -254,13 +272,19 @@ void Trainer::build_groups() {
     const bool expert_bias =
         p.name.size() > 11 && (p.name.compare(p.name.size() - 11, 11, ".experts.b1") == 0 ||
                                p.name.compare(p.name.size() - 11, 11, ".experts.b2") == 0);
-    (p.shape.size() >= 2 && !expert_bias ? decay_ : no_decay_)
+    decays[i] = p.shape.size() >= 2 && !expert_bias;
+    (decays[i] ? decay_ : no_decay_)
         .push_back({LOOM_OPTIMIZER_TENSOR_SIZE, 0, &pt_[i], &gt_[i], nullptr, mask});
   }
-  if (!decay_.empty())
-    groups_.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, decay_.data(), decay_.size(), 1.0, NAN});
-  if (!no_decay_.empty()) {
-    groups_.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, no_decay_.data(), no_decay_.size(), 1.0, 0.0});
+  if (!announce) {  // two groups: matrices, then vectors, each in storage order
+    if (!decay_.empty())
+      groups_.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, decay_.data(), decay_.size(), 1.0, NAN});
+    if (!no_decay_.empty()) {
+      groups_.push_back(
+          {LOOM_OPTIMIZER_GROUP_SIZE, 0, no_decay_.data(), no_decay_.size(), 1.0, 0.0});
+    }
+  } else {
+    announce_groups(order, decays);
   }
   contiguous_ = true;
   for (size_t i = 1; i < params.size(); ++i) {
@@ -284,10 +308,46 @@ void Trainer::build_groups() {
   average_all_ = averaged_.size() == params.size();
   flat_.assign(contiguous_ && average_all_ ? 0 : numel_, 0.0f);
   // [gradients]: the average in buckets, started during the backward (collective: a split).
-  if (c_.grad_buckets && world_ > 1) {
+  if (c_.grad_buckets && world_ > 1 && !announce) {
     features_.push_back(std::make_unique<GradientBucketsFeature>(
         c_, *model_, comm_, averaged_, optimizer_comm_info(opt_).owns_communication != 0));
   }
+}
+
+// The groups in backward order: a group per run of tensors of one kind (decaying or not), each
+// block one range of tensors, announced to the optimizer when its backward is done (overlap).
+void Trainer::announce_groups(const std::vector<size_t>& order, const std::vector<bool>& decays) {
+  auto& params = model_->parameters();
+  std::vector<loom_optimizer_tensor> all;
+  for (auto* list : {&decay_, &no_decay_}) {
+    for (const auto& t : *list) all.push_back(t);
+  }
+  // decay_ holds them all now, in order (the groups point into it: no reallocation after).
+  std::vector<loom_optimizer_tensor> ordered;
+  ordered.reserve(all.size());
+  for (const size_t i : order) {
+    for (const auto& t : all) {
+      if (t.param == &pt_[i]) ordered.push_back(t);
+    }
+  }
+  decay_ = std::move(ordered);
+  no_decay_.clear();
+  std::vector<std::pair<size_t, size_t>> blocks(static_cast<size_t>(c_.model.layers), {0, 0});
+  for (size_t k = 0; k < order.size(); ++k) {
+    const bool d = decays[order[k]];
+    if (k == 0 || d != decays[order[k - 1]]) {
+      groups_.push_back({LOOM_OPTIMIZER_GROUP_SIZE, 0, decay_.data() + k, 0, 1.0, d ? NAN : 0.0});
+    }
+    groups_.back().tensor_count += 1;
+    const int l = parameter_block(params[order[k]].name);
+    if (l >= 0 && l < c_.model.layers) {
+      auto& [first, count] = blocks[static_cast<size_t>(l)];
+      if (count == 0) first = k;
+      count += 1;
+    }
+  }
+  features_.push_back(std::make_unique<GradientAnnounceFeature>(*model_, opt_, groups_,
+                                                                std::move(blocks), c_.overlap));
 }
 
 void Trainer::open_metrics() {

@@ -76,6 +76,7 @@ class Trainer {
   void open_features();
   void eval_weights();
   void build_groups();
+  void announce_groups(const std::vector<size_t>& order, const std::vector<bool>& decays);
   void open_metrics();
   void choose_progress();
 

@@ -312,9 +312,10 @@ fs::path TrainerRepro::dir_;
 // backward.
 class TrainerGradientBuckets : public TrainerRepro {
  protected:
-  static std::string bucket_config(const std::string& name, const std::string& gradients) {
+  static std::string bucket_config(const std::string& name, const std::string& gradients,
+                                   const std::string& manifest = "adam.toml") {
     const fs::path p = dir_ / (name + ".toml");
-    std::ofstream(p) << "[manifest]\npath = \"adam.toml\"\n"
+    std::ofstream(p) << "[manifest]\npath = \"" << manifest << "\"\n"
                      << "[model]\ncontext = 32\nlayers = 2\nheads = 2\ndim = 32\n"
                      << "[data]\ndataset = \"data.bin\"\n"
                      << "[train]\nsteps = 40\nbatch_size = 12\nseq_len = 32\n"
@@ -326,8 +327,9 @@ class TrainerGradientBuckets : public TrainerRepro {
     return p.string();
   }
   // A run's snapshot without the [gradients] summary (which names the overlap setting).
-  Snapshot run(int ranks, const std::string& name, const std::string& gradients, bool env) {
-    const std::string cfg = bucket_config(name, gradients);
+  Snapshot run(int ranks, const std::string& name, const std::string& gradients, bool env,
+               const std::string& manifest = "adam.toml") {
+    const std::string cfg = bucket_config(name, gradients, manifest);
     std::string cmd = std::string(LOOM_TRAIN_EXE) + " " + cfg + " --fresh";
     if (env) {
       cmd = std::string(LOOM_ENV_LAUNCH) + " " + std::to_string(ranks) + " " + cmd;
@@ -391,6 +393,37 @@ TEST_F(TrainerGradientBuckets, OverlapGivesTheSameBitsOnFourRanks) {
 }
 TEST_F(TrainerGradientBuckets, OverlapGivesTheSameBitsUnderTheEnvLauncher) {
   expect_overlap_changes_nothing(3, true);
+}
+
+// 1-bit Adam in buckets of 8 KiB (several a block), told during the backward which gradients
+// are final (grads_ready): the bits of the same buckets exchanged after the backward, through
+// the warmup (steps 1-20) and the compression (21-40). Without clipping (the overlap refuses it).
+void write_onebit_buckets_manifest(const fs::path& dir) {
+  std::ofstream(dir / "onebit_buckets.toml")
+      << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
+         "[optimizer.main]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
+         "freeze_step = 20\nbucket_mb = 0.0078125\n";
+}
+TEST_F(TrainerGradientBuckets, OnebitOverlapGivesTheSameBits) {
+  write_onebit_buckets_manifest(dir_);
+  for (const int ranks : {2, 4}) {
+    const bool env = ranks == 4;  // 4 ranks under the env launcher, 2 under mpirun
+    if (!env && std::string(LOOM_MPIRUN).empty()) continue;
+    const std::string tag = std::to_string(ranks);
+    // clip_grad_norm lands in [train], whose keys the config ends with.
+    const Snapshot after =
+        run(ranks, "ob_after" + tag, "clip_grad_norm = 0\n[gradients]\noverlap = false\n", env,
+            "onebit_buckets.toml");
+    ASSERT_TRUE(after.errors.empty()) << after.errors.front();
+    ASSERT_FALSE(after.files.empty());
+    const Snapshot during =
+        run(ranks, "ob_during" + tag, "clip_grad_norm = 0\n[gradients]\noverlap = true\n", env,
+            "onebit_buckets.toml");
+    EXPECT_EQ(last_gradients_["announced_to_optimizer"], true);
+    // Every block's tensors (not the embeddings' and the final LayerNorm's) in the backward.
+    EXPECT_GT(double(last_gradients_["announced_during_backward"]), 0.5);
+    EXPECT_EQ(first_difference(after, during), "") << ranks << " ranks";
+  }
 }
 
 // bf16 on the wire: half the bytes of fp32, and the same training within a small tolerance.

@@ -31,6 +31,21 @@ loom_comm_stats stats_of(const loom::sdk::InstanceRef<loom_comm_v1>& comm) {
 
 }  // namespace
 
+int backward_position(Model& model, size_t param) {
+  const int layers = model.config().layers;
+  const int l = parameter_block(model.parameters()[param].name);
+  return l >= 0 && l < layers ? layers - 1 - l : layers;
+}
+
+std::vector<size_t> backward_order(Model& model, std::vector<size_t> params) {
+  std::stable_sort(params.begin(), params.end(), [&](size_t a, size_t b) {
+    const int pa = backward_position(model, a);
+    const int pb = backward_position(model, b);
+    return pa != pb ? pa < pb : a > b;
+  });
+  return params;
+}
+
 struct GradientBucketsFeature::Bucket {
   std::vector<size_t> params;  // in the order the backward finishes them
   int ready_after = 0;         // the grad-ready position (0: the last block) that finishes it
@@ -65,20 +80,9 @@ GradientBucketsFeature::GradientBucketsFeature(const TrainConfig& c, Model& mode
       "gradients", loom_instance_object(use),
       static_cast<const loom_comm_v1*>(loom_instance_vtable(use)));
 
-  // The averaged parameters in the order the backward finishes them: blocks from the last down
-  // (within one, in reverse storage order, so a bucket's gradients tend to be one block of
-  // memory), then everything finished at the end.
   auto& params = model_.parameters();
-  auto position = [&](size_t i) {
-    const int l = parameter_block(params[i].name);
-    return l >= 0 && l < layers_ ? layers_ - 1 - l : layers_;
-  };
-  std::vector<size_t> order(averaged);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const int pa = position(a);
-    const int pb = position(b);
-    return pa != pb ? pa < pb : a > b;
-  });
+  auto position = [&](size_t i) { return backward_position(model_, i); };
+  const std::vector<size_t> order = backward_order(model_, averaged);
   const auto limit = static_cast<size_t>(bucket_mb_ * 1024.0 * 1024.0 / sizeof(float));
   for (const size_t i : order) {
     if (buckets_.empty() || buckets_.back()->numel >= limit) {

@@ -28,6 +28,14 @@
 
 namespace loom::trainer {
 
+// The order the backward finishes the parameters (indices into model.parameters()): blocks
+// from the last down (within one, in reverse storage order, so neighbours tend to be one block
+// of memory), then everything finished at the end (the embeddings, the final LayerNorm).
+std::vector<size_t> backward_order(Model& model, std::vector<size_t> params);
+// Its key: 0 for the last block, layers - 1 for the first, layers for the rest. The model's
+// grad-ready seam passes block l when position layers - 1 - l is final (-1: all).
+int backward_position(Model& model, size_t param);
+
 class GradientBucketsFeature final : public Feature {
  public:
   // `averaged`: the parameters (indices into model.parameters()) the trainer's world average
