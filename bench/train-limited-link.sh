@@ -8,7 +8,7 @@
 #   adam_bf16            Adam, bf16 buckets after the backward
 #   adam_bf16_overlap    Adam, bf16 buckets started during the backward
 #   onebit_adam          1-bit Adam (fp32 warmup, then 1-bit momentum)
-#   onebit_adam_buckets  1-bit Adam in buckets of BUCKET_MB (default 12: about one block),
+#   onebit_adam_buckets  1-bit Adam in buckets of BUCKET_MB (default 4: a quarter of a block),
 #                        exchanged after the backward
 #   onebit_adam_overlap  the same buckets, each started during the backward as soon as its
 #                        gradients are final ([gradients] overlap = true); both without
@@ -42,7 +42,7 @@ DATA=${DATA:-$ROOT/build/data/fortunes.bin}
 TRAIN=$ROOT/$BUILD/bin/loom-train
 FREEZE=$((STEPS * 15 / 100)) # the 1-bit family's full-precision warmup: 15% of the run
 WARMUP_WIRE=${WARMUP_WIRE:-fp32} # the 1-bit family's warmup allreduces on the wire: fp32 or bf16
-BUCKET_MB=${BUCKET_MB:-12}       # onebit_adam_buckets and _overlap: MiB of fp32 a bucket
+BUCKET_MB=${BUCKET_MB:-4}        # onebit_adam_buckets and _overlap: MiB of fp32 a bucket
 
 [[ $EUID -eq 0 ]] || { echo "train-limited-link.sh: needs root (network namespaces and tc)" >&2; exit 1; }
 [[ -x $TRAIN ]] || { echo "train-limited-link.sh: $TRAIN not found; build the release preset" >&2; exit 1; }
