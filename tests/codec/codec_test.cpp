@@ -342,8 +342,8 @@ void check_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool oneb
 
 // Pipelined in segments (Options::segment_elements): each segment is the reference algorithm
 // on its own slice, with its own error buffers, bit for bit; the exchanges run in the
-// background on the thread transport (it has start/test/wait), so segment k's exchange
-// overlaps the encode of k + 1 and the decode of k - 1. Three steps, so the errors matter.
+// background on the thread transport (it has start/test/wait), so segment k's exchanges
+// overlap the encode of k + 1 and the decode of k - 1. Three steps, so the errors matter.
 // `incremental`: through begin(), start() from the last segment down and end() (an owner
 // overlapping a backward), undoable, then a fourth call undone: the errors of the third again.
 void check_segments_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool onebit_codec,

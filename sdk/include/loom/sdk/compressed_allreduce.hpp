@@ -19,8 +19,9 @@
 // Pipelined (Options::segment_elements > 0): the buffer is cut into segments of that many
 // elements (rounded up to the codec's granularity), each averaged as above with its own
 // chunks and scales. On a transport with non-blocking collectives (ABI 1.6) the exchanges
-// run in the background in start order, while this thread encodes segment k + 1 and decodes
-// segment k - 1 around the transfer of segment k. One segment (0, the default) is the
+// run in the background in start order: every segment's phase 1 while this thread encodes
+// the next, then each segment's server step and phase 2, the decode of one while the next
+// one's allgather is in flight. One segment (0, the default) is the
 // algorithm above exactly, DeepSpeed's numerics; more segments mean more scales (one per chunk
 // of each segment), so other bits. Device memory runs the segments one after another on the
 // stream.
@@ -147,10 +148,12 @@ class CompressedAllreduce {
   // layer down):
   //   begin(input, output, stream)  as run(), but sends nothing yet;
   //   start(k)  segment k's elements (segment_offset(k), segment_elements(k)) of `input` are
-  //             final: encode and send them, and move the segments started before on, as run()
-  //             does (the server step of the one before, the decode of the one before that);
-  //   end()     starts the segments not started yet (in ascending order) and finishes all;
-  //             `output` holds the average.
+  //             final: encode them and start their phase 1 (it never blocks);
+  //   end()     starts the segments not started yet (in ascending order), then in start order
+  //             each one's server step and phase 2, decoding each while the next's is in flight;
+  //             `output` holds the average;
+  //   cancel()  drops the run instead (an undoable one's started segments get their errors
+  //             back).
   // Each segment's result does not depend on when it starts, so any start order gives run()'s
   // bits; every rank must start the segments in the same order (they are collectives).
   // `undoable`: the error buffers are kept as they were at begin() until the next begin(), so
@@ -198,10 +201,7 @@ class CompressedAllreduce {
         finish_into(k);
         return;
       }
-      r.order.push_back(k);
-      const std::size_t i = r.order.size() - 1;
-      if (i >= 1) server(r.order[i - 1], r.x[r.order[i - 1]], r.stream, true);
-      if (i >= 2) finish_into(r.order[i - 2]);
+      r.order.push_back(k);  // the server step waits for end(): start() never blocks
     } catch (...) {
       abandon();
       throw;
@@ -216,9 +216,13 @@ class CompressedAllreduce {
     Run& r = *run_;
     const Marker marker(*this);
     try {
+      // Every rank starts the allgathers in the same order, after all the all_to_alls;
+      // segment i's decode runs while segment i + 1's allgather is in flight.
       const std::size_t count = r.order.size();
-      if (count >= 1) server(r.order[count - 1], r.x[r.order[count - 1]], r.stream, true);
-      if (count >= 2) finish_into(r.order[count - 2]);
+      for (std::size_t i = 0; i < count; ++i) {
+        server(r.order[i], r.x[r.order[i]], r.stream, true);
+        if (i >= 1) finish_into(r.order[i - 1]);
+      }
       if (count >= 1) finish_into(r.order[count - 1]);
     } catch (...) {
       abandon();
@@ -227,6 +231,19 @@ class CompressedAllreduce {
     account(r.before);
     run_kept_ = r.undoable;
     run_.reset();
+  }
+  // Drops a run in progress (after an error elsewhere): waits for the exchanges it started
+  // and, when undoable, puts back the errors of the segments it started. No-op without one.
+  void cancel() {
+    if (!run_) return;
+    const bool restore = run_->undoable;
+    std::vector<bool> started = run_->started;
+    abandon();
+    if (!restore) return;
+    for (std::size_t k = 0; k < started.size(); ++k) {
+      if (started[k]) restore_errors(k, stream_);
+    }
+    mark();
   }
   void undo() {
     if (run_ || !run_kept_) {
@@ -503,6 +520,18 @@ class CompressedAllreduce {
     copy(static_cast<unsigned char*>(undo_) + worker_bytes() +
              static_cast<std::size_t>(g.server_offset) * f,
          static_cast<float*>(server_error_) + g.server_offset,
+         static_cast<std::size_t>(g.padded / size_) * f, stream);
+  }
+  // Segment k's errors back from undo_ (keep_errors' inverse).
+  void restore_errors(std::size_t k, void* stream) {
+    const Segment& g = segments_[k];
+    const auto f = sizeof(float);
+    copy(static_cast<float*>(worker_error_) + g.offset,
+         static_cast<unsigned char*>(undo_) + static_cast<std::size_t>(g.offset) * f,
+         static_cast<std::size_t>(g.padded) * f, stream);
+    copy(static_cast<float*>(server_error_) + g.server_offset,
+         static_cast<unsigned char*>(undo_) + worker_bytes() +
+             static_cast<std::size_t>(g.server_offset) * f,
          static_cast<std::size_t>(g.padded / size_) * f, stream);
   }
   // Drops a run in progress: waits for the exchanges it started (their buffers are ours).
