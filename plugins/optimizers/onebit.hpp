@@ -373,6 +373,7 @@ class Onebit : public loom::sdk::Optimizer {
   void mark_ready(const std::vector<StepGroup>& groups, std::size_t first, std::size_t count);
   void start_buckets();
   void start_bucket(std::size_t k);
+  void drop_pending() noexcept;
   void finish_pending(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
 
   // Counts what `fn` (one collective) did on the transport and the time it kept this rank

@@ -64,10 +64,19 @@ void Onebit::grads_ready(const loom_optimizer_ready_args& args) {
                                                  std::to_string(args.count) + ") past the step's " +
                                                  std::to_string(tensors));
     }
+    for (std::size_t k = args.first; k < args.first + args.count; ++k) {
+      if (pending_->ready[k] != 0) {
+        throw Error(LOOM_ERR_FAILED_PRECONDITION,
+                    "grads_ready: tensor " + std::to_string(k) + " was announced already in step " +
+                        std::to_string(pending_->step) +
+                        " (its gradient may have left; a second backward before step() cannot "
+                        "be announced)");
+      }
+    }
     mark_ready(groups, args.first, args.count);
     start_buckets();
   } catch (...) {
-    pending_.reset();  // waits for what it started; step() begins anew
+    drop_pending();  // step() begins anew
     throw;
   }
 }
@@ -88,8 +97,28 @@ void Onebit::bucketed_step(const std::vector<StepGroup>& groups,
     start_buckets();
     finish_pending(groups, args);
   } catch (...) {
-    pending_.reset();
+    drop_pending();
     throw;
+  }
+  pending_.reset();
+}
+
+// After an error part-way: the state as it was before the step (m and the error buffers of
+// the buckets started), the exchanges waited for.
+void Onebit::drop_pending() noexcept {
+  if (!pending_) return;
+  try {
+    Pending& p = *pending_;
+    if (!p.warmup) {
+      car_->cancel();
+      for (std::size_t k = 0; k < p.begun.size(); ++k) {
+        if (p.begun[k] == 0) continue;
+        const auto lo = static_cast<std::size_t>(car_->segment_offset(k));
+        be().copy(m_.data() + lo, m_keep_.data() + lo,
+                  static_cast<std::size_t>(car_->segment_elements(k)));
+      }
+    }
+  } catch (...) {  // the error that got us here is the one reported
   }
   pending_.reset();
 }

@@ -1226,6 +1226,23 @@ TEST(OnebitOverlap, MisuseIsRefused) {
   EXPECT_NE(std::string(loom_last_error()).find("in progress"), std::string::npos);
   ASSERT_EQ(loom_optimizer_step(w.opt("a"), &a.args), 0) << loom_last_error();
   EXPECT_FALSE(export_blob(w.opt("a")).empty());
+  // After the freeze (step 3): an error once buckets have left puts m and the error buffers
+  // back, so the state is what it was; the step then runs as if nothing had happened.
+  a.draw(w.rank, 2);
+  ASSERT_EQ(a.step(w.opt("a"), 2, true), 0) << loom_last_error();
+  const std::vector<char> before = export_blob(w.opt("a"));
+  a.draw(w.rank, 3);
+  a.args.step = 3;
+  for (size_t i = 7; i-- > 3;) {
+    r = {LOOM_OPTIMIZER_READY_ARGS_SIZE, 0, &a.args, i, 1};
+    ASSERT_EQ(loom_optimizer_grads_ready(w.opt("a"), &r), 0) << loom_last_error();
+  }
+  r = {LOOM_OPTIMIZER_READY_ARGS_SIZE, 0, &a.args, 6, 1};  // announced twice
+  EXPECT_EQ(loom_optimizer_grads_ready(w.opt("a"), &r), LOOM_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(loom_last_error()).find("announced already"), std::string::npos)
+      << loom_last_error();
+  EXPECT_EQ(export_blob(w.opt("a")), before);
+  ASSERT_EQ(a.step(w.opt("a"), 3, true), 0) << loom_last_error();
   // Buckets cannot cut the one-piece exchanges.
   for (const char* combo : {"shard_state = true\n", "hierarchical = true\n"}) {
     loom_session* s = nullptr;
