@@ -12,6 +12,7 @@
 #                                                    # ranks 0-1 in the first, 2-3 in the second
 #   RATE=100mbit MIN_SIZE=1M SIZE=256M sudo -E bench/limited-link.sh
 #                                                    # a sweep: 1, 4, 16, 64, 256 MiB
+#   NP=2 sudo -E bench/limited-link.sh -- COMMAND     # 2 ranks instead of 4
 #
 # The ranks get every LOOM_* variable of the caller's environment.
 # Prints the benchmark's JSON lines, then for each size (its own heading when there are
@@ -28,7 +29,7 @@ MIN_SIZE=${MIN_SIZE:-$SIZE}  # below SIZE: every 4x from MIN_SIZE up to SIZE
 ITERS=${ITERS:-1}
 RATE=${RATE:-1gbit}
 CODEC=${CODEC:-onebit}
-NP=4
+NP=${NP:-4}              # ranks
 HOSTS=${HOSTS:-$NP}      # network namespaces; NP / HOSTS ranks in each
 TAG=ll$$                 # keeps names unique (and short: interface names <= 15 chars)
 BR=${TAG}br

@@ -8,6 +8,8 @@
 #   adam_bf16            Adam, bf16 buckets after the backward
 #   adam_bf16_overlap    Adam, bf16 buckets started during the backward
 #   onebit_adam          1-bit Adam (fp32 warmup, then 1-bit momentum)
+#   onebit_adam_noclip   1-bit Adam without gradient clipping (clip_grad_norm = 0), the
+#                        unbucketed reference of the next two
 #   onebit_adam_buckets  1-bit Adam in buckets of BUCKET_MB (default 4: a quarter of a block),
 #                        exchanged after the backward
 #   onebit_adam_overlap  the same buckets, each started during the backward as soon as its
@@ -24,6 +26,7 @@
 #   STEPS=100 RUNS="adam_bf16_overlap onebit_adam" sudo -E bench/train-limited-link.sh
 #   WARMUP_WIRE=bf16 sudo -E bench/train-limited-link.sh   # the 1-bit warmups in bf16
 #   BATCH=16 ...          # sequences of 8 tokens per step over the 4 ranks (default 4)
+#   NP=2 ...              # 2 ranks (one a core on a 2-core machine) instead of 4
 #
 # Prints one JSON line per run, then a table: tokens/s over the whole run, wall time, the share
 # of step time spent waiting on the network, the final eval loss, the wall time until the
@@ -117,6 +120,8 @@ for run in $RUNS; do
       config "$run" $'[gradients]\nwire = "bf16"\noverlap = true' ;;
     onebit_adam) onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
 freeze_step = $FREEZE" ;;
+    onebit_adam_noclip) onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
+freeze_step = $FREEZE" "" 'clip_grad_norm = 0' ;;
     onebit_adam_buckets | onebit_adam_overlap)
       overlap=false; [[ $run == onebit_adam_overlap ]] && overlap=true
       onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
