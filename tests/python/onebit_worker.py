@@ -5,7 +5,9 @@ torchrun). With WORKER_MODE=torch_distributed the rank first starts torch.distri
 loom.torch.distributed_bootstrap(). Each rank has its own gradients; writes its parameters, the distance of its
 warmup from torch.optim.Adam over the averaged gradients, and the traffic counters, to
 OUT_DIR/rankN.json. With WORKER_SHARD=1 the optimizer keeps sharded state (shard_state = true:
-each rank the moments of half the parameters)."""
+each rank the moments of half the parameters). With WORKER_OVERLAP=1 the gradients come from a
+backward whose hooks announce them (overlap_backward, buckets of 0.001 MiB), against the same
+buckets stepped without hooks."""
 import io
 import json
 import os
@@ -46,6 +48,7 @@ def main():
     ref = [p.clone().requires_grad_() for p in p0]
     out = {"rank": rank, "world": world}
     mode = os.environ.get("WORKER_MODE", "host")
+    overlap = bool(os.environ.get("WORKER_OVERLAP"))
     if mode == "torch_distributed_host_bootstrap":
         # The contrast: torch.distributed holds MASTER_PORT, and the host's own rendezvous
         # (bootstrap=None) cannot have it.
@@ -78,6 +81,15 @@ def main():
         params2 = [p.clone().detach().requires_grad_() for p in p0]
         opt2 = loom.torch.Optimizer(params2, plugin="onebit_adam", freeze_step=FREEZE, lr=1e-2,
                                     log_level="error")
+    elif overlap:
+        # The same buckets twice: announced by the gradient hooks during the backward, and
+        # stepped without hooks; the parameters must stay the same bits.
+        bucketed = MANIFEST + "bucket_mb = 0.001\n"
+        manifest = bucketed + "[optimizer.plain]" + bucketed.split("[optimizer.main]")[1]
+        s = loom.Session.from_string(manifest, "onebit.toml", log_level="error")
+        opt = loom.torch.Optimizer(params, s.optimizer("main"), lr=1e-2, overlap_backward=True)
+        params2 = [p.clone().detach().requires_grad_() for p in p0]
+        opt2 = loom.torch.Optimizer(params2, s.optimizer("plain"), lr=1e-2)
     else:
         manifest = MANIFEST + ("shard_state = true\n" if os.environ.get("WORKER_SHARD") else "")
         s = loom.Session.from_string(manifest, "onebit.toml", log_level="error")
@@ -88,14 +100,24 @@ def main():
         for step in range(1, STEPS + 1):
             gens = [torch.Generator().manual_seed(1000 * step + r) for r in range(world)]
             grads = [[torch.randn(sh, generator=g) for sh in SHAPES] for g in gens]
-            for p, g in zip(params, grads[rank]):
-                p.grad = g.clone()  # local gradients: the optimizer averages them itself
+            if overlap:
+                # Through a backward, so the hooks run: d/dp sum(p * g) is g, exactly.
+                for p in params:
+                    p.grad = None
+                sum((p * g).sum() for p, g in zip(params, grads[rank])).backward()
+            else:
+                for p, g in zip(params, grads[rank]):
+                    p.grad = g.clone()  # local gradients: the optimizer averages them itself
             opt.step()
             if opt2 is not None:
                 for p, g in zip(params2, grads[rank]):
                     p.grad = g.clone()
                 opt2.step()
-                if step == RESUME:
+                if overlap:
+                    out.setdefault("overlap_identical", True)
+                    out["overlap_identical"] &= all(torch.equal(a, b)
+                                                    for a, b in zip(params, params2))
+                if step == RESUME and not overlap:
                     buf = io.BytesIO()
                     torch.save(opt2.state_dict(), buf)
                     opt2.close()
@@ -113,7 +135,7 @@ def main():
         out["params"] = [p.detach().view(-1).tolist() for p in params]
         out["info"] = opt.comm_info()
         out["state_bytes"] = len(opt.instance.export_state())
-        if opt2 is not None:
+        if opt2 is not None and not overlap:
             out["resumed_identical"] = all(torch.equal(a, b) for a, b in zip(params, params2))
             out["resumed_info"] = opt2.comm_info()
             opt2.close()

@@ -89,6 +89,16 @@ def test_two_ranks_with_sharded_state(tmp_path):
     _spawn(tmp_path, WORKER_SHARD="1")
 
 
+def test_two_ranks_with_gradient_hooks(tmp_path):
+    """overlap_backward=True: the backward's hooks announce each gradient, onebit_adam's
+    buckets start during the backward; the parameters stay the bits of the same buckets
+    stepped without hooks, through the warmup and the compression."""
+    _need_ucx()
+    _spawn(tmp_path, WORKER_OVERLAP="1")
+    for r in (0, 1):
+        assert json.load(open(tmp_path / f"rank{r}.json"))["overlap_identical"] is True
+
+
 def test_two_ranks_over_torch_distributed(tmp_path):
     """torch.distributed (gloo) started from the launcher's variables holds MASTER_PORT on
     rank 0; loom.torch.Optimizer(plugin="onebit_adam") takes its group as the bootstrap, so

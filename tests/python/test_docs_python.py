@@ -167,3 +167,19 @@ def test_the_migration_section_runs_as_written(tmp_path):
     initial = [p.detach() for p in torch.nn.Linear(16, 4).parameters()]
     assert all(not torch.equal(a, b) for a, b in zip(first, initial))  # it trained
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_the_overlap_example_runs_as_written(tmp_path):
+    """Several ranks: the 1-bit family, "Overlap with the backward": the program runs as
+    written on one rank and prints its bytes."""
+    pytest.importorskip("torch")
+    text = doc()
+    start = text.index("**Overlap with the backward.**")
+    code = re.search(r"```python\n(.*?)```", text[start:], flags=re.S).group(1)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    r = subprocess.run(["/usr/bin/python3", "-c", code], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0 bytes sent", r.stdout

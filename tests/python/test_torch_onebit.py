@@ -83,7 +83,8 @@ def test_signature_is_deepspeeds(name):
     assert [(p.name, p.kind) for p in ps if p not in positional] == [
         ("plugin_path", P.KEYWORD_ONLY), ("log_level", P.KEYWORD_ONLY),
         ("bootstrap", P.KEYWORD_ONLY)] + (
-            [("shard_state", P.KEYWORD_ONLY)] if name == "OnebitAdam" else [])
+            [("shard_state", P.KEYWORD_ONLY), ("bucket_mb", P.KEYWORD_ONLY),
+             ("overlap_backward", P.KEYWORD_ONLY)] if name == "OnebitAdam" else [])
     assert cls(name).__module__ == "loom.torch" and name in loom.torch.__all__
     assert issubclass(cls(name), loom.torch.Optimizer)
     assert issubclass(cls(name), torch.optim.Optimizer)
@@ -168,6 +169,39 @@ def test_onebit_adam_takes_shard_state():
     opt.close()
     with pytest.raises(loom.InvalidArgumentError, match="shard_state"):
         loom.torch.OnebitAdam([param()], log_level="error", shard_state="yes")
+
+
+def test_onebit_adam_takes_bucket_mb_and_hooks_the_backward():
+    """bucket_mb goes to the manifest and turns the gradient hooks on (overlap_backward);
+    on one rank the step then announces every gradient during the backward and gives the
+    bits of the same buckets stepped without the hooks. A second backward before the step
+    is refused."""
+    def run(overlap):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                    torch.nn.Linear(16, 4))
+        opt = loom.torch.OnebitAdam(model.parameters(), lr=1e-2, freeze_step=3,
+                                    log_level="error", bucket_mb=0.0002,
+                                    overlap_backward=overlap)
+        assert bool(opt._hooks) == overlap
+        for t in range(6):
+            x = torch.randn(5, 8, generator=torch.Generator().manual_seed(t))
+            model.zero_grad()
+            model(x).square().mean().backward()
+            assert (opt._pending is not None) == overlap
+            opt.step()
+            assert opt._pending is None
+        out = [p.detach().clone() for p in model.parameters()]
+        if overlap:
+            model(x).square().mean().backward()
+            with pytest.raises(loom.FailedPreconditionError, match="announced already"):
+                model(x).square().mean().backward()
+        opt.close()
+        return out
+    hooked, plain = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(hooked, plain))
+    with pytest.raises(loom.InvalidArgumentError, match="bucket_mb"):
+        loom.torch.OnebitAdam([param()], log_level="error", bucket_mb=-1)
 
 
 # ---------------------------------------------------------------- refusals and warnings

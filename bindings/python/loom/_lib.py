@@ -153,6 +153,7 @@ def _declare(h) -> None:
     _fn(h, "loom_instance_export_state", i32, [vp, vp, size, sizep])
     _fn(h, "loom_instance_import_state", i32, [vp, c.c_char_p, size])
     _fn(h, "loom_optimizer_step", i32, [vp, c.POINTER(_abi.OptimizerStepArgs)])
+    _fn(h, "loom_optimizer_grads_ready", i32, [vp, c.POINTER(_abi.OptimizerReadyArgs)])
     _fn(h, "loom_optimizer_get_comm_info", i32, [vp, c.POINTER(_abi.OptimizerCommInfo)])
     _fn(h, "loom_instance_table", i32,
         [vp, c.c_char_p, c.c_uint32, c.POINTER(vp), c.POINTER(vp)])

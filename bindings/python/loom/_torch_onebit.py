@@ -205,9 +205,12 @@ class OnebitAdam(_DeepSpeedOnebit, Optimizer):
     (DeepSpeed's fp16 wrapper spent a first step() on zeros). Refusals raise
     :class:`loom.InvalidArgumentError` (a ValueError) naming the argument. Loom's own
     keyword-only arguments follow DeepSpeed's: ``plugin_path``, ``log_level`` and
-    ``bootstrap``, as for :class:`loom.torch.Optimizer`, and ``shard_state``: True keeps
+    ``bootstrap``, as for :class:`loom.torch.Optimizer`; ``shard_state``: True keeps
     each rank's share of the moments only (ZeRO stage 1, which DeepSpeed refused for its
-    1-bit optimizers; the plugin's ``shard_state``, docs/optimizers.md).
+    1-bit optimizers; the plugin's ``shard_state``, docs/optimizers.md); ``bucket_mb``: >
+    0 exchanges in buckets of that many MiB, each started by a gradient hook during the
+    backward as soon as its gradients are final (``overlap_backward``, True by default
+    then; see :class:`loom.torch.Optimizer`).
 
     Attributes:
         comm_backend_name (str): as given; comm_plugin (str): the Loom transport it
@@ -223,16 +226,25 @@ class OnebitAdam(_DeepSpeedOnebit, Optimizer):
                  cuda_aware: bool = False, comm_backend_name: str = 'nccl', *,
                  plugin_path: Union[None, str, Sequence[str]] = None,
                  log_level: Optional[str] = None, bootstrap: Any = "auto",
-                 shard_state: bool = False) -> None:
+                 shard_state: bool = False, bucket_mb: float = 0.0,
+                 overlap_backward: Optional[bool] = None) -> None:
         if not isinstance(shard_state, bool):
             raise InvalidArgumentError(
                 f"loom.torch.OnebitAdam: shard_state={shard_state!r}: expected True or False")
+        bucket_mb = _number("bucket_mb", bucket_mb, "loom.torch.OnebitAdam")
+        if bucket_mb < 0:
+            raise InvalidArgumentError(
+                f"loom.torch.OnebitAdam: bucket_mb={bucket_mb!r}: must be >= 0")
+        if overlap_backward is None:
+            overlap_backward = bucket_mb > 0
         self._open("loom.torch.OnebitAdam", "onebit_adam", params, deepspeed=deepspeed,
                    lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                    eps_inside_sqrt=eps_inside_sqrt, weight_decay=weight_decay,
                    max_grad_norm=max_grad_norm, amsgrad=amsgrad, cuda_aware=cuda_aware,
                    comm_backend_name=comm_backend_name,
-                   plugin_params={"freeze_step": freeze_step, "shard_state": shard_state},
+                   plugin_params={"freeze_step": freeze_step, "shard_state": shard_state,
+                                  "bucket_mb": bucket_mb,
+                                  "overlap_backward": overlap_backward},
                    plugin_path=plugin_path,
                    log_level=log_level, bootstrap=bootstrap, non_freeze=True)
         self.freeze_step = freeze_step

@@ -324,6 +324,47 @@ class Session:
         return f"<loom.Session {self.origin}: {names}>"
 
 
+class PendingStep:
+    """A step announced to the optimizer gradient by gradient (:meth:`Instance.begin_step`)."""
+
+    def __init__(self, instance: "Instance", args: Any, keep: List[Any], tensors: List[Any],
+                 found_inf: Any) -> None:
+        self._instance = instance
+        self._args = args
+        self._keep = keep
+        self._tensors = tensors
+        self._first = [0]
+        for ts in tensors[:-1]:
+            self._first.append(self._first[-1] + len(ts))
+        self._found_inf = found_inf
+        self._announced: set = set()
+
+    def ready(self, group: int, index: int, grad: Any) -> None:
+        """Tensor ``index`` of group ``group`` has its final gradient ``grad`` (the one the
+        step will get): the optimizer may start exchanging it.
+
+        Raises:
+            FailedPreconditionError: the tensor was announced already in this step (a second
+                backward before the step: its gradient would not be the one sent).
+        """
+        if (group, index) in self._announced:
+            raise FailedPreconditionError(
+                f"groups[{group}] tensor {index}: its gradient was announced already in this "
+                "step; with the overlap each backward must be the last before step() (no "
+                "gradient accumulation over several backwards)")
+        self._announced.add((group, index))
+        bg = borrow(grad, f"groups[{group}].grads[{index}]",
+                    dtypes=("float32", "bfloat16", "float16"))
+        self._keep.append(bg)
+        self._tensors[group][index].grad = bg.pointer
+        r = _abi.OptimizerReadyArgs()
+        r.struct_size = _abi.OPTIMIZER_READY_ARGS_SIZE
+        r.step = ctypes.pointer(self._args)
+        r.first = self._first[group] + index
+        r.count = 1
+        check(lib().loom_optimizer_grads_ready(self._instance._live(), ctypes.byref(r)))
+
+
 class Instance(CurriculumCalls, QuantizerCalls):
     """One instance of a session (``[KIND.NAME]``), valid until its session closes.
 
@@ -420,7 +461,33 @@ class Instance(CurriculumCalls, QuantizerCalls):
                 here, before Loom), or a shape the plugin refuses; nothing is changed.
         """
         self._require("optimizer")
-        keep: List[Borrowed] = []  # the capsules, alive until the call returns
+        args, keep, _, found_inf = self._step_args(groups, lr, grad_scale, step, stream)
+        check(lib().loom_optimizer_step(self._live(), ctypes.byref(args)))
+        del keep
+        return bool(found_inf.value)
+
+    def begin_step(self, groups: Sequence[Dict[str, Any]], *, grad_scale: float = 1.0,
+                   step: int = 0, stream: Optional[int] = None) -> "PendingStep":
+        """The coming step, announced gradient by gradient while the backward runs
+        (``loom_optimizer_grads_ready``, ABI 1.6), so an optimizer that exchanges the
+        gradients itself (onebit_adam with ``bucket_mb``) starts early. ``groups`` as for
+        :meth:`step`; a gradient not computed yet may be any tensor of its shape and dtype (it
+        is not read before :meth:`PendingStep.ready` gives the real one). Then call
+        :meth:`step` with the same groups, grad_scale, step and stream: the outcome is the
+        bits of that step alone.
+
+        :meth:`PendingStep.ready` raises UnimplementedError when the optimizer has no
+        ``grads_ready`` (its step does it all).
+        """
+        self._require("optimizer")
+        args, keep, tensors, found_inf = self._step_args(groups, 0.0, grad_scale, step, stream)
+        return PendingStep(self, args, keep, tensors, found_inf)
+
+    def _step_args(self, groups: Sequence[Dict[str, Any]], lr: float, grad_scale: float,
+                   step: int, stream: Optional[int]) -> tuple:
+        """The step's args struct, the borrowed capsules it points into (keep them alive while
+        it is used), its tensor arrays by group, and its found_inf out-field."""
+        keep: List[Borrowed] = []  # the capsules, alive while the args are used
         g_arr = (_abi.OptimizerGroup * max(1, len(groups)))()
         t_arrays = []
         for gi, g in enumerate(groups):
@@ -475,9 +542,8 @@ class Instance(CurriculumCalls, QuantizerCalls):
         args.step = int(step)
         args.stream = stream
         args.found_inf = ctypes.pointer(found_inf)
-        check(lib().loom_optimizer_step(self._live(), ctypes.byref(args)))
-        del keep
-        return bool(found_inf.value)
+        keep.append(g_arr)  # type: ignore[arg-type]
+        return args, keep, t_arrays, found_inf
 
     def comm_info(self) -> Dict[str, int]:
         """What an optimizer communicated on its own (the 1-bit family) and the steps it

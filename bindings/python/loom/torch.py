@@ -201,6 +201,15 @@ class Optimizer(torch.optim.Optimizer):
         weight_decay: the default ``weight_decay`` of a group (None: the plugin's).
         plugin_path: extra plugin folders for ``plugin``.
         log_level: the session's log level for ``plugin``.
+        overlap_backward: announce each parameter's gradient to the optimizer as soon as the
+            backward has accumulated it (a gradient hook; ``loom_optimizer_grads_ready``), so
+            an optimizer that exchanges the gradients itself starts while the backward goes
+            on (onebit_adam with ``bucket_mb > 0``; others start nothing early). The same bits
+            as without it. Each backward must be the last before :meth:`step` (gradient
+            accumulation over several backwards is refused: a gradient announced twice),
+            ``step()``'s ``grad_scale`` must be 1.0, and nothing may change the gradients
+            between the backward and the step (no clipping: what the backward produced is
+            what was sent).
         bootstrap: for ``plugin``: the session's :class:`loom.Bootstrap`; "auto" (the
             default) is, for a plugin that takes a transport (the 1-bit family),
             :func:`distributed_bootstrap` over torch.distributed's default group when it
@@ -226,7 +235,7 @@ class Optimizer(torch.optim.Optimizer):
                  plugin_path: Union[None, str, Sequence[str]] = None,
                  log_level: Optional[str] = None, bootstrap: Any = "auto",
                  comm_plugin: str = "ucx", codec_plugin: str = "onebit",
-                 **plugin_params: Any) -> None:
+                 overlap_backward: bool = False, **plugin_params: Any) -> None:
         if (instance is None) == (plugin is None):
             raise InvalidArgumentError(
                 "loom.torch.Optimizer needs exactly one of an instance "
@@ -270,8 +279,39 @@ class Optimizer(torch.optim.Optimizer):
         # fp32 master copies of bf16/fp16 parameters, by position (group, index).
         self._masters: Dict[tuple, torch.Tensor] = {}
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "non_freeze": False})
+        if not isinstance(overlap_backward, bool):
+            raise InvalidArgumentError(
+                f"overlap_backward must be True or False, not {overlap_backward!r}")
+        self._pending: Any = None  # the step announced during this backward
+        self._hooks: List[Any] = []
+        if overlap_backward:
+            self._hook_gradients()
 
-    def _groups(self) -> tuple:
+    def _hook_gradients(self) -> None:
+        """A hook on each parameter that runs once its gradient is accumulated: torch >= 2.1's
+        post-accumulate hook, else one on the parameter's AccumulateGrad node (kept alive
+        here), as DDP did before it."""
+        for gi, g in enumerate(self.param_groups):
+            for pi, p in enumerate(g["params"]):
+                def ready(*_: Any, gi: int = gi, pi: int = pi, p: Any = p) -> None:
+                    self._announce(gi, pi, p)
+
+                if hasattr(p, "register_post_accumulate_grad_hook"):
+                    self._hooks.append(p.register_post_accumulate_grad_hook(ready))
+                else:
+                    node = p.expand_as(p).grad_fn.next_functions[0][0]
+                    self._hooks.append((node, node.register_hook(ready)))
+
+    def _announce(self, gi: int, pi: int, p: Any) -> None:
+        if p.grad is None:
+            return
+        if self._pending is None:
+            groups, _, stream = self._groups(placeholders=True)
+            self._pending = self.instance.begin_step(groups, step=self._step + 1,
+                                                     stream=stream)
+        self._pending.ready(gi, pi, p.grad.detach())
+
+    def _groups(self, placeholders: bool = False) -> tuple:
         lr0 = float(self.param_groups[0]["lr"])
         # The step's lr is the first group's; the others are lr_scale multiples of it, so
         # the first group's rate reaches the plugin exactly.
@@ -281,18 +321,20 @@ class Optimizer(torch.optim.Optimizer):
         for gi, g in enumerate(self.param_groups):
             params, grads, masters = [], [], []
             for pi, p in enumerate(g["params"]):
-                if p.grad is None:
+                if p.grad is None and not placeholders:
                     raise InvalidArgumentError(
                         f"param_groups[{gi}]['params'][{pi}] (shape {list(p.shape)}) has no "
                         "gradient; a Loom optimizer updates the same tensors at every step "
                         "(its state is kept by position), so give every parameter a gradient "
                         "or leave it out of the optimizer")
-                if p.grad.is_sparse:
+                if p.grad is not None and p.grad.is_sparse:
                     raise InvalidArgumentError(
                         f"param_groups[{gi}]['params'][{pi}] has a sparse gradient; Loom "
                         "optimizers take dense ones")
                 params.append(p.detach())
-                grads.append(p.grad.detach())
+                # A gradient the backward has not reached yet: its parameter stands in (same
+                # shape; begin_step reads no gradient before its ready()).
+                grads.append(p.grad.detach() if p.grad is not None else p.detach())
                 if p.dtype in (torch.bfloat16, torch.float16):
                     m = self._masters.get((gi, pi))
                     if m is None or m.shape != p.shape or m.device != p.device:
@@ -334,9 +376,18 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._pending is not None and grad_scale != 1.0:
+            self._pending = None
+            raise InvalidArgumentError(
+                f"step(grad_scale={grad_scale}) after a backward announced with "
+                "overlap_backward=True, whose gradients left at grad_scale 1.0: unscale the "
+                "loss before backward, or turn overlap_backward off")
         groups, lr, stream = self._groups()
-        self.last_step_skipped = self.instance.step(groups, lr, grad_scale=grad_scale,
-                                                    step=self._step + 1, stream=stream)
+        try:
+            self.last_step_skipped = self.instance.step(groups, lr, grad_scale=grad_scale,
+                                                        step=self._step + 1, stream=stream)
+        finally:
+            self._pending = None
         self._step += 1
         return loss
 
@@ -435,6 +486,9 @@ class Optimizer(torch.optim.Optimizer):
     def close(self) -> None:
         """Closes the session the optimizer opened for ``plugin=`` (a no-op for an
         instance passed in)."""
+        for h in self._hooks:
+            (h[1] if isinstance(h, tuple) else h).remove()
+        self._hooks = []
         if self._session is not None:
             self._session.close()
 
