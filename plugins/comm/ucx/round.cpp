@@ -6,6 +6,7 @@
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "ucx.hpp"
 
@@ -160,8 +161,16 @@ void Round::progress() {
     const std::lock_guard lock(t_.link_->mu);
     while (ucp_worker_progress(t_.link_->worker) != 0) ++events;
   }
-  // Nothing to do: let the other ranks run (they may share this core).
-  if (events == 0) sched_yield();
+  // Nothing to do: let the other ranks run (they may share this core); after a quiet spell,
+  // sleep a little, so that a collective running in the background (started, ABI 1.6) leaves
+  // the core to the computation it overlaps instead of taking half of it with yields.
+  if (events == 0) {
+    if (Clock::now() - last_event_ > std::chrono::microseconds(200)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else {
+      sched_yield();
+    }
+  }
   // A peer may already have failed the first collective while this rank still finishes
   // its connection setup: that abort is for the collective, so it waits until then.
   if (kind_ != kKindHello) t_.check_abort();
