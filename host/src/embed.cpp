@@ -381,13 +381,25 @@ LOOM_API int32_t loom_instance_take_status(const loom_instance* instance, loom_s
   });
 }
 
+namespace {
+
+// An optimizer instance's object and table (LOOM_OPTIMIZER_V1_MIN_SIZE at least), or the status
+// of looking them up.
+int32_t optimizer_table(loom_instance* instance, void** obj, const loom_optimizer_v1** table) {
+  const void* vt = nullptr;
+  const int32_t rc =
+      loom_instance_table(instance, LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE, obj, &vt);
+  *table = static_cast<const loom_optimizer_v1*>(vt);
+  return rc;
+}
+
+}  // namespace
+
 LOOM_API int32_t loom_optimizer_step(loom_instance* instance,
                                      const loom_optimizer_step_args* args) {
   void* obj = nullptr;
-  const void* vt = nullptr;
-  const int32_t rc =
-      loom_instance_table(instance, LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE, &obj, &vt);
-  if (rc != LOOM_OK) return rc;
+  const loom_optimizer_v1* table = nullptr;
+  if (const int32_t rc = optimizer_table(instance, &obj, &table)) return rc;
   return api_call([&] {
     if (args == nullptr) return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_step: NULL args");
     // Checked here, before the plugin runs, so that every optimizer refuses an array listed
@@ -395,7 +407,6 @@ LOOM_API int32_t loom_optimizer_step(loom_instance* instance,
     if (const std::string alias = loom::host::find_aliased_arrays(*args); !alias.empty()) {
       return fail(LOOM_ERR_INVALID_ARGUMENT, impl(instance)->label + ": step: " + alias);
     }
-    const auto* table = static_cast<const loom_optimizer_v1*>(vt);
     return loom_instance_take_status(
         instance,
         loom::host::guarded_call(impl(instance)->label + " step",
@@ -489,15 +500,12 @@ LOOM_API int32_t loom_optimizer_get_comm_info(loom_instance* instance,
 LOOM_API int32_t loom_optimizer_grads_ready(loom_instance* instance,
                                             const loom_optimizer_ready_args* args) {
   void* obj = nullptr;
-  const void* vt = nullptr;
-  const int32_t rc =
-      loom_instance_table(instance, LOOM_KIND_OPTIMIZER, LOOM_OPTIMIZER_V1_MIN_SIZE, &obj, &vt);
-  if (rc != LOOM_OK) return rc;
+  const loom_optimizer_v1* table = nullptr;
+  if (const int32_t rc = optimizer_table(instance, &obj, &table)) return rc;
   return api_call([&] {
     if (args == nullptr || args->step == nullptr) {
       return fail(LOOM_ERR_INVALID_ARGUMENT, "loom_optimizer_grads_ready: NULL args");
     }
-    const auto* table = static_cast<const loom_optimizer_v1*>(vt);
     if (table->struct_size < LOOM_STRUCT_SIZE(loom_optimizer_v1, grads_ready) ||
         table->grads_ready == nullptr) {
       return fail(LOOM_ERR_UNIMPLEMENTED,

@@ -274,6 +274,30 @@ TEST_F(Codecs, CompressedAllreduceReproducesTheNotesTestVector) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(se0[i], se_want[i], 1e-5) << i;
 }
 
+// One call: run(), or (incremental) begin(), start() from the last segment down (segment 0
+// left to end()), end(), undoable.
+void call(CompressedAllreduce& ar, const DLTensor& in, DLTensor& out, bool incremental) {
+  if (!incremental) {
+    ar.run(in, out);
+    return;
+  }
+  ar.begin(in, out, nullptr, /*undoable=*/true);
+  for (size_t k = ar.segment_count(); k-- > 1;) ar.start(k);
+  ar.end();
+}
+
+// A call started from the middle segment, then undone: the errors are the last call's again.
+void undone_call(CompressedAllreduce& ar, float* input, int64_t numel) {
+  std::vector<float> out(static_cast<size_t>(numel));
+  int64_t shape = numel;
+  const DLTensor in{input, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+  DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
+  ar.begin(in, o, nullptr, /*undoable=*/true);
+  ar.start(ar.segment_count() / 2);
+  ar.end();
+  ar.undo();
+}
+
 // The compressed allreduce against the reference model at sizes that need padding, on 1 to 4
 // ranks, three steps (so the error buffers matter), bit for bit, and the same on every rank.
 // `incremental`: begin() and end() (one segment, started by end()), undoable, then a fourth
@@ -311,27 +335,12 @@ void check_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), bool oneb
       const DLTensor in{
           inputs[step][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
       DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      if (incremental) {
-        ar.begin(in, o, nullptr, /*undoable=*/true);
-        for (size_t k = ar.segment_count(); k-- > 1;) ar.start(k);  // segment 0 by end()
-        ar.end();
-      } else {
-        ar.run(in, o);
-      }
+      call(ar, in, o, incremental);
       for (int64_t i = 0; i < numel; ++i) {
         if (bits_of(out[i]) != bits_of(want[step][i])) ++mismatches;
       }
     }
-    if (incremental) {  // a fourth call, undone
-      std::vector<float> out(static_cast<size_t>(numel));
-      int64_t shape = numel;
-      const DLTensor in{inputs[0][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      ar.begin(in, o, nullptr, /*undoable=*/true);
-      ar.start(ar.segment_count() / 2);
-      ar.end();
-      ar.undo();
-    }
+    if (incremental) undone_call(ar, inputs[0][r].data(), numel);
     const DLTensor e = ar.worker_error();
     if (std::memcmp(e.data, we[r].data(), padded * 4) != 0) ++mismatches;
     const DLTensor s = ar.server_error();
@@ -407,27 +416,12 @@ void check_segments_against_reference(InstanceRef<loom_codec_v1> (*codec)(int), 
       const DLTensor in{
           inputs[step][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
       DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      if (incremental) {
-        ar.begin(in, o, nullptr, /*undoable=*/true);
-        for (size_t k = ar.segment_count(); k-- > 1;) ar.start(k);  // segment 0 by end()
-        ar.end();
-      } else {
-        ar.run(in, o);
-      }
+      call(ar, in, o, incremental);
       for (int64_t i = 0; i < numel; ++i) {
         if (bits_of(out[i]) != bits_of(want[step][i])) ++mismatches;
       }
     }
-    if (incremental) {  // a fourth call, undone
-      std::vector<float> out(static_cast<size_t>(numel));
-      int64_t shape = numel;
-      const DLTensor in{inputs[0][r].data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      DLTensor o{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &shape, nullptr, 0};
-      ar.begin(in, o, nullptr, /*undoable=*/true);
-      ar.start(ar.segment_count() / 2);
-      ar.end();
-      ar.undo();
-    }
+    if (incremental) undone_call(ar, inputs[0][r].data(), numel);
     const auto* e = static_cast<const float*>(ar.worker_error().data);
     const auto* s = static_cast<const float*>(ar.server_error().data);
     for (size_t k = 0; k < parts.size(); ++k) {
