@@ -132,7 +132,26 @@ def main():
             if step == FREEZE:
                 out["warmup_rel"] = max(((a - b).norm() / b.norm()).item()
                                         for a, b in zip(params, ref))
-        out["params"] = [p.detach().view(-1).tolist() for p in params]
+        out_params = [p.detach().view(-1).tolist() for p in params]
+        if overlap:
+            # A second backward before step(): refused by the plugin, which drops the step in
+            # progress (state as before); then a backward and a step go through again.
+            gs = [torch.randn(sh, generator=torch.Generator().manual_seed(rank)) for sh in SHAPES]
+            for p in params:
+                p.grad = None
+            sum((p * g).sum() for p, g in zip(params, gs)).backward()
+            try:
+                sum((p * g).sum() for p, g in zip(params, gs)).backward()
+                out["second_backward"] = "accepted"
+            except loom.FailedPreconditionError as e:
+                out["second_backward"] = str(e)
+            before = opt.instance.export_state()
+            for p in params:
+                p.grad = None
+            sum((p * g).sum() for p, g in zip(params, gs)).backward()
+            opt.step()
+            out["stepped_after_refusal"] = opt.instance.export_state() != before
+        out["params"] = out_params  # as the loop left them
         out["info"] = opt.comm_info()
         out["state_bytes"] = len(opt.instance.export_state())
         if opt2 is not None and not overlap:

@@ -92,11 +92,16 @@ def test_two_ranks_with_sharded_state(tmp_path):
 def test_two_ranks_with_gradient_hooks(tmp_path):
     """overlap_backward=True: the backward's hooks announce each gradient, onebit_adam's
     buckets start during the backward; the parameters stay the bits of the same buckets
-    stepped without hooks, through the warmup and the compression."""
+    stepped without hooks, through the warmup and the compression. A second backward before
+    step() is refused, and the optimizer goes on after it."""
     _need_ucx()
     _spawn(tmp_path, WORKER_OVERLAP="1")
     for r in (0, 1):
-        assert json.load(open(tmp_path / f"rank{r}.json"))["overlap_identical"] is True
+        out = json.load(open(tmp_path / f"rank{r}.json"))
+        assert out["overlap_identical"] is True
+        # A second backward before step() is refused, and the run goes on after it.
+        assert "announced already" in out["second_backward"], out["second_backward"]
+        assert out["stepped_after_refusal"] is True
 
 
 def test_two_ranks_over_torch_distributed(tmp_path):

@@ -192,10 +192,6 @@ def test_onebit_adam_takes_bucket_mb_and_hooks_the_backward():
             opt.step()
             assert opt._pending is None
         out = [p.detach().clone() for p in model.parameters()]
-        if overlap:
-            model(x).square().mean().backward()
-            with pytest.raises(loom.FailedPreconditionError, match="announced already"):
-                model(x).square().mean().backward()
         opt.close()
         return out
     hooked, plain = run(True), run(False)

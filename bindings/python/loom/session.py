@@ -337,22 +337,16 @@ class PendingStep:
         for ts in tensors[:-1]:
             self._first.append(self._first[-1] + len(ts))
         self._found_inf = found_inf
-        self._announced: set = set()
 
     def ready(self, group: int, index: int, grad: Any) -> None:
         """Tensor ``index`` of group ``group`` has its final gradient ``grad`` (the one the
         step will get): the optimizer may start exchanging it.
 
         Raises:
-            FailedPreconditionError: the tensor was announced already in this step (a second
-                backward before the step: its gradient would not be the one sent).
+            FailedPreconditionError: from an optimizer that started exchanging, when the
+                tensor was announced already in this step (a second backward before the
+                step); the optimizer then drops the step in progress, state as before.
         """
-        if (group, index) in self._announced:
-            raise FailedPreconditionError(
-                f"groups[{group}] tensor {index}: its gradient was announced already in this "
-                "step; with the overlap each backward must be the last before step() (no "
-                "gradient accumulation over several backwards)")
-        self._announced.add((group, index))
         bg = borrow(grad, f"groups[{group}].grads[{index}]",
                     dtypes=("float32", "bfloat16", "float16"))
         self._keep.append(bg)

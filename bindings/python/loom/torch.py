@@ -205,8 +205,9 @@ class Optimizer(torch.optim.Optimizer):
             backward has accumulated it (a gradient hook; ``loom_optimizer_grads_ready``), so
             an optimizer that exchanges the gradients itself starts while the backward goes
             on (onebit_adam with ``bucket_mb > 0``; others start nothing early). The same bits
-            as without it. Each backward must be the last before :meth:`step` (gradient
-            accumulation over several backwards is refused: a gradient announced twice),
+            as without it. Each backward must be the last before :meth:`step` (where buckets
+            have left, a second backward raises FailedPreconditionError and the plugin drops
+            the step in progress),
             ``step()``'s ``grad_scale`` must be 1.0, and nothing may change the gradients
             between the backward and the step (no clipping: what the backward produced is
             what was sent).
@@ -305,11 +306,16 @@ class Optimizer(torch.optim.Optimizer):
     def _announce(self, gi: int, pi: int, p: Any) -> None:
         if p.grad is None:
             return
-        if self._pending is None:
-            groups, _, stream = self._groups(placeholders=True)
-            self._pending = self.instance.begin_step(groups, step=self._step + 1,
-                                                     stream=stream)
-        self._pending.ready(gi, pi, p.grad.detach())
+        try:
+            if self._pending is None:
+                groups, _, stream = self._groups(placeholders=True)
+                self._pending = self.instance.begin_step(groups, step=self._step + 1,
+                                                         stream=stream)
+            self._pending.ready(gi, pi, p.grad.detach())
+        except BaseException:
+            # The plugin dropped the step in progress: the next backward starts anew.
+            self._pending = None
+            raise
 
     def _groups(self, placeholders: bool = False) -> tuple:
         lr0 = float(self.param_groups[0]["lr"])

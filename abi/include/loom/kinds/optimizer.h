@@ -126,8 +126,10 @@ typedef struct loom_optimizer_v1 {
    * the caller computes the rest. The step() that follows, with the same groups, grad_scale,
    * step and stream, finishes the step, whatever was announced (step() takes the tensors
    * never announced as they are then); every rank must announce the same tensors in the same
-   * order. A call for another step number than the one in progress is FAILED_PRECONDITION. The
-   * outcome (parameters, state, skipped steps) is the same, bit for bit, as step() alone. */
+   * order. A call for another step number than the one in progress, or one that names a
+   * tensor announced already in this step (a second backward), is FAILED_PRECONDITION; after
+   * any error the step in progress is dropped with the state as it was before it. The outcome
+   * (parameters, state, skipped steps) is the same, bit for bit, as step() alone. */
   /* clang-format off */
   loom_status* (*grads_ready)(void* instance, const loom_optimizer_ready_args* args)
       LOOM_APPENDED_FIELD;
