@@ -336,7 +336,7 @@ class PendingStep:
         self._first = [0]
         for ts in tensors[:-1]:
             self._first.append(self._first[-1] + len(ts))
-        self._found_inf = found_inf
+        self._found_inf = found_inf  # the args point at it: alive as long as they are
 
     def ready(self, group: int, index: int, grad: Any) -> None:
         """Tensor ``index`` of group ``group`` has its final gradient ``grad`` (the one the

@@ -207,10 +207,9 @@ class Optimizer(torch.optim.Optimizer):
             on (onebit_adam with ``bucket_mb > 0``; others start nothing early). The same bits
             as without it. Each backward must be the last before :meth:`step` (where buckets
             have left, a second backward raises FailedPreconditionError and the plugin drops
-            the step in progress),
-            ``step()``'s ``grad_scale`` must be 1.0, and nothing may change the gradients
-            between the backward and the step (no clipping: what the backward produced is
-            what was sent).
+            the step in progress), ``step()``'s ``grad_scale`` must be 1.0, and nothing may
+            change the gradients between the backward and the step (no clipping: what the
+            backward produced is what was sent).
         bootstrap: for ``plugin``: the session's :class:`loom.Bootstrap`; "auto" (the
             default) is, for a plugin that takes a transport (the 1-bit family),
             :func:`distributed_bootstrap` over torch.distributed's default group when it
@@ -308,7 +307,7 @@ class Optimizer(torch.optim.Optimizer):
             return
         try:
             if self._pending is None:
-                groups, _, stream = self._groups(placeholders=True)
+                groups, _, stream = self._groups(partial=True)
                 self._pending = self.instance.begin_step(groups, step=self._step + 1,
                                                          stream=stream)
             self._pending.ready(gi, pi, p.grad.detach())
@@ -317,7 +316,7 @@ class Optimizer(torch.optim.Optimizer):
             self._pending = None
             raise
 
-    def _groups(self, placeholders: bool = False) -> tuple:
+    def _groups(self, partial: bool = False) -> tuple:
         lr0 = float(self.param_groups[0]["lr"])
         # The step's lr is the first group's; the others are lr_scale multiples of it, so
         # the first group's rate reaches the plugin exactly.
@@ -327,7 +326,7 @@ class Optimizer(torch.optim.Optimizer):
         for gi, g in enumerate(self.param_groups):
             params, grads, masters = [], [], []
             for pi, p in enumerate(g["params"]):
-                if p.grad is None and not placeholders:
+                if p.grad is None and not partial:
                     raise InvalidArgumentError(
                         f"param_groups[{gi}]['params'][{pi}] (shape {list(p.shape)}) has no "
                         "gradient; a Loom optimizer updates the same tensors at every step "
