@@ -612,11 +612,22 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
   // Once laid out, the tensors stay (car_ and non_freeze_ were made for them).
   if (laid_out_ || m_.size() != 0 || steps_ > 0) {
     if (offsets != offsets_) {
+      // Where they part: the same count and total can still be other shapes or another order.
+      std::size_t k = 0;
+      while (k + 1 < offsets.size() && k + 1 < offsets_.size() &&
+             offsets[k + 1] == offsets_[k + 1]) {
+        ++k;
+      }
+      const auto size_of = [](const std::vector<uint64_t>& o, std::size_t i) {
+        return i + 1 < o.size() ? std::to_string(o[i + 1] - o[i]) + " elements" : "none";
+      };
       throw Error(LOOM_ERR_INVALID_ARGUMENT,
                   "the step's tensors (" + std::to_string(offsets.size() - 1) + ", " +
                       std::to_string(total) + " elements) differ from the optimizer state's (" +
                       std::to_string(offsets_.empty() ? 0 : offsets_.size() - 1) + ", " +
-                      std::to_string(total_) + " elements)");
+                      std::to_string(total_) + " elements): tensor " + std::to_string(k) + " has " +
+                      size_of(offsets, k) + " here and " + size_of(offsets_, k) +
+                      " in the state (other shapes, or the same tensors in another order)");
     }
   } else {
     offsets_ = std::move(offsets);

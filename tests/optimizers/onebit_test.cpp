@@ -534,6 +534,7 @@ TEST(OnebitShard, RefusedWhereItCannotWork) {
 TEST(Onebit, ForeignStateAndLayoutChangesAreRejected) {
   const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\n";
   World w("[optimizer.a]\nplugin = \"onebit_adam\"\n" + refs +
+          "[optimizer.b]\nplugin = \"onebit_adam\"\n" + refs +
           "[optimizer.z]\nplugin = \"zero_one_adam\"\n" + refs +
           "[optimizer.l]\nplugin = \"onebit_lamb\"\n" + refs);
   ASSERT_NE(w.s, nullptr);
@@ -555,6 +556,14 @@ TEST(Onebit, ForeignStateAndLayoutChangesAreRejected) {
   std::vector<float> q(41, 1.0f), h(41, 0.5f);
   EXPECT_EQ(step(a, {&q}, {&h}, 1e-3, 2), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(q, std::vector<float>(41, 1.0f));
+  // The same count and total in other shapes (or another order): the message says where.
+  std::vector<float> p1(25, 1.0f), g1(25, 0.5f), p2(15, 1.0f), g2(15, 0.5f);
+  loom_instance* b = w.opt("b");
+  ASSERT_EQ(loom_instance_import_state(b, blob.data(), size), 0) << loom_last_error();
+  EXPECT_EQ(step(b, {&p1, &p2}, {&g1, &g2}, 1e-3, 2), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(loom_last_error()).find("tensor 0 has 25 elements here and 40"),
+            std::string::npos)
+      << loom_last_error();
   // A gradient of another shape than its parameter.
   std::vector<float> h2(39, 0.5f);
   EXPECT_EQ(step(a, {&p}, {&h2}, 1e-3, 2), LOOM_ERR_INVALID_ARGUMENT);
