@@ -239,6 +239,15 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
         LOOM_ERR_INVALID_ARGUMENT,
         std::string(name()) + ": shard_state = true cannot be combined with hierarchical = true");
   }
+  const double mb = ctx.get_float("bucket_mb");
+  if (mb > 0 && (shard_ || hierarchical_)) {
+    throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                std::string(name()) + ": bucket_mb > 0 cannot be combined with " +
+                    (shard_ ? "shard_state = true" : "hierarchical = true") +
+                    " (their exchanges are one piece)");
+  }
+  // At least one element a bucket; the compressed allreduce rounds it to the codec's unit.
+  bucket_elements_ = mb > 0 ? std::max<uint64_t>(1, static_cast<uint64_t>(mb * 262144.0)) : 0;
   // Which memory the comm and codec must support is known at the first step (a CUDA-only
   // transport such as nccl is fine for CUDA tensors): checked there.
 }

@@ -222,16 +222,40 @@ class Onebit : public loom::sdk::Optimizer {
   // m = beta1 * m + (1 - beta1) * g over the whole flat layout.
   void momentum_flat(const Buffer& g);
 
-  // Buckets (onebit_adam's bucket_mb > 0; onebit_overlap.cpp): the compressed allreduce cut
-  // into segments of bucket_elements_, each exchanged (the warmup's allreduce too) as soon as
-  // the gradients it covers are final; the finite check agreed after the exchange, a skipped
-  // step undone. The same bits whether grads_ready() started some
-  // buckets during the backward or step() starts them all.
+  // Buckets (bucket_mb > 0; onebit_overlap.cpp): the flat layout cut into the compressed
+  // allreduce's segments of bucket_elements_, each exchanged (an uncompressed allreduce too) as
+  // soon as the gradients it covers are final; the finite check agreed after the exchange, a
+  // skipped step undone. The same bits whether grads_ready() started some buckets during the
+  // backward or step() starts them all. A variant says what each step exchanges and splits its
+  // step around the exchange with the bucket_* hooks below.
   bool bucketed() const;
   void bucketed_step(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
-  // The last step of the warmup (onebit_adam's freeze_step; the buckets' variant only).
-  virtual uint64_t bucket_freeze_step() const { return 0; }
+  static loom::sdk::Float bucket_mb_param();
   uint64_t bucket_elements_ = 0;
+
+  enum class Exchange {
+    kNone,        // nothing (0/1 Adam's local steps): step() runs algorithm_step
+    kAverage,     // the gradients (flat_) averaged uncompressed, fp32 or bf16 on the wire
+    kCompressed,  // bucket_buffer() through the compressed allreduce, bucket_prepare()d first
+  };
+  // What step t exchanges (the state as it is before the step; not the lr, which only step()
+  // has: docs/abi.md).
+  virtual Exchange bucket_exchange(uint64_t t) const = 0;
+  // kCompressed: the flat buffer compressed (m_ unless the variant says otherwise).
+  virtual Buffer& bucket_buffer() { return m_; }
+  // kCompressed, before the first bucket: what the step needs from the state as it was.
+  virtual void bucket_begin(const std::vector<StepGroup>& groups) = 0;
+  // kCompressed: the bucket [lo, lo + n) of the step's update before it leaves, keeping what
+  // bucket_restore() puts back. `zeros`: this rank's step will be skipped, and the codec
+  // refuses a non-finite input, so the bucket sends zeros.
+  virtual void bucket_prepare(const std::vector<StepGroup>& groups, std::size_t lo, std::size_t n,
+                              bool zeros) = 0;
+  virtual void bucket_restore(std::size_t lo, std::size_t n) = 0;
+  // After every bucket's exchange (the step is taken): the rest of the step.
+  virtual void bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
+                             uint64_t t) = 0;
+  // The step's segments clipped to the flat range [lo, lo + n) (pointers moved with them).
+  static Segments clip(const Segments& all, std::size_t lo, std::size_t n);
 
   // shard_state (onebit_shard.cpp). One step of onebit_adam on this rank's slice: the
   // gradients reduce-scattered (compressed after freeze_step), Adam on the slice (v frozen
@@ -302,7 +326,7 @@ class Onebit : public loom::sdk::Optimizer {
   // The bucketed step begun by grads_ready() and finished by step() (onebit_overlap.cpp).
   struct Pending {
     int64_t step = 0;
-    bool warmup = true;
+    Exchange exchange = Exchange::kNone;
     float inv_scale = 1.0f;
     std::vector<uint8_t> ready;      // per flat tensor
     std::vector<uint8_t> begun;      // per bucket: started
@@ -310,14 +334,14 @@ class Onebit : public loom::sdk::Optimizer {
     std::vector<std::size_t> last;   // per bucket: the last flat tensor it covers
     std::vector<std::size_t> first;  // and the first
     loom_comm_stats before{};        // the comm's counters when the step began (warmup)
-    // The warmup's allreduces, one per bucket (their args point here: sized once).
+    // kAverage's allreduces, one per bucket (their args point here: sized once).
     std::vector<int64_t> shape;
     std::vector<DLTensor> tensor;
     std::vector<loom_allreduce_args> args;
     std::vector<loom::sdk::CommRequest> request;
   };
   std::unique_ptr<Pending> pending_;
-  Buffer m_keep_;  // buckets after the freeze: m before the step, for a skipped step
+  Buffer m_keep_;  // compressed buckets: m before the step, for a skipped step
 
   // Scratch on device_ (not exported).
   Buffer flat_;    // the step's gradients in the flat layout
@@ -369,10 +393,10 @@ class Onebit : public loom::sdk::Optimizer {
   // The allreduce MAX of finite_ (checked so far) and its outcome: true when no rank raised it.
   bool agreed_finite();
   // The bucketed step's parts (onebit_overlap.cpp).
-  void begin_pending(const loom_optimizer_step_args& args, bool warmup);
+  void begin_pending(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
   void mark_ready(const std::vector<StepGroup>& groups, std::size_t first, std::size_t count);
-  void start_buckets();
-  void start_bucket(std::size_t k);
+  void start_buckets(const std::vector<StepGroup>& groups);
+  void start_bucket(const std::vector<StepGroup>& groups, std::size_t k);
   void drop_pending() noexcept;
   void finish_pending(const std::vector<StepGroup>& groups, const loom_optimizer_step_args& args);
 
@@ -401,7 +425,13 @@ class OnebitAdam final : public Onebit {
 
  private:
   void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
-  uint64_t bucket_freeze_step() const override { return freeze_step_; }
+  Exchange bucket_exchange(uint64_t t) const override;
+  void bucket_begin(const std::vector<StepGroup>& groups) override;
+  void bucket_prepare(const std::vector<StepGroup>& groups, std::size_t lo, std::size_t n,
+                      bool zeros) override;
+  void bucket_restore(std::size_t lo, std::size_t n) override;
+  void bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
+                     uint64_t t) override;
   uint64_t freeze_step_ = 0;
 };
 
@@ -412,6 +442,19 @@ class ZeroOneAdam final : public Onebit {
 
  private:
   void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
+  Exchange bucket_exchange(uint64_t t) const override;
+  void bucket_begin(const std::vector<StepGroup>& groups) override;
+  void bucket_prepare(const std::vector<StepGroup>& groups, std::size_t lo, std::size_t n,
+                      bool zeros) override;
+  void bucket_restore(std::size_t lo, std::size_t n) override;
+  void bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
+                     uint64_t t) override;
+  Buffer& bucket_buffer() override { return flat_; }  // the 1-bit gradient
+  // The parts of a step before the freeze around its exchange (algorithm_step and the bucket
+  // hooks share them).
+  void variance_step(const std::vector<StepGroup>& groups, double lr, uint64_t t);
+  void gradient_step(const std::vector<StepGroup>& groups, double lr, uint64_t t);
+  void end_of_warmup(uint64_t t);
   uint64_t var_freeze_step_ = 0;
   uint64_t var_update_scaler_ = 16;
   uint64_t local_step_scaler_ = 32678;
@@ -427,6 +470,22 @@ class OnebitLamb final : public Onebit {
 
  private:
   void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
+  Exchange bucket_exchange(uint64_t t) const override;
+  void bucket_begin(const std::vector<StepGroup>& groups) override;
+  void bucket_prepare(const std::vector<StepGroup>& groups, std::size_t lo, std::size_t n,
+                      bool zeros) override;
+  void bucket_restore(std::size_t lo, std::size_t n) override;
+  void bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
+                     uint64_t t) override;
+  // The parts of a step around its exchange (algorithm_step and the bucket hooks share them).
+  void warmup_update(const std::vector<StepGroup>& groups, double lr, uint64_t t);
+  // The first compression step's per-tensor scales (equal momentum magnitudes), from m_.
+  std::vector<double> momentum_scales(const std::vector<StepGroup>& groups);
+  // The compression momentum's segments: masks, and each tensor's scale (scales_, or the
+  // state's once set).
+  Segments momentum_segments(const std::vector<StepGroup>& groups) const;
+  void compression_update(const std::vector<StepGroup>& groups, double lr, uint64_t t);
+  std::vector<double> scales_;  // the step's scaling coefficients until it is taken
   uint64_t freeze_step_ = 0;
   double max_coeff_ = 10.0;
   double min_coeff_ = 0.01;

@@ -1,8 +1,6 @@
 // 1-bit Adam (onebit_adam): Adam warmup with uncompressed gradient averaging, then the
 // variance frozen and the momentum averaged with the 1-bit compressed allreduce. The shared
 // part (layout, buffers, collectives, state format) is in onebit.hpp.
-#include <algorithm>
-
 #include "onebit.hpp"
 
 namespace loom::optim::onebit {
@@ -10,29 +8,12 @@ namespace loom::optim::onebit {
 loom::sdk::Schema OnebitAdam::schema() {
   loom::sdk::Schema s = common_schema();
   s.add(freeze_step_param());
-  s.add(loom::sdk::Float(
-            "bucket_mb", 0.0,
-            "> 0: exchange the gradients (warmup) or the momentum (compression) in buckets of "
-            "this many MiB of the flat layout, each started as soon as its gradients are final, "
-            "so that a caller announcing them (grads_ready; the trainer's [gradients] overlap) "
-            "overlaps the exchange with its backward. Each bucket has its own scales, so other "
-            "bits than one bucket; the same bits with or without the overlap. 0: one exchange "
-            "of everything (DeepSpeed's numerics). Not with shard_state or hierarchical.")
-            .range(0, 1048576));
+  s.add(bucket_mb_param());
   return s;
 }
 
 OnebitAdam::OnebitAdam(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kOnebitAdam) {
   freeze_step_ = static_cast<uint64_t>(ctx.get_int("freeze_step"));
-  const double mb = ctx.get_float("bucket_mb");
-  if (mb > 0 && (shard_ || hierarchical_)) {
-    throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                std::string("onebit_adam: bucket_mb > 0 cannot be combined with ") +
-                    (shard_ ? "shard_state = true" : "hierarchical = true") +
-                    " (their exchanges are one piece)");
-  }
-  // At least one element a bucket; the compressed allreduce rounds it to the codec's unit.
-  bucket_elements_ = mb > 0 ? std::max<uint64_t>(1, static_cast<uint64_t>(mb * 262144.0)) : 0;
 }
 
 void OnebitAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
@@ -66,6 +47,38 @@ void OnebitAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr,
   compressed(m_);
   apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_), Groups::kCompressed,
              /*masks=*/true);
+}
+
+// Buckets: the warmup averages the gradients; after the freeze each bucket updates its
+// momentum and sends it; the step itself waits for every bucket.
+Onebit::Exchange OnebitAdam::bucket_exchange(uint64_t t) const {
+  return t <= freeze_step_ ? Exchange::kAverage : Exchange::kCompressed;
+}
+
+void OnebitAdam::bucket_begin(const std::vector<StepGroup>& /*groups*/) { ensure(m_keep_, total_); }
+
+void OnebitAdam::bucket_prepare(const std::vector<StepGroup>& /*groups*/, std::size_t lo,
+                                std::size_t n, bool zeros) {
+  be().copy(m_keep_.data() + lo, m_.data() + lo, n);
+  if (zeros) {
+    be().zero(m_.data() + lo, n);
+  } else {
+    be().momentum(m_.data() + lo, flat_.data() + lo, n, loom::optim::decay_of(beta1_));
+  }
+}
+
+void OnebitAdam::bucket_restore(std::size_t lo, std::size_t n) {
+  be().copy(m_.data() + lo, m_keep_.data() + lo, n);
+}
+
+void OnebitAdam::bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
+                               uint64_t t) {
+  if (e == Exchange::kAverage) {
+    adam_full(groups, lr, bc(beta1_, t), bc(beta2_, t));
+  } else {
+    apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, freeze_step_), Groups::kAll,
+               /*masks=*/true);
+  }
 }
 
 }  // namespace loom::optim::onebit

@@ -27,6 +27,7 @@ loom::sdk::Schema OnebitLamb::schema() {
   s.add(Float("factor_threshold", 0.1,
               "Largest relative change of the factor from one step to the next.")
             .min(0));
+  s.add(bucket_mb_param());
   return s;
 }
 
@@ -53,75 +54,102 @@ void OnebitLamb::validate_params(loom::sdk::Context& params) {
 }
 
 void OnebitLamb::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
+  if (t <= freeze_step_) {
+    allreduce_avg(flat_);
+    warmup_update(groups, lr, t);
+    return;
+  }
+  if (!scaling_set_) scales_ = momentum_scales(groups);
+  // m_prev = m, then the scaled momentum (the gradient folded in) is averaged.
+  ensure(prev_, total_);
+  be().lamb_momentum(momentum_segments(groups), m_.data(), flat_.data(), prev_.data(),
+                     loom::optim::decay_of(beta1_));
+  compressed(m_);
+  compression_update(groups, lr, t);
+}
+
+void OnebitLamb::warmup_update(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
   const float eps = static_cast<float>(eps_);
   const loom::optim::Decay b1 = loom::optim::decay_of(beta1_);
   const loom::optim::Decay b2 = loom::optim::decay_of(beta2_);
   const std::size_t count = offsets_.size() - 1;
-  if (t <= freeze_step_) {
-    allreduce_avg(flat_);
-    const float inv_bc1 = static_cast<float>(1.0 / bc(beta1_, t));
-    const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
-    Segments segs = segments(groups, Groups::kAll, false, [](const StepGroup& g, Segment& s) {
-      s.wd = static_cast<float>(g.weight_decay);
-    });
-    std::vector<double> sums(2 * count, 0.0);
-    be().lamb_warmup_moments(segs, flat_.data(), m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2,
-                             eps, sums.data());
-    std::size_t k = 0;
-    for (const auto& g : groups) {
-      for (std::size_t i = 0; i < g.tensors.size(); ++i) {
-        const std::size_t idx = k++;
-        const double sp = sums[2 * idx];
-        const double su = sums[2 * idx + 1];
-        double coeff = 1.0;
-        if (sp > 0.0 && su > 0.0) {
-          coeff = std::clamp(std::sqrt(sp) / std::sqrt(su), min_coeff_, max_coeff_);
-        }
-        TensorState& s = lamb_[idx];
-        if (coeff != 1.0)
-          s.lamb_coeff_freeze = coeff_beta_ * s.lamb_coeff_freeze + (1.0 - coeff_beta_) * coeff;
-        segs[idx].step = static_cast<float>(lr * g.lr_scale * coeff);
+  const float inv_bc1 = static_cast<float>(1.0 / bc(beta1_, t));
+  const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
+  Segments segs = segments(groups, Groups::kAll, false, [](const StepGroup& g, Segment& s) {
+    s.wd = static_cast<float>(g.weight_decay);
+  });
+  std::vector<double> sums(2 * count, 0.0);
+  be().lamb_warmup_moments(segs, flat_.data(), m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2, eps,
+                           sums.data());
+  std::size_t k = 0;
+  for (const auto& g : groups) {
+    for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+      const std::size_t idx = k++;
+      const double sp = sums[2 * idx];
+      const double su = sums[2 * idx + 1];
+      double coeff = 1.0;
+      if (sp > 0.0 && su > 0.0) {
+        coeff = std::clamp(std::sqrt(sp) / std::sqrt(su), min_coeff_, max_coeff_);
       }
+      TensorState& s = lamb_[idx];
+      if (coeff != 1.0)
+        s.lamb_coeff_freeze = coeff_beta_ * s.lamb_coeff_freeze + (1.0 - coeff_beta_) * coeff;
+      segs[idx].step = static_cast<float>(lr * g.lr_scale * coeff);
     }
-    be().lamb_warmup_apply(segs, m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2, eps);
-    if (t == freeze_step_) assign_copy(aux_, v_);  // v_fresh starts from the frozen variance
-    return;
+  }
+  be().lamb_warmup_apply(segs, m_.data(), v_.data(), b1, b2, inv_bc1, inv_bc2, eps);
+  if (t == freeze_step_) assign_copy(aux_, v_);  // v_fresh starts from the frozen variance
+}
+
+// Equalise the tensors' momentum magnitudes under the one 1-bit scale.
+std::vector<double> OnebitLamb::momentum_scales(const std::vector<StepGroup>& groups) {
+  const std::size_t count = offsets_.size() - 1;
+  std::vector<double> squares(count, 0.0);
+  be().sum_squares(segments(groups), m_.data(), squares.data());
+  std::vector<double> rms(count, 0.0);
+  double sum = 0.0;
+  std::size_t nonzero = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t n = offsets_[j + 1] - offsets_[j];
+    rms[j] = n > 0 ? std::sqrt(squares[j] / static_cast<double>(n)) : 0.0;
+    if (rms[j] > 0.0) {
+      sum += rms[j];
+      ++nonzero;
+    }
+  }
+  const double united = nonzero > 0 ? sum / static_cast<double>(nonzero) : 1.0;
+  std::vector<double> scales(count, 1.0);
+  for (std::size_t j = 0; j < count; ++j) {
+    scales[j] = rms[j] > 0.0 ? united / rms[j] : 1.0;  // guard: zero momentum
+  }
+  return scales;
+}
+
+Segments OnebitLamb::momentum_segments(const std::vector<StepGroup>& groups) const {
+  Segments segs = segments(groups, Groups::kAll, /*masks=*/true);
+  for (std::size_t j = 0; j < segs.size(); ++j) {
+    segs[j].scale = static_cast<float>(scaling_set_ ? lamb_[j].scaling_coeff : scales_[j]);
+  }
+  return segs;
+}
+
+// After the exchange: m holds the averaged scaled momentum, prev_ the momentum before it.
+void OnebitLamb::compression_update(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
+  if (!scaling_set_) {
+    for (std::size_t j = 0; j < scales_.size(); ++j) lamb_[j].scaling_coeff = scales_[j];
+    scaling_set_ = true;
   }
   if (aux_.size() == 0 || t == 1) assign_copy(aux_, v_);  // freeze_step 0: no warmup at all
+  const float eps = static_cast<float>(eps_);
+  const loom::optim::Decay b1 = loom::optim::decay_of(beta1_);
+  const loom::optim::Decay b2 = loom::optim::decay_of(beta2_);
+  const std::size_t count = offsets_.size() - 1;
   const double bc1 = bc(beta1_, t);
   const float inv_bc1 = static_cast<float>(1.0 / bc1);
   const float inv_bc2 = static_cast<float>(1.0 / std::sqrt(bc(beta2_, freeze_step_)));
   // v_fresh continues v's average past the freeze, so its bias correction is at step t.
   const float inv_bc2_fresh = static_cast<float>(1.0 / std::sqrt(bc(beta2_, t)));
-  if (!scaling_set_) {
-    // Equalise the tensors' momentum magnitudes under the one 1-bit scale.
-    std::vector<double> squares(count, 0.0);
-    be().sum_squares(segments(groups), m_.data(), squares.data());
-    std::vector<double> rms(count, 0.0);
-    double sum = 0.0;
-    std::size_t nonzero = 0;
-    for (std::size_t j = 0; j < count; ++j) {
-      const std::size_t n = offsets_[j + 1] - offsets_[j];
-      rms[j] = n > 0 ? std::sqrt(squares[j] / static_cast<double>(n)) : 0.0;
-      if (rms[j] > 0.0) {
-        sum += rms[j];
-        ++nonzero;
-      }
-    }
-    const double united = nonzero > 0 ? sum / static_cast<double>(nonzero) : 1.0;
-    for (std::size_t j = 0; j < count; ++j) {
-      lamb_[j].scaling_coeff = rms[j] > 0.0 ? united / rms[j] : 1.0;  // guard: zero momentum
-    }
-    scaling_set_ = true;
-  }
-  // m_prev = m, then the scaled momentum (the gradient folded in) is averaged.
-  ensure(prev_, total_);
   Segments segs = segments(groups, Groups::kAll, /*masks=*/true);
-  for (std::size_t j = 0; j < count; ++j) {
-    segs[j].scale = static_cast<float>(lamb_[j].scaling_coeff);
-  }
-  be().lamb_momentum(segs, m_.data(), flat_.data(), prev_.data(), b1);
-  compressed(m_);
   std::size_t k = 0;
   for (const auto& g : groups) {
     for (std::size_t i = 0; i < g.tensors.size(); ++i) {
@@ -152,6 +180,43 @@ void OnebitLamb::algorithm_step(const std::vector<StepGroup>& groups, double lr,
     }
   }
   be().lamb_apply(segs, m_.data(), v_.data(), inv_bc1, inv_bc2, eps);
+}
+
+// Buckets: the warmup averages the gradients; after it each bucket folds the gradient into
+// its scaled momentum (prev_ keeps the momentum before, for lamb_post and for a skipped step)
+// and sends it. The per-tensor norms come after the exchange, over whole tensors, so a bucket
+// may cut a tensor.
+Onebit::Exchange OnebitLamb::bucket_exchange(uint64_t t) const {
+  return t <= freeze_step_ ? Exchange::kAverage : Exchange::kCompressed;
+}
+
+void OnebitLamb::bucket_begin(const std::vector<StepGroup>& groups) {
+  if (!scaling_set_) scales_ = momentum_scales(groups);  // from m before any bucket changes it
+  ensure(prev_, total_);
+}
+
+void OnebitLamb::bucket_prepare(const std::vector<StepGroup>& groups, std::size_t lo, std::size_t n,
+                                bool zeros) {
+  if (zeros) {
+    be().copy(prev_.data() + lo, m_.data() + lo, n);
+    be().zero(m_.data() + lo, n);
+    return;
+  }
+  be().lamb_momentum(clip(momentum_segments(groups), lo, n), m_.data(), flat_.data(), prev_.data(),
+                     loom::optim::decay_of(beta1_));
+}
+
+void OnebitLamb::bucket_restore(std::size_t lo, std::size_t n) {
+  be().copy(m_.data() + lo, prev_.data() + lo, n);
+}
+
+void OnebitLamb::bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
+                               uint64_t t) {
+  if (e == Exchange::kAverage) {
+    warmup_update(groups, lr, t);
+  } else {
+    compression_update(groups, lr, t);
+  }
 }
 
 }  // namespace loom::optim::onebit

@@ -1,17 +1,26 @@
-// onebit_adam in buckets (bucket_mb > 0), and their overlap with the backward (grads_ready).
+// The 1-bit family in buckets (bucket_mb > 0), and their overlap with the backward
+// (grads_ready).
 //
 // The flat layout is cut into the compressed allreduce's segments (bucket_mb each, the codec's
 // unit rounded); a bucket is started once every gradient it covers is final (a caller that
 // lays its tensors out in the order its backward finishes them gets buckets that complete one
-// after another during the backward). Starting a bucket:
-//   warmup:      its gradients (fp32, or rounded to bf16) averaged by a non-blocking allreduce;
-//   compression: its m kept (for a skipped step), its momentum updated, its segment of the
-//                compressed allreduce encoded and sent (the errors kept the same way).
+// after another during the backward). What a bucket starts is the variant's (bucket_exchange):
+//   kAverage:    its gradients (fp32, or rounded to bf16) averaged by a non-blocking allreduce
+//                (the warmups, 0/1 Adam's variance steps);
+//   kCompressed: the variant's elementwise part of the step on the bucket (bucket_prepare:
+//                1-bit Adam's momentum, 1-bit LAMB's scaled momentum; nothing for 0/1 Adam's
+//                1-bit gradient),
+//                what a skipped step restores kept, then its segment of the compressed
+//                allreduce encoded and sent (the errors kept the same way);
+//   kNone:       nothing early (0/1 Adam after its variance freeze: its local steps send
+//                nothing, and a sync step's update carries the step's lr, which only step()
+//                has; step() runs the whole algorithm, its exchange in the same segments).
 // step() marks the tensors never announced, starts what is left, waits, and only then agrees
 // on the finite check (each rank checked its own gradients as it loaded them): a skipped step
-// puts m and the error buffers back, so the state is byte for byte what it was, as unbucketed.
-// Nothing here depends on when a bucket started, so grads_ready() during the backward gives
-// the bits step() alone gives. Host memory only (on CUDA, step() does it all, the same bits).
+// puts the buffers and the error buffers back, so the state is byte for byte what it was, as
+// unbucketed. The parameters change only once the step is taken (bucket_finish). Nothing
+// here depends on when a bucket started, so grads_ready() during the backward gives the bits
+// step() alone gives. Host memory only (on CUDA, step() does it all, the same bits).
 #include <loom/sdk/comm.hpp>
 
 #include <chrono>
@@ -34,8 +43,41 @@ uint64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 bool Onebit::bucketed() const {
-  return bucket_elements_ > 0 && variant_ == Variant::kOnebitAdam && !shard_ && !hier_ && car_ &&
-         world_ > 1 && !on_cuda() && !any_non_freeze();
+  return bucket_elements_ > 0 && !shard_ && !hier_ && car_ && world_ > 1 && !on_cuda() &&
+         !any_non_freeze();
+}
+
+loom::sdk::Float Onebit::bucket_mb_param() {
+  return loom::sdk::Float(
+             "bucket_mb", 0.0,
+             "> 0: exchange in buckets of this many MiB of the flat layout, each started as soon "
+             "as its gradients are final, so that a caller announcing them (grads_ready; the "
+             "trainer's [gradients] overlap) overlaps the exchange with its backward. Each "
+             "bucket has its own scales, so other bits than one bucket; the same bits with or "
+             "without the overlap. 0: one exchange of everything (DeepSpeed's numerics). Not "
+             "with shard_state or hierarchical.")
+      .range(0, 1048576);
+}
+
+Segments Onebit::clip(const Segments& all, std::size_t lo, std::size_t n) {
+  const auto size_of = [](loom::optim::DType t) -> std::size_t {
+    return t == loom::optim::DType::kF32 ? 4 : 2;
+  };
+  Segments out;
+  for (Segment s : all) {
+    const std::size_t b = std::max(s.offset, lo);
+    const std::size_t e = std::min(s.offset + s.n, lo + n);
+    if (b >= e) continue;
+    const std::size_t skip = b - s.offset;
+    if (s.p != nullptr) s.p += skip;
+    if (s.mask != nullptr) s.mask += skip;
+    if (s.low != nullptr) s.low = static_cast<std::byte*>(s.low) + skip * size_of(s.ltype);
+    if (s.g != nullptr) s.g = static_cast<const std::byte*>(s.g) + skip * size_of(s.gtype);
+    s.offset = b;
+    s.n = e - b;
+    out.push_back(s);
+  }
+  return out;
 }
 
 void Onebit::grads_ready(const loom_optimizer_ready_args& args) {
@@ -51,7 +93,7 @@ void Onebit::grads_ready(const loom_optimizer_ready_args& args) {
       layout(groups);
       device_set_ = true;
       if (!bucketed()) return;
-      begin_pending(*args.step, steps_ + 1 <= bucket_freeze_step());
+      begin_pending(groups, *args.step);
     } else if (pending_->step != args.step->step) {
       throw Error(LOOM_ERR_FAILED_PRECONDITION,
                   "grads_ready for step " + std::to_string(args.step->step) + " while step " +
@@ -74,7 +116,7 @@ void Onebit::grads_ready(const loom_optimizer_ready_args& args) {
       }
     }
     mark_ready(groups, args.first, args.count);
-    start_buckets();
+    start_buckets(groups);
   } catch (...) {
     drop_pending();  // step() begins anew
     throw;
@@ -85,7 +127,7 @@ void Onebit::bucketed_step(const std::vector<StepGroup>& groups,
                            const loom_optimizer_step_args& args) {
   try {
     if (!pending_) {
-      begin_pending(args, steps_ + 1 <= bucket_freeze_step());
+      begin_pending(groups, args);
     } else if (pending_->step != args.step ||
                pending_->inv_scale != static_cast<float>(1.0 / args.grad_scale)) {
       throw Error(LOOM_ERR_INVALID_ARGUMENT,
@@ -94,7 +136,7 @@ void Onebit::bucketed_step(const std::vector<StepGroup>& groups,
                       ") is not the step grads_ready began: " + std::to_string(pending_->step));
     }
     mark_ready(groups, 0, offsets_.size() - 1);
-    start_buckets();
+    start_buckets(groups);
     finish_pending(groups, args);
   } catch (...) {
     drop_pending();
@@ -103,19 +145,18 @@ void Onebit::bucketed_step(const std::vector<StepGroup>& groups,
   pending_.reset();
 }
 
-// After an error part-way: the state as it was before the step (m and the error buffers of
-// the buckets started), the exchanges waited for.
+// After an error part-way: the state as it was before the step (what the buckets started
+// changed, and their error buffers), the exchanges waited for.
 void Onebit::drop_pending() noexcept {
   if (!pending_) return;
   try {
     Pending& p = *pending_;
-    if (!p.warmup) {
+    if (p.exchange == Exchange::kCompressed) {
       car_->cancel();
       for (std::size_t k = 0; k < p.begun.size(); ++k) {
         if (p.begun[k] == 0) continue;
-        const auto lo = static_cast<std::size_t>(car_->segment_offset(k));
-        be().copy(m_.data() + lo, m_keep_.data() + lo,
-                  static_cast<std::size_t>(car_->segment_elements(k)));
+        bucket_restore(static_cast<std::size_t>(car_->segment_offset(k)),
+                       static_cast<std::size_t>(car_->segment_elements(k)));
       }
     }
   } catch (...) {  // the error that got us here is the one reported
@@ -123,10 +164,12 @@ void Onebit::drop_pending() noexcept {
   pending_.reset();
 }
 
-void Onebit::begin_pending(const loom_optimizer_step_args& args, bool warmup) {
+void Onebit::begin_pending(const std::vector<StepGroup>& groups,
+                           const loom_optimizer_step_args& args) {
   auto p = std::make_unique<Pending>();
+  const uint64_t t = steps_ + 1;
   p->step = args.step;
-  p->warmup = warmup;
+  p->exchange = bucket_exchange(t);
   p->inv_scale = static_cast<float>(1.0 / args.grad_scale);
   const std::size_t tensors = offsets_.size() - 1;
   const std::size_t buckets = car_->segment_count();
@@ -145,7 +188,7 @@ void Onebit::begin_pending(const loom_optimizer_step_args& args, bool warmup) {
     p->last[k] = e;
   }
   finite_.reset(device_, stream_);
-  if (warmup) {
+  if (p->exchange == Exchange::kAverage) {
     p->shape.assign(buckets, 0);
     p->tensor.resize(buckets);
     p->args.resize(buckets);
@@ -153,11 +196,11 @@ void Onebit::begin_pending(const loom_optimizer_step_args& args, bool warmup) {
     if (warmup_bf16_) ensure(wire_, (total_ + 1) / 2);
     p->before.struct_size = LOOM_COMM_STATS_SIZE;
     comm_.call(&loom_comm_v1::stats, &p->before);
-  } else {
-    ensure(m_keep_, total_);
+  } else if (p->exchange == Exchange::kCompressed) {
+    bucket_begin(groups);
     int64_t shape[1] = {static_cast<int64_t>(total_)};
-    DLTensor t{m_.data(), device_, 1, DLDataType{kDLFloat, 32, 1}, shape, nullptr, 0};
-    car_->begin(t, t, stream_, /*undoable=*/true);
+    DLTensor x{bucket_buffer().data(), device_, 1, DLDataType{kDLFloat, 32, 1}, shape, nullptr, 0};
+    car_->begin(x, x, stream_, /*undoable=*/true);
   }
   pending_ = std::move(p);
 }
@@ -192,7 +235,7 @@ void Onebit::mark_ready(const std::vector<StepGroup>& groups, std::size_t first,
 // Starts every bucket whose gradients are now all final, scanning from the last one down:
 // every rank announces the same tensors in the same order, so every rank starts the buckets in
 // the same order (they are collectives), whatever that order is.
-void Onebit::start_buckets() {
+void Onebit::start_buckets(const std::vector<StepGroup>& groups) {
   Pending& p = *pending_;
   const std::size_t buckets = p.first.size();
   for (std::size_t i = 0; i < buckets && p.started < buckets; ++i) {
@@ -201,25 +244,21 @@ void Onebit::start_buckets() {
     bool complete = true;
     for (std::size_t j = p.first[k]; j <= p.last[k] && complete; ++j) complete = p.ready[j] != 0;
     if (!complete) continue;
-    start_bucket(k);
+    start_bucket(groups, k);
     p.begun[k] = 1;
     ++p.started;
   }
 }
 
-void Onebit::start_bucket(std::size_t k) {
+void Onebit::start_bucket(const std::vector<StepGroup>& groups, std::size_t k) {
   Pending& p = *pending_;
   const auto lo = static_cast<std::size_t>(car_->segment_offset(k));
   const auto n = static_cast<std::size_t>(car_->segment_elements(k));
-  if (!p.warmup) {
-    be().copy(m_keep_.data() + lo, m_.data() + lo, n);
-    if (skip_nonfinite_ && finite_.raised(stream_)) {
-      // This rank's step will be skipped (and undone): the other ranks still expect the
-      // bucket, and the codec refuses a non-finite input, so it sends zeros.
-      be().zero(m_.data() + lo, n);
-    } else {
-      be().momentum(m_.data() + lo, flat_.data() + lo, n, loom::optim::decay_of(beta1_));
-    }
+  if (p.exchange == Exchange::kNone) return;
+  if (p.exchange == Exchange::kCompressed) {
+    // A rank that saw a NaN still sends the bucket the others expect (zeros); every rank
+    // skips the step once they agree.
+    bucket_prepare(groups, lo, n, skip_nonfinite_ && finite_.raised(stream_));
     car_->start(k);
     return;
   }
@@ -250,7 +289,7 @@ void Onebit::finish_pending(const std::vector<StepGroup>& groups,
   uint64_t sent = 0;
   uint64_t received = 0;
   uint64_t rounds = 0;
-  if (p.warmup) {
+  if (p.exchange == Exchange::kAverage) {
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& r : p.request) r.wait();
     comm_wait_ns_ += nanoseconds_since(t0);
@@ -270,7 +309,7 @@ void Onebit::finish_pending(const std::vector<StepGroup>& groups,
     sent = after.bytes_sent - p.before.bytes_sent;
     received = after.bytes_received - p.before.bytes_received;
     rounds = after.rounds - p.before.rounds;
-  } else {
+  } else if (p.exchange == Exchange::kCompressed) {
     car_->end();
     const loom::sdk::CompressedAllreduceTraffic tr = car_->last_traffic();
     comm_wait_ns_ += tr.wait_ns;
@@ -279,8 +318,11 @@ void Onebit::finish_pending(const std::vector<StepGroup>& groups,
     rounds = tr.rounds;
   }
   if (skip_nonfinite_ && !agreed_finite()) {
-    if (!p.warmup) {  // the momentum and the error buffers as they were
-      be().copy(m_.data(), m_keep_.data(), total_);
+    if (p.exchange == Exchange::kCompressed) {  // the buffers and the error buffers as they were
+      for (std::size_t k = 0; k < p.begun.size(); ++k) {
+        bucket_restore(static_cast<std::size_t>(car_->segment_offset(k)),
+                       static_cast<std::size_t>(car_->segment_elements(k)));
+      }
       car_->undo();
     }
     ++skipped_;
@@ -293,11 +335,10 @@ void Onebit::finish_pending(const std::vector<StepGroup>& groups,
   rounds_ += rounds;
   uncompressed_bytes_ +=
       static_cast<uint64_t>(2.0 * (world_ - 1) / world_ * static_cast<double>(total_) * 4.0);
-  if (p.warmup) {
-    adam_full(groups, args.lr, bc(beta1_, t), bc(beta2_, t));
+  if (p.exchange == Exchange::kNone) {
+    algorithm_step(groups, args.lr, t);
   } else {
-    apply_adam(groups, args.lr, bc(beta1_, t), bc(beta2_, bucket_freeze_step()), Groups::kAll,
-               /*masks=*/true);
+    bucket_finish(groups, p.exchange, args.lr, t);
   }
   steps_ = t;
   loom::optim::report_found_inf(args, false);

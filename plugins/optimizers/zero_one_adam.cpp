@@ -20,6 +20,7 @@ loom::sdk::Schema ZeroOneAdam::schema() {
             "Steps after the freeze between doublings of the local-step interval.")
             .min(1));
   s.add(Int("local_step_clipper", 16, "Largest local-step interval (H_max).").min(1));
+  s.add(bucket_mb_param());
   return s;
 }
 
@@ -33,27 +34,13 @@ ZeroOneAdam::ZeroOneAdam(loom::sdk::Context& ctx) : Onebit(ctx, Variant::kZeroOn
 void ZeroOneAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
   if (!frozen_) {
     if (t % var_interval_ == 0) {
-      // Variance step: full-precision average, both moments.
-      allreduce_avg(flat_);
-      ++var_updates_;
-      adam_full(groups, lr, bc(beta1_, t), bc(beta2_, var_updates_));
-      if (++var_counter_ == var_update_scaler_) {
-        var_counter_ = 0;
-        var_interval_ *= 2;
-      }
+      allreduce_avg(flat_);  // variance step: full-precision average, both moments
+      variance_step(groups, lr, t);
     } else {
       compressed(flat_);  // 1-bit gradient average
-      apply_masks(groups, flat_);
-      momentum_flat(flat_);
-      apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, var_updates_), Groups::kAll,
-                 /*masks=*/false);
+      gradient_step(groups, lr, t);
     }
-    if (t >= var_freeze_step_) {
-      // The variance is frozen from here on; the error buffers now compensate another
-      // quantity (the accumulated update), so they restart from zero.
-      frozen_ = true;
-      reset_car();
-    }
+    end_of_warmup(t);
     return;
   }
   // Phase B: local steps, accumulating the update in aux_ (u), synced every H steps. The
@@ -90,6 +77,60 @@ void ZeroOneAdam::algorithm_step(const std::vector<StepGroup>& groups, double lr
   if (++local_counter_ % local_step_scaler_ == 0) {
     local_interval_ = std::min(local_step_clipper_, local_interval_ * 2);
   }
+}
+
+void ZeroOneAdam::variance_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
+  ++var_updates_;
+  adam_full(groups, lr, bc(beta1_, t), bc(beta2_, var_updates_));
+  if (++var_counter_ == var_update_scaler_) {
+    var_counter_ = 0;
+    var_interval_ *= 2;
+  }
+}
+
+void ZeroOneAdam::gradient_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) {
+  apply_masks(groups, flat_);
+  momentum_flat(flat_);
+  apply_adam(groups, lr, bc(beta1_, t), bc(beta2_, var_updates_), Groups::kAll,
+             /*masks=*/false);
+}
+
+void ZeroOneAdam::end_of_warmup(uint64_t t) {
+  if (t >= var_freeze_step_) {
+    // The variance is frozen from here on; the error buffers now compensate another
+    // quantity (the accumulated update), so they restart from zero.
+    frozen_ = true;
+    reset_car();
+  }
+}
+
+// Buckets: a variance step averages the gradients; a step before the freeze sends its 1-bit
+// gradient as its buckets complete. After the freeze the local steps send nothing, and a sync
+// step's exchange (the window's update, this step's lr-scaled part included) starts in
+// step(), which alone has the lr (docs/abi.md): its segments still pipeline there.
+Onebit::Exchange ZeroOneAdam::bucket_exchange(uint64_t t) const {
+  if (frozen_) return Exchange::kNone;
+  return t % var_interval_ == 0 ? Exchange::kAverage : Exchange::kCompressed;
+}
+
+void ZeroOneAdam::bucket_begin(const std::vector<StepGroup>& /*groups*/) {}
+
+// The gradient is scratch: nothing to keep, nothing to prepare.
+void ZeroOneAdam::bucket_prepare(const std::vector<StepGroup>& /*groups*/, std::size_t lo,
+                                 std::size_t n, bool zeros) {
+  if (zeros) be().zero(flat_.data() + lo, n);
+}
+
+void ZeroOneAdam::bucket_restore(std::size_t /*lo*/, std::size_t /*n*/) {}
+
+void ZeroOneAdam::bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
+                                uint64_t t) {
+  if (e == Exchange::kAverage) {
+    variance_step(groups, lr, t);
+  } else {
+    gradient_step(groups, lr, t);
+  }
+  end_of_warmup(t);
 }
 
 }  // namespace loom::optim::onebit

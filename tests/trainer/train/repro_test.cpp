@@ -395,35 +395,56 @@ TEST_F(TrainerGradientBuckets, OverlapGivesTheSameBitsUnderTheEnvLauncher) {
   expect_overlap_changes_nothing(3, true);
 }
 
-// 1-bit Adam in buckets of 8 KiB (several a block), told during the backward which gradients
-// are final (grads_ready): the bits of the same buckets exchanged after the backward, through
-// the warmup (steps 1-20) and the compression (21-40). Without clipping (the overlap refuses it).
-void write_onebit_buckets_manifest(const fs::path& dir) {
-  std::ofstream(dir / "onebit_buckets.toml")
-      << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\nplugin = \"onebit\"\n"
-         "[optimizer.main]\nplugin = \"onebit_adam\"\ncomm = \"world\"\ncodec = \"onebit\"\n"
-         "freeze_step = 20\nbucket_mb = 0.0078125\n";
-}
-TEST_F(TrainerGradientBuckets, OnebitOverlapGivesTheSameBits) {
-  write_onebit_buckets_manifest(dir_);
-  for (const int ranks : {2, 4}) {
-    const bool env = ranks == 4;  // 4 ranks under the env launcher, 2 under mpirun
-    if (!env && std::string(LOOM_MPIRUN).empty()) continue;
-    const std::string tag = std::to_string(ranks);
-    // clip_grad_norm lands in [train], whose keys the config ends with.
-    const Snapshot after =
-        run(ranks, "ob_after" + tag, "clip_grad_norm = 0\n[gradients]\noverlap = false\n", env,
-            "onebit_buckets.toml");
-    ASSERT_TRUE(after.errors.empty()) << after.errors.front();
-    ASSERT_FALSE(after.files.empty());
-    const Snapshot during =
-        run(ranks, "ob_during" + tag, "clip_grad_norm = 0\n[gradients]\noverlap = true\n", env,
-            "onebit_buckets.toml");
-    EXPECT_EQ(last_gradients_["announced_to_optimizer"], true);
-    // Every block's tensors (not the embeddings' and the final LayerNorm's) in the backward.
-    EXPECT_GT(double(last_gradients_["announced_during_backward"]), 0.5);
-    EXPECT_EQ(first_difference(after, during), "") << ranks << " ranks";
+// The 1-bit family in buckets of 8 KiB (several a block), told during the backward which
+// gradients are final (grads_ready): the bits of the same buckets exchanged after the backward,
+// through every phase in 40 steps (1-bit Adam and 1-bit LAMB: the warmup to step 20, then the
+// compression; 0/1 Adam: variance and 1-bit gradient steps to 20, then local steps and syncs).
+// Without clipping (the overlap refuses it).
+class TrainerOnebitBuckets : public TrainerGradientBuckets {
+ protected:
+  // `optimizer`: the plugin's lines; `name`: its manifest's name.
+  void expect_overlap_changes_nothing(const std::string& name, const std::string& optimizer,
+                                      const std::vector<int>& ranks, int env_ranks) {
+    const std::string manifest = name + "_buckets.toml";
+    std::ofstream(dir_ / manifest) << "[comm.world]\nplugin = \"ucx\"\n[codec.onebit]\n"
+                                      "plugin = \"onebit\"\n[optimizer.main]\ncomm = \"world\"\n"
+                                      "codec = \"onebit\"\nbucket_mb = 0.0078125\n"
+                                   << optimizer;
+    std::vector<std::pair<int, bool>> runs;
+    for (const int n : ranks) {
+      if (!std::string(LOOM_MPIRUN).empty()) runs.emplace_back(n, false);
+    }
+    runs.emplace_back(env_ranks, true);
+    for (const auto& [n, env] : runs) {
+      const std::string tag = std::to_string(n) + (env ? "env" : "mpi");
+      // clip_grad_norm lands in [train], whose keys the config ends with.
+      const Snapshot after = run(
+          n, "ob_after" + tag, "clip_grad_norm = 0\n[gradients]\noverlap = false\n", env, manifest);
+      ASSERT_TRUE(after.errors.empty()) << after.errors.front();
+      ASSERT_FALSE(after.files.empty());
+      const Snapshot during = run(
+          n, "ob_during" + tag, "clip_grad_norm = 0\n[gradients]\noverlap = true\n", env, manifest);
+      EXPECT_EQ(last_gradients_["announced_to_optimizer"], true);
+      // Every block's tensors (not the embeddings' and the final LayerNorm's) in the backward.
+      EXPECT_GT(double(last_gradients_["announced_during_backward"]), 0.5);
+      EXPECT_EQ(first_difference(after, during), "") << n << " ranks";
+    }
   }
+};
+TEST_F(TrainerOnebitBuckets, OnebitAdamOverlapGivesTheSameBits) {
+  expect_overlap_changes_nothing("onebit_adam", "plugin = \"onebit_adam\"\nfreeze_step = 20\n", {2},
+                                 4);
+}
+TEST_F(TrainerOnebitBuckets, ZeroOneAdamOverlapGivesTheSameBits) {
+  expect_overlap_changes_nothing(
+      "zero_one_adam",
+      "plugin = \"zero_one_adam\"\nvar_freeze_step = 20\nvar_update_scaler = 2\n"
+      "local_step_scaler = 4\nlocal_step_clipper = 4\n",
+      {2, 4}, 3);
+}
+TEST_F(TrainerOnebitBuckets, OnebitLambOverlapGivesTheSameBits) {
+  expect_overlap_changes_nothing("onebit_lamb", "plugin = \"onebit_lamb\"\nfreeze_step = 20\n", {3},
+                                 2);
 }
 
 // bf16 on the wire: half the bytes of fp32, and the same training within a small tolerance.
