@@ -7,7 +7,8 @@ warmup from torch.optim.Adam over the averaged gradients, and the traffic counte
 OUT_DIR/rankN.json. With WORKER_SHARD=1 the optimizer keeps sharded state (shard_state = true:
 each rank the moments of half the parameters). With WORKER_OVERLAP=1 the gradients come from a
 backward whose hooks announce them (overlap_backward, buckets of 0.001 MiB), against the same
-buckets stepped without hooks."""
+buckets stepped without hooks; WORKER_OVERLAP_PLUGIN names the 1-bit optimizer then (each of
+its phases within the 30 steps; the Adam reference applies to onebit_adam's warmup only)."""
 import io
 import json
 import os
@@ -38,6 +39,13 @@ comm = "world"
 codec = "onebit"
 freeze_step = {FREEZE}
 """
+# Each plugin's lines for the overlap run: its phases within STEPS.
+PHASES = {
+    "onebit_adam": f'plugin = "onebit_adam"\nfreeze_step = {FREEZE}\n',  # MANIFEST's
+    "zero_one_adam": f'plugin = "zero_one_adam"\nvar_freeze_step = {FREEZE}\n'
+                     'var_update_scaler = 2\nlocal_step_scaler = 4\nlocal_step_clipper = 4\n',
+    "onebit_lamb": f'plugin = "onebit_lamb"\nfreeze_step = {FREEZE}\n',
+}
 
 
 def main():
@@ -49,6 +57,8 @@ def main():
     out = {"rank": rank, "world": world}
     mode = os.environ.get("WORKER_MODE", "host")
     overlap = bool(os.environ.get("WORKER_OVERLAP"))
+    out["plugin"] = os.environ.get("WORKER_OVERLAP_PLUGIN", "onebit_adam") if overlap \
+        else "onebit_adam"
     if mode == "torch_distributed_host_bootstrap":
         # The contrast: torch.distributed holds MASTER_PORT, and the host's own rendezvous
         # (bootstrap=None) cannot have it.
@@ -84,7 +94,9 @@ def main():
     elif overlap:
         # The same buckets twice: announced by the gradient hooks during the backward, and
         # stepped without hooks; the parameters must stay the same bits.
-        bucketed = MANIFEST + "bucket_mb = 0.001\n"
+        bucketed = (MANIFEST[:MANIFEST.index("[optimizer.main]")] +
+                    '[optimizer.main]\ncomm = "world"\ncodec = "onebit"\n' + PHASES[out["plugin"]] +
+                    "bucket_mb = 0.001\n")
         manifest = bucketed + "[optimizer.plain]" + bucketed.split("[optimizer.main]")[1]
         s = loom.Session.from_string(manifest, "onebit.toml", log_level="error")
         opt = loom.torch.Optimizer(params, s.optimizer("main"), lr=1e-2, overlap_backward=True)

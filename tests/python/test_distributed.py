@@ -42,11 +42,14 @@ def _env(tmp_path):
 
 def _check(tmp_path, shard=False):
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
-    # Warmup is Adam over the averaged gradients (uncompressed allreduce).
+    # 1-bit Adam's warmup is Adam over the averaged gradients (uncompressed allreduce).
     for r in ranks:
-        assert r["warmup_rel"] < 1e-6, r["warmup_rel"]
-    # After the freeze, compressed averaging keeps the ranks' parameters identical.
-    assert ranks[0]["params"] == ranks[1]["params"]
+        if r["plugin"] == "onebit_adam":
+            assert r["warmup_rel"] < 1e-6, r["warmup_rel"]
+    # After the freeze, compressed averaging keeps the ranks' parameters identical (0/1
+    # Adam's local steps keep them apart between its syncs).
+    if ranks[0]["plugin"] != "zero_one_adam":
+        assert ranks[0]["params"] == ranks[1]["params"]
     info = ranks[0]["info"]
     assert info["owns_communication"] == 1
     if shard:
@@ -89,13 +92,14 @@ def test_two_ranks_with_sharded_state(tmp_path):
     _spawn(tmp_path, WORKER_SHARD="1")
 
 
-def test_two_ranks_with_gradient_hooks(tmp_path):
-    """overlap_backward=True: the backward's hooks announce each gradient, onebit_adam's
+@pytest.mark.parametrize("plugin", ["onebit_adam", "zero_one_adam", "onebit_lamb"])
+def test_two_ranks_with_gradient_hooks(tmp_path, plugin):
+    """overlap_backward=True: the backward's hooks announce each gradient, the optimizer's
     buckets start during the backward; the parameters stay the bits of the same buckets
-    stepped without hooks, through the warmup and the compression. A second backward before
-    step() is refused, and the optimizer goes on after it."""
+    stepped without hooks, through each of its phases. A second backward before step() is
+    refused, and the optimizer goes on after it."""
     _need_ucx()
-    _spawn(tmp_path, WORKER_OVERLAP="1")
+    _spawn(tmp_path, WORKER_OVERLAP="1", WORKER_OVERLAP_PLUGIN=plugin)
     for r in (0, 1):
         out = json.load(open(tmp_path / f"rank{r}.json"))
         assert out["overlap_identical"] is True

@@ -83,8 +83,8 @@ def test_signature_is_deepspeeds(name):
     assert [(p.name, p.kind) for p in ps if p not in positional] == [
         ("plugin_path", P.KEYWORD_ONLY), ("log_level", P.KEYWORD_ONLY),
         ("bootstrap", P.KEYWORD_ONLY)] + (
-            [("shard_state", P.KEYWORD_ONLY), ("bucket_mb", P.KEYWORD_ONLY),
-             ("overlap_backward", P.KEYWORD_ONLY)] if name == "OnebitAdam" else [])
+            [("shard_state", P.KEYWORD_ONLY)] if name == "OnebitAdam" else []) + [
+            ("bucket_mb", P.KEYWORD_ONLY), ("overlap_backward", P.KEYWORD_ONLY)]
     assert cls(name).__module__ == "loom.torch" and name in loom.torch.__all__
     assert issubclass(cls(name), loom.torch.Optimizer)
     assert issubclass(cls(name), torch.optim.Optimizer)
@@ -171,18 +171,18 @@ def test_onebit_adam_takes_shard_state():
         loom.torch.OnebitAdam([param()], log_level="error", shard_state="yes")
 
 
-def test_onebit_adam_takes_bucket_mb_and_hooks_the_backward():
+@pytest.mark.parametrize("name", NAMES)
+def test_takes_bucket_mb_and_hooks_the_backward(name):
     """bucket_mb goes to the manifest and turns the gradient hooks on (overlap_backward);
     on one rank the step then announces every gradient during the backward and gives the
-    bits of the same buckets stepped without the hooks. A second backward before the step
-    is refused."""
+    bits of the same buckets stepped without the hooks."""
     def run(overlap):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                     torch.nn.Linear(16, 4))
-        opt = loom.torch.OnebitAdam(model.parameters(), lr=1e-2, freeze_step=3,
-                                    log_level="error", bucket_mb=0.0002,
-                                    overlap_backward=overlap)
+        phase = {"ZeroOneAdam": {"var_freeze_step": 3}}.get(name, {"freeze_step": 3})
+        opt = cls(name)(model.parameters(), lr=1e-2, log_level="error", bucket_mb=0.0002,
+                        overlap_backward=overlap, **phase)
         assert bool(opt._hooks) == overlap
         for t in range(6):
             x = torch.randn(5, 8, generator=torch.Generator().manual_seed(t))
@@ -197,7 +197,10 @@ def test_onebit_adam_takes_bucket_mb_and_hooks_the_backward():
     hooked, plain = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(hooked, plain))
     with pytest.raises(loom.InvalidArgumentError, match="bucket_mb"):
-        loom.torch.OnebitAdam([param()], log_level="error", bucket_mb=-1)
+        cls(name)([param()], log_level="error", bucket_mb=-1)
+    # Past the plugin's range: the plugin's own refusal, so the value reached its manifest.
+    with pytest.raises(loom.InvalidArgumentError, match="bucket_mb"):
+        cls(name)([param()], log_level="error", bucket_mb=2e6)
 
 
 # ---------------------------------------------------------------- refusals and warnings

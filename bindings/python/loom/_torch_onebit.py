@@ -191,6 +191,16 @@ class _DeepSpeedOnebit:
         self.comm_plugin = comm
         self.deepspeed = deepspeed
 
+    @staticmethod
+    def _buckets(who: str, bucket_mb: Any, overlap_backward: Optional[bool]) -> Dict[str, Any]:
+        """The plugin's ``bucket_mb`` and the hooks' switch (on by default with buckets)."""
+        bucket_mb = _number("bucket_mb", bucket_mb, who)
+        if bucket_mb < 0:
+            raise InvalidArgumentError(f"{who}: bucket_mb={bucket_mb!r}: must be >= 0")
+        if overlap_backward is None:
+            overlap_backward = bucket_mb > 0
+        return {"bucket_mb": bucket_mb, "overlap_backward": overlap_backward}
+
 
 class OnebitAdam(_DeepSpeedOnebit, Optimizer):
     """1-bit Adam (DeepSpeed's ``OnebitAdam``, which DeepSpeed removed in September
@@ -231,20 +241,14 @@ class OnebitAdam(_DeepSpeedOnebit, Optimizer):
         if not isinstance(shard_state, bool):
             raise InvalidArgumentError(
                 f"loom.torch.OnebitAdam: shard_state={shard_state!r}: expected True or False")
-        bucket_mb = _number("bucket_mb", bucket_mb, "loom.torch.OnebitAdam")
-        if bucket_mb < 0:
-            raise InvalidArgumentError(
-                f"loom.torch.OnebitAdam: bucket_mb={bucket_mb!r}: must be >= 0")
-        if overlap_backward is None:
-            overlap_backward = bucket_mb > 0
         self._open("loom.torch.OnebitAdam", "onebit_adam", params, deepspeed=deepspeed,
                    lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                    eps_inside_sqrt=eps_inside_sqrt, weight_decay=weight_decay,
                    max_grad_norm=max_grad_norm, amsgrad=amsgrad, cuda_aware=cuda_aware,
                    comm_backend_name=comm_backend_name,
                    plugin_params={"freeze_step": freeze_step, "shard_state": shard_state,
-                                  "bucket_mb": bucket_mb,
-                                  "overlap_backward": overlap_backward},
+                                  **self._buckets("loom.torch.OnebitAdam", bucket_mb,
+                                                  overlap_backward)},
                    plugin_path=plugin_path,
                    log_level=log_level, bootstrap=bootstrap, non_freeze=True)
         self.freeze_step = freeze_step
@@ -257,9 +261,10 @@ class ZeroOneAdam(_DeepSpeedOnebit, Optimizer):
 
     The arguments are DeepSpeed's, in its order and with its defaults (``var_freeze_step``
     100000, ``var_update_scaler`` 16, ``local_step_scaler`` 32678, ``local_step_clipper``
-    16); see :class:`OnebitAdam` for the rest. Local steps start at step
-    ``var_freeze_step + 1`` (DeepSpeed switched one step later); ``non_freeze`` groups
-    are refused.
+    16); see :class:`OnebitAdam` for the rest (``bucket_mb`` and ``overlap_backward``
+    too: after the variance freeze a sync step's buckets start in :meth:`step`, which has
+    the lr). Local steps start at step ``var_freeze_step + 1`` (DeepSpeed switched one
+    step later); ``non_freeze`` groups are refused.
     """
 
     def __init__(self, params: Iterable[Any], deepspeed: Any = None, lr: float = 1e-3,
@@ -271,7 +276,8 @@ class ZeroOneAdam(_DeepSpeedOnebit, Optimizer):
                  amsgrad: bool = False, cuda_aware: bool = False,
                  comm_backend_name: str = 'nccl', *,
                  plugin_path: Union[None, str, Sequence[str]] = None,
-                 log_level: Optional[str] = None, bootstrap: Any = "auto") -> None:
+                 log_level: Optional[str] = None, bootstrap: Any = "auto",
+                 bucket_mb: float = 0.0, overlap_backward: Optional[bool] = None) -> None:
         self._open("loom.torch.ZeroOneAdam", "zero_one_adam", params,
                    deepspeed=deepspeed, lr=lr, bias_correction=bias_correction,
                    betas=betas, eps=eps, eps_inside_sqrt=eps_inside_sqrt,
@@ -281,7 +287,9 @@ class ZeroOneAdam(_DeepSpeedOnebit, Optimizer):
                    plugin_params={"var_freeze_step": var_freeze_step,
                                   "var_update_scaler": var_update_scaler,
                                   "local_step_scaler": local_step_scaler,
-                                  "local_step_clipper": local_step_clipper},
+                                  "local_step_clipper": local_step_clipper,
+                                  **self._buckets("loom.torch.ZeroOneAdam", bucket_mb,
+                                                  overlap_backward)},
                    plugin_path=plugin_path, log_level=log_level, bootstrap=bootstrap,
                    non_freeze=False)
         self.var_freeze_step = var_freeze_step
@@ -295,9 +303,9 @@ class OnebitLamb(_DeepSpeedOnebit, Optimizer):
 
     The arguments are DeepSpeed's, in its order and with its defaults (``max_coeff``
     10.0, ``min_coeff`` 0.01, ``coeff_beta`` 0.9, ``factor_max`` 4.0, ``factor_min``
-    0.5, ``factor_threshold`` 0.1); see :class:`OnebitAdam` for the rest. As DeepSpeed
-    did, parameters with no elements are left out of the optimizer; ``non_freeze``
-    groups are refused.
+    0.5, ``factor_threshold`` 0.1); see :class:`OnebitAdam` for the rest (``bucket_mb``
+    and ``overlap_backward`` too). As DeepSpeed did, parameters with no elements are left
+    out of the optimizer; ``non_freeze`` groups are refused.
     """
 
     def __init__(self, params: Iterable[Any], deepspeed: Any = None, lr: float = 1e-3,
@@ -310,7 +318,8 @@ class OnebitLamb(_DeepSpeedOnebit, Optimizer):
                  coeff_beta: float = 0.9, factor_max: float = 4.0,
                  factor_min: float = 0.5, factor_threshold: float = 0.1, *,
                  plugin_path: Union[None, str, Sequence[str]] = None,
-                 log_level: Optional[str] = None, bootstrap: Any = "auto") -> None:
+                 log_level: Optional[str] = None, bootstrap: Any = "auto",
+                 bucket_mb: float = 0.0, overlap_backward: Optional[bool] = None) -> None:
         self._open("loom.torch.OnebitLamb", "onebit_lamb", _non_empty(params),
                    deepspeed=deepspeed, lr=lr, bias_correction=bias_correction,
                    betas=betas, eps=eps, eps_inside_sqrt=eps_inside_sqrt,
@@ -320,7 +329,9 @@ class OnebitLamb(_DeepSpeedOnebit, Optimizer):
                    plugin_params={"freeze_step": freeze_step, "max_coeff": max_coeff,
                                   "min_coeff": min_coeff, "coeff_beta": coeff_beta,
                                   "factor_max": factor_max, "factor_min": factor_min,
-                                  "factor_threshold": factor_threshold},
+                                  "factor_threshold": factor_threshold,
+                                  **self._buckets("loom.torch.OnebitLamb", bucket_mb,
+                                                  overlap_backward)},
                    plugin_path=plugin_path, log_level=log_level, bootstrap=bootstrap,
                    non_freeze=False)
         self.freeze_step = freeze_step

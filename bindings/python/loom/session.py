@@ -464,7 +464,7 @@ class Instance(CurriculumCalls, QuantizerCalls):
                    step: int = 0, stream: Optional[int] = None) -> "PendingStep":
         """The coming step, announced gradient by gradient while the backward runs
         (``loom_optimizer_grads_ready``, ABI 1.6), so an optimizer that exchanges the
-        gradients itself (onebit_adam with ``bucket_mb``) starts early. ``groups`` as for
+        gradients itself (the 1-bit family with ``bucket_mb``) starts early. ``groups`` as for
         :meth:`step`; a gradient not computed yet may be any tensor of its shape and dtype (it
         is not read before :meth:`PendingStep.ready` gives the real one). Then call
         :meth:`step` with the same groups, grad_scale, step and stream: the outcome is the

@@ -204,7 +204,7 @@ class Optimizer(torch.optim.Optimizer):
         overlap_backward: announce each parameter's gradient to the optimizer as soon as the
             backward has accumulated it (a gradient hook; ``loom_optimizer_grads_ready``), so
             an optimizer that exchanges the gradients itself starts while the backward goes
-            on (onebit_adam with ``bucket_mb > 0``; others start nothing early). The same bits
+            on (the 1-bit family with ``bucket_mb > 0``; others start nothing early). The same bits
             as without it. Each backward must be the last before :meth:`step` (where buckets
             have left, a second backward raises FailedPreconditionError and the plugin drops
             the step in progress), ``step()``'s ``grad_scale`` must be 1.0, and nothing may
