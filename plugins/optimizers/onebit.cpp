@@ -121,7 +121,7 @@ void check_imported(const Imported& in, const Into& into) {
   if (variant == Variant::kOnebitAdam) {
     sized("aux", aux, 0, "(onebit_adam keeps none)");
   } else {
-    sized("aux", aux, total, "(total)");
+    sized("aux", aux, into.moments, moments_why);
   }
   const std::size_t records = variant == Variant::kOnebitLamb ? tensors : 0;
   if (lamb.size() != records) {
@@ -185,7 +185,8 @@ loom::sdk::Schema Onebit::common_schema() {
       Bool("shard_state", false,
            "ZeRO-1: each rank keeps the moments of 1/N of the parameters; the gradients are "
            "reduce-scattered (compressed after the freeze), each rank updates its slice and "
-           "shares it (onebit_adam only; not with hierarchical or non_freeze groups)."),
+           "shares it (onebit_adam, and onebit_lamb on host memory; not zero_one_adam; not "
+           "with hierarchical or non_freeze groups)."),
       String("shard_gather", "fp32",
              "With shard_state, how a rank shares its slice after the freeze: \"fp32\" "
              "allgathers the parameters themselves (exact, 4 bytes a parameter on the wire); "
@@ -220,13 +221,18 @@ Onebit::Onebit(loom::sdk::Context& ctx, Variant variant)
   world_ = comm_.call(&loom_comm_v1::size);
   rank_ = comm_.call(&loom_comm_v1::rank);
   if (world_ <= 0) throw Error(LOOM_ERR_UNAVAILABLE, "comm '" + comm_.name() + "' has no ranks");
-  if (shard_ && variant != Variant::kOnebitAdam) {
+  if (shard_ && variant == Variant::kZeroOneAdam) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
-                std::string(name()) + ": shard_state = true is onebit_adam's only" +
-                    (variant == Variant::kZeroOneAdam
-                         ? " (0/1 Adam's local steps update every parameter from the whole "
-                           "moments on each rank)"
-                         : " (1-bit LAMB's per-tensor trust ratios over slices are not built)"));
+                std::string(name()) +
+                    ": shard_state = true is onebit_adam's and onebit_lamb's only (0/1 Adam's "
+                    "local steps update every parameter from the whole moments on each rank, "
+                    "with no communication to share a slice's update)");
+  }
+  if (shard_ && variant == Variant::kOnebitLamb && !gather_fp32_) {
+    throw Error(LOOM_ERR_UNIMPLEMENTED,
+                std::string(name()) +
+                    ": with shard_state = true onebit_lamb shares its slice's parameters in "
+                    "fp32; shard_gather = \"compressed\" is onebit_adam's only");
   }
   if (!shard_ && !gather_fp32_) {
     throw Error(LOOM_ERR_INVALID_ARGUMENT,
@@ -527,6 +533,11 @@ void Onebit::check_device(DLDevice device) {
   }
   const bool cuda = loom::sdk::is_cuda(device);
   const std::string where = loom::sdk::device_string(device);
+  if (cuda && shard_ && variant_ == Variant::kOnebitLamb) {
+    throw Error(LOOM_ERR_UNIMPLEMENTED,
+                std::string(name()) + ": shard_state = true runs on host memory for onebit_lamb; " +
+                    "this step's tensors are on " + where + " (leave shard_state off there)");
+  }
   if (cuda && hierarchical_) {
     throw Error(LOOM_ERR_UNIMPLEMENTED,
                 std::string(name()) +
@@ -644,7 +655,7 @@ void Onebit::layout(const std::vector<StepGroup>& groups) {
     const uint64_t moments = shard_ ? shard_numel(total_) : total_;
     m_ = Buffer::zeros(moments, device_, stream_);
     v_ = Buffer::zeros(moments, device_, stream_);
-    if (variant_ != Variant::kOnebitAdam) aux_ = Buffer::zeros(total_, device_, stream_);
+    if (variant_ != Variant::kOnebitAdam) aux_ = Buffer::zeros(moments, device_, stream_);
     if (variant_ == Variant::kOnebitLamb) lamb_.assign(offsets_.size() - 1, {});
   }
   // Imported state arrives on the host: to the step's device (no-op when already there).

@@ -8,21 +8,23 @@
 // All tensors of all groups are fused into one flat buffer: one collective per step for the
 // whole model.
 //
-// Sharded state (onebit_adam's shard_state = true; onebit_shard.cpp): ZeRO-1 for the
-// optimizer. Rank r of n keeps m and v for its slice [r * c, r * c + c) of the flat layout
-// (c = the codec's padded length / n); a step reduce-scatters the gradients (fp32 in the
-// warmup, the compressed allreduce's worker half after the freeze), updates the slice's
-// parameters and allgathers them (fp32), or after the freeze with shard_gather =
-// "compressed" the change of them (the compressed allreduce's server half). It compresses
-// the gradient, not the local momentum (no rank holds the whole momentum to add it to), with
-// the same error feedback.
+// Sharded state (shard_state = true; onebit_shard.cpp): ZeRO-1 for the optimizer. Rank r of n
+// keeps m and v for its slice [r * c, r * c + c) of the flat layout (c = the codec's padded
+// length / n); a step reduce-scatters the gradients (fp32 in the warmup, the compressed
+// allreduce's worker half after the freeze), updates the slice's parameters and allgathers
+// them (fp32), or after the freeze with shard_gather = "compressed" the change of them (the
+// compressed allreduce's server half). It compresses the gradient, not the local momentum (no
+// rank holds the whole momentum to add it to), with the same error feedback. onebit_lamb
+// (host memory, fp32 gather; onebit_lamb.cpp) also keeps v_fresh per slice, compresses each
+// tensor's gradient times its scale, and gathers its per-tensor sums from every rank.
 //
 // Where the code lives:
 //   onebit.hpp (this file)  the shared part, class Onebit: parameters every variant has, the
 //                           device and layout checks, the flat state and scratch buffers, the
 //                           backend, the collectives, the state format;
 //   onebit.cpp              its implementation;
-//   onebit_shard.cpp        onebit_adam's step with shard_state = true;
+//   onebit_shard.cpp        onebit_adam's step with shard_state = true, and the collectives
+//                           onebit_lamb's sharded step shares;
 //   onebit_adam.cpp, zero_one_adam.cpp, onebit_lamb.cpp
 //                           one algorithm each: its schema, its own parameters and its step;
 //   onebit_plugin.cpp       the plugin entry; built three times (LOOM_ONEBIT_VARIANT selects
@@ -264,6 +266,20 @@ class Onebit : public loom::sdk::Optimizer {
                     uint64_t freeze_step);
   // The slice's length for `total` elements over world_ ranks (0 for none).
   uint64_t shard_numel(uint64_t total) const;
+  // shard_state: the parts of the step's tensors inside [lo, hi) of the flat layout, their
+  // offsets counted from `base`; the gradient pointers are the parameters (fp32), for copies.
+  // `group_of` and `tensor_of` (optional) get each piece's group and flat tensor index.
+  Segments pieces(const std::vector<StepGroup>& groups, uint64_t lo, uint64_t hi, uint64_t base,
+                  bool masks, std::vector<std::size_t>* group_of = nullptr,
+                  std::vector<std::size_t>* tensor_of = nullptr) const;
+  // shard_state: slice_ = the ranks' average of flat_'s slice (fp32, or the compressed
+  // allreduce's worker half when `compressed_run`).
+  void reduce_scatter_grads(bool compressed_run);
+  // shard_state: every rank's updated slice of the parameters into every rank's tensors.
+  void allgather_params(const std::vector<StepGroup>& groups);
+  // shard_state: every rank's `part` (the same length on each), rank 0's first: per-tensor
+  // partial sums that every rank then combines in the same order, to the same bits.
+  std::vector<double> gather_parts(const std::vector<double>& part);
 
   // Parameters every variant has.
   loom::sdk::Context ctx_;
@@ -369,16 +385,6 @@ class Onebit : public loom::sdk::Optimizer {
   DLDevice step_device(const std::vector<StepGroup>& groups) const;
   // The state's device is fixed by the first step; the comm and the codec must support it.
   void check_device(DLDevice device);
-  // shard_state: the parts of the step's tensors inside [lo, hi) of the flat layout, their
-  // offsets counted from `base`; the gradient pointers are the parameters (fp32), for copies.
-  // `group_of` (optional) gets each piece's group index.
-  Segments pieces(const std::vector<StepGroup>& groups, uint64_t lo, uint64_t hi, uint64_t base,
-                  bool masks, std::vector<std::size_t>* group_of = nullptr) const;
-  // shard_state: slice_ = the ranks' average of flat_'s slice (fp32, or the compressed
-  // allreduce's worker half when `compressed_run`).
-  void reduce_scatter_grads(bool compressed_run);
-  // shard_state: every rank's updated slice of the parameters into every rank's tensors.
-  void allgather_params(const std::vector<StepGroup>& groups);
   // shard_state after the freeze, shard_gather = "compressed": `segs` (the slice's pieces with
   // their decay and step) stepped on a copy of the slice's parameters; the change shared
   // through the compressed allreduce's allgather and added to every rank's tensors.
@@ -479,8 +485,21 @@ class OnebitLamb final : public Onebit {
                      uint64_t t) override;
   // The parts of a step around its exchange (algorithm_step and the bucket hooks share them).
   void warmup_update(const std::vector<StepGroup>& groups, double lr, uint64_t t);
-  // The first compression step's per-tensor scales (equal momentum magnitudes), from m_.
+  // Each tensor's trust ratio from its sums (sum p^2, sum u^2), folded into lamb_coeff_freeze.
+  std::vector<double> trust_ratios(const std::vector<double>& sums);
+  // The first compression step's per-tensor scales (equal momentum magnitudes), from m_, or
+  // from each tensor's sum of m^2.
   std::vector<double> momentum_scales(const std::vector<StepGroup>& groups);
+  std::vector<double> scales_of(const std::vector<double>& squares) const;
+  void set_scales();  // scales_ into the state, once
+  // Each tensor's compression factor from its stats, clamped and rate-limited (last_factor).
+  std::vector<double> factors(const std::vector<StepGroup>& groups,
+                              const std::vector<LambPostStats>& stats);
+  float inv_bc1(uint64_t t) const;
+  float inv_bc2_frozen() const;
+  float inv_bc2_fresh(uint64_t t) const;
+  // shard_state (host memory): each rank the moments of its slice (onebit_lamb.cpp).
+  void sharded_step(const std::vector<StepGroup>& groups, double lr, uint64_t t);
   // The compression momentum's segments: masks, and each tensor's scale (scales_, or the
   // state's once set).
   Segments momentum_segments(const std::vector<StepGroup>& groups) const;

@@ -1,5 +1,6 @@
 // onebit_adam with shard_state = true (onebit.hpp, "Sharded state"): each rank keeps m and v
-// for its slice of the flat layout only.
+// for its slice of the flat layout only; and the collectives onebit_lamb's sharded step shares
+// (onebit_lamb.cpp).
 //
 // A step, on rank r of n with slice [lo, lo + c):
 //   1. flat_ = the local gradients (padded with zeros to n * c elements);
@@ -60,11 +61,13 @@ uint64_t Onebit::shard_numel(uint64_t total) const {
 }
 
 Segments Onebit::pieces(const std::vector<StepGroup>& groups, uint64_t lo, uint64_t hi,
-                        uint64_t base, bool masks, std::vector<std::size_t>* group_of) const {
+                        uint64_t base, bool masks, std::vector<std::size_t>* group_of,
+                        std::vector<std::size_t>* tensor_of) const {
   Segments out;
   std::size_t k = 0;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     for (const auto& t : groups[gi].tensors) {
+      const std::size_t index = k;
       const uint64_t off = offsets_[k++];
       const uint64_t a = std::max(off, lo);
       const uint64_t b = std::min<uint64_t>(off + t.ref.n, hi);
@@ -83,9 +86,25 @@ Segments Onebit::pieces(const std::vector<StepGroup>& groups, uint64_t lo, uint6
       s.gtype = DType::kF32;
       out.push_back(s);
       if (group_of != nullptr) group_of->push_back(gi);
+      if (tensor_of != nullptr) tensor_of->push_back(index);
     }
   }
   return out;
+}
+
+std::vector<double> Onebit::gather_parts(const std::vector<double>& part) {
+  if (world_ == 1) return part;
+  std::vector<double> all(part.size() * static_cast<std::size_t>(world_));
+  int64_t send_shape[1] = {static_cast<int64_t>(part.size())};
+  int64_t recv_shape[1] = {static_cast<int64_t>(all.size())};
+  constexpr DLDataType kF64{kDLFloat, 64, 1};
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): the send buffer is only read
+  DLTensor send{const_cast<double*>(part.data()), {kDLCPU, 0}, 1, kF64, send_shape, nullptr, 0};
+  DLTensor recv{all.data(), {kDLCPU, 0}, 1, kF64, recv_shape, nullptr, 0};
+  loom_allgather_args a{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, stream_};
+  // Not counted as traffic: a few doubles per tensor, like the finite check's flag.
+  comm_.call(&loom_comm_v1::allgather, &a);
+  return all;
 }
 
 void Onebit::reduce_scatter_grads(bool compressed_run) {

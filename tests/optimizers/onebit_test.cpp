@@ -448,6 +448,66 @@ TEST(OnebitShard, Bf16WarmupMatchesTheUnshardedBf16Warmup) {
   if (w.size > 1) EXPECT_LT(bf.bytes_sent, fp.bytes_sent);
 }
 
+// 1-bit LAMB sharded: the warmup is the unsharded warmup (the trust ratios from per-tensor
+// sums over the ranks' pieces: other summation orders, the same to a few fp32 roundings);
+// after the freeze it compresses each tensor's scaled gradient instead of the scaled momentum,
+// and the test states how close it stays to the unsharded 1-bit LAMB on the convex problem.
+// Every rank holds the same parameters, and the state is about 3/n of the unsharded one's
+// moments (m, v and v_fresh of the slice).
+TEST(OnebitShard, OnebitLambMatchesTheUnshardedWarmupAndStaysClose) {
+  const std::string refs = "comm = \"world\"\ncodec = \"onebit\"\nfreeze_step = 20\n";
+  World w("[optimizer.full]\nplugin = \"onebit_lamb\"\n" + refs +
+          "[optimizer.shard]\nplugin = \"onebit_lamb\"\nshard_state = true\n" + refs);
+  ASSERT_NE(w.s, nullptr);
+  LeastSquares prob(w.rank);
+  std::vector<float> a0(32, 0.0f), a1(16, 0.0f), b0 = a0, b1 = a1, g0, g1;
+  double worst_warmup = 0.0;
+  for (int t = 1; t <= 200; ++t) {
+    prob.loss_grad(a0, a1, &g0, &g1);
+    ASSERT_EQ(step(w.opt("full"), {&a0, &a1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
+    prob.loss_grad(b0, b1, &g0, &g1);
+    ASSERT_EQ(step(w.opt("shard"), {&b0, &b1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
+    if (t <= 20) {
+      for (size_t i = 0; i < a0.size(); ++i) {
+        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(a0[i] - b0[i])));
+      }
+      for (size_t i = 0; i < a1.size(); ++i) {
+        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(a1[i] - b1[i])));
+      }
+    }
+  }
+  EXPECT_LE(worst_warmup, 1e-6) << "warmup";
+  std::vector<float> mine(b0);
+  mine.insert(mine.end(), b1.begin(), b1.end());
+  std::vector<float> all(mine.size() * static_cast<size_t>(w.size));
+  int64_t n1 = static_cast<int64_t>(mine.size()), nall = static_cast<int64_t>(all.size());
+  DLTensor send{mine.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &n1, nullptr, 0};
+  DLTensor recv{all.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &nall, nullptr, 0};
+  loom_allgather_args ga{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, nullptr};
+  ASSERT_EQ(w.vt->allgather(w.comm, &ga), nullptr);
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(mine[i % mine.size()], all[i]) << i;
+  std::vector<float> losses = {static_cast<float>(prob.loss_grad(a0, a1, nullptr, nullptr)),
+                               static_cast<float>(prob.loss_grad(b0, b1, nullptr, nullptr))};
+  w.average(losses);
+  if (w.rank == 0) {
+    std::printf("least squares after 200 steps: onebit_lamb %.5f, sharded %.5f\n", losses[0],
+                losses[1]);
+  }
+  EXPECT_LE(std::fabs(losses[1] - losses[0]), 0.02 * losses[0])
+      << "sharded " << losses[1] << " vs unsharded " << losses[0];
+  if (w.size > 1) {
+    // m, v and v_fresh: 3 x 48 floats unsharded, 3 x 48 / n (padded) sharded.
+    const size_t full = export_blob(w.opt("full")).size();
+    const size_t shard = export_blob(w.opt("shard")).size();
+    EXPECT_LE(static_cast<double>(shard), static_cast<double>(full) - 3.0 * 48 * 4 * 0.4)
+        << "sharded " << shard << " bytes, unsharded " << full;
+  }
+}
+
+TEST(OnebitShard, OnebitLambResumesBitIdentically) {
+  resume_check("onebit_lamb", "freeze_step = 5\nshard_state = true\n", 16, {3, 9});
+}
+
 // A rank keeps its slice of m and v; a state moves only to the same rank of the same world and
 // the same setting.
 TEST(OnebitShard, StateIsASliceAndMovesOnlyWhereItFits) {
@@ -508,12 +568,13 @@ TEST(OnebitShard, StateIsASliceAndMovesOnlyWhereItFits) {
   }
 }
 
-// Refused when the instance is made: the two variants without it, and the combinations that
-// need whole buffers.
+// Refused when the instance is made: the variant without it, and the combinations that need
+// whole buffers.
 TEST(OnebitShard, RefusedWhereItCannotWork) {
   for (const std::string& bad :
        {std::string("plugin = \"zero_one_adam\"\nshard_state = true\n"),
-        std::string("plugin = \"onebit_lamb\"\nshard_state = true\n"),
+        std::string("plugin = \"onebit_lamb\"\nshard_state = true\n"
+                    "shard_gather = \"compressed\"\n"),
         std::string("plugin = \"onebit_adam\"\nshard_state = true\nhierarchical = true\n"),
         std::string("plugin = \"onebit_adam\"\nshard_gather = \"compressed\"\n")}) {
     const std::string toml =
@@ -1523,6 +1584,10 @@ TEST(OnebitMlp, BucketedZeroOneAdamWithin2PercentOfAdam) {
             "var_freeze_step = 100\nvar_update_scaler = 8\nlocal_step_scaler = 100\n"
             "local_step_clipper = 4\nbucket_mb = 0.000244\n",
             1e-2);
+}
+TEST(OnebitMlp, ShardedOnebitLambWithin2PercentOfLamb) {
+  mlp_check("onebit_lamb", "lamb", "freeze_step = 100\nshard_state = true\n", 1e-2,
+            MlpData{kSteps * Mlp::kBatch, 2048});
 }
 TEST(OnebitMlp, BucketedOnebitLambWithin2PercentOfLamb) {
   mlp_check("onebit_lamb", "lamb", "freeze_step = 100\nbucket_mb = 0.000244\n", 1e-2,

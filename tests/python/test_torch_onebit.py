@@ -83,7 +83,7 @@ def test_signature_is_deepspeeds(name):
     assert [(p.name, p.kind) for p in ps if p not in positional] == [
         ("plugin_path", P.KEYWORD_ONLY), ("log_level", P.KEYWORD_ONLY),
         ("bootstrap", P.KEYWORD_ONLY)] + (
-            [("shard_state", P.KEYWORD_ONLY)] if name == "OnebitAdam" else []) + [
+            [("shard_state", P.KEYWORD_ONLY)] if name != "ZeroOneAdam" else []) + [
             ("bucket_mb", P.KEYWORD_ONLY), ("overlap_backward", P.KEYWORD_ONLY)]
     assert cls(name).__module__ == "loom.torch" and name in loom.torch.__all__
     assert issubclass(cls(name), loom.torch.Optimizer)
@@ -146,13 +146,14 @@ def test_the_plugin_gets_deepspeeds_values(name):
     assert "bias_correction = false" in text
     for k, v in args.items():
         assert f"{k} = {v}" in text, k
-    assert ("shard_state = false" in text) == (name == "OnebitAdam")
+    assert ("shard_state = false" in text) == (name != "ZeroOneAdam")
     opt.close()
 
 
-def test_onebit_adam_takes_shard_state():
-    """Loom's keyword: ZeRO-1 for the 1-bit Adam state, in the plugin's manifest; a non-bool
-    is refused by name."""
+@pytest.mark.parametrize("name", ["OnebitAdam", "OnebitLamb"])
+def test_takes_shard_state(name):
+    """Loom's keyword: ZeRO-1 for the 1-bit Adam and 1-bit LAMB state, in the plugin's
+    manifest; a non-bool is refused by name."""
     captured = {}
     real = loom.Session.from_string
 
@@ -162,13 +163,13 @@ def test_onebit_adam_takes_shard_state():
 
     loom.Session.from_string = staticmethod(spy)
     try:
-        opt = loom.torch.OnebitAdam([param()], log_level="error", shard_state=True)
+        opt = cls(name)([param()], log_level="error", shard_state=True)
     finally:
         loom.Session.from_string = real
     assert "shard_state = true" in captured["text"]
     opt.close()
     with pytest.raises(loom.InvalidArgumentError, match="shard_state"):
-        loom.torch.OnebitAdam([param()], log_level="error", shard_state="yes")
+        cls(name)([param()], log_level="error", shard_state="yes")
 
 
 @pytest.mark.parametrize("name", NAMES)

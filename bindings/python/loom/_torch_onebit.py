@@ -86,6 +86,11 @@ def _flat_params(params: Any) -> tuple:
     return params, tensors
 
 
+def _check_bool(who: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{who}: {name}={value!r}: expected True or False")
+
+
 def _number(name: str, value: Any, who: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(value):
@@ -238,9 +243,7 @@ class OnebitAdam(_DeepSpeedOnebit, Optimizer):
                  log_level: Optional[str] = None, bootstrap: Any = "auto",
                  shard_state: bool = False, bucket_mb: float = 0.0,
                  overlap_backward: Optional[bool] = None) -> None:
-        if not isinstance(shard_state, bool):
-            raise InvalidArgumentError(
-                f"loom.torch.OnebitAdam: shard_state={shard_state!r}: expected True or False")
+        _check_bool("loom.torch.OnebitAdam", "shard_state", shard_state)
         self._open("loom.torch.OnebitAdam", "onebit_adam", params, deepspeed=deepspeed,
                    lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                    eps_inside_sqrt=eps_inside_sqrt, weight_decay=weight_decay,
@@ -303,8 +306,8 @@ class OnebitLamb(_DeepSpeedOnebit, Optimizer):
 
     The arguments are DeepSpeed's, in its order and with its defaults (``max_coeff``
     10.0, ``min_coeff`` 0.01, ``coeff_beta`` 0.9, ``factor_max`` 4.0, ``factor_min``
-    0.5, ``factor_threshold`` 0.1); see :class:`OnebitAdam` for the rest (``bucket_mb``
-    and ``overlap_backward`` too). As DeepSpeed did, parameters with no elements are left
+    0.5, ``factor_threshold`` 0.1); see :class:`OnebitAdam` for the rest (``shard_state``,
+    on host memory, ``bucket_mb`` and ``overlap_backward`` too). As DeepSpeed did, parameters with no elements are left
     out of the optimizer; ``non_freeze`` groups are refused.
     """
 
@@ -319,7 +322,9 @@ class OnebitLamb(_DeepSpeedOnebit, Optimizer):
                  factor_min: float = 0.5, factor_threshold: float = 0.1, *,
                  plugin_path: Union[None, str, Sequence[str]] = None,
                  log_level: Optional[str] = None, bootstrap: Any = "auto",
-                 bucket_mb: float = 0.0, overlap_backward: Optional[bool] = None) -> None:
+                 shard_state: bool = False, bucket_mb: float = 0.0,
+                 overlap_backward: Optional[bool] = None) -> None:
+        _check_bool("loom.torch.OnebitLamb", "shard_state", shard_state)
         self._open("loom.torch.OnebitLamb", "onebit_lamb", _non_empty(params),
                    deepspeed=deepspeed, lr=lr, bias_correction=bias_correction,
                    betas=betas, eps=eps, eps_inside_sqrt=eps_inside_sqrt,
@@ -330,6 +335,7 @@ class OnebitLamb(_DeepSpeedOnebit, Optimizer):
                                   "min_coeff": min_coeff, "coeff_beta": coeff_beta,
                                   "factor_max": factor_max, "factor_min": factor_min,
                                   "factor_threshold": factor_threshold,
+                                  "shard_state": shard_state,
                                   **self._buckets("loom.torch.OnebitLamb", bucket_mb,
                                                   overlap_backward)},
                    plugin_path=plugin_path, log_level=log_level, bootstrap=bootstrap,
