@@ -21,6 +21,10 @@
 #                        allgathered compressed (shard_gather = "compressed")
 #   zero_one_adam        0/1 Adam (variance frozen, then growing local-step intervals)
 #   onebit_lamb          1-bit LAMB
+#   onebit_lamb_sharded  1-bit LAMB with shard_state (ZeRO-1, host memory)
+#   zero_one_adam_buckets, zero_one_adam_overlap, onebit_lamb_buckets, onebit_lamb_overlap
+#                        as onebit_adam_buckets and _overlap, for those two (0/1 Adam starts
+#                        nothing early after its variance freeze: docs/optimizers.md)
 #
 #   sudo bench/train-limited-link.sh                    # all of them, 200 steps each
 #   STEPS=100 RUNS="adam_bf16_overlap onebit_adam" sudo -E bench/train-limited-link.sh
@@ -45,7 +49,7 @@ DATA=${DATA:-$ROOT/build/data/fortunes.bin}
 TRAIN=$ROOT/$BUILD/bin/loom-train
 FREEZE=$((STEPS * 15 / 100)) # the 1-bit family's full-precision warmup: 15% of the run
 WARMUP_WIRE=${WARMUP_WIRE:-fp32} # the 1-bit family's warmup allreduces on the wire: fp32 or bf16
-BUCKET_MB=${BUCKET_MB:-4}        # onebit_adam_buckets and _overlap: MiB of fp32 a bucket
+BUCKET_MB=${BUCKET_MB:-4}        # the *_buckets and *_overlap runs: MiB of fp32 a bucket
 
 [[ $EUID -eq 0 ]] || { echo "train-limited-link.sh: needs root (network namespaces and tc)" >&2; exit 1; }
 [[ -x $TRAIN ]] || { echo "train-limited-link.sh: $TRAIN not found; build the release preset" >&2; exit 1; }
@@ -110,6 +114,13 @@ weight_decay = 0.01
 $4"
   config "$1" "${5:-}" "${6:-}"
 }
+phases() { # PLUGIN: its warmup and schedule in these runs
+  case $1 in
+    onebit_adam | onebit_lamb) printf 'warmup_wire = "%s"\nfreeze_step = %s' "$WARMUP_WIRE" "$FREEZE" ;;
+    zero_one_adam) printf 'warmup_wire = "%s"\nvar_freeze_step = %s\nvar_update_scaler = 4\nlocal_step_scaler = %s\nlocal_step_clipper = 4' \
+      "$WARMUP_WIRE" "$FREEZE" "$FREEZE" ;;
+  esac
+}
 for run in $RUNS; do
   case $run in
     adam_fp32) manifest "$run" "$adam"; config "$run" ;;
@@ -118,26 +129,21 @@ for run in $RUNS; do
     adam_bf16) manifest "$run" "$adam"; config "$run" $'[gradients]\nwire = "bf16"\noverlap = false' ;;
     adam_bf16_overlap) manifest "$run" "$adam"
       config "$run" $'[gradients]\nwire = "bf16"\noverlap = true' ;;
-    onebit_adam) onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
-freeze_step = $FREEZE" ;;
-    onebit_adam_noclip) onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
-freeze_step = $FREEZE" "" 'clip_grad_norm = 0' ;;
-    onebit_adam_buckets | onebit_adam_overlap)
-      overlap=false; [[ $run == onebit_adam_overlap ]] && overlap=true
-      onebit "$run" onebit_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
-freeze_step = $FREEZE
+    onebit_adam | zero_one_adam | onebit_lamb) onebit "$run" "$run" onebit "$(phases "$run")" ;;
+    onebit_adam_noclip) onebit "$run" onebit_adam onebit "$(phases onebit_adam)" "" \
+      'clip_grad_norm = 0' ;;
+    onebit_adam_buckets | onebit_adam_overlap | zero_one_adam_buckets | zero_one_adam_overlap | \
+      onebit_lamb_buckets | onebit_lamb_overlap)
+      overlap=false; [[ $run == *_overlap ]] && overlap=true
+      plugin=${run%_*}
+      onebit "$run" "$plugin" onebit "$(phases "$plugin")
 bucket_mb = $BUCKET_MB" $'[gradients]\noverlap = '"$overlap" 'clip_grad_norm = 0' ;;
     onebit_adam_sharded) onebit "$run" onebit_adam onebit "shard_state = true
 freeze_step = $FREEZE" ;;
     onebit_adam_sharded_ef8) onebit "$run" onebit_adam ef8 "shard_state = true
 shard_gather = \"compressed\"
 freeze_step = $FREEZE" ;;
-    zero_one_adam) onebit "$run" zero_one_adam onebit "warmup_wire = \"$WARMUP_WIRE\"
-var_freeze_step = $FREEZE
-var_update_scaler = 4
-local_step_scaler = $FREEZE
-local_step_clipper = 4" ;;
-    onebit_lamb) onebit "$run" onebit_lamb onebit "warmup_wire = \"$WARMUP_WIRE\"
+    onebit_lamb_sharded) onebit "$run" onebit_lamb onebit "shard_state = true
 freeze_step = $FREEZE" ;;
     *) echo "train-limited-link.sh: unknown run '$run'" >&2; exit 2 ;;
   esac
