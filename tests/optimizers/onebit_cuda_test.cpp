@@ -500,6 +500,35 @@ TEST(OnebitCuda, ThreadRanksShardedOnebitAdam) {
   thread_ranks("onebit_adam", 2, "shard_state = true\nshard_gather = \"compressed\"\n");
 }
 
+// bucket_mb on the device: step() runs the compressed allreduce's segments one after another
+// on the stream (announcements are a host-memory feature); the CPU instance exchanges the same
+// buckets through its bucketed step. Each variant through its phases.
+TEST(OnebitCuda, ThreadRanksInBuckets) {
+  for (const auto& v : kVariants) thread_ranks(v, 2, "bucket_mb = 0.0004\n");
+}
+// 1-bit LAMB's sharded state is host memory only: a CUDA step is refused by name, nothing
+// changed.
+TEST(OnebitCuda, ShardedOnebitLambIsRefusedOnTheDevice) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = loom_test::thread_comm_dir();
+  if (dir.empty()) GTEST_SKIP() << "the thread_comm test plugin is not found";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    Session s(thread_comm("c", fresh_world(), 0, 1) + optimizer("gpu", "onebit_lamb", "c") +
+                  "shard_state = true\n",
+              dir);
+    ASSERT_NE(s.s, nullptr) << s.error;
+    Model gpu(true, stream);
+    const std::vector<float> before = gpu.params();
+    EXPECT_EQ(gpu.step(s.opt("gpu"), 0, 1, false), LOOM_ERR_UNIMPLEMENTED);
+    EXPECT_NE(std::string(loom_last_error()).find("host memory"), std::string::npos)
+        << loom_last_error();
+    EXPECT_EQ(gpu.params(), before);
+  }
+  cudaStreamDestroy(stream);
+}
+
 std::vector<char> export_blob(loom_instance* opt) {
   size_t size = 0;
   EXPECT_EQ(loom_instance_export_state(opt, nullptr, 0, &size), LOOM_OK) << loom_last_error();
