@@ -329,6 +329,33 @@ std::vector<char> export_blob(loom_instance* opt) {
   return blob;
 }
 
+// The largest |a - b| over the two tensors of the convex problem.
+double max_diff(const std::vector<float>& a0, const std::vector<float>& a1,
+                const std::vector<float>& b0, const std::vector<float>& b1) {
+  double worst = 0.0;
+  for (size_t i = 0; i < a0.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(a0[i] - b0[i])));
+  }
+  for (size_t i = 0; i < a1.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(a1[i] - b1[i])));
+  }
+  return worst;
+}
+
+// Every rank holds the same parameters after the allgather: each rank's against every other's.
+void expect_the_same_on_every_rank(World& w, const std::vector<float>& p0,
+                                   const std::vector<float>& p1) {
+  std::vector<float> mine(p0);
+  mine.insert(mine.end(), p1.begin(), p1.end());
+  std::vector<float> all(mine.size() * static_cast<size_t>(w.size));
+  int64_t n1 = static_cast<int64_t>(mine.size()), nall = static_cast<int64_t>(all.size());
+  DLTensor send{mine.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &n1, nullptr, 0};
+  DLTensor recv{all.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &nall, nullptr, 0};
+  loom_allgather_args ga{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, nullptr};
+  ASSERT_EQ(w.vt->allgather(w.comm, &ga), nullptr);
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(mine[i % mine.size()], all[i]) << i;
+}
+
 // The warmup is Adam on the exact average: the sharded optimizer reduce-scatters, updates its
 // slice and allgathers the parameters, the same arithmetic on the same averaged gradient. After
 // the freeze it compresses gradients instead of momenta (another error-feedback path): the test
@@ -352,29 +379,14 @@ void shard_close_to_adam(const std::string& shard_params) {
     w.average(g0);
     w.average(g1);
     ASSERT_EQ(step(w.opt("adam"), {&c0, &c1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
-    if (t <= 20) {
-      for (size_t i = 0; i < c0.size(); ++i) {
-        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(c0[i] - b0[i])));
-      }
-      for (size_t i = 0; i < c1.size(); ++i) {
-        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(c1[i] - b1[i])));
-      }
-    }
+    if (t <= 20) worst_warmup = std::max(worst_warmup, max_diff(c0, c1, b0, b1));
   }
   // The same averaged gradient up to the transports' summation order (one reduce-scatter of
   // the fused buffer against two allreduces): within a few fp32 roundings of parameters of
   // size ~0.04.
   EXPECT_LE(worst_warmup, 1e-6) << "warmup";
-  // Every rank holds the same parameters after the allgather: each rank's against rank 0's.
-  std::vector<float> mine(b0);
-  mine.insert(mine.end(), b1.begin(), b1.end());
-  std::vector<float> all(mine.size() * static_cast<size_t>(w.size));
-  int64_t n1 = static_cast<int64_t>(mine.size()), nall = static_cast<int64_t>(all.size());
-  DLTensor send{mine.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &n1, nullptr, 0};
-  DLTensor recv{all.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &nall, nullptr, 0};
-  loom_allgather_args ga{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, nullptr};
-  ASSERT_EQ(w.vt->allgather(w.comm, &ga), nullptr);
-  for (size_t i = 0; i < mine.size(); ++i) ASSERT_EQ(mine[i], all[i]) << "element " << i;
+  expect_the_same_on_every_rank(w, b0, b1);
+  if (::testing::Test::HasFatalFailure()) return;
   // The objective (local losses averaged over the ranks) after 180 compressed steps.
   std::vector<float> losses = {static_cast<float>(prob.loss_grad(c0, c1, nullptr, nullptr)),
                                static_cast<float>(prob.loss_grad(a0, a1, nullptr, nullptr)),
@@ -428,12 +440,7 @@ TEST(OnebitShard, Bf16WarmupMatchesTheUnshardedBf16Warmup) {
     ASSERT_EQ(step(w.opt("shard"), {&b0, &b1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
     prob.loss_grad(c0, c1, &g0, &g1);
     ASSERT_EQ(step(w.opt("shard32"), {&c0, &c1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
-    for (size_t i = 0; i < a0.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::fabs(a0[i] - b0[i])));
-    }
-    for (size_t i = 0; i < a1.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::fabs(a1[i] - b1[i])));
-    }
+    worst = std::max(worst, max_diff(a0, a1, b0, b1));
   }
   EXPECT_LE(worst, w.size <= 2 ? 0.0 : 2e-3);
   std::vector<float> losses = {static_cast<float>(prob.loss_grad(a0, a1, nullptr, nullptr)),
@@ -467,25 +474,11 @@ TEST(OnebitShard, OnebitLambMatchesTheUnshardedWarmupAndStaysClose) {
     ASSERT_EQ(step(w.opt("full"), {&a0, &a1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
     prob.loss_grad(b0, b1, &g0, &g1);
     ASSERT_EQ(step(w.opt("shard"), {&b0, &b1}, {&g0, &g1}, 2e-3, t), 0) << loom_last_error();
-    if (t <= 20) {
-      for (size_t i = 0; i < a0.size(); ++i) {
-        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(a0[i] - b0[i])));
-      }
-      for (size_t i = 0; i < a1.size(); ++i) {
-        worst_warmup = std::max(worst_warmup, static_cast<double>(std::fabs(a1[i] - b1[i])));
-      }
-    }
+    if (t <= 20) worst_warmup = std::max(worst_warmup, max_diff(a0, a1, b0, b1));
   }
   EXPECT_LE(worst_warmup, 1e-6) << "warmup";
-  std::vector<float> mine(b0);
-  mine.insert(mine.end(), b1.begin(), b1.end());
-  std::vector<float> all(mine.size() * static_cast<size_t>(w.size));
-  int64_t n1 = static_cast<int64_t>(mine.size()), nall = static_cast<int64_t>(all.size());
-  DLTensor send{mine.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &n1, nullptr, 0};
-  DLTensor recv{all.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, &nall, nullptr, 0};
-  loom_allgather_args ga{LOOM_ALLGATHER_ARGS_SIZE, 0, &send, &recv, nullptr};
-  ASSERT_EQ(w.vt->allgather(w.comm, &ga), nullptr);
-  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(mine[i % mine.size()], all[i]) << i;
+  expect_the_same_on_every_rank(w, b0, b1);
+  if (::testing::Test::HasFatalFailure()) return;
   std::vector<float> losses = {static_cast<float>(prob.loss_grad(a0, a1, nullptr, nullptr)),
                                static_cast<float>(prob.loss_grad(b0, b1, nullptr, nullptr))};
   w.average(losses);
@@ -1553,11 +1546,11 @@ TEST(OnebitMlp, ShardedEf8CompressedGatherWithin2PercentOfAdam) {
 TEST(OnebitMlp, HierarchicalOnebitAdamWithin2PercentOfAdam) {
   mlp_check("onebit_adam", "adam", "freeze_step = 100\nhierarchical = true\n", 1e-2);
 }
+const std::string kZeroOneMlp =
+    "var_freeze_step = 100\nvar_update_scaler = 8\nlocal_step_scaler = 100\n"
+    "local_step_clipper = 4\n";
 TEST(OnebitMlp, ZeroOneAdamWithin2PercentOfAdam) {
-  mlp_check("zero_one_adam", "adam",
-            "var_freeze_step = 100\nvar_update_scaler = 8\nlocal_step_scaler = 100\n"
-            "local_step_clipper = 4\n",
-            1e-2);
+  mlp_check("zero_one_adam", "adam", kZeroOneMlp, 1e-2);
 }
 // 1-bit LAMB freezes LAMB's per-tensor trust ratio |p| / |u| at the end of the warmup (an
 // EMA of it) and afterwards only rescales it by how far the variance has moved (the factor:
@@ -1574,24 +1567,18 @@ TEST(OnebitMlp, ZeroOneAdamWithin2PercentOfAdam) {
 // 1.17 -> 1.01, w2 1.69 -> 2.57 -> 1.79 at steps 100, 200, 600). Same lr schedule, freeze
 // point (1/6 of the run) and 2% criterion as the Adam cases. docs/optimizers.md has the
 // figures.
-TEST(OnebitMlp, OnebitLambWithin2PercentOfLamb) {
-  mlp_check("onebit_lamb", "lamb", "freeze_step = 100\n", 1e-2,
+void lamb_mlp_check(const std::string& extra) {
+  mlp_check("onebit_lamb", "lamb", "freeze_step = 100\n" + extra, 1e-2,
             MlpData{kSteps * Mlp::kBatch, 2048});
 }
+TEST(OnebitMlp, OnebitLambWithin2PercentOfLamb) { lamb_mlp_check(""); }
 // In buckets of 64 elements (the MLP has 172: three buckets, each with its own scale).
 TEST(OnebitMlp, BucketedZeroOneAdamWithin2PercentOfAdam) {
-  mlp_check("zero_one_adam", "adam",
-            "var_freeze_step = 100\nvar_update_scaler = 8\nlocal_step_scaler = 100\n"
-            "local_step_clipper = 4\nbucket_mb = 0.000244\n",
-            1e-2);
+  mlp_check("zero_one_adam", "adam", kZeroOneMlp + "bucket_mb = 0.000244\n", 1e-2);
 }
-TEST(OnebitMlp, ShardedOnebitLambWithin2PercentOfLamb) {
-  mlp_check("onebit_lamb", "lamb", "freeze_step = 100\nshard_state = true\n", 1e-2,
-            MlpData{kSteps * Mlp::kBatch, 2048});
-}
+TEST(OnebitMlp, ShardedOnebitLambWithin2PercentOfLamb) { lamb_mlp_check("shard_state = true\n"); }
 TEST(OnebitMlp, BucketedOnebitLambWithin2PercentOfLamb) {
-  mlp_check("onebit_lamb", "lamb", "freeze_step = 100\nbucket_mb = 0.000244\n", 1e-2,
-            MlpData{kSteps * Mlp::kBatch, 2048});
+  lamb_mlp_check("bucket_mb = 0.000244\n");
 }
 
 }  // namespace
