@@ -236,7 +236,7 @@ class Onebit : public loom::sdk::Optimizer {
   uint64_t bucket_elements_ = 0;
 
   enum class Exchange {
-    kNone,        // nothing (0/1 Adam's local steps): step() runs algorithm_step
+    kNone,        // nothing early (0/1 Adam after its freeze): step() runs algorithm_step
     kAverage,     // the gradients (flat_) averaged uncompressed, fp32 or bf16 on the wire
     kCompressed,  // bucket_buffer() through the compressed allreduce, bucket_prepare()d first
   };
@@ -357,7 +357,7 @@ class Onebit : public loom::sdk::Optimizer {
     std::vector<loom::sdk::CommRequest> request;
   };
   std::unique_ptr<Pending> pending_;
-  Buffer m_keep_;  // compressed buckets: m before the step, for a skipped step
+  Buffer m_keep_;  // onebit_adam's compressed buckets: m before the step, for a skipped step
 
   // Scratch on device_ (not exported).
   Buffer flat_;    // the step's gradients in the flat layout
