@@ -256,8 +256,10 @@ class Onebit : public loom::sdk::Optimizer {
   // After every bucket's exchange (the step is taken): the rest of the step.
   virtual void bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
                              uint64_t t) = 0;
-  // The step's segments clipped to the flat range [lo, lo + n) (pointers moved with them).
-  static Segments clip(const Segments& all, std::size_t lo, std::size_t n);
+  // The step's segments clipped to the flat range [lo, lo + n) (pointers moved with them);
+  // `kept` (optional) gets the index in `all` of each segment returned.
+  static Segments clip(const Segments& all, std::size_t lo, std::size_t n,
+                       std::vector<std::size_t>* kept = nullptr);
 
   // shard_state (onebit_shard.cpp). One step of onebit_adam on this rank's slice: the
   // gradients reduce-scattered (compressed after freeze_step), Adam on the slice (v frozen

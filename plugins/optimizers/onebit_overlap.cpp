@@ -59,12 +59,15 @@ loom::sdk::Float Onebit::bucket_mb_param() {
       .range(0, 1048576);
 }
 
-Segments Onebit::clip(const Segments& all, std::size_t lo, std::size_t n) {
+Segments Onebit::clip(const Segments& all, std::size_t lo, std::size_t n,
+                      std::vector<std::size_t>* kept) {
   const auto size_of = [](loom::optim::DType t) -> std::size_t {
     return t == loom::optim::DType::kF32 ? 4 : 2;
   };
   Segments out;
-  for (Segment s : all) {
+  if (kept != nullptr) kept->clear();
+  for (std::size_t j = 0; j < all.size(); ++j) {
+    Segment s = all[j];
     const std::size_t b = std::max(s.offset, lo);
     const std::size_t e = std::min(s.offset + s.n, lo + n);
     if (b >= e) continue;
@@ -76,6 +79,7 @@ Segments Onebit::clip(const Segments& all, std::size_t lo, std::size_t n) {
     s.offset = b;
     s.n = e - b;
     out.push_back(s);
+    if (kept != nullptr) kept->push_back(j);
   }
   return out;
 }

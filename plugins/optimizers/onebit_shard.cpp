@@ -39,9 +39,6 @@ DLTensor flat_view(float* data, DLDevice device, int64_t* shape) {
   return loom::sdk::flat_view(data, device, DLDataType{kDLFloat, 32, 1}, shape);
 }
 
-// Bytes of one element of a low-precision copy or a gradient.
-std::size_t element_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
-
 }  // namespace
 
 uint64_t Onebit::shard_numel(uint64_t total) const {
@@ -63,31 +60,23 @@ uint64_t Onebit::shard_numel(uint64_t total) const {
 Segments Onebit::pieces(const std::vector<StepGroup>& groups, uint64_t lo, uint64_t hi,
                         uint64_t base, bool masks, std::vector<std::size_t>* group_of,
                         std::vector<std::size_t>* tensor_of) const {
-  Segments out;
-  std::size_t k = 0;
-  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-    for (const auto& t : groups[gi].tensors) {
-      const std::size_t index = k;
-      const uint64_t off = offsets_[k++];
-      const uint64_t a = std::max(off, lo);
-      const uint64_t b = std::min<uint64_t>(off + t.ref.n, hi);
-      if (a >= b) continue;
-      const std::size_t skip = a - off;
-      Segment s;
-      s.offset = a - base;
-      s.n = b - a;
-      s.p = t.ref.p + skip;
-      s.mask = masks && t.mask != nullptr ? t.mask + skip : nullptr;
-      s.low = t.ref.low == nullptr
-                  ? nullptr
-                  : static_cast<std::byte*>(t.ref.low) + skip * element_bytes(t.ref.ltype);
-      s.ltype = t.ref.ltype;
-      s.g = s.p;
-      s.gtype = DType::kF32;
-      out.push_back(s);
-      if (group_of != nullptr) group_of->push_back(gi);
-      if (tensor_of != nullptr) tensor_of->push_back(index);
+  Segments all = segments(groups, Groups::kAll, masks);
+  for (Segment& s : all) {
+    s.g = s.p;  // the parameters, for copies
+    s.gtype = DType::kF32;
+  }
+  std::vector<std::size_t> kept;
+  Segments out = clip(all, lo, hi > lo ? hi - lo : 0, &kept);
+  for (Segment& s : out) s.offset -= base;
+  if (tensor_of != nullptr) *tensor_of = kept;
+  if (group_of != nullptr) {
+    std::vector<std::size_t> group(all.size());
+    std::size_t k = 0;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      for (std::size_t i = 0; i < groups[gi].tensors.size(); ++i) group[k++] = gi;
     }
+    group_of->clear();
+    for (const std::size_t j : kept) group_of->push_back(group[j]);
   }
   return out;
 }
