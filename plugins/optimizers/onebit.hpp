@@ -246,13 +246,13 @@ class Onebit : public loom::sdk::Optimizer {
   // kCompressed: the flat buffer compressed (m_ unless the variant says otherwise).
   virtual Buffer& bucket_buffer() { return m_; }
   // kCompressed, before the first bucket: what the step needs from the state as it was.
-  virtual void bucket_begin(const std::vector<StepGroup>& groups) = 0;
+  virtual void bucket_begin(const std::vector<StepGroup>& /*groups*/) {}
   // kCompressed: the bucket [lo, lo + n) of the step's update before it leaves, keeping what
   // bucket_restore() puts back. `zeros`: this rank's step will be skipped, and the codec
   // refuses a non-finite input, so the bucket sends zeros.
   virtual void bucket_prepare(const std::vector<StepGroup>& groups, std::size_t lo, std::size_t n,
                               bool zeros) = 0;
-  virtual void bucket_restore(std::size_t lo, std::size_t n) = 0;
+  virtual void bucket_restore(std::size_t /*lo*/, std::size_t /*n*/) {}  // nothing kept
   // After every bucket's exchange (the step is taken): the rest of the step.
   virtual void bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
                              uint64_t t) = 0;
@@ -451,10 +451,8 @@ class ZeroOneAdam final : public Onebit {
  private:
   void algorithm_step(const std::vector<StepGroup>& groups, double lr, uint64_t t) override;
   Exchange bucket_exchange(uint64_t t) const override;
-  void bucket_begin(const std::vector<StepGroup>& groups) override;
   void bucket_prepare(const std::vector<StepGroup>& groups, std::size_t lo, std::size_t n,
                       bool zeros) override;
-  void bucket_restore(std::size_t lo, std::size_t n) override;
   void bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
                      uint64_t t) override;
   Buffer& bucket_buffer() override { return flat_; }  // the 1-bit gradient

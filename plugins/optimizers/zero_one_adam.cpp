@@ -113,15 +113,11 @@ Onebit::Exchange ZeroOneAdam::bucket_exchange(uint64_t t) const {
   return t % var_interval_ == 0 ? Exchange::kAverage : Exchange::kCompressed;
 }
 
-void ZeroOneAdam::bucket_begin(const std::vector<StepGroup>& /*groups*/) {}
-
 // The gradient is scratch: nothing to keep, nothing to prepare.
 void ZeroOneAdam::bucket_prepare(const std::vector<StepGroup>& /*groups*/, std::size_t lo,
                                  std::size_t n, bool zeros) {
   if (zeros) be().zero(flat_.data() + lo, n);
 }
-
-void ZeroOneAdam::bucket_restore(std::size_t /*lo*/, std::size_t /*n*/) {}
 
 void ZeroOneAdam::bucket_finish(const std::vector<StepGroup>& groups, Exchange e, double lr,
                                 uint64_t t) {
