@@ -307,8 +307,9 @@ class OnebitLamb(_DeepSpeedOnebit, Optimizer):
     The arguments are DeepSpeed's, in its order and with its defaults (``max_coeff``
     10.0, ``min_coeff`` 0.01, ``coeff_beta`` 0.9, ``factor_max`` 4.0, ``factor_min``
     0.5, ``factor_threshold`` 0.1); see :class:`OnebitAdam` for the rest (``shard_state``,
-    on host memory, ``bucket_mb`` and ``overlap_backward`` too). As DeepSpeed did, parameters with no elements are left
-    out of the optimizer; ``non_freeze`` groups are refused.
+    on host memory, ``bucket_mb`` and ``overlap_backward`` too). As DeepSpeed did,
+    parameters with no elements are left out of the optimizer; ``non_freeze`` groups are
+    refused.
     """
 
     def __init__(self, params: Iterable[Any], deepspeed: Any = None, lr: float = 1e-3,
