@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 
 namespace {
 
+using loom::quant::GroupParams;
 using loom::quant::Groups;
 using loom::quant::IntScheme;
 using loom::quant::IntWeight;
@@ -88,6 +90,67 @@ TEST(QuantKernels, QuantizeAndDequantizeMatchTheReferenceBitForBit) {
               ASSERT_EQ(0, std::memcmp(d_fast.data(), d_ref.data(), d_ref.size() * sizeof(float)));
             }
           }
+        }
+      }
+    }
+  });
+}
+
+// The fast kernel divides by multiplying with 1 / s and takes the division only where a code
+// could differ: here one element in 32 lies within an ulp of a half-integer multiple of its
+// group's scale (the ties the reciprocal can move), the rest anywhere in the group's range.
+// A group where t is an exact tie takes the division, so most near ties sit in groups that
+// have none. With the kernel's margin dropped to 0.5, 8-bit symmetric gives wrong codes here.
+TEST(QuantKernels, NearTiesMatchTheDivisionBitForBit) {
+  const int64_t rows = 256, cols = 256, group = 128;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+  std::uniform_int_distribution<int> ulps(-1, 1);
+  on_every_target([&] {
+    for (bool sym : {true, false}) {
+      for (uint32_t bits : {8u, 4u, 3u}) {
+        for (Range range : {Range::kExact, Range::kDeepSpeed}) {
+          SCOPED_TRACE("bits " + std::to_string(bits) + (sym ? " sym" : " asym") + " range " +
+                       std::to_string(static_cast<int>(range)));
+          const IntScheme q{bits, sym, range};
+          const Groups gs = Groups::of(rows, cols, group);
+          std::vector<float> x(static_cast<std::size_t>(rows * cols));
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t g = 0; g < gs.groups_per_row; ++g) {
+              float* v = x.data() + r * cols + g * group;
+              v[0] = -unit(rng) * 3.0f;  // the extremes fix the group's scale
+              v[1] = unit(rng) * 5.0f;
+              const float lo = v[0], hi = v[1];
+              const GroupParams p =
+                  loom::quant::int_group_params(loom::quant::group_stats(v, 2), q);
+              const int levels = 1 << (bits - 1);
+              std::uniform_int_distribution<int> k(sym ? -levels : 0, 2 * levels - 1);
+              std::uniform_real_distribution<float> any(lo, hi);
+              for (int64_t i = 2; i < group; ++i) {
+                if (i % 32 != 5) {
+                  v[i] = any(rng);
+                  continue;
+                }
+                float t = (static_cast<float>(k(rng)) + 0.5f) * p.scale;
+                if (!sym) t -= static_cast<float>(p.zero) * p.scale;
+                t = std::min(std::max(t, lo), hi);
+                const int steps = ulps(rng);
+                if (steps != 0) t = std::nextafter(t, steps > 0 ? hi : lo);
+                v[i] = t;
+              }
+            }
+          }
+          const std::size_t bytes = loom::quant::packed_size(rows * cols, bits);
+          std::vector<uint8_t> p_ref(bytes), p_fast(bytes);
+          std::vector<float> s_ref(gs.count()), s_fast(gs.count());
+          std::vector<uint8_t> z_ref(gs.count()), z_fast(gs.count());
+          loom::quant::reference_quantize(x.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST, p_ref.data(),
+                                          s_ref.data(), z_ref.data());
+          ASSERT_EQ(loom::quant::quantize_int(x.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST,
+                                              p_fast.data(), s_fast.data(), z_fast.data()),
+                    -1);
+          ASSERT_EQ(p_fast, p_ref);
+          ASSERT_EQ(0, std::memcmp(s_fast.data(), s_ref.data(), s_ref.size() * sizeof(float)));
         }
       }
     }

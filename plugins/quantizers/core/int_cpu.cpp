@@ -5,6 +5,7 @@
 // every target (this file is compiled with -ffp-contract=off).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "int_cpu.cpp"
+#include <hwy/cache_control.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "int_kernels.hpp"
@@ -25,98 +27,355 @@ using DF = hn::ScalableTag<float>;
 using DI = hn::RebindToSigned<DF>;
 using D8 = hn::Rebind<int8_t, DF>;
 using DU8 = hn::Rebind<uint8_t, DF>;
+using DU32 = hn::RebindToUnsigned<DF>;
 
-// Whether x[0 .. n) is all finite.
-HWY_INLINE bool AllFinite(const float* x, int64_t n) {
+// A group's statistics, and whether all its elements are finite (one pass).
+struct FiniteStats {
+  GroupStats st;
+  bool finite = true;
+};
+
+// Symmetric schemes need only max |x| (then min and max are left 0): one reduction.
+HWY_INLINE FiniteStats Stats(const float* x, int64_t n, bool absmax_only) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  auto ok = hn::IsFinite(hn::Zero(d));
-  for (; i + N <= n; i += N) ok = hn::And(ok, hn::IsFinite(hn::LoadU(d, x + i)));
-  if (!hn::AllTrue(d, ok)) return false;
-  for (; i < n; ++i) {
-    if (!std::isfinite(x[i])) return false;
+  FiniteStats f;
+  if (n < N) {
+    f.finite = first_non_finite(x, n) < 0;
+    f.st = group_stats(x, n);
+    return f;
   }
-  return true;
-}
-
-HWY_INLINE GroupStats Stats(const float* x, int64_t n) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  if (n < N) return group_stats(x, n);
-  auto vmin = hn::LoadU(d, x);
-  auto vmax = vmin;
+  GroupStats& s = f.st;
+  const auto v0 = hn::LoadU(d, x);
+  auto ok = hn::IsFinite(v0);
   int64_t i = N;
-  for (; i + N <= n; i += N) {
-    const auto v = hn::LoadU(d, x + i);
-    vmin = hn::Min(vmin, v);
-    vmax = hn::Max(vmax, v);
+  if (absmax_only) {
+    auto vabs = hn::Abs(v0);
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d, x + i);
+      vabs = hn::Max(vabs, hn::Abs(v));
+      ok = hn::And(ok, hn::IsFinite(v));
+    }
+    s.absmax = hn::GetLane(hn::MaxOfLanes(d, vabs));
+    for (; i < n; ++i) s.absmax = std::max(s.absmax, std::fabs(x[i]));
+  } else {
+    auto vmin = v0;
+    auto vmax = v0;
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d, x + i);
+      vmin = hn::Min(vmin, v);
+      vmax = hn::Max(vmax, v);
+      ok = hn::And(ok, hn::IsFinite(v));
+    }
+    s.min = hn::GetLane(hn::MinOfLanes(d, vmin));
+    s.max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    for (; i < n; ++i) {
+      s.min = std::min(s.min, x[i]);
+      s.max = std::max(s.max, x[i]);
+    }
+    s.absmax = std::max(std::fabs(s.min), std::fabs(s.max));
   }
-  GroupStats s;
-  s.min = hn::GetLane(hn::MinOfLanes(d, vmin));
-  s.max = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  for (; i < n; ++i) {
-    s.min = std::min(s.min, x[i]);
-    s.max = std::max(s.max, x[i]);
-  }
-  s.absmax = std::max(std::fabs(s.min), std::fabs(s.max));
-  return s;
+  f.finite = hn::AllTrue(d, ok) && first_non_finite(x + n - (n % N), n % N) < 0;
+  return f;
 }
 
-// Codes of x[0 .. n) in one group, one byte each (symmetric: two's complement).
-HWY_INLINE void EncodeGroup(const float* x, int64_t n, const GroupParams& p, const IntScheme& q,
-                            uint8_t* codes) {
+// One group's codes, N elements at a time, each the reference's int_encode.
+//
+// round_half_even(a / s) comes from t = a * (1 / s), because a division costs several
+// multiplies. With 1 / s a normal float, t and the rounded quotient differ by at most
+// 3.01 * 2^-24 * |t| (two roundings against one). t is clamped to the code range [lo, hi]
+// first (a quotient beyond it clamps to the same end), so |t| <= B = max(|lo|, |hi|), and
+// when t lies more than B * 2^-22 inside (r - 0.5, r + 0.5) around r = round(t), the quotient
+// rounds to r as well. A vector with a lane nearer a half-integer takes the division.
+//
+// Adding 1.5 * 2^23 rounds t half to even onto the integer grid (the sum's ulp is 1 and the
+// constant is even), and the sum's low bits are then r in two's complement: its low byte is
+// the code, symmetric or not (asymmetric "exact" adds z to it: round(t) + z).
+struct Encoder {
+  float scale = 1.0f, inv = 1.0f, lo = 0.0f, hi = 0.0f, zf = 0.0f, margin = 0.0f;
+  int32_t z = 0;
+  bool fast = false;
+  bool shift = false;  // asymmetric, not "exact": a = x + z * s
+
+  // inv: 1 / s where that is a normal float, else 0 (then every vector takes the division).
+  Encoder(float s, float reciprocal, int32_t zero, const IntScheme& q) {
+    scale = s;
+    inv = reciprocal;
+    fast = reciprocal != 0.0f;
+    hi = static_cast<float>((1u << q.bits) - 1u);
+    if (q.symmetric) {
+      hi = static_cast<float>((1u << (q.bits - 1)) - 1u);
+      lo = q.range == Range::kExact ? -hi : -hi - 1.0f;
+    } else if (q.range == Range::kExact) {
+      z = zero;  // round(t) + z within [0, qmax]: round(t) within [-z, qmax - z]
+      lo = static_cast<float>(-z);
+      hi -= static_cast<float>(z);
+    } else {
+      shift = true;
+    }
+    zf = static_cast<float>(zero) * s;
+    margin = 0.5f - std::max(std::fabs(lo), std::fabs(hi)) * 0x1p-22f;
+  }
+};
+
+// The encoder in registers (a local copy: stores through the byte pointers could alias a
+// referenced one, so the compiler would reload it for every vector). kShift: a = x + z * s;
+// kZero: the code is round(t) + z.
+template <bool kShift, bool kZero>
+struct VecEncoder {
+  DF d;
+  hn::Vec<DF> vs, vinv, vlo, vhi, vzf, margin, magic;
+  hn::Vec<DI> vz;
+  bool fast;
+
+  explicit VecEncoder(const Encoder& e)
+      : vs(hn::Set(d, e.scale)),
+        vinv(hn::Set(d, e.inv)),
+        vlo(hn::Set(d, e.lo)),
+        vhi(hn::Set(d, e.hi)),
+        vzf(hn::Set(d, e.zf)),
+        margin(hn::Set(d, e.margin)),
+        magic(hn::Set(d, 0x1.8p23f)),
+        vz(hn::Set(DI(), e.z)),
+        fast(e.fast) {}
+
+  // The codes of x[i .. i + N) in the low bits of int32 lanes: through 1 / s, or through the
+  // division when a lane could round otherwise (about one vector in a thousand at 8 bits).
+  HWY_INLINE hn::Vec<DI> Codes(const float* HWY_RESTRICT x) const {
+    auto a = hn::LoadU(d, x);
+    if constexpr (kShift) a = hn::Add(a, vzf);
+    auto t = hn::Min(hn::Max(hn::Mul(a, vinv), vlo), vhi);
+    auto m = hn::Add(t, magic);
+    const auto safe = hn::Lt(hn::Abs(hn::Sub(t, hn::Sub(m, magic))), margin);
+    if (HWY_UNLIKELY(!fast || !hn::AllTrue(d, safe))) {
+      m = hn::Add(hn::Min(hn::Max(hn::Round(hn::Div(a, vs)), vlo), vhi), magic);
+    }
+    const auto c = hn::BitCast(DI(), m);
+    if constexpr (kZero) return hn::Add(c, vz);
+    return c;
+  }
+};
+
+// Codes of x[0 .. n) in one group, one byte each.
+template <bool kShift, bool kZero>
+HWY_NOINLINE void EncodeBytes(const float* HWY_RESTRICT x, int64_t n, const Encoder& enc,
+                              uint8_t* HWY_RESTRICT out) {
+  const VecEncoder<kShift, kZero> e(enc);
+  const DU32 du32;
+  const DU8 du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(e.d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(hn::TruncateTo(du8, hn::BitCast(du32, e.Codes(x + i))), du8, out + i);
+  }
+  if (i < n) {
+    HWY_ALIGN float tail[hn::MaxLanes(DF())] = {};
+    std::memcpy(tail, x + i, static_cast<std::size_t>(n - i) * sizeof(float));
+    HWY_ALIGN uint8_t codes[hn::MaxLanes(DF())];
+    hn::StoreU(hn::TruncateTo(du8, hn::BitCast(du32, e.Codes(tail))), du8, codes);
+    std::memcpy(out + i, codes, static_cast<std::size_t>(n - i));
+  }
+}
+
+// 4-bit codes of x[0 .. n) straight into their bytes (element 0 starts byte out[0], n even):
+// two vectors of codes give one vector of bytes, the even elements in one nibble and the odd
+// in the other.
+template <bool kShift, bool kZero>
+HWY_NOINLINE void EncodeNibbles(const float* HWY_RESTRICT x, int64_t n, const Encoder& enc,
+                                int32_t packing, uint8_t* HWY_RESTRICT out) {
+  const VecEncoder<kShift, kZero> e(enc);
+  const DI di;
+  const DU32 du32;
+  const DU8 du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(di));
+  const auto low = hn::Set(di, 0x0F);
+  const int even_shift = packing == LOOM_QUANT_PACK_LSB_FIRST ? 0 : 4;
+  const int odd_shift = 4 - even_shift;
+  const auto pack = [&](const float* src) {
+    const auto c0 = e.Codes(src);
+    const auto c1 = e.Codes(src + N);
+    const auto even = hn::ShiftLeftSame(hn::And(hn::ConcatEven(di, c1, c0), low), even_shift);
+    const auto odd = hn::ShiftLeftSame(hn::And(hn::ConcatOdd(di, c1, c0), low), odd_shift);
+    return hn::TruncateTo(du8, hn::BitCast(du32, hn::Or(even, odd)));
+  };
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) hn::StoreU(pack(x + i), du8, out + i / 2);
+  if (i < n) {
+    HWY_ALIGN float tail[2 * hn::MaxLanes(DF())] = {};
+    std::memcpy(tail, x + i, static_cast<std::size_t>(n - i) * sizeof(float));
+    HWY_ALIGN uint8_t bytes[hn::MaxLanes(DF())];
+    hn::StoreU(pack(tail), du8, bytes);
+    std::memcpy(out + i / 2, bytes, static_cast<std::size_t>(n - i) / 2);
+  }
+}
+
+// Encodes one group into bytes (bits 8, or a row of codes for pack_codes) or nibbles.
+HWY_INLINE void Encode(const float* x, int64_t n, const Encoder& e, bool nibbles, int32_t packing,
+                       uint8_t* out) {
+  if (e.shift) {
+    nibbles ? EncodeNibbles<true, false>(x, n, e, packing, out)
+            : EncodeBytes<true, false>(x, n, e, out);
+  } else if (e.z != 0) {
+    nibbles ? EncodeNibbles<false, true>(x, n, e, packing, out)
+            : EncodeBytes<false, true>(x, n, e, out);
+  } else {
+    nibbles ? EncodeNibbles<false, false>(x, n, e, packing, out)
+            : EncodeBytes<false, false>(x, n, e, out);
+  }
+}
+
+constexpr int64_t kSpan = 64;  // groups per span (a multiple of every target's lanes)
+
+// Lane g of the result: the maximum (kMax) or minimum of the lanes of v[g], for N = Lanes
+// vectors. Each round halves the vectors by combining neighbouring lanes of a pair, so the
+// groups stay in order: after round k a vector holds 2^k groups' partial results.
+template <bool kMax>
+HWY_INLINE hn::Vec<DF> ReduceEach(hn::Vec<DF>* v) {
+  const DF d;
+  for (std::size_t count = hn::Lanes(d); count > 1; count /= 2) {
+    for (std::size_t j = 0; j < count / 2; ++j) {
+      const auto even = hn::ConcatEven(d, v[2 * j + 1], v[2 * j]);
+      const auto odd = hn::ConcatOdd(d, v[2 * j + 1], v[2 * j]);
+      v[j] = kMax ? hn::Max(even, odd) : hn::Min(even, odd);
+    }
+  }
+  return v[0];
+}
+
+// The parameters of groups [0, count) of a span whose groups are all `len` elements, len a
+// multiple of N: their statistics a group at a time (the pass that streams the span from
+// memory), reduced N groups at a time, then scales, reciprocals and zero points N groups at a
+// time, each the same float int_group_params gives (its std::min and std::max written out).
+// Returns false when an element is not finite.
+HWY_INLINE bool SpanParams(const float* x, int64_t count, int64_t len, const IntScheme& q,
+                           float* scale, float* inv, int32_t* zero) {
   const DF d;
   const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const auto vs = hn::Set(d, p.scale);
-  int64_t i = 0;
-  if (q.symmetric) {
-    const float hi = static_cast<float>((1u << (q.bits - 1)) - 1u);
-    const float lo = q.range == Range::kExact ? -hi : -hi - 1.0f;
-    const auto vhi = hn::Set(d, hi);
-    const auto vlo = hn::Set(d, lo);
-    const D8 d8;
-    for (; i + N <= n; i += N) {
-      auto r = hn::Round(hn::Div(hn::LoadU(d, x + i), vs));
-      r = hn::Min(hn::Max(r, vlo), vhi);
-      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, reinterpret_cast<int8_t*>(codes + i));
+  const bool sym = q.symmetric;
+  const auto zero_v = hn::Zero(d);
+  const auto one = hn::Set(d, 1.0f);
+  const auto div =
+      hn::Set(d, sym ? (q.range == Range::kExact ? static_cast<float>((1u << (q.bits - 1)) - 1u)
+                                                 : static_cast<float>(1u << (q.bits - 1)))
+                     : (q.range == Range::kExact ? static_cast<float>((1u << q.bits) - 1u)
+                                                 : static_cast<float>(1u << q.bits)));
+  const auto qmax = hn::Set(d, static_cast<float>((1u << q.bits) - 1u));
+  const auto min_normal = hn::Set(d, std::numeric_limits<float>::min());
+  auto ok = hn::IsFinite(zero_v);
+  hn::Vec<DF> hi[hn::MaxLanes(DF())];
+  hn::Vec<DF> lo[hn::MaxLanes(DF())];
+  for (int64_t g0 = 0; g0 < count; g0 += N) {
+    for (int64_t j = 0; j < N; ++j) {
+      if (g0 + j >= count) {  // padding: a copy of the last group's
+        hi[j] = hi[j - 1];
+        lo[j] = lo[j - 1];
+        continue;
+      }
+      const float* p = x + (g0 + j) * len;
+      auto v = hn::LoadU(d, p);
+      ok = hn::And(ok, hn::IsFinite(v));
+      auto vhi = sym ? hn::Abs(v) : v;
+      auto vlo = v;
+      for (int64_t i = N; i < len; i += N) {
+        v = hn::LoadU(d, p + i);
+        ok = hn::And(ok, hn::IsFinite(v));
+        vhi = hn::Max(vhi, sym ? hn::Abs(v) : v);
+        if (!sym) vlo = hn::Min(vlo, v);
+      }
+      hi[j] = vhi;
+      lo[j] = vlo;
     }
-  } else {
-    const auto vmax = hn::Set(d, static_cast<float>((1u << q.bits) - 1u));
-    const auto vzero = hn::Zero(d);
-    const auto vz = hn::Set(d, static_cast<float>(p.zero));
-    const auto vzf = hn::Set(d, static_cast<float>(p.zero) * p.scale);
-    const DU8 du8;
-    for (; i + N <= n; i += N) {
-      const auto v = hn::LoadU(d, x + i);
-      auto r = q.range == Range::kExact ? hn::Add(hn::Round(hn::Div(v, vs)), vz)
-                                        : hn::Round(hn::Div(hn::Add(v, vzf), vs));
-      r = hn::Min(hn::Max(r, vzero), vmax);
-      hn::StoreU(hn::DemoteTo(du8, hn::ConvertTo(di, r)), du8, codes + i);
+    const auto mx = ReduceEach<true>(hi);
+    hn::Vec<DF> s;
+    auto z = zero_v;
+    if (sym) {
+      s = hn::Div(mx, div);
+      s = hn::IfThenElse(hn::Gt(s, zero_v), s, one);
+    } else {
+      const auto mn = ReduceEach<false>(lo);
+      const auto l = hn::IfThenElse(hn::Lt(zero_v, mn), zero_v, mn);  // std::min(min, 0)
+      const auto h = hn::IfThenElse(hn::Lt(mx, zero_v), zero_v, mx);  // std::max(max, 0)
+      s = hn::Div(hn::Sub(h, l), div);
+      s = hn::IfThenElse(hn::AndNot(hn::Gt(s, zero_v), hn::IsFinite(s)), one, s);
+      z = hn::Round(hn::Div(hn::Neg(l), s));
+      z = hn::IfThenElse(hn::Lt(z, zero_v), zero_v, z);  // std::max(z, 0)
+      z = hn::IfThenElse(hn::Lt(qmax, z), qmax, z);      // std::min(z, qmax)
     }
+    const auto r = hn::Div(one, s);
+    const auto usable = hn::And(hn::IsFinite(r), hn::Ge(hn::Abs(r), min_normal));
+    HWY_ALIGN float s_buf[hn::MaxLanes(DF())];
+    HWY_ALIGN float r_buf[hn::MaxLanes(DF())];
+    HWY_ALIGN int32_t z_buf[hn::MaxLanes(DF())];
+    hn::Store(s, d, s_buf);
+    hn::Store(hn::IfThenElseZero(usable, r), d, r_buf);  // 0: take the division
+    hn::Store(hn::ConvertTo(di, z), di, z_buf);
+    const int64_t m = std::min(N, count - g0);
+    std::memcpy(scale + g0, s_buf, static_cast<std::size_t>(m) * sizeof(float));
+    std::memcpy(inv + g0, r_buf, static_cast<std::size_t>(m) * sizeof(float));
+    std::memcpy(zero + g0, z_buf, static_cast<std::size_t>(m) * sizeof(int32_t));
   }
-  for (; i < n; ++i) codes[i] = static_cast<uint8_t>(int_encode(x[i], p, q));
+  return hn::AllTrue(d, ok);
 }
 
 // Quantizes rows [r0, r1) (r0 a multiple of aligned_rows, so the rows' bytes are theirs).
-// Returns false when a row is not finite.
+// Returns false when a row is not finite. A row goes a span of groups (about 16 KiB) at a
+// time: the parameters of every group (the pass that streams the span from memory), then the
+// codes from L1 while the next span is fetched. Groups of whole vectors take their
+// parameters N at a time (SpanParams); others one at a time. 8-bit codes, and 4-bit codes
+// when every group starts on a byte, are written straight into `packed`; other widths go
+// through a row of bytes and pack_codes.
 bool QuantizeRows(const float* x, const Groups* gs, const IntScheme* q, int32_t packing,
                   uint8_t* packed, float* scales, uint8_t* zeros, int64_t r0, int64_t r1) {
-  std::vector<uint8_t> codes(static_cast<std::size_t>(gs->cols));
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  const bool bytes = q->bits == 8;
+  const bool nibbles = q->bits == 4 && gs->cols % 2 == 0 && gs->group % 2 == 0;
+  const bool vector_params = gs->whole() && gs->group % N == 0;
+  std::vector<uint8_t> codes(bytes || nibbles ? 0 : static_cast<std::size_t>(gs->cols));
+  const int64_t span = std::clamp<int64_t>(4096 / gs->group, 1, kSpan);
+  float scale[kSpan], inv[kSpan];
+  int32_t zero[kSpan];
   for (int64_t r = r0; r < r1; ++r) {
     const float* row = x + r * gs->cols;
-    if (!AllFinite(row, gs->cols)) return false;
-    for (int64_t g = 0; g < gs->groups_per_row; ++g) {
-      const int64_t c0 = gs->begin(g);
-      const int64_t c1 = gs->end(g);
-      const GroupParams p = int_group_params(Stats(row + c0, c1 - c0), *q);
-      scales[r * gs->groups_per_row + g] = p.scale;
-      if (!q->symmetric) zeros[r * gs->groups_per_row + g] = static_cast<uint8_t>(p.zero);
-      EncodeGroup(row + c0, c1 - c0, p, *q, codes.data() + c0);
+    for (int64_t g0 = 0; g0 < gs->groups_per_row; g0 += span) {
+      const int64_t g1 = std::min(gs->groups_per_row, g0 + span);
+      if (vector_params) {
+        if (!SpanParams(row + g0 * gs->group, g1 - g0, gs->group, *q, scale, inv, zero)) {
+          return false;
+        }
+      } else {
+        for (int64_t g = g0; g < g1; ++g) {
+          const FiniteStats f = Stats(row + gs->begin(g), gs->end(g) - gs->begin(g), q->symmetric);
+          if (!f.finite) return false;
+          const GroupParams p = int_group_params(f.st, *q);
+          scale[g - g0] = p.scale;
+          zero[g - g0] = p.zero;
+          const float i = 1.0f / p.scale;
+          inv[g - g0] =
+              std::isfinite(i) && std::fabs(i) >= std::numeric_limits<float>::min() ? i : 0.0f;
+        }
+      }
+      std::memcpy(scales + r * gs->groups_per_row + g0, scale,
+                  static_cast<std::size_t>(g1 - g0) * sizeof(float));
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t c0 = gs->begin(g);
+        const int64_t n = gs->end(g) - c0;
+        if (!q->symmetric) zeros[r * gs->groups_per_row + g] = static_cast<uint8_t>(zero[g - g0]);
+        const Encoder e(scale[g - g0], inv[g - g0], zero[g - g0], *q);
+        // While this span is in L1, the matching group of the next span is fetched.
+        const int64_t next = r * gs->cols + c0 + span * gs->group;
+        if (next + n <= gs->rows * gs->cols) {
+          for (int64_t b = 0; b < n; b += 16) hwy::Prefetch(x + next + b);
+        }
+        uint8_t* out = bytes ? packed + r * gs->cols + c0
+                             : (nibbles ? packed + (r * gs->cols + c0) / 2 : codes.data() + c0);
+        Encode(row + c0, n, e, nibbles, packing, out);
+      }
     }
-    pack_codes(codes.data(), static_cast<uint64_t>(r * gs->cols), static_cast<uint64_t>(gs->cols),
-               q->bits, packing, packed);
+    if (!bytes && !nibbles) {
+      pack_codes(codes.data(), static_cast<uint64_t>(r * gs->cols), static_cast<uint64_t>(gs->cols),
+                 q->bits, packing, packed);
+    }
   }
   return true;
 }
