@@ -91,53 +91,37 @@ HWY_INLINE FiniteStats Stats(const float* x, int64_t n, bool absmax_only) {
 // Adding 1.5 * 2^23 rounds t half to even onto the integer grid (the sum's ulp is 1 and the
 // constant is even), and the sum's low bits are then r in two's complement: its low byte is
 // the code, symmetric or not (asymmetric "exact" adds z to it: round(t) + z).
-struct Encoder {
-  float scale = 1.0f, inv = 1.0f, lo = 0.0f, hi = 0.0f, zf = 0.0f, margin = 0.0f;
-  int32_t z = 0;
-  bool fast = false;
-  bool shift = false;  // asymmetric, not "exact": a = x + z * s
-
-  // inv: 1 / s where that is a normal float, else 0 (then every vector takes the division).
-  Encoder(float s, float reciprocal, int32_t zero, const IntScheme& q) {
-    scale = s;
-    inv = reciprocal;
-    fast = reciprocal != 0.0f;
-    hi = static_cast<float>((1u << q.bits) - 1u);
-    if (q.symmetric) {
-      hi = static_cast<float>((1u << (q.bits - 1)) - 1u);
-      lo = q.range == Range::kExact ? -hi : -hi - 1.0f;
-    } else if (q.range == Range::kExact) {
-      z = zero;  // round(t) + z within [0, qmax]: round(t) within [-z, qmax - z]
-      lo = static_cast<float>(-z);
-      hi -= static_cast<float>(z);
-    } else {
-      shift = true;
-    }
-    zf = static_cast<float>(zero) * s;
-    margin = 0.5f - std::max(std::fabs(lo), std::fabs(hi)) * 0x1p-22f;
-  }
+// A span's groups as the encoder sees them: group g is x[g * len, min((g + 1) * len, n)),
+// with scale[g], inv[g] (1 / s where that is a normal float, else 0: every vector of the
+// group then takes the division) and zero[g].
+struct SpanGroups {
+  const float* x;
+  int64_t count, len, n;
+  const float* scale;
+  const float* inv;
+  const int32_t* zero;
 };
 
-// The encoder in registers (a local copy: stores through the byte pointers could alias a
-// referenced one, so the compiler would reload it for every vector). kShift: a = x + z * s;
-// kZero: the code is round(t) + z.
+// One group's encoder in registers. kShift (asymmetric, not "exact"): a = x + z * s.
+// kZero (asymmetric "exact"): the code is round(t) + z, so t is clamped to [-z, qmax - z].
 template <bool kShift, bool kZero>
-struct VecEncoder {
+struct GroupEncoder {
   DF d;
-  hn::Vec<DF> vs, vinv, vlo, vhi, vzf, margin, magic;
+  hn::Vec<DF> vinv, vlo, vhi, vzf, margin, magic;
   hn::Vec<DI> vz;
+  float scale;
   bool fast;
 
-  explicit VecEncoder(const Encoder& e)
-      : vs(hn::Set(d, e.scale)),
-        vinv(hn::Set(d, e.inv)),
-        vlo(hn::Set(d, e.lo)),
-        vhi(hn::Set(d, e.hi)),
-        vzf(hn::Set(d, e.zf)),
-        margin(hn::Set(d, e.margin)),
+  GroupEncoder(const SpanGroups& s, int64_t g, float lo, float hi, float m)
+      : vinv(hn::Set(d, s.inv[g])),
+        vlo(hn::Set(d, kZero ? static_cast<float>(-s.zero[g]) : lo)),
+        vhi(hn::Set(d, kZero ? hi - static_cast<float>(s.zero[g]) : hi)),
+        vzf(hn::Set(d, kShift ? static_cast<float>(s.zero[g]) * s.scale[g] : 0.0f)),
+        margin(hn::Set(d, m)),
         magic(hn::Set(d, 0x1.8p23f)),
-        vz(hn::Set(DI(), e.z)),
-        fast(e.fast) {}
+        vz(hn::Set(DI(), kZero ? s.zero[g] : 0)),
+        scale(s.scale[g]),
+        fast(s.inv[g] != 0.0f) {}
 
   // The codes of x[i .. i + N) in the low bits of int32 lanes: through 1 / s, or through the
   // division when a lane could round otherwise (about one vector in a thousand at 8 bits).
@@ -148,7 +132,8 @@ struct VecEncoder {
     auto m = hn::Add(t, magic);
     const auto safe = hn::Lt(hn::Abs(hn::Sub(t, hn::Sub(m, magic))), margin);
     if (HWY_UNLIKELY(!fast || !hn::AllTrue(d, safe))) {
-      m = hn::Add(hn::Min(hn::Max(hn::Round(hn::Div(a, vs)), vlo), vhi), magic);
+      const auto q = hn::Round(hn::Div(a, hn::Set(d, scale)));
+      m = hn::Add(hn::Min(hn::Max(q, vlo), vhi), magic);
     }
     const auto c = hn::BitCast(DI(), m);
     if constexpr (kZero) return hn::Add(c, vz);
@@ -156,72 +141,83 @@ struct VecEncoder {
   }
 };
 
-// Codes of x[0 .. n) in one group, one byte each.
-template <bool kShift, bool kZero>
-HWY_NOINLINE void EncodeBytes(const float* HWY_RESTRICT x, int64_t n, const Encoder& enc,
-                              uint8_t* HWY_RESTRICT out) {
-  const VecEncoder<kShift, kZero> e(enc);
-  const DU32 du32;
-  const DU8 du8;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(e.d));
-  int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    hn::StoreU(hn::TruncateTo(du8, hn::BitCast(du32, e.Codes(x + i))), du8, out + i);
-  }
-  if (i < n) {
-    HWY_ALIGN float tail[hn::MaxLanes(DF())] = {};
-    std::memcpy(tail, x + i, static_cast<std::size_t>(n - i) * sizeof(float));
-    HWY_ALIGN uint8_t codes[hn::MaxLanes(DF())];
-    hn::StoreU(hn::TruncateTo(du8, hn::BitCast(du32, e.Codes(tail))), du8, codes);
-    std::memcpy(out + i, codes, static_cast<std::size_t>(n - i));
-  }
-}
-
-// 4-bit codes of x[0 .. n) straight into their bytes (element 0 starts byte out[0], n even):
-// two vectors of codes give one vector of bytes, the even elements in one nibble and the odd
-// in the other.
-template <bool kShift, bool kZero>
-HWY_NOINLINE void EncodeNibbles(const float* HWY_RESTRICT x, int64_t n, const Encoder& enc,
-                                int32_t packing, uint8_t* HWY_RESTRICT out) {
-  const VecEncoder<kShift, kZero> e(enc);
+// The codes of a span's groups, into `out` (the span's first byte): one byte per code
+// (kNibbles false: bits 8, or a row of bytes for pack_codes), or two 4-bit codes per byte
+// (every group starts on a byte), where two vectors of codes give one vector of bytes with the
+// even elements in one nibble and the odd ones in the other. While a group is encoded from
+// L1, the same group of the next span (`ahead`, when not null) is fetched.
+template <bool kShift, bool kZero, bool kNibbles>
+HWY_NOINLINE void EncodeSpan(const SpanGroups& s, const IntScheme& q, int32_t packing,
+                             uint8_t* HWY_RESTRICT out, const float* ahead) {
   const DI di;
   const DU32 du32;
   const DU8 du8;
   const int64_t N = static_cast<int64_t>(hn::Lanes(di));
+  float lo = 0.0f, hi = static_cast<float>((1u << q.bits) - 1u);
+  if (q.symmetric) {
+    hi = static_cast<float>((1u << (q.bits - 1)) - 1u);
+    lo = q.range == Range::kExact ? -hi : -hi - 1.0f;
+  }
+  // |t| <= max(|lo|, |hi|), which is at most 2^bits - 1 for kZero's [-z, qmax - z].
+  const float margin = 0.5f - std::max(std::fabs(lo), std::fabs(hi)) * 0x1p-22f;
   const auto low = hn::Set(di, 0x0F);
   const int even_shift = packing == LOOM_QUANT_PACK_LSB_FIRST ? 0 : 4;
   const int odd_shift = 4 - even_shift;
-  const auto pack = [&](const float* src) {
-    const auto c0 = e.Codes(src);
-    const auto c1 = e.Codes(src + N);
-    const auto even = hn::ShiftLeftSame(hn::And(hn::ConcatEven(di, c1, c0), low), even_shift);
-    const auto odd = hn::ShiftLeftSame(hn::And(hn::ConcatOdd(di, c1, c0), low), odd_shift);
-    return hn::TruncateTo(du8, hn::BitCast(du32, hn::Or(even, odd)));
-  };
-  int64_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) hn::StoreU(pack(x + i), du8, out + i / 2);
-  if (i < n) {
-    HWY_ALIGN float tail[2 * hn::MaxLanes(DF())] = {};
-    std::memcpy(tail, x + i, static_cast<std::size_t>(n - i) * sizeof(float));
-    HWY_ALIGN uint8_t bytes[hn::MaxLanes(DF())];
-    hn::StoreU(pack(tail), du8, bytes);
-    std::memcpy(out + i / 2, bytes, static_cast<std::size_t>(n - i) / 2);
+  HWY_ALIGN float tail[2 * hn::MaxLanes(DF())];
+  HWY_ALIGN uint8_t bytes[hn::MaxLanes(DF())];
+  for (int64_t g = 0; g < s.count; ++g) {
+    const GroupEncoder<kShift, kZero> e(s, g, lo, hi, margin);
+    const float* x = s.x + g * s.len;
+    const int64_t n = std::min(s.len, s.n - g * s.len);
+    if (ahead != nullptr) {
+      for (int64_t b = 0; b < n; b += 16) hwy::Prefetch(ahead + g * s.len + b);
+    }
+    if constexpr (kNibbles) {
+      uint8_t* o = out + g * s.len / 2;
+      const auto pack = [&](const float* src) {
+        const auto c0 = e.Codes(src);
+        const auto c1 = e.Codes(src + N);
+        const auto even = hn::ShiftLeftSame(hn::And(hn::ConcatEven(di, c1, c0), low), even_shift);
+        const auto odd = hn::ShiftLeftSame(hn::And(hn::ConcatOdd(di, c1, c0), low), odd_shift);
+        return hn::TruncateTo(du8, hn::BitCast(du32, hn::Or(even, odd)));
+      };
+      int64_t i = 0;
+      for (; i + 2 * N <= n; i += 2 * N) hn::StoreU(pack(x + i), du8, o + i / 2);
+      if (i < n) {
+        std::fill(tail, tail + 2 * N, 0.0f);
+        std::memcpy(tail, x + i, static_cast<std::size_t>(n - i) * sizeof(float));
+        hn::StoreU(pack(tail), du8, bytes);
+        std::memcpy(o + i / 2, bytes, static_cast<std::size_t>(n - i) / 2);
+      }
+    } else {
+      uint8_t* o = out + g * s.len;
+      const auto codes = [&](const float* src) {
+        return hn::TruncateTo(du8, hn::BitCast(du32, e.Codes(src)));
+      };
+      int64_t i = 0;
+      for (; i + N <= n; i += N) hn::StoreU(codes(x + i), du8, o + i);
+      if (i < n) {
+        std::fill(tail, tail + N, 0.0f);
+        std::memcpy(tail, x + i, static_cast<std::size_t>(n - i) * sizeof(float));
+        hn::StoreU(codes(tail), du8, bytes);
+        std::memcpy(o + i, bytes, static_cast<std::size_t>(n - i));
+      }
+    }
   }
 }
 
-// Encodes one group into bytes (bits 8, or a row of codes for pack_codes) or nibbles.
-HWY_INLINE void Encode(const float* x, int64_t n, const Encoder& e, bool nibbles, int32_t packing,
-                       uint8_t* out) {
-  if (e.shift) {
-    nibbles ? EncodeNibbles<true, false>(x, n, e, packing, out)
-            : EncodeBytes<true, false>(x, n, e, out);
-  } else if (e.z != 0) {
-    nibbles ? EncodeNibbles<false, true>(x, n, e, packing, out)
-            : EncodeBytes<false, true>(x, n, e, out);
-  } else {
-    nibbles ? EncodeNibbles<false, false>(x, n, e, packing, out)
-            : EncodeBytes<false, false>(x, n, e, out);
+HWY_INLINE void Encode(const SpanGroups& s, const IntScheme& q, bool nibbles, int32_t packing,
+                       uint8_t* out, const float* ahead) {
+  const bool shift = !q.symmetric && q.range != Range::kExact;
+  const bool zero = !q.symmetric && q.range == Range::kExact;
+  if (nibbles) {
+    if (shift) return EncodeSpan<true, false, true>(s, q, packing, out, ahead);
+    if (zero) return EncodeSpan<false, true, true>(s, q, packing, out, ahead);
+    return EncodeSpan<false, false, true>(s, q, packing, out, ahead);
   }
+  if (shift) return EncodeSpan<true, false, false>(s, q, packing, out, ahead);
+  if (zero) return EncodeSpan<false, true, false>(s, q, packing, out, ahead);
+  return EncodeSpan<false, false, false>(s, q, packing, out, ahead);
 }
 
 constexpr int64_t kSpan = 64;  // groups per span (a multiple of every target's lanes)
@@ -357,20 +353,18 @@ bool QuantizeRows(const float* x, const Groups* gs, const IntScheme* q, int32_t 
       }
       std::memcpy(scales + r * gs->groups_per_row + g0, scale,
                   static_cast<std::size_t>(g1 - g0) * sizeof(float));
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t c0 = gs->begin(g);
-        const int64_t n = gs->end(g) - c0;
-        if (!q->symmetric) zeros[r * gs->groups_per_row + g] = static_cast<uint8_t>(zero[g - g0]);
-        const Encoder e(scale[g - g0], inv[g - g0], zero[g - g0], *q);
-        // While this span is in L1, the matching group of the next span is fetched.
-        const int64_t next = r * gs->cols + c0 + span * gs->group;
-        if (next + n <= gs->rows * gs->cols) {
-          for (int64_t b = 0; b < n; b += 16) hwy::Prefetch(x + next + b);
+      if (!q->symmetric) {
+        for (int64_t g = g0; g < g1; ++g) {
+          zeros[r * gs->groups_per_row + g] = static_cast<uint8_t>(zero[g - g0]);
         }
-        uint8_t* out = bytes ? packed + r * gs->cols + c0
-                             : (nibbles ? packed + (r * gs->cols + c0) / 2 : codes.data() + c0);
-        Encode(row + c0, n, e, nibbles, packing, out);
       }
+      const int64_t c0 = gs->begin(g0);
+      const SpanGroups sg{row + c0, g1 - g0, gs->group, gs->end(g1 - 1) - c0, scale, inv, zero};
+      const int64_t next = r * gs->cols + c0 + span * gs->group;  // the next span's start
+      const float* ahead = next + span * gs->group <= gs->rows * gs->cols ? x + next : nullptr;
+      uint8_t* out = bytes ? packed + r * gs->cols + c0
+                           : (nibbles ? packed + (r * gs->cols + c0) / 2 : codes.data() + c0);
+      Encode(sg, *q, nibbles, packing, out, ahead);
     }
     if (!bytes && !nibbles) {
       pack_codes(codes.data(), static_cast<uint64_t>(r * gs->cols), static_cast<uint64_t>(gs->cols),
