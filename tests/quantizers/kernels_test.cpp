@@ -188,6 +188,35 @@ TEST(QuantKernels, NonFiniteInputIsFoundAndNamed) {
   });
 }
 
+// Groups of whole vectors take their statistics N groups at a time (symmetric: max |x| over
+// the bits as integers); a NaN or an infinity anywhere in them, also in the last group of a
+// span and of the tensor, is still found and named.
+TEST(QuantKernels, NonFiniteInputIsFoundInGroupsOfWholeVectors) {
+  const int64_t rows = 4, cols = 1024;
+  on_every_target([&] {
+    for (bool sym : {true, false}) {
+      for (int64_t group : {16, 64, 128}) {
+        for (int64_t at : {int64_t{0}, int64_t{5}, cols + 127, 2 * cols + 1000, rows * cols - 1}) {
+          for (float bad : {NAN, -NAN, INFINITY, -INFINITY}) {
+            SCOPED_TRACE(std::string(sym ? "sym" : "asym") + " group " + std::to_string(group) +
+                         " at " + std::to_string(at) + " value " + std::to_string(bad));
+            auto x = sample(rows, cols, 9);
+            x[static_cast<std::size_t>(at)] = bad;
+            const Groups gs = Groups::of(rows, cols, group);
+            std::vector<uint8_t> p(static_cast<std::size_t>(rows * cols));
+            std::vector<float> s(static_cast<std::size_t>(gs.count()));
+            std::vector<uint8_t> z(static_cast<std::size_t>(gs.count()));
+            EXPECT_EQ(
+                loom::quant::quantize_int(x.data(), gs, {8, sym, Range::kExact},
+                                          LOOM_QUANT_PACK_LSB_FIRST, p.data(), s.data(), z.data()),
+                at);
+          }
+        }
+      }
+    }
+  });
+}
+
 // y = x . decode(W)^T (+ bias) in double from the reference's decoded weight.
 std::vector<double> dequant_matmul(const std::vector<float>& x, int64_t m,
                                    const std::vector<float>& wd, int64_t n, int64_t k,

@@ -258,6 +258,7 @@ HWY_INLINE bool SpanParams(const float* x, int64_t count, int64_t len, const Int
                                                  : static_cast<float>(1u << q.bits)));
   const auto qmax = hn::Set(d, static_cast<float>((1u << q.bits) - 1u));
   const auto min_normal = hn::Set(d, std::numeric_limits<float>::min());
+  const auto inf_bits = hn::Set(di, 0x7F800000);
   auto ok = hn::IsFinite(zero_v);
   hn::Vec<DF> hi[hn::MaxLanes(DF())];
   hn::Vec<DF> lo[hn::MaxLanes(DF())];
@@ -265,19 +266,30 @@ HWY_INLINE bool SpanParams(const float* x, int64_t count, int64_t len, const Int
     for (int64_t j = 0; j < N; ++j) {
       if (g0 + j >= count) {  // padding: a copy of the last group's
         hi[j] = hi[j - 1];
-        lo[j] = lo[j - 1];
+        if (!sym) lo[j] = lo[j - 1];
         continue;
       }
       const float* p = x + (g0 + j) * len;
+      if (sym) {
+        // max |x| over the bits of |x| as integers (the same order for every non-negative
+        // float), which is finite exactly when every element is: NaN and inf sort above.
+        auto vbits = hn::BitCast(di, hn::Abs(hn::LoadU(d, p)));
+        for (int64_t i = N; i < len; i += N) {
+          vbits = hn::Max(vbits, hn::BitCast(di, hn::Abs(hn::LoadU(d, p + i))));
+        }
+        ok = hn::And(ok, hn::RebindMask(d, hn::Lt(vbits, inf_bits)));
+        hi[j] = hn::BitCast(d, vbits);
+        continue;
+      }
       auto v = hn::LoadU(d, p);
       ok = hn::And(ok, hn::IsFinite(v));
-      auto vhi = sym ? hn::Abs(v) : v;
+      auto vhi = v;
       auto vlo = v;
       for (int64_t i = N; i < len; i += N) {
         v = hn::LoadU(d, p + i);
         ok = hn::And(ok, hn::IsFinite(v));
-        vhi = hn::Max(vhi, sym ? hn::Abs(v) : v);
-        if (!sym) vlo = hn::Min(vlo, v);
+        vhi = hn::Max(vhi, v);
+        vlo = hn::Min(vlo, v);
       }
       hi[j] = vhi;
       lo[j] = vlo;
@@ -315,7 +327,7 @@ HWY_INLINE bool SpanParams(const float* x, int64_t count, int64_t len, const Int
 }
 
 // Quantizes rows [r0, r1) (r0 a multiple of aligned_rows, so the rows' bytes are theirs).
-// Returns false when a row is not finite. A row goes a span of groups (about 16 KiB) at a
+// Returns false when a row is not finite. A row goes a span of groups (about 8 KiB) at a
 // time: the parameters of every group (the pass that streams the span from memory), then the
 // codes from L1 while the next span is fetched. Groups of whole vectors take their
 // parameters N at a time (SpanParams); others one at a time. 8-bit codes, and 4-bit codes
@@ -328,7 +340,7 @@ bool QuantizeRows(const float* x, const Groups* gs, const IntScheme* q, int32_t 
   const bool nibbles = q->bits == 4 && gs->cols % 2 == 0 && gs->group % 2 == 0;
   const bool vector_params = gs->whole() && gs->group % N == 0;
   std::vector<uint8_t> codes(bytes || nibbles ? 0 : static_cast<std::size_t>(gs->cols));
-  const int64_t span = std::clamp<int64_t>(4096 / gs->group, 1, kSpan);
+  const int64_t span = std::clamp<int64_t>(2048 / gs->group, 1, kSpan);
   float scale[kSpan], inv[kSpan];
   int32_t zero[kSpan];
   for (int64_t r = r0; r < r1; ++r) {
