@@ -16,6 +16,9 @@
 
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -90,6 +93,18 @@ HWY_INLINE uint32_t Spread16(uint32_t x) {
   x = (x | (x << 2)) & 0x33333333u;
   x = (x | (x << 1)) & 0x55555555u;
   return x;
+}
+
+// 16 2-bit codes from their low bits (plus) and high bits (minus): bit i of plus to bit 2 i,
+// bit i of minus to bit 2 i + 1. On the AVX-512 targets by pdep, which every CPU that runs
+// them executes in one cycle (Intel since Haswell, AMD since Zen 3): the shifts and masks cost
+// about 30 instructions per 16 codes, most of the ternary quantizer's time.
+HWY_INLINE uint32_t Interleave16(uint32_t plus, uint32_t minus) {
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+  return _pdep_u32(plus, 0x55555555u) | _pdep_u32(minus, 0xAAAAAAAAu);
+#else
+  return Spread16(plus) | Spread16(minus) << 1;
+#endif
 }
 
 // The fixed-order group sums (binary.hpp group_abs_sum_ref): the 16 partials live in 16 / N
@@ -235,8 +250,7 @@ HWY_INLINE float TernaryKeptAndCodes(const float* HWY_RESTRICT w, int64_t n, flo
     const uint32_t plus = kept_bits & ~neg;
     const uint32_t minus = kept_bits & neg;
     count += __builtin_popcount(kept_bits);
-    PutBits(packed, (bit0 + static_cast<uint64_t>(i)) * 2, Spread16(plus) | Spread16(minus) << 1,
-            32);
+    PutBits(packed, (bit0 + static_cast<uint64_t>(i)) * 2, Interleave16(plus, minus), 32);
   }
   if (i == n) {
     *kept = count;
