@@ -27,7 +27,9 @@
 //   combine alone against the same roof: the gate computes E dot products per token, so the
 //   whole is bound by arithmetic as much as by memory)}
 //  {"kind":"layer", "device", "tokens", "model_dim", "hidden", "experts", "k", "moe_seconds",
-//   "dense_seconds", "overhead"}
+//   "dense_seconds", "overhead", "phase_seconds" (host only: of the fastest repetition, forward
+//   and backward together, {"gate", "dispatch", "exchange", "experts", "combine"}, each as
+//   loom/moe/layer.hpp's PhaseTimes counts it)}
 //  {"kind":"skip", "device":"cuda", "reason"} without a CUDA device or a CUDA build
 // On --device cuda the same on the GPU: routing as the device layer runs it (probabilities on
 // the device, the O(S k) bookkeeping of top-k, capacity and slots on the host by the host's
@@ -270,11 +272,17 @@ struct Layer {
     bc.workspace = fc.workspace;
     bc.workspace_bytes = fc.workspace_bytes;
     loom::moe::LayerStats stats;
+    loom::moe::PhaseTimes times;
+    fc.times = &times;
+    bc.times = &times;
     const auto t0 = Clock::now();
     loom::moe::layer_forward(cfg, ex, fc, stats);
     loom::moe::layer_backward(cfg, ex, bc);
-    return since(t0);
+    const double s = since(t0);
+    last_phases = times;
+    return s;
   }
+  loom::moe::PhaseTimes last_phases;  // of the latest moe(), forward and backward together
   // One expert's MLP (the first's weights) over every token: the dense layer.
   double dense() {
     const int64_t S = o.tokens;
@@ -289,6 +297,17 @@ struct Layer {
   }
 };
 
+double ms(uint64_t ns) { return static_cast<double>(ns) * 1e-6; }
+
+// The layer's phase times (loom/moe/layer.hpp PhaseTimes), forward and backward together.
+Json phase_json(const loom::moe::PhaseTimes& t) {
+  return {{"gate", static_cast<double>(t.gate_ns) * 1e-9},
+          {"dispatch", static_cast<double>(t.dispatch_ns) * 1e-9},
+          {"exchange", static_cast<double>(t.exchange_ns) * 1e-9},
+          {"experts", static_cast<double>(t.experts_ns) * 1e-9},
+          {"combine", static_cast<double>(t.combine_ns) * 1e-9}};
+}
+
 void run_cpu(const Options& o) {
   Routing r(o);
   std::unique_ptr<Layer> layer = o.layer ? std::make_unique<Layer>(o) : nullptr;
@@ -298,6 +317,7 @@ void run_cpu(const Options& o) {
   auto* s = reinterpret_cast<char*>(src.get());
   auto* d = reinterpret_cast<char*>(dst.get());
   double best = 1e30, gate = 1e30, disp = 1e30, comb = 1e30, roof = 1e30, moe = 1e30, dense = 1e30;
+  loom::moe::PhaseTimes phases;  // of the fastest layer repetition
   if (layer) {
     layer->moe();
     layer->dense();
@@ -313,7 +333,11 @@ void run_cpu(const Options& o) {
     disp = std::min(disp, r.dispatch_s);
     comb = std::min(comb, r.combine_s);
     if (layer) {
-      moe = std::min(moe, layer->moe());
+      const double m = layer->moe();
+      if (m < moe) {
+        moe = m;
+        phases = layer->last_phases;
+      }
       dense = std::min(dense, layer->dense());
     }
   }
@@ -363,14 +387,17 @@ void run_cpu(const Options& o) {
             {"k", 1},
             {"moe_seconds", moe},
             {"dense_seconds", dense},
-            {"overhead", moe / dense - 1.0}};
+            {"overhead", moe / dense - 1.0},
+            {"phase_seconds", phase_json(phases)}};
     loom::bench::emit(jl);
     std::fprintf(stderr,
                  "layer fwd+bwd S=%lld M=%lld H=%lld, top-1 of %d experts: %.1f ms, dense MLP "
-                 "%.1f ms, overhead %.1f%%\n",
+                 "%.1f ms, overhead %.1f%%\n  phases (ms): gate %.2f, dispatch %.2f, exchange "
+                 "%.2f, experts %.2f, combine %.2f\n",
                  static_cast<long long>(o.tokens), static_cast<long long>(o.model_dim),
                  static_cast<long long>(layer->H), o.layer_experts, moe * 1e3, dense * 1e3,
-                 (moe / dense - 1.0) * 100.0);
+                 (moe / dense - 1.0) * 100.0, ms(phases.gate_ns), ms(phases.dispatch_ns),
+                 ms(phases.exchange_ns), ms(phases.experts_ns), ms(phases.combine_ns));
   }
   std::fflush(stdout);
 }

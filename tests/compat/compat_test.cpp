@@ -53,7 +53,8 @@ void PrintTo(const Era& e, std::ostream* os) { *os << "ABI " << e.abi; }
 const Era kEras[] = {
     {"1.0", "compat10_sgd", "compat10_codec", 0}, {"1.1", "compat11_sgd", "compat11_codec", 1},
     {"1.2", "compat12_sgd", "compat12_codec", 2}, {"1.3", "compat13_sgd", "compat13_codec", 3},
-    {"1.4", "compat14_sgd", "compat14_codec", 4}, {"1.5", "compat15_sgd", "compat15_codec", 5}};
+    {"1.4", "compat14_sgd", "compat14_codec", 4}, {"1.5", "compat15_sgd", "compat15_codec", 5},
+    {"1.6", "compat16_sgd", "compat16_codec", 6}};
 
 // ------------------------------------------------------------------ references
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -440,8 +441,23 @@ TEST(MoePlugin, ForwardBackwardMatchTheCoreAndDispatchCombineAlone) {
 
 namespace {
 
+// What run_at passes beyond the layer (the stats and the backward args' size) and what the
+// backward returned.
+struct Calls {
+  loom_moe_stats* forward_stats = nullptr;
+  uint32_t backward_size = LOOM_MOE_BACKWARD_ARGS_SIZE;
+  loom_moe_stats* backward_stats = nullptr;
+  int32_t backward_rc = 0;
+  std::string backward_error;
+  double forward_seconds = 0.0, backward_seconds = 0.0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // forward + backward through the plugin at one thread count: y, dx and every gradient.
-std::vector<float> run_at(size_t threads) {
+std::vector<float> run_at(size_t threads, Calls* calls = nullptr) {
   EXPECT_EQ(loom_set_thread_count(threads), 0) << loom_last_error();
   Session s(
       "num_experts = 6\nk = 2\ncapacity_factor = 1.0\nuse_residual = true\n"
@@ -504,9 +520,12 @@ std::vector<float> run_at(size_t threads) {
   f.saved_bytes = p.saved_bytes;
   f.workspace = ws.p;
   f.workspace_bytes = p.workspace_bytes;
+  f.stats = calls != nullptr ? calls->forward_stats : nullptr;
+  auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(m.take(m.t->forward(m.obj, &f)), 0) << m.error;
+  if (calls != nullptr) calls->forward_seconds = seconds_since(t0);
   loom_moe_backward_args b{};
-  b.struct_size = LOOM_MOE_BACKWARD_ARGS_SIZE;
+  b.struct_size = calls != nullptr ? calls->backward_size : LOOM_MOE_BACKWARD_ARGS_SIZE;
   b.seed = 11;
   b.step = 5;
   b.tokens = S;
@@ -524,7 +543,16 @@ std::vector<float> run_at(size_t threads) {
   b.saved_bytes = p.saved_bytes;
   b.workspace = ws.p;
   b.workspace_bytes = p.workspace_bytes;
-  EXPECT_EQ(m.take(m.t->backward(m.obj, &b)), 0) << m.error;
+  b.stats = calls != nullptr ? calls->backward_stats : nullptr;
+  t0 = std::chrono::steady_clock::now();
+  const int32_t rc = m.take(m.t->backward(m.obj, &b));
+  if (calls != nullptr) {
+    calls->backward_seconds = seconds_since(t0);
+    calls->backward_rc = rc;
+    calls->backward_error = m.error;
+  } else {
+    EXPECT_EQ(rc, 0) << m.error;
+  }
   std::vector<float> out = y;
   out.insert(out.end(), dx.begin(), dx.end());
   for (const auto& gi : g) out.insert(out.end(), gi.begin(), gi.end());
@@ -538,6 +566,67 @@ TEST(MoePlugin, BitIdenticalOnAnyThreadCount) {
   const std::vector<float> one = run_at(1);
   for (size_t t : {2u, 3u}) EXPECT_EQ(run_at(t), one) << t << " threads";
   EXPECT_EQ(loom_set_thread_count(before), 0);
+}
+
+namespace {
+
+uint64_t phase_sum(const loom_moe_stats& s) {
+  return s.gate_ns + s.dispatch_ns + s.exchange_ns + s.experts_ns + s.combine_ns;
+}
+
+void expect_phases(const loom_moe_stats& s, double call_seconds, const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_GT(s.gate_ns, 0u);
+  EXPECT_GT(s.dispatch_ns, 0u);
+  EXPECT_GT(s.experts_ns, 0u);
+  EXPECT_GT(s.combine_ns, 0u);
+  // the phases are disjoint parts of the call
+  EXPECT_LE(static_cast<double>(phase_sum(s)) * 1e-9, call_seconds);
+}
+
+}  // namespace
+
+// Since ABI 1.7 forward's stats and backward's (a new args field) carry the time of each
+// phase. A 1.6 caller's shorter stats and backward args still work, and nothing is written
+// past what they hold; a backward's stats must be the 1.7 struct.
+TEST(MoePlugin, PhaseTimesAndOlderCallersStructs) {
+  const std::vector<float> plain = run_at(1);
+  std::vector<int64_t> load(6);
+  loom_moe_stats fs{LOOM_MOE_STATS_SIZE, 0, 0.0, 0, 0, load.data(), 6};
+  loom_moe_stats bs{LOOM_MOE_STATS_SIZE, 0, 7.0, 3, 4, nullptr, 0};
+  Calls c;
+  c.forward_stats = &fs;
+  c.backward_stats = &bs;
+  EXPECT_EQ(run_at(1, &c), plain);  // timing changes nothing
+  ASSERT_EQ(c.backward_rc, 0) << c.backward_error;
+  expect_phases(fs, c.forward_seconds, "forward");
+  expect_phases(bs, c.backward_seconds, "backward");
+  EXPECT_EQ(bs.aux_loss, 7.0);  // backward writes the phases only
+  EXPECT_EQ(bs.dropped, 3);
+  EXPECT_EQ(bs.expert_rows, 4);
+
+  // A 1.6 caller: shorter stats and backward args. The fields beyond them keep what they held.
+  loom_moe_stats old{LOOM_MOE_STATS_SIZE_1_5, 0, 0.0, 0, 0, load.data(), 6};
+  old.gate_ns = old.dispatch_ns = old.exchange_ns = old.experts_ns = old.combine_ns = 12345;
+  loom_moe_stats unseen{LOOM_MOE_STATS_SIZE, 0, 0.0, 0, 0, nullptr, 0};
+  unseen.experts_ns = 999;
+  Calls o;
+  o.forward_stats = &old;
+  o.backward_size = LOOM_MOE_BACKWARD_ARGS_SIZE_1_5;
+  o.backward_stats = &unseen;  // past the args' struct_size: never read
+  EXPECT_EQ(run_at(1, &o), plain);
+  ASSERT_EQ(o.backward_rc, 0) << o.backward_error;
+  EXPECT_GT(old.expert_rows, 0);
+  EXPECT_EQ(phase_sum(old), 5u * 12345u);
+  EXPECT_EQ(unseen.experts_ns, 999u);
+
+  // stats on backward are new in 1.7: a shorter one is refused, naming it
+  loom_moe_stats short_bs{LOOM_MOE_STATS_SIZE_1_5, 0, 0.0, 0, 0, nullptr, 0};
+  Calls r;
+  r.backward_stats = &short_bs;
+  run_at(1, &r);
+  EXPECT_EQ(r.backward_rc, LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has(r.backward_error, "backward stats has struct_size")) << r.backward_error;
 }
 
 #ifdef LOOM_CLI_PATH

@@ -1,6 +1,7 @@
 #include "moe_layer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +50,10 @@ class InitRng {
 std::string plan_text(const loom_moe_plan_args& p) {
   return "experts " + std::to_string(p.experts) + ", k " + std::to_string(p.top_k) + ", ep_size " +
          std::to_string(p.ep_size);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -248,7 +253,9 @@ void MoeLayer::forward(const float* x, float* y, int rows) {
   a.saved_bytes = saved_bytes;
   a.workspace = workspace_.get(ws_bytes);
   a.workspace_bytes = ws_bytes;
+  const auto t0 = std::chrono::steady_clock::now();
   check(vt_->forward(obj_, &a), training_ ? "forward" : "forward (evaluation)");
+  if (training_) add_phases(stats, seconds_since(t0));
   saved_training_ = training_;
   saved_rows_ = rows;
   if (training_) {
@@ -296,8 +303,22 @@ void MoeLayer::backward(const float* x, const float* dy, float* dx, int rows) {
   a.saved_bytes = saved_bytes;
   a.workspace = workspace_.get(ws_bytes);
   a.workspace_bytes = ws_bytes;
+  loom_moe_stats stats{};
+  stats.struct_size = LOOM_MOE_STATS_SIZE;
+  a.stats = &stats;
+  const auto t0 = std::chrono::steady_clock::now();
   check(vt_->backward(obj_, &a), "backward");
+  add_phases(stats, seconds_since(t0));
   for (size_t i = 0; i < n; ++i) dx[i] += dx_[i];  // the seam adds into dx
+}
+
+void MoeLayer::add_phases(const loom_moe_stats& s, double call_seconds) {
+  phases_.gate += static_cast<double>(s.gate_ns) * 1e-9;
+  phases_.dispatch += static_cast<double>(s.dispatch_ns) * 1e-9;
+  phases_.exchange += static_cast<double>(s.exchange_ns) * 1e-9;
+  phases_.experts += static_cast<double>(s.experts_ns) * 1e-9;
+  phases_.combine += static_cast<double>(s.combine_ns) * 1e-9;
+  phases_.calls += call_seconds;
 }
 
 std::vector<ParamTensor> MoeLayer::parameters() {

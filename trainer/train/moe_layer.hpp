@@ -91,6 +91,14 @@ class MoeLayer final : public Mlp {
   void reduce_gradients();
 
   // The last training forward's statistics (this rank).
+  // Seconds of the training forwards and backwards so far: in each phase as the plugin reports
+  // it (loom_moe_stats' phase times, since ABI 1.7; 0 from an older plugin or on CUDA), and the
+  // calls' whole wall time.
+  struct PhaseSeconds {
+    double gate = 0, dispatch = 0, exchange = 0, experts = 0, combine = 0, calls = 0;
+  };
+  const PhaseSeconds& phase_seconds() const { return phases_; }
+
   double aux_loss() const { return aux_loss_; }
   int64_t dropped() const { return dropped_; }
   int64_t expert_rows() const { return expert_rows_; }
@@ -116,6 +124,8 @@ class MoeLayer final : public Mlp {
   std::vector<Param> params_;  // gate, w1, b1, w2, b2[, res_w1, res_b1, res_w2, res_b2, coef_w,
                                // coef_b]
   std::vector<float> bias_, dx_;
+  PhaseSeconds phases_;
+  void add_phases(const loom_moe_stats& s, double call_seconds);
   MoeBuffer saved_, workspace_;
   int64_t step_ = 1, first_token_ = 0;
   bool training_ = true;

@@ -309,6 +309,17 @@ void Trainer::finish() {
     } else {
       std::printf("bytes sent: 0 (one rank; nothing to average)\n");
     }
+    if (summary.contains("moe")) {
+      // Where the MoE layers' time went (summary.json's moe.phases, rank 0).
+      const nlohmann::json& sec = summary["moe"]["phases"]["seconds"];
+      std::printf(
+          "MoE layers (rank 0): %.2f s, %.0f%% of the steps: gate %.2f, dispatch %.2f, "
+          "exchange %.2f, experts %.2f, combine %.2f, other %.2f s\n",
+          sec["calls"].get<double>(),
+          train_step_s_ > 0 ? 100.0 * sec["calls"].get<double>() / train_step_s_ : 0.0,
+          sec["gate"].get<double>(), sec["dispatch"].get<double>(), sec["exchange"].get<double>(),
+          sec["experts"].get<double>(), sec["combine"].get<double>(), sec["other"].get<double>());
+    }
     std::printf("metrics: %s\n", metrics_path_.string().c_str());
     std::fflush(stdout);
     if (!c_.plot.empty()) {

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 6
+#define LOOM_ABI_MINOR 7
 
 /* Size of a struct up to and including its last field (trailing padding excluded). */
 #define LOOM_STRUCT_SIZE(type, last_field) \

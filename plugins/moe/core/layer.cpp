@@ -2,6 +2,7 @@
 #include <loom/moe/layer.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +22,26 @@ using detail::SavedView;
 using detail::WorkView;
 
 namespace {
+
+// Adds the time since the previous lap to one phase of `times` (nothing when it is null).
+class Laps {
+ public:
+  explicit Laps(PhaseTimes* times) : times_(times) {
+    if (times_ != nullptr) last_ = Clock::now();
+  }
+  void to(uint64_t PhaseTimes::*phase) {
+    if (times_ == nullptr) return;
+    const auto now = Clock::now();
+    times_->*phase += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count());
+    last_ = now;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  PhaseTimes* times_;
+  Clock::time_point last_{};
+};
 
 void need(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("moe: " + what);
@@ -102,6 +123,7 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
   std::vector<int64_t> send_counts(static_cast<size_t>(E), 0);
   RouteOut<T> ro;
   int64_t send_rows = 0;
+  Laps lap(call.times);
   // Local checks and routing; a rank that fails them still takes part in the counts
   // exchange (sending nothing) and in the agreement after it, so every rank of the
   // expert-parallel group stops together instead of waiting in the row exchange.
@@ -124,6 +146,7 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
     ro.weights = sv.weights;
     ro.load = load.data();
     route_tokens(cfg.gate, call.x, S, M, call.w.gate_w, call.expert_bias, ro);
+    lap.to(&PhaseTimes::gate_ns);
     send_rows = build_slots(sv.route, S, k, E, sv.send_counts, sv.slot);
     std::copy(sv.send_counts, sv.send_counts + E, send_counts.begin());
   } catch (const std::exception& e) {
@@ -131,6 +154,7 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
     status = -1;
     std::fill(send_counts.begin(), send_counts.end(), 0);
   }
+  lap.to(&PhaseTimes::dispatch_ns);
   const Exchange::Plan plan = ex.plan(send_counts.data(), E);
   // the expert-layout regions, now that the rows are known
   if (status == 0) {
@@ -160,20 +184,27 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
   sv = carve_saved<T>(cfg, S, plan.recv_rows, call.saved);
   wv = carve_work<T>(cfg, S, plan.recv_rows, call.workspace);
   std::copy(plan.recv_counts.begin(), plan.recv_counts.end(), sv.recv_counts);
+  lap.to(&PhaseTimes::exchange_ns);
   gather_rows<T>(call.x, S, M, k, sv.slot, nullptr, wv.rows_send);
+  lap.to(&PhaseTimes::dispatch_ns);
   const auto row_bytes = static_cast<int64_t>(M * sizeof(T));
   ex.forward(plan, wv.rows_send, sv.expert_in, row_bytes, host_device(), nullptr);
+  lap.to(&PhaseTimes::exchange_ns);
   const std::vector<int64_t> rows = local_rows(cfg, sv.recv_counts);
   experts_forward<T>(cfg.activation, cfg.local_experts, rows.data(), M, H, sv.expert_in,
                      call.w.experts, sv.expert_pre, wv.h, wv.recv_a);
+  lap.to(&PhaseTimes::experts_ns);
   ex.reverse(plan, wv.recv_a, sv.out_send, row_bytes, host_device(), nullptr);
+  lap.to(&PhaseTimes::exchange_ns);
   T* moe_y = cfg.residual ? sv.moe_out : call.y;
   combine_rows<T>(sv.out_send, S, M, k, sv.slot, sv.weights, moe_y, false);
+  lap.to(&PhaseTimes::combine_ns);
 
   if (cfg.residual && S > 0) {
     const int64_t n = S;
     experts_forward<T>(cfg.activation, 1, &n, M, H, call.x, call.w.residual, sv.mlp_pre, wv.h2,
                        sv.mlp_out);
+    lap.to(&PhaseTimes::experts_ns);
     for (int64_t s = 0; s < S; ++s) {
       const T* xs = call.x + s * M;
       T z[2];
@@ -204,6 +235,7 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<T>& c
   stats.expert_rows = plan.recv_rows;
   stats.capacity = ro.capacity;
   if (stats.load != nullptr) std::copy(load.begin(), load.end(), stats.load);
+  lap.to(&PhaseTimes::combine_ns);
 }
 
 template <class T>
@@ -214,6 +246,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>&
   const int k = cfg.gate.k;
   const int64_t M = cfg.model_dim, H = cfg.hidden_dim;
   // Local checks, then one agreement over the expert-parallel group before its row exchange.
+  Laps lap(call.times);
   std::string error;
   int64_t R = 0;
   try {
@@ -244,6 +277,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>&
   // const_cast: carving only computes addresses; backward never writes `saved`.
   const SavedView<T> sv = carve_saved<T>(cfg, S, R, const_cast<void*>(call.saved));
   WorkView<T> wv = carve_work<T>(cfg, S, R, call.workspace);
+  lap.to(&PhaseTimes::exchange_ns);
 
   const T* dmoe = call.dy;
   if (cfg.residual) {
@@ -268,6 +302,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>&
 
   combine_weight_grad<T>(sv.out_send, dmoe, S, M, k, sv.slot, wv.dweights);
   gather_rows<T>(dmoe, S, M, k, sv.slot, sv.weights, wv.rows_send);
+  lap.to(&PhaseTimes::combine_ns);
   Exchange::Plan plan;
   plan.num_experts = E;
   plan.local_experts = cfg.local_experts;
@@ -277,19 +312,25 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>&
   plan.recv_rows = R;
   const auto row_bytes = static_cast<int64_t>(M * sizeof(T));
   ex.forward(plan, wv.rows_send, wv.recv_a, row_bytes, host_device(), nullptr);
+  lap.to(&PhaseTimes::exchange_ns);
   const std::vector<int64_t> rows = local_rows(cfg, sv.recv_counts);
   experts_backward<T>(cfg.activation, cfg.local_experts, rows.data(), M, H, sv.expert_in,
                       sv.expert_pre, wv.recv_a, call.w.experts, call.g.experts, wv.h, wv.dh,
                       wv.recv_b);
+  lap.to(&PhaseTimes::experts_ns);
   ex.reverse(plan, wv.recv_b, wv.rows_send, row_bytes, host_device(), nullptr);
+  lap.to(&PhaseTimes::exchange_ns);
   combine_rows<T>(wv.rows_send, S, M, k, sv.slot, nullptr, call.dx, false);
+  lap.to(&PhaseTimes::dispatch_ns);
   gate_backward<T>(cfg.gate, call.x, S, M, call.w.gate_w, sv.probs, sv.choice, sv.route,
                    wv.dweights, call.aux_loss_coef, wv.dlogits, call.dx, call.g.gate_w);
+  lap.to(&PhaseTimes::gate_ns);
 
   if (cfg.residual && S > 0) {
     const int64_t n = S;
     experts_backward<T>(cfg.activation, 1, &n, M, H, call.x, sv.mlp_pre, wv.dmlp, call.w.residual,
                         call.g.residual, wv.h2, wv.dh2, wv.dres);
+    lap.to(&PhaseTimes::experts_ns);
     for (int64_t s = 0; s < S; ++s) {
       const T* xs = call.x + s * M;
       T* dxs = call.dx + s * M;
@@ -303,6 +344,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<T>&
       call.g.coef_b[0] += z0;
       call.g.coef_b[1] += z1;
     }
+    lap.to(&PhaseTimes::combine_ns);
   }
 }
 

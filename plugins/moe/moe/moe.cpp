@@ -28,6 +28,11 @@ namespace {
 namespace moe = loom::moe;
 using loom::sdk::Context;
 
+// The core's phase times as the ABI's stats carry them.
+loom::sdk::MoePhases phases(const moe::PhaseTimes& t) {
+  return {t.gate_ns, t.dispatch_ns, t.exchange_ns, t.experts_ns, t.combine_ns};
+}
+
 [[noreturn]] void fail(const std::string& message) {
   throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, message);
 }
@@ -289,6 +294,8 @@ class MoeLayer : public loom::sdk::Moe {
     call.workspace_bytes = a.workspace_bytes;
     moe::LayerStats stats;
     if (a.stats != nullptr) stats.load = a.stats->load;
+    moe::PhaseTimes times;
+    call.times = &times;
     run([&] {
       if (device) {
         moe::cuda::layer_forward(c, *exchange_, call, stats, cuda_device(a.x->device, a.stream));
@@ -300,6 +307,7 @@ class MoeLayer : public loom::sdk::Moe {
       a.stats->aux_loss = stats.aux_loss;
       a.stats->dropped = stats.dropped;
       a.stats->expert_rows = stats.expert_rows;
+      loom::sdk::set_moe_phases(a.stats, phases(times));
     }
   }
 
@@ -330,6 +338,8 @@ class MoeLayer : public loom::sdk::Moe {
     call.saved_bytes = a.saved_bytes;
     call.workspace = a.workspace;
     call.workspace_bytes = a.workspace_bytes;
+    moe::PhaseTimes times;
+    call.times = &times;
     run([&] {
       if (device) {
         moe::cuda::layer_backward(c, *exchange_, call, cuda_device(a.x->device, a.stream));
@@ -337,6 +347,7 @@ class MoeLayer : public loom::sdk::Moe {
         moe::layer_backward<float>(c, *exchange_, call);
       }
     });
+    loom::sdk::set_moe_phases(a.stats, phases(times));
   }
 
   // rows (expert layout) = the routed rows of x, weighted when route_weights is given.

@@ -398,8 +398,8 @@ static loom_status* sgd_import(void* instance, const void* data, size_t bytes) {
                        "import_state: state version %u, this plugin reads version %u",
                        (unsigned)version, STATE_VERSION);
   }
-  /* The builds that write this format are those of minors 0 to 5. */
-  if (minor > 5 || steps < 0 || count > (bytes - header) / 8) {
+  /* The builds that write this format are those of minors 0 to 6. */
+  if (minor > 6 || steps < 0 || count > (bytes - header) / 8) {
     return compat_fail(COMPAT_NAME, LOOM_ERR_DATA_LOSS, "import_state: corrupt header");
   }
   /* Walk the sizes first, then copy: a bad blob leaves the instance as it was. */
@@ -497,7 +497,12 @@ static const loom_param_spec k_specs[] = {
 };
 #define SPEC_COUNT (sizeof k_specs / sizeof k_specs[0])
 
+#if COMPAT_MINOR >= 6
+/* 1.6 added grads_ready: this optimizer starts nothing early. */
+static const loom_optimizer_v1 k_table = {LOOM_OPTIMIZER_V1_SIZE, 0, sgd_step, NULL, NULL};
+#else
 static const loom_optimizer_v1 k_table = {LOOM_OPTIMIZER_V1_SIZE, 0, sgd_step, NULL};
+#endif
 
 LOOM_EXPORT const loom_plugin_v1* loom_plugin_entry_v1(void) {
   static const loom_plugin_v1* plugin = NULL;

@@ -283,6 +283,22 @@ TEST_F(MoeRun, TinyMoeTrainsAndLogsItsLayers) {
   EXPECT_TRUE(std::isfinite(double(e.back()["eval_loss"])));
   const auto s = nlohmann::json::parse(slurp(dir_ / "runs/one/summary.json"));
   EXPECT_EQ(s["moe"]["layers"][0]["experts"], 4);
+  // Where the layers' time went: every phase the plugin reports took time, the phases and
+  // "other" add up to the calls, which are part of the steps; the same in the printed line.
+  const auto& sec = s["moe"]["phases"]["seconds"];
+  double parts = 0.0;
+  for (const char* k : {"gate", "dispatch", "exchange", "experts", "combine", "other"}) {
+    ASSERT_TRUE(sec.contains(k)) << sec.dump();
+    EXPECT_GE(double(sec[k]), 0.0) << k;
+    parts += double(sec[k]);
+  }
+  for (const char* k : {"gate", "dispatch", "experts", "combine"})
+    EXPECT_GT(double(sec[k]), 0.0) << k;
+  EXPECT_NEAR(parts, double(sec["calls"]), 1e-9);
+  EXPECT_GT(double(s["moe"]["phases"]["share_of_steps"]["calls"]), 0.0);
+  EXPECT_LT(double(s["moe"]["phases"]["share_of_steps"]["calls"]), 1.0);
+  EXPECT_EQ(s["moe"]["layers"][0]["phases"], s["moe"]["phases"]);  // one MoE layer
+  EXPECT_NE(r.out.find("MoE layers (rank 0): "), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(dir_ / "runs/one/checkpoints/step_00000020/moe.rank0.bin"));
   // The checkpoint holds the layer's parameters by name (and no dense MLP for layer 1).
   const std::string st = slurp(dir_ / "runs/one/checkpoints/step_00000020/model.rank0.safetensors");

@@ -146,15 +146,49 @@ void MoeFeature::log_metrics(const StepResult&, double mean_aux, nlohmann::json&
   j["moe"] = moe_json;
 }
 
-void MoeFeature::summary(nlohmann::json& s, double) const {
+namespace {
+
+// Rank 0's seconds in each phase of the MoE layers' training calls (docs/moe.md says what each
+// counts), "other" the rest of those calls (the SDK's checks, the plan), and "calls" all of
+// them; each also as a share of the training steps' time.
+nlohmann::json phase_json(const MoeLayer::PhaseSeconds& p, double train_step_s) {
+  const double other =
+      std::max(0.0, p.calls - (p.gate + p.dispatch + p.exchange + p.experts + p.combine));
+  const std::pair<const char*, double> parts[] = {
+      {"gate", p.gate},       {"dispatch", p.dispatch}, {"exchange", p.exchange},
+      {"experts", p.experts}, {"combine", p.combine},   {"other", other},
+      {"calls", p.calls}};
+  nlohmann::json seconds, share;
+  for (const auto& [name, v] : parts) {
+    seconds[name] = v;
+    share[name] = train_step_s > 0 ? v / train_step_s : 0.0;
+  }
+  return {{"seconds", seconds}, {"share_of_steps", share}};
+}
+
+}  // namespace
+
+void MoeFeature::summary(nlohmann::json& s, double train_step_s) const {
   nlohmann::json layers = nlohmann::json::array();
+  MoeLayer::PhaseSeconds all;
   for (size_t i = 0; i < moe_.size(); ++i) {
+    const MoeLayer::PhaseSeconds& p = moe_[i]->phase_seconds();
     layers.push_back({{"layer", c_.moe_layers[i]},
                       {"experts", moe_[i]->experts()},
                       {"top_k", moe_[i]->plan().top_k},
-                      {"residual", moe_[i]->residual()}});
+                      {"residual", moe_[i]->residual()},
+                      {"phases", phase_json(p, train_step_s)}});
+    all.gate += p.gate;
+    all.dispatch += p.dispatch;
+    all.exchange += p.exchange;
+    all.experts += p.experts;
+    all.combine += p.combine;
+    all.calls += p.calls;
   }
-  s["moe"] = {{"layers", layers}, {"ep_size", ep_}, {"aux_loss_coef", c_.moe_aux_loss_coef}};
+  s["moe"] = {{"layers", layers},
+              {"ep_size", ep_},
+              {"aux_loss_coef", c_.moe_aux_loss_coef},
+              {"phases", phase_json(all, train_step_s)}};
 }
 
 void MoeFeature::save_state(const std::filesystem::path& dir, const std::string& rs) {

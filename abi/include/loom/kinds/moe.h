@@ -133,8 +133,20 @@ typedef struct loom_moe_stats {
    * choices included each expert, before capacity (the load the aux loss and the bias see). */
   int64_t* load;
   int64_t load_count; /* entries in load: E */
+  /* Since 1.7 (out). Nanoseconds of host wall clock this call spent in each phase of the layer
+   * (forward, and backward where its args carry stats); what a phase counts is in
+   * docs/moe.md. A call on CUDA tensors enqueues its work without waiting for it and writes 0
+   * to all five. A 1.6 caller's shorter struct does not receive them; a 1.6 plugin leaves them
+   * as the caller set them, so initialise them to 0. */
+  uint64_t gate_ns LOOM_APPENDED_FIELD;     /* scores, softmax, the choice, capacity (gradient) */
+  uint64_t dispatch_ns LOOM_APPENDED_FIELD; /* the sort by expert and the row gather */
+  uint64_t exchange_ns LOOM_APPENDED_FIELD; /* counts and rows between the ranks, agreements */
+  uint64_t experts_ns LOOM_APPENDED_FIELD;  /* the experts' MLPs (and PR-MoE's residual MLP) */
+  uint64_t combine_ns LOOM_APPENDED_FIELD;  /* rows back to tokens, weighted (and the PR-MoE mix) */
 } loom_moe_stats;
-#define LOOM_MOE_STATS_SIZE LOOM_STRUCT_SIZE(loom_moe_stats, load_count)
+#define LOOM_MOE_STATS_SIZE LOOM_STRUCT_SIZE(loom_moe_stats, combine_ns)
+/* The size of a 1.5 / 1.6 caller's stats (no phase times), the least a plugin accepts. */
+#define LOOM_MOE_STATS_SIZE_1_5 LOOM_STRUCT_SIZE(loom_moe_stats, load_count)
 LOOM_CHECK_STRUCT_SIZE(loom_moe_stats, LOOM_MOE_STATS_SIZE);
 
 typedef struct loom_moe_forward_args {
@@ -203,8 +215,14 @@ typedef struct loom_moe_backward_args {
   void* workspace;
   uint64_t workspace_bytes;
   void* stream;
+  /* Since 1.7. Optional, out: backward writes the five phase times of `stats` (the phases'
+   * adjoints; the other fields are left as they were). NULL, or a 1.6 caller's shorter args:
+   * not asked. */
+  loom_moe_stats* stats LOOM_APPENDED_FIELD;
 } loom_moe_backward_args;
-#define LOOM_MOE_BACKWARD_ARGS_SIZE LOOM_STRUCT_SIZE(loom_moe_backward_args, stream)
+#define LOOM_MOE_BACKWARD_ARGS_SIZE LOOM_STRUCT_SIZE(loom_moe_backward_args, stats)
+/* The size of a 1.5 / 1.6 caller's backward args (no stats). */
+#define LOOM_MOE_BACKWARD_ARGS_SIZE_1_5 LOOM_STRUCT_SIZE(loom_moe_backward_args, stream)
 LOOM_CHECK_STRUCT_SIZE(loom_moe_backward_args, LOOM_MOE_BACKWARD_ARGS_SIZE);
 
 /* dispatch and combine alone, for a caller that runs its own experts, with a routing

@@ -39,7 +39,7 @@ class PluginV1(ctypes.Structure):
     """loom_plugin_v1 (abi/include/loom/abi.h)."""
 
 ABI_MAJOR = 1
-ABI_MINOR = 6
+ABI_MINOR = 7
 # enum loom_code
 OK = 0
 INVALID_ARGUMENT = 1

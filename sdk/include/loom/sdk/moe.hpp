@@ -53,6 +53,26 @@ inline void* expect_moe_tensor(const DLTensor* t, std::initializer_list<int64_t>
   return first_element(d);
 }
 
+// The phase times of a layer call (loom_moe_stats.gate_ns .. combine_ns, since 1.7).
+struct MoePhases {
+  uint64_t gate_ns = 0;
+  uint64_t dispatch_ns = 0;
+  uint64_t exchange_ns = 0;
+  uint64_t experts_ns = 0;
+  uint64_t combine_ns = 0;
+};
+
+// Writes them into stats where the caller's struct has the fields (a 1.6 caller's does not);
+// nothing for NULL.
+inline void set_moe_phases(loom_moe_stats* stats, const MoePhases& t) {
+  if (stats == nullptr || stats->struct_size < LOOM_MOE_STATS_SIZE) return;
+  stats->gate_ns = t.gate_ns;
+  stats->dispatch_ns = t.dispatch_ns;
+  stats->exchange_ns = t.exchange_ns;
+  stats->experts_ns = t.experts_ns;
+  stats->combine_ns = t.combine_ns;
+}
+
 // The layer's weights (or their gradients) as checked pointers, in the plan's dtype and
 // contiguous. The residual ones are NULL unless the plan has LOOM_MOE_RESIDUAL.
 struct MoeLayerView {

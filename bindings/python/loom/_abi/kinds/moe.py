@@ -67,8 +67,12 @@ MoeStats._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("aux_loss", ctypes.c_double),
     ("dropped", ctypes.c_int64), ("expert_rows", ctypes.c_int64),
     ("load", ctypes.POINTER(ctypes.c_int64)), ("load_count", ctypes.c_int64),
+    ("gate_ns", ctypes.c_uint64), ("dispatch_ns", ctypes.c_uint64),
+    ("exchange_ns", ctypes.c_uint64), ("experts_ns", ctypes.c_uint64),
+    ("combine_ns", ctypes.c_uint64),
 ]
-MOE_STATS_SIZE = _size(MoeStats, "load_count")
+MOE_STATS_SIZE = _size(MoeStats, "combine_ns")
+MOE_STATS_SIZE_1_5 = _size(MoeStats, "load_count")
 
 MoeForwardArgs._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("seed", ctypes.c_uint64),
@@ -93,8 +97,10 @@ MoeBackwardArgs._fields_ = [
     ("grads", ctypes.POINTER(MoeWeights)), ("saved", ctypes.c_void_p),
     ("saved_bytes", ctypes.c_uint64), ("workspace", ctypes.c_void_p),
     ("workspace_bytes", ctypes.c_uint64), ("stream", ctypes.c_void_p),
+    ("stats", ctypes.POINTER(MoeStats)),
 ]
-MOE_BACKWARD_ARGS_SIZE = _size(MoeBackwardArgs, "stream")
+MOE_BACKWARD_ARGS_SIZE = _size(MoeBackwardArgs, "stats")
+MOE_BACKWARD_ARGS_SIZE_1_5 = _size(MoeBackwardArgs, "stream")
 
 MoeDispatchArgs._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("tokens", ctypes.c_int64),

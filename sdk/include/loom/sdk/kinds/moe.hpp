@@ -38,9 +38,12 @@ namespace loom::sdk {
 //   x, y, dy, dx [tokens, M]; every weight and gradient (loom/sdk/moe.hpp moe_weights: gate_w
 //   [E, M], w1 [E_l, H, M], b1 [E_l, H], w2 [E_l, M, H], b2 [E_l, M], the residual MLP's
 //   exactly when RESIDUAL); expert_bias float32 [E] exactly when EXPERT_BIAS; the optional
-//   routing outputs int32 / float32 [tokens, k]; stats (struct size, load_count = E), whose
-//   outputs it zeroes; saved and workspace present, 256-byte aligned and at least that plan's
-//   sizes; every tensor of x's dtype, contiguous and on x's device. The plan's buffer sizes
+//   routing outputs int32 / float32 [tokens, k]; stats (struct size at least 1.5's, load_count
+//   = E), whose outputs it zeroes (the phase times where the caller's struct has them; a
+//   backward's stats, since 1.7, must be the full size); saved and workspace present, 256-byte
+//   aligned and at least that plan's sizes; every tensor of x's dtype, contiguous and on x's
+//   device. A 1.6 caller's backward args reach the class as a full struct, stats NULL. The
+//   plan's buffer sizes
 //   are for the call's tokens: under expert parallelism the rows other ranks send are the
 //   class's to fit in the saved_bytes it is given. Before dispatch and combine: x [tokens, M],
 //   rows [R, M] of x's dtype, the routing (host expert indices -1 .. E-1), top_k and
@@ -221,7 +224,7 @@ struct MoeTable {
                               x.device, "route_weights", "[tokens, top_k]");
           }
           if (a.stats != nullptr) {
-            check_struct_size(a.stats->struct_size, LOOM_MOE_STATS_SIZE, "stats");
+            check_struct_size(a.stats->struct_size, LOOM_MOE_STATS_SIZE_1_5, "stats");
             if (a.stats->load != nullptr && a.stats->load_count != p.experts) {
               fail_argument("stats.load_count is " + std::to_string(a.stats->load_count) +
                             ", expected the " + std::to_string(p.experts) + " experts");
@@ -232,6 +235,7 @@ struct MoeTable {
             if (a.stats->load != nullptr) {
               std::memset(a.stats->load, 0, sizeof(int64_t) * static_cast<std::size_t>(p.experts));
             }
+            set_moe_phases(a.stats, MoePhases{});
           }
           check_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
           check_buffer(a.workspace, a.workspace_bytes, p.workspace_bytes, "workspace");
@@ -239,32 +243,39 @@ struct MoeTable {
         });
   }
 
+  // A 1.6 caller's args end at `stream`: the class gets them copied into a zeroed full-size
+  // struct (stats NULL).
   static loom_status* backward(void* instance, const loom_moe_backward_args* args) noexcept {
-    return E::checked(instance, args, LOOM_MOE_BACKWARD_ARGS_SIZE, "moe backward args",
-                      [](const loom_moe_backward_args& a, const Instance<T>& self) {
-                        const std::string call = "moe backward";
-                        check_scalars(a.tokens, 0, a.model_dim, a.hidden_dim, a.num_experts,
-                                      a.layer, a.num_layers, call);
-                        at_least(a.step, a.training != 0 ? 1 : 0, "step", call);
-                        at_least(a.first_token, 0, "first_token", call);
-                        if (!std::isfinite(a.aux_loss_coef)) {
-                          fail_argument(call + ": aux_loss_coef is not finite");
-                        }
-                        T& obj = self.object();
-                        const DLTensor& x = x_of(a.x);
-                        const loom_moe_plan_args p =
-                            plan_for(obj, a.tokens, a.model_dim, a.hidden_dim, a.num_experts,
-                                     a.layer, a.num_layers, a.training, x.dtype);
-                        check_tokens(a.x, p, a.tokens, x.device, "x");
-                        moe_weights(a.weights, p, x.device, "weights");
-                        check_tokens(a.dy, p, a.tokens, x.device, "dy");
-                        check_tokens(a.dx, p, a.tokens, x.device, "dx");
-                        moe_weights(a.grads, p, x.device, "grads");
-                        check_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
-                        check_buffer(a.workspace, a.workspace_bytes, p.workspace_bytes,
-                                     "workspace");
-                        obj.backward(a, p);
-                      });
+    return E::checked(
+        instance, args, LOOM_MOE_BACKWARD_ARGS_SIZE_1_5, "moe backward args",
+        [](const loom_moe_backward_args& in, const Instance<T>& self) {
+          const loom_moe_backward_args a = normalized(&in, "moe backward args");
+          const std::string call = "moe backward";
+          check_scalars(a.tokens, 0, a.model_dim, a.hidden_dim, a.num_experts, a.layer,
+                        a.num_layers, call);
+          at_least(a.step, a.training != 0 ? 1 : 0, "step", call);
+          at_least(a.first_token, 0, "first_token", call);
+          if (!std::isfinite(a.aux_loss_coef)) {
+            fail_argument(call + ": aux_loss_coef is not finite");
+          }
+          T& obj = self.object();
+          const DLTensor& x = x_of(a.x);
+          const loom_moe_plan_args p =
+              plan_for(obj, a.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.layer,
+                       a.num_layers, a.training, x.dtype);
+          check_tokens(a.x, p, a.tokens, x.device, "x");
+          moe_weights(a.weights, p, x.device, "weights");
+          check_tokens(a.dy, p, a.tokens, x.device, "dy");
+          check_tokens(a.dx, p, a.tokens, x.device, "dx");
+          moe_weights(a.grads, p, x.device, "grads");
+          check_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
+          check_buffer(a.workspace, a.workspace_bytes, p.workspace_bytes, "workspace");
+          if (a.stats != nullptr) {
+            check_struct_size(a.stats->struct_size, LOOM_MOE_STATS_SIZE, "backward stats");
+            set_moe_phases(a.stats, MoePhases{});
+          }
+          obj.backward(a, p);
+        });
   }
 
   // dispatch and combine carry no hidden_dim, layer or training: the plan made here (hidden_dim

@@ -54,6 +54,23 @@ struct LayerGrads {
   T* coef_b = nullptr;
 };
 
+// Host wall-clock nanoseconds a call spent in each phase, added to (the caller sums calls):
+//   gate      the scores, softmax, choice and capacity;
+//   dispatch  the slots (the sort by expert) and the gather of the tokens' rows;
+//   exchange  the agreement and the counts and rows between the ranks (expert parallelism),
+//             and the load's sum for the expert bias;
+//   experts   the experts' MLPs and PR-MoE's residual MLP;
+//   combine   the weighted sum of the rows back into tokens and PR-MoE's mix.
+// Backward counts each phase's adjoint in its place (the gather of dy's rows is combine's,
+// the sum into dx dispatch's). The CUDA layer enqueues without waiting and leaves them.
+struct PhaseTimes {
+  uint64_t gate_ns = 0;
+  uint64_t dispatch_ns = 0;
+  uint64_t exchange_ns = 0;
+  uint64_t experts_ns = 0;
+  uint64_t combine_ns = 0;
+};
+
 struct LayerStats {
   double aux_loss = 0.0;
   int64_t dropped = 0;
@@ -75,6 +92,7 @@ struct ForwardCall {
   uint64_t saved_bytes = 0;
   void* workspace = nullptr;
   uint64_t workspace_bytes = 0;
+  PhaseTimes* times = nullptr;  // added to, or null
 };
 
 template <class T>
@@ -90,6 +108,7 @@ struct BackwardCall {
   uint64_t saved_bytes = 0;
   void* workspace = nullptr;
   uint64_t workspace_bytes = 0;
+  PhaseTimes* times = nullptr;  // added to, or null
 };
 
 // Throws std::invalid_argument (bad sizes, small buffers) or std::runtime_error.
