@@ -15,6 +15,11 @@ metrics.jsonl and summary.json (what `loom train` wrote for the configs beside t
   parameters of each MoE run against top1's;
 - the expert load of the MoE runs at the last step: per layer the smallest and largest share
   of the choices an expert got, and the dropped choices as a share of all;
+- equal wall time (dense and top1 on 1 rank, dense_dp2 and top1_ep2 on 2, dense_dp4 and
+  top1_ep4 on 4: the same global batch, steps and data at each rank count): each pair's wall
+  time, median ms per step, final eval losses, the wall time at which the MoE run first
+  reaches the dense run's final eval loss (and its share of the dense run's wall time), and
+  the MoE run's phase seconds from summary.json (rank 0);
 - expert parallelism (ep1, ep2, ep4) and its controls (dp2, dp4: the same on 2 and 4 ranks
   with every expert on every rank): the largest difference of the train loss at any logged
   step and of the eval loss at any eval step from ep1 (absolute and relative), and of ep2
@@ -30,6 +35,8 @@ import tomllib
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = ("dense", "top1", "top1_e4", "prmoe", "prmoe_wide")
 EP = ("ep1", "ep2", "ep4", "dp2", "dp4")
+WALL = ((1, "dense", "top1"), (2, "dense_dp2", "top1_ep2"), (4, "dense_dp4", "top1_ep4"))
+PHASES = ("gate", "dispatch", "exchange", "experts", "combine", "other")
 
 
 def load(root, name):
@@ -191,6 +198,7 @@ def main():
             print(f"- {name} layer {layer['layer']}: shares {min(counts) / total:.3f} .. "
                   f"{max(counts) / total:.3f} (uniform {1 / len(counts):.3f}), dropped "
                   f"{layer['dropped'] / total:.3f}, aux loss {layer['aux_loss']:.4f}")
+    wall_table(root)
     eps = {}
     for name in EP:
         if os.path.exists(os.path.join(root, f"moe_{name}", "summary.json")):
@@ -216,6 +224,37 @@ def main():
                 de = max(abs(x["eval_loss"] - y["eval_loss"]) for x, y in zip(ae, be))
                 print(f"- {ep} against {dp}: train loss max |diff| {dt:.2e}, eval loss max "
                       f"|diff| {de:.2e}")
+
+
+def wall_table(root):
+    """MoE against dense at equal wall time, per rank count (the pairs in WALL that ran)."""
+    rows = []
+    for ranks, dense, moe in WALL:
+        if not all(os.path.exists(os.path.join(root, f"moe_{n}", "summary.json"))
+                   for n in (dense, moe)):
+            continue
+        (dt, de, ds), (mt, me, ms) = load(root, dense), load(root, moe)
+        target = ds["final_eval_loss"]
+        curve = [(time_at(mt, e["step"]), e["eval_loss"]) for e in me]
+        reach = first_reach(curve, target)
+        step = first_reach([(e["step"], e["eval_loss"]) for e in me], target)
+        p50 = lambda t, e: 1e3 * step_times(t, e)[len(step_times(t, e)) // 2]
+        ph = ms.get("moe", {}).get("phases", {}).get("seconds", {})
+        phases = " / ".join(f"{ph.get(k, 0.0):.2f}" for k in PHASES)
+        reached = (f"{reach:.1f} s (step {step:.0f}), {reach / ds['elapsed_s']:.2f}"
+                   if reach is not None else "not reached")
+        rows.append(f"| {ranks} | {ds['elapsed_s']:.1f} | {ms['elapsed_s']:.1f} | "
+                    f"{p50(dt, de):.1f} | {p50(mt, me):.1f} | {target:.4f} | "
+                    f"{ms['final_eval_loss']:.4f} | {reached} | {phases} |")
+    if not rows:
+        return
+    print("\n## Equal wall time: MoE (top-1, 8 experts per MoE layer) against dense\n")
+    print("| ranks | dense s | MoE s | dense ms/step p50 | MoE ms/step p50 | dense final | "
+          "MoE final | MoE reaches dense's final (share of dense's wall time) | MoE phases s: "
+          + " / ".join(PHASES) + " |")
+    print("|---" * 9 + "|")
+    for r in rows:
+        print(r)
 
 
 if __name__ == "__main__":

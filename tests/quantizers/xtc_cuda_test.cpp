@@ -186,6 +186,24 @@ TEST_F(XtcCuda, ReportTheSameBadElementsAsTheCpu) {
                                                   ds.as<float>(), ws.p, 0, stream_),
               at);
   }
+  // With first_bad the same index is written on the device and nothing waits for it.
+  for (int64_t at : {int64_t{-1}, int64_t{5 * 37 + 36}}) {
+    auto w = weights(s.numel(), 4);
+    if (at >= 0) w[static_cast<size_t>(at)] = INFINITY;
+    Dev dw(w), dp(loom::quant::packed_bytes_of(s, 2)), ds(static_cast<size_t>(s.groups()) * 4);
+    Dev db(std::vector<int64_t>{77});
+    EXPECT_EQ(
+        loom::quant::cuda::binary_quantize(dw.as<float>(), s, dp.as<uint8_t>(), ds.as<float>(),
+                                           ws.p, 0, stream_, db.as<int64_t>()),
+        -1);
+    EXPECT_EQ(db.get<int64_t>()[0], at);
+    Dev dt(std::vector<int64_t>{77});
+    EXPECT_EQ(
+        loom::quant::cuda::ternary_quantize(dw.as<float>(), s, 0.7f, dp.as<uint8_t>(),
+                                            ds.as<float>(), ws.p, 0, stream_, dt.as<int64_t>()),
+        -1);
+    EXPECT_EQ(dt.get<int64_t>()[0], at);
+  }
   const auto w = weights(s.numel(), 5);
   std::vector<uint8_t> p(loom::quant::packed_bytes_of(s, 2));
   std::vector<float> sc(static_cast<size_t>(s.groups()));

@@ -128,12 +128,13 @@ struct Weight {
     return 0;
   }
 
-  int32_t code(Quant& q, bool quantize, float* x = nullptr) {
+  int32_t code(Quant& q, bool quantize, float* x = nullptr, DLTensor* first_bad = nullptr) {
     View xv(x != nullptr ? x : w.data(), {shape[0], shape[1]}, kF32);
     View cv(codes.data(), {static_cast<int64_t>(codes.size())}, kU8);
     View sv(scales.data(), {static_cast<int64_t>(scales.size())}, kF32);
     loom_quantizer_quantize_args a{};
     a.struct_size = LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE;
+    a.first_bad = first_bad;
     a.role = LOOM_QUANTIZER_WEIGHT;
     a.format = &format;
     a.x = &xv.t;
@@ -304,6 +305,31 @@ TEST(XtcPlugin, RefusesFiniteWeightsWhoseScaleWouldOverflow) {
     EXPECT_EQ(w.code(q, true), LOOM_ERR_INVALID_ARGUMENT);
     EXPECT_NE(q.error.find("group 1 of row 2"), std::string::npos) << q.error;
     EXPECT_NE(q.error.find("overflows float32"), std::string::npos) << q.error;
+  }
+}
+
+// first_bad (ABI 1.7): the same outcomes written there instead of an error, the element's
+// index or numel + the group whose scale overflows; -1 for weights that quantize.
+TEST(XtcPlugin, FirstBadReportsInsteadOfFailing) {
+  for (const char* mode : {"binary", "ternary"}) {
+    SCOPED_TRACE(mode);
+    Session s(manifest(std::string("mode = \"") + mode + "\"\ngroup_size = 16"));
+    ASSERT_TRUE(s.error.empty()) << s.error;
+    Quant q(s);
+    Weight w(4, 32, 4);
+    ASSERT_EQ(w.lay_out(q), 0) << q.error;
+    int64_t bad = 77;
+    View bv(&bad, {1}, DLDataType{kDLInt, 64, 1});
+    ASSERT_EQ(w.code(q, true, nullptr, &bv.t), 0) << q.error;
+    EXPECT_EQ(bad, -1);
+    w.w[2 * 32 + 16] = 3e38f;
+    w.w[2 * 32 + 24] = 3e38f;
+    ASSERT_EQ(w.code(q, true, nullptr, &bv.t), 0) << q.error;
+    EXPECT_EQ(bad, 4 * 32 + 2 * 2 + 1);
+    w.w[3 * 32 + 9] = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_EQ(w.code(q, true, nullptr, &bv.t), 0) << q.error;
+    EXPECT_EQ(bad, 3 * 32 + 9);
+    EXPECT_EQ(w.code(q, true), LOOM_ERR_INVALID_ARGUMENT);  // without it: the error
   }
 }
 

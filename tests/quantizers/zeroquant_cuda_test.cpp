@@ -284,6 +284,43 @@ TEST_F(ZeroQuantCuda, CudaCallsMatchTheCpuCalls) {
   }
 }
 
+// With first_bad (ABI 1.7) the check's outcome is written on the device, in stream order,
+// and the call returns OK: -1, or the first non-finite element, as the CPU writes it.
+TEST_F(ZeroQuantCuda, FirstBadIsWrittenOnTheDevice) {
+  Session s(kManifest);
+  Quantizer q(s, "w8");
+  const int64_t n = 4, k = 8;
+  Laid l;
+  ASSERT_EQ(lay_out(q, LOOM_QUANTIZER_WEIGHT, n, k, 0, l), 0) << q.error;
+  for (int64_t at : {int64_t{-1}, int64_t{2 * 8 + 3}, int64_t{0}}) {
+    SCOPED_TRACE(at);
+    auto w = sample(n * k, 1);
+    if (at >= 0) w[static_cast<std::size_t>(at)] = NAN;
+    if (at >= 0) w[static_cast<std::size_t>(n * k - 1)] = INFINITY;  // a later one does not win
+    Buf<float> bw(w, true), bs(static_cast<std::size_t>(l.a.scale_count), true);
+    Buf<uint8_t> bp(l.a.packed_bytes, true, 0xEE);
+    Buf<int64_t> bb(std::vector<int64_t>{77}, true);
+    View vw(bw.data(), {n, k}, kF32, true), vp(bp.data(), {bp.size()}, kU8, true),
+        vs(bs.data(), {bs.size()}, kF32, true), vb(bb.data(), {1}, DLDataType{kDLInt, 64, 1}, true);
+    loom_quantizer_quantize_args a{};
+    a.struct_size = LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE;
+    a.role = LOOM_QUANTIZER_WEIGHT;
+    a.format = &l.f;
+    a.x = vw.get();
+    a.packed = vp.get();
+    a.scales = vs.get();
+    a.first_bad = vb.get();
+    ASSERT_EQ(q.take(q.t->quantize(q.obj, &a)), 0) << q.error;
+    EXPECT_EQ(bb.read()[0], at);
+    // a host first_bad for device x is refused by name
+    int64_t host = 0;
+    View vh(&host, {1}, DLDataType{kDLInt, 64, 1});
+    a.first_bad = vh.get();
+    EXPECT_EQ(q.take(q.t->quantize(q.obj, &a)), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(q.error.find("first_bad"), std::string::npos) << q.error;
+  }
+}
+
 TEST_F(ZeroQuantCuda, NonFiniteWeightIsNamed) {
   Session s(kManifest);
   Quantizer q(s, "w8");

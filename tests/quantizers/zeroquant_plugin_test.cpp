@@ -129,7 +129,9 @@ struct Packed {
 };
 
 int32_t quantize(Quantizer& q, int32_t role, const Laid& l, const std::vector<float>& x, Packed& p,
-                 bool dequant = false, std::vector<float>* out = nullptr) {
+                 bool dequant = false, std::vector<float>* out = nullptr,
+                 DLTensor* first_bad = nullptr,
+                 uint32_t struct_size = LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE) {
   if (!dequant) {
     p.codes.assign(l.a.packed_bytes, 0xEE);
     p.scales.assign(static_cast<std::size_t>(l.a.scale_count), -1.0f);
@@ -141,7 +143,8 @@ int32_t quantize(Quantizer& q, int32_t role, const Laid& l, const std::vector<fl
   View vs(p.scales.data(), {static_cast<int64_t>(p.scales.size())}, kF32);
   View vz(p.zeros.data(), {static_cast<int64_t>(p.zeros.size())}, kU8);
   loom_quantizer_quantize_args a{};
-  a.struct_size = LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE;
+  a.struct_size = struct_size;
+  a.first_bad = first_bad;
   a.role = role;
   a.format = &l.f;
   a.x = vx.get();
@@ -405,6 +408,60 @@ TEST(ZeroQuantPlugin, BadInputGetsClearErrors) {
     EXPECT_EQ(matmul(qz, l, p, xa, 2, nullptr, y), LOOM_ERR_INVALID_ARGUMENT);
     EXPECT_NE(qz.error.find("x[1, 6] is nan"), std::string::npos) << qz.error;
   }
+}
+
+// first_bad (ABI 1.7): quantize reports x's first non-finite element, or numel + g for a group
+// whose range overflows float32, there and returns OK; without it (or from a 1.6 caller) the
+// same x is an error, as before. A first_bad of another dtype or size is refused by name.
+TEST(ZeroQuantPlugin, FirstBadReportsInsteadOfFailing) {
+  Session s(kManifest);
+  Quantizer qz(s, "w8");
+  const int64_t n = 3, k = 8;
+  Laid l;
+  ASSERT_EQ(lay_out(qz, LOOM_QUANTIZER_WEIGHT, n, k, 0, l), 0) << qz.error;
+  auto x = sample(n * k, 4);
+  int64_t bad = 77;
+  View vb(&bad, {1}, DLDataType{kDLInt, 64, 1});
+  Packed p;
+  ASSERT_EQ(quantize(qz, LOOM_QUANTIZER_WEIGHT, l, x, p, false, nullptr, vb.get()), 0) << qz.error;
+  EXPECT_EQ(bad, -1);
+  Packed plain;
+  ASSERT_EQ(quantize(qz, LOOM_QUANTIZER_WEIGHT, l, x, plain), 0) << qz.error;
+  EXPECT_EQ(p.codes, plain.codes);  // the same codes either way
+  x[2 * k + 5] = NAN;
+  x[2 * k + 7] = INFINITY;
+  ASSERT_EQ(quantize(qz, LOOM_QUANTIZER_WEIGHT, l, x, p, false, nullptr, vb.get()), 0) << qz.error;
+  EXPECT_EQ(bad, 2 * k + 5);
+  // a 1.6 caller's args end before first_bad: the error as before, first_bad never read
+  bad = 77;
+  EXPECT_EQ(quantize(qz, LOOM_QUANTIZER_WEIGHT, l, x, p, false, nullptr, vb.get(),
+                     LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE_1_5),
+            LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(qz.error.find("weight x[2, 5] is nan"), std::string::npos) << qz.error;
+  EXPECT_EQ(bad, 77);
+  // asymmetric: finite, but group 1 of row 1 spans more than float32 holds
+  Quantizer asym(s, "w4");
+  Laid la;
+  ASSERT_EQ(lay_out(asym, LOOM_QUANTIZER_WEIGHT, n, 32, 0, la), 0) << asym.error;
+  std::vector<float> xa(static_cast<std::size_t>(n * 32), 0.5f);
+  xa[32 + 16] = -3e38f;  // row 1, group 1 (groups of 16)
+  xa[32 + 17] = 3e38f;
+  ASSERT_EQ(quantize(asym, LOOM_QUANTIZER_WEIGHT, la, xa, p, false, nullptr, vb.get()), 0)
+      << asym.error;
+  EXPECT_EQ(bad, n * 32 + 1 * 2 + 1);
+  EXPECT_EQ(quantize(asym, LOOM_QUANTIZER_WEIGHT, la, xa, p), LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(asym.error.find("group 1 of row 1"), std::string::npos) << asym.error;
+  // a first_bad that is not int64 [1]
+  int32_t small = 0;
+  View v32(&small, {1}, DLDataType{kDLInt, 32, 1});
+  EXPECT_EQ(quantize(qz, LOOM_QUANTIZER_WEIGHT, l, x, p, false, nullptr, v32.get()),
+            LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(qz.error.find("first_bad"), std::string::npos) << qz.error;
+  int64_t two[2] = {0, 0};
+  View v2(two, {2}, DLDataType{kDLInt, 64, 1});
+  EXPECT_EQ(quantize(qz, LOOM_QUANTIZER_WEIGHT, l, x, p, false, nullptr, v2.get()),
+            LOOM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(qz.error.find("first_bad"), std::string::npos) << qz.error;
 }
 
 // ---- describe and check

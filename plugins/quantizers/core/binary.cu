@@ -70,8 +70,8 @@ __global__ void binary_matmul_kernel(const float* x, int64_t m, const uint8_t* p
 }  // namespace
 
 int64_t binary_quantize(const float* w, const GroupedShape& s, uint8_t* packed, float* scales,
-                        void* workspace, int device, void* stream) {
-  if (s.numel() == 0) return -1;
+                        void* workspace, int device, void* stream, int64_t* first) {
+  if (s.numel() == 0) return detail::no_bad(first, device, stream);
   const loom::sdk::CudaDeviceGuard guard(device);
   auto* st = static_cast<cudaStream_t>(stream);
   const detail::Workspace ws = detail::split(workspace, s);
@@ -83,7 +83,7 @@ int64_t binary_quantize(const float* w, const GroupedShape& s, uint8_t* packed, 
   binary_code_kernel<<<blocks_for(bytes, "xtc quantize"), kThreads, 0, st>>>(w, s.numel(), bytes,
                                                                              packed);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  return detail::first_bad(ws, groups, st);
+  return detail::first_bad(ws, groups, st, first);
 }
 
 void binary_dequantize(const uint8_t* packed, const float* scales, const GroupedShape& s, float* w,
@@ -108,7 +108,7 @@ void binary_matmul(const float* x, int64_t m, const uint8_t* packed, const float
 
 namespace detail {
 
-// result[0] = min of bad[0, n) (one block).
+// result[0] = min of bad[0, n), -1 when every entry is kNone (one block).
 __global__ void min_kernel(const int64_t* bad, int64_t n, int64_t* result) {
   __shared__ int64_t part[kThreads];
   int64_t m = kNone;
@@ -121,17 +121,25 @@ __global__ void min_kernel(const int64_t* bad, int64_t n, int64_t* result) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) result[0] = part[0];
+  if (threadIdx.x == 0) result[0] = part[0] == kNone ? -1 : part[0];
 }
 
-// The smallest of bad[0, n) read back to the host (-1 for none); synchronizes the stream.
-int64_t first_bad(const Workspace& ws, int64_t n, cudaStream_t stream) {
-  min_kernel<<<1, kThreads, 0, stream>>>(ws.bad, n, ws.result);
+int64_t no_bad(int64_t* out, int device, void* stream) {
+  if (out == nullptr) return -1;
+  const loom::sdk::CudaDeviceGuard guard(device);
+  // -1 is every byte 0xFF; a memset involves no host memory, so nothing waits.
+  LOOM_CUDA_CHECK(cudaMemsetAsync(out, 0xFF, sizeof(int64_t), static_cast<cudaStream_t>(stream)));
+  return -1;
+}
+
+int64_t first_bad(const Workspace& ws, int64_t n, cudaStream_t stream, int64_t* out) {
+  min_kernel<<<1, kThreads, 0, stream>>>(ws.bad, n, out != nullptr ? out : ws.result);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  int64_t host = kNone;
+  if (out != nullptr) return -1;
+  int64_t host = -1;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&host, ws.result, sizeof host, cudaMemcpyDeviceToHost, stream));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host == kNone ? -1 : host;
+  return host;
 }
 
 }  // namespace detail

@@ -304,12 +304,17 @@ void check_launch(const char* what) {
 }  // namespace
 
 int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32_t packing,
-                     uint8_t* packed, float* scales, uint8_t* zeros, void* stream) {
+                     uint8_t* packed, float* scales, uint8_t* zeros, void* stream,
+                     int64_t* first_bad) {
   const int64_t total = gs.rows * gs.cols;
   const auto bytes = static_cast<int64_t>(packed_size(static_cast<uint64_t>(total), q.bits));
-  if (bytes == 0) return -1;
-  LOOM_CUDA_CHECK(cudaPeekAtLastError());
   const cudaStream_t s = as_stream(stream);
+  if (bytes == 0) {
+    // -1 is every byte 0xFF; a memset involves no host memory, so nothing waits.
+    if (first_bad != nullptr) LOOM_CUDA_CHECK(cudaMemsetAsync(first_bad, 0xFF, sizeof(int64_t), s));
+    return -1;
+  }
+  LOOM_CUDA_CHECK(cudaPeekAtLastError());
   const Dev d = dev_of(gs, q, packing);
   const int64_t groups = gs.count();
   loom::sdk::CudaScratch bad(static_cast<std::size_t>(groups + 1) * sizeof(int64_t), s);
@@ -317,11 +322,13 @@ int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32
   group_kernel<<<blocks_for(groups, 1, "quantize groups"), kGroupThreads, 0, s>>>(x, d, scales,
                                                                                   zeros, badp);
   check_launch("quantize group kernel");
-  first_bad_kernel<<<1, kThreads, 0, s>>>(badp, groups, badp + groups);
+  first_bad_kernel<<<1, kThreads, 0, s>>>(badp, groups,
+                                          first_bad != nullptr ? first_bad : badp + groups);
   check_launch("quantize check kernel");
   encode_kernel<<<stride_blocks(bytes), kThreads, 0, s>>>(x, d, scales, zeros, total, bytes,
                                                           packed);
   check_launch("quantize encode kernel");
+  if (first_bad != nullptr) return -1;  // the caller reads it when it needs it
   int64_t first = -1;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&first, badp + groups, sizeof first, cudaMemcpyDeviceToHost, s));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(s));

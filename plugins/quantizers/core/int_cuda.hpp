@@ -13,9 +13,11 @@
 namespace loom::quant::cuda {
 
 // quantize_int on the device. Returns -1 or the index of the first non-finite element of x;
-// synchronises with `stream` to read that back.
+// synchronises with `stream` to read that back. With first_bad (device int64 [1]) it writes
+// that value there on the stream instead, returns -1 and does not wait.
 int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32_t packing,
-                     uint8_t* packed, float* scales, uint8_t* zeros, void* stream);
+                     uint8_t* packed, float* scales, uint8_t* zeros, void* stream,
+                     int64_t* first_bad = nullptr);
 
 void dequantize_int(const IntWeight& w, float* x, void* stream);
 

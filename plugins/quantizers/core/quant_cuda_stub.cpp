@@ -19,7 +19,7 @@ namespace {
 }  // namespace
 
 int64_t quantize_int(const float*, const Groups&, const IntScheme&, int32_t, uint8_t*, float*,
-                     uint8_t*, void*) {
+                     uint8_t*, void*, int64_t*) {
   refuse();
 }
 void dequantize_int(const IntWeight&, float*, void*) { refuse(); }
@@ -38,11 +38,11 @@ void int8_gemm_simple(const int8_t*, const int8_t*, int64_t, int64_t, int64_t, i
 }
 
 int64_t binary_quantize(const float*, const GroupedShape&, uint8_t*, float*, void*, int device,
-                        void*) {
+                        void*, int64_t*) {
   refuse(device);
 }
 int64_t ternary_quantize(const float*, const GroupedShape&, float, uint8_t*, float*, void*,
-                         int device, void*) {
+                         int device, void*, int64_t*) {
   refuse(device);
 }
 void binary_dequantize(const uint8_t*, const float*, const GroupedShape&, float*, int device,

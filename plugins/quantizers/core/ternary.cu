@@ -110,8 +110,8 @@ int64_t check_codes(const uint8_t* packed, const GroupedShape& s, const detail::
 }  // namespace
 
 int64_t ternary_quantize(const float* w, const GroupedShape& s, float threshold, uint8_t* packed,
-                         float* scales, void* workspace, int device, void* stream) {
-  if (s.numel() == 0) return -1;
+                         float* scales, void* workspace, int device, void* stream, int64_t* first) {
+  if (s.numel() == 0) return detail::no_bad(first, device, stream);
   const loom::sdk::CudaDeviceGuard guard(device);
   auto* st = static_cast<cudaStream_t>(stream);
   const detail::Workspace ws = detail::split(workspace, s);
@@ -124,7 +124,7 @@ int64_t ternary_quantize(const float* w, const GroupedShape& s, float threshold,
   ternary_code_kernel<<<blocks_for(bytes, "xtc quantize"), kThreads, 0, st>>>(
       w, s.numel(), bytes, gpr, s.cols, s.group_size, ws.delta, packed);
   LOOM_CUDA_CHECK(cudaGetLastError());
-  return detail::first_bad(ws, groups, st);
+  return detail::first_bad(ws, groups, st, first);
 }
 
 int64_t ternary_dequantize(const uint8_t* packed, const float* scales, const GroupedShape& s,

@@ -74,8 +74,12 @@ __device__ inline float group_abs_sum(const float* w, int64_t n, float above, in
   return partial[0];
 }
 
-// The smallest of bad[0, n) read back to the host (-1 for none); synchronizes the stream.
-// (binary.cu)
-int64_t first_bad(const Workspace& ws, int64_t n, cudaStream_t stream);
+// The smallest of bad[0, n) (-1 for none): read back to the host, which synchronizes the
+// stream; or, with `out` (device int64 [1]), written there on the stream and -1 returned at
+// once. (binary.cu)
+int64_t first_bad(const Workspace& ws, int64_t n, cudaStream_t stream, int64_t* out = nullptr);
+
+// An empty tensor's outcome: -1, also into `out` (device int64 [1]) when given. (binary.cu)
+int64_t no_bad(int64_t* out, int device, void* stream);
 
 }  // namespace loom::quant::cuda::detail

@@ -14,11 +14,14 @@
 
 namespace loom::quant::cuda {
 
-// Return the row-major index of the first non-finite weight (or -1), like the CPU ones.
+// Return the row-major index of the first non-finite weight (or -1), like the CPU ones, read
+// back by waiting for the stream. With first_bad (device int64 [1]) they write that value there
+// on the stream instead, return -1 and do not wait.
 int64_t binary_quantize(const float* w, const GroupedShape& s, uint8_t* packed, float* scales,
-                        void* workspace, int device, void* stream);
+                        void* workspace, int device, void* stream, int64_t* first_bad = nullptr);
 int64_t ternary_quantize(const float* w, const GroupedShape& s, float threshold, uint8_t* packed,
-                         float* scales, void* workspace, int device, void* stream);
+                         float* scales, void* workspace, int device, void* stream,
+                         int64_t* first_bad = nullptr);
 
 void binary_dequantize(const uint8_t* packed, const float* scales, const GroupedShape& s, float* w,
                        int device, void* stream);

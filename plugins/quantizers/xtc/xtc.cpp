@@ -127,15 +127,19 @@ class Xtc : public loom::sdk::Quantizer {
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
       const int dev = a.x->device.device_id;
+      // With first_bad the check's outcome stays on the device: nothing waits for it here.
+      int64_t* first_bad =
+          a.first_bad != nullptr ? loom::sdk::expect_first_bad(a.first_bad, a.x->device) : nullptr;
       bad = mode_ == Mode::kBinary
                 ? loom::quant::cuda::binary_quantize(w, s, q.codes, scales, a.workspace, dev,
-                                                     a.stream)
+                                                     a.stream, first_bad)
                 : loom::quant::cuda::ternary_quantize(w, s, threshold_, q.codes, scales,
-                                                      a.workspace, dev, a.stream);
+                                                      a.workspace, dev, a.stream, first_bad);
     } else {
       bad = mode_ == Mode::kBinary
                 ? loom::quant::binary_quantize(w, s, q.codes, scales)
                 : loom::quant::ternary_quantize(w, s, threshold_, q.codes, scales);
+      if (loom::sdk::set_first_bad(a, bad)) return;
     }
     if (bad >= s.numel()) {
       const int64_t g = bad - s.numel();

@@ -220,9 +220,22 @@ class ZeroQuant : public loom::sdk::Quantizer {
     const lq::Groups gs = lq::Groups::of(rows, k, l.format->group_size);
     int64_t bad = -1;
     if (on_cuda(x)) {
-      bad = lq::zq_cuda_quantize(x.device.device_id, xs, gs, q, packed, scales, zeros, a.stream);
+      // With first_bad the check's outcome stays on the device: nothing waits for it here.
+      int64_t* first_bad =
+          a.first_bad != nullptr ? loom::sdk::expect_first_bad(a.first_bad, x.device) : nullptr;
+      bad = lq::zq_cuda_quantize(x.device.device_id, xs, gs, q, packed, scales, zeros, a.stream,
+                                 first_bad);
     } else {
       bad = lq::quantize_int(xs, gs, q, LOOM_QUANT_PACK_LSB_FIRST, packed, scales, zeros);
+      if (bad < 0) bad = overflowed_group(scales, gs, rows * k);
+      if (loom::sdk::set_first_bad(a, bad)) return;
+    }
+    if (bad >= rows * k) {
+      const int64_t g = bad - rows * k;
+      throw Error(LOOM_ERR_INVALID_ARGUMENT,
+                  "zeroquant quantize: group " + std::to_string(g % gs.groups_per_row) +
+                      " of row " + std::to_string(g / gs.groups_per_row) +
+                      " of x spans a range wider than float32 holds (max - min overflows)");
     }
     if (bad >= 0) {
       float v = 0.0f;
@@ -236,16 +249,15 @@ class ZeroQuant : public loom::sdk::Quantizer {
                                                  index_text(bad, k) + " is " + value_text(v) +
                                                  " (quantize takes finite values only)");
     }
-    if (!on_cuda(x)) {
-      for (int64_t g = 0; g < gs.count(); ++g) {
-        if (!std::isfinite(scales[g])) {
-          throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                      "zeroquant quantize: group " + std::to_string(g % gs.groups_per_row) +
-                          " of row " + std::to_string(g / gs.groups_per_row) +
-                          " of x spans a range wider than float32 holds (max - min overflows)");
-        }
-      }
+  }
+
+  // numel + the first group whose scale overflowed float32 (finite x, max - min too wide), or
+  // -1 (host scales).
+  static int64_t overflowed_group(const float* scales, const lq::Groups& gs, int64_t numel) {
+    for (int64_t g = 0; g < gs.count(); ++g) {
+      if (!std::isfinite(scales[g])) return numel + g;
     }
+    return -1;
   }
 
   void dequantize(const loom_quantizer_quantize_args& a, const loom_quantizer_layout_args& l) {

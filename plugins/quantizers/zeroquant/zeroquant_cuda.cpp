@@ -24,9 +24,11 @@ namespace loom::quant {
 bool have_cuda() { return true; }
 
 int64_t zq_cuda_quantize(int device, const float* x, const Groups& gs, const IntScheme& q,
-                         uint8_t* packed, float* scales, uint8_t* zeros, void* stream) {
+                         uint8_t* packed, float* scales, uint8_t* zeros, void* stream,
+                         int64_t* first_bad) {
   loom::sdk::CudaDeviceGuard guard(device);
-  return cuda::quantize_int(x, gs, q, LOOM_QUANT_PACK_LSB_FIRST, packed, scales, zeros, stream);
+  return cuda::quantize_int(x, gs, q, LOOM_QUANT_PACK_LSB_FIRST, packed, scales, zeros, stream,
+                            first_bad);
 }
 
 void zq_cuda_read_float(int device, const float* p, float* out) {

@@ -12,9 +12,11 @@ namespace loom::quant {
 
 bool have_cuda();
 
-// quantize_int on device `device`; returns -1 or the first non-finite index.
+// quantize_int on device `device`; returns -1 or the first non-finite index, or with first_bad
+// (device int64 [1]) writes it there on the stream and returns -1 without waiting.
 int64_t zq_cuda_quantize(int device, const float* x, const Groups& gs, const IntScheme& q,
-                         uint8_t* packed, float* scales, uint8_t* zeros, void* stream);
+                         uint8_t* packed, float* scales, uint8_t* zeros, void* stream,
+                         int64_t* first_bad);
 // One float read back from the device (for an error message).
 void zq_cuda_read_float(int device, const float* p, float* out);
 void zq_cuda_dequantize(int device, const IntWeight& w, float* x, void* stream);

@@ -94,8 +94,19 @@ typedef struct loom_quantizer_quantize_args {
   void* workspace; /* workspace_bytes from layout (256-byte aligned; NULL when 0) */
   uint64_t workspace_bytes;
   void* stream; /* cudaStream_t for device tensors, NULL otherwise */
+  /* Since 1.7, quantize only (dequantize ignores it). Optional, out: int64 [1] on x's device.
+   * Given, a quantize does not fail for x's values: it writes there, in stream order, -1 when
+   * x could be quantized, else the row-major index of x's first non-finite element (or
+   * numel(x) + g when the elements of group g are finite but its scale overflows float32,
+   * where the quantizer checks that; the codes are then unspecified), and a call on CUDA
+   * returns without waiting for the device. NULL, or a 1.6 caller's shorter args: such an x is
+   * an INVALID_ARGUMENT error naming the element, for which a CUDA call waits for its
+   * stream. */
+  DLTensor* first_bad LOOM_APPENDED_FIELD;
 } loom_quantizer_quantize_args;
-#define LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE LOOM_STRUCT_SIZE(loom_quantizer_quantize_args, stream)
+#define LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE LOOM_STRUCT_SIZE(loom_quantizer_quantize_args, first_bad)
+/* The size of a 1.5 / 1.6 caller's quantize args (no first_bad). */
+#define LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE_1_5 LOOM_STRUCT_SIZE(loom_quantizer_quantize_args, stream)
 LOOM_CHECK_STRUCT_SIZE(loom_quantizer_quantize_args, LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE);
 
 /* y [M, N] = x [M, K] . W^T (+ bias [N]), W [N, K] given packed with its weight format, float

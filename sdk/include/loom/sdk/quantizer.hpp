@@ -128,6 +128,26 @@ inline void* quant_matrix(const DLTensor* t, std::string_view what) {
   return static_cast<char*>(d.data) + d.byte_offset;
 }
 
+// Quantize's first_bad (since 1.7): int64, one element, contiguous, on x's device; returns
+// its element.
+inline int64_t* expect_first_bad(const DLTensor* t, DLDevice device) {
+  const DLTensor& d = expect_tensor(t, "first_bad");
+  expect_dtype(d, DLDataType{kDLInt, 64, 1}, "first_bad");
+  expect_contiguous(d, "first_bad");
+  expect_numel(d, 1, "first_bad");
+  expect_device(d, device, "first_bad");
+  return reinterpret_cast<int64_t*>(static_cast<char*>(d.data) + d.byte_offset);
+}
+
+// Writes a host quantize's outcome into first_bad (-1, an element's index, or numel + g):
+// true when the caller asked for it that way, so the class reports nothing more; false when
+// first_bad is NULL (the class then throws for bad >= 0). For host tensors only.
+inline bool set_first_bad(const loom_quantizer_quantize_args& a, int64_t bad) {
+  if (a.first_bad == nullptr) return false;
+  *expect_first_bad(a.first_bad, a.first_bad->device) = bad;
+  return true;
+}
+
 }  // namespace loom::sdk
 
 #endif  // LOOM_SDK_QUANTIZER_HPP

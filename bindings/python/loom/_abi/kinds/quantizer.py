@@ -48,9 +48,10 @@ QuantizerQuantizeArgs._fields_ = [
     ("reserved2", ctypes.c_uint32), ("format", ctypes.POINTER(QuantFormat)), ("x", ctypes.c_void_p),
     ("packed", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("zero_points", ctypes.c_void_p),
     ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_uint64),
-    ("stream", ctypes.c_void_p),
+    ("stream", ctypes.c_void_p), ("first_bad", ctypes.c_void_p),
 ]
-QUANTIZER_QUANTIZE_ARGS_SIZE = _size(QuantizerQuantizeArgs, "stream")
+QUANTIZER_QUANTIZE_ARGS_SIZE = _size(QuantizerQuantizeArgs, "first_bad")
+QUANTIZER_QUANTIZE_ARGS_SIZE_1_5 = _size(QuantizerQuantizeArgs, "stream")
 
 QuantizerMatmulArgs._fields_ = [
     ("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),

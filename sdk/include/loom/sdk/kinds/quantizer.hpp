@@ -41,6 +41,10 @@ namespace loom::sdk {
 //   scales and zero points (quant_tensors), the workspace; for matmul also that the layout
 //   has HAS_MATMUL (else UNIMPLEMENTED), K agreeing, bias [N] and y [M, N] of x's dtype;
 //   every tensor on x's device. The values (NaN, codes 3 of ternary data) are the class's.
+//   Quantize's first_bad (since 1.7), when given: int64, one element, contiguous, on x's
+//   device; a 1.6 caller's shorter args reach the class as a full struct with it NULL, and
+//   dequantize always sees it NULL. A class reports through it with set_first_bad
+//   (loom/sdk/quantizer.hpp) on the host; on CUDA it writes the device value on the stream.
 struct Quantizer {
   static constexpr const char* kKind = LOOM_KIND_QUANTIZER;
   using sdk_kind = Quantizer;
@@ -180,8 +184,10 @@ struct QuantizerTable {
   static loom_status* code(void* instance, const loom_quantizer_quantize_args* args) noexcept {
     const char* what = kQuantize ? "quantizer quantize args" : "quantizer dequantize args";
     return E::checked(
-        instance, args, LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE, what,
-        [](const loom_quantizer_quantize_args& a, const Instance<T>& self) {
+        instance, args, LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE_1_5, what,
+        [](const loom_quantizer_quantize_args& in, const Instance<T>& self) {
+          loom_quantizer_quantize_args a =
+              normalized(&in, kQuantize ? "quantizer quantize args" : "quantizer dequantize args");
           const std::string call = kQuantize ? "quantizer quantize" : "quantizer dequantize";
           check_role(a.role, call);
           if (a.format == nullptr) fail_argument(call + ": format is NULL");
@@ -196,8 +202,12 @@ struct QuantizerTable {
           quant_tensors(a.packed, a.scales, a.zero_points, l, x.device);
           check_buffer(a.workspace, a.workspace_bytes, l.workspace_bytes, "workspace", "layout");
           if constexpr (kQuantize) {
+            if (a.first_bad != nullptr) {
+              expect_first_bad(a.first_bad, x.device);
+            }
             obj.quantize(a, l);
           } else {
+            a.first_bad = nullptr;
             obj.dequantize(a, l);
           }
         });
