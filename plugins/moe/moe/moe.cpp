@@ -28,11 +28,6 @@ namespace {
 namespace moe = loom::moe;
 using loom::sdk::Context;
 
-// The core's phase times as the ABI's stats carry them.
-loom::sdk::MoePhases phases(const moe::PhaseTimes& t) {
-  return {t.gate_ns, t.dispatch_ns, t.exchange_ns, t.experts_ns, t.combine_ns};
-}
-
 [[noreturn]] void fail(const std::string& message) {
   throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, message);
 }
@@ -307,7 +302,7 @@ class MoeLayer : public loom::sdk::Moe {
       a.stats->aux_loss = stats.aux_loss;
       a.stats->dropped = stats.dropped;
       a.stats->expert_rows = stats.expert_rows;
-      loom::sdk::set_moe_phases(a.stats, phases(times));
+      loom::sdk::set_moe_phases(a.stats, times);
     }
   }
 
@@ -347,7 +342,7 @@ class MoeLayer : public loom::sdk::Moe {
         moe::layer_backward<float>(c, *exchange_, call);
       }
     });
-    loom::sdk::set_moe_phases(a.stats, phases(times));
+    loom::sdk::set_moe_phases(a.stats, times);
   }
 
   // rows (expert layout) = the routed rows of x, weighted when route_weights is given.

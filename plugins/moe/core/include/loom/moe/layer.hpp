@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <loom/sdk/moe.hpp>
+
 #include <loom/moe/exchange.hpp>
 #include <loom/moe/experts.hpp>
 #include <loom/moe/gating.hpp>
@@ -62,14 +64,9 @@ struct LayerGrads {
 //   experts   the experts' MLPs and PR-MoE's residual MLP;
 //   combine   the weighted sum of the rows back into tokens and PR-MoE's mix.
 // Backward counts each phase's adjoint in its place (the gather of dy's rows is combine's,
-// the sum into dx dispatch's). The CUDA layer enqueues without waiting and leaves them.
-struct PhaseTimes {
-  uint64_t gate_ns = 0;
-  uint64_t dispatch_ns = 0;
-  uint64_t exchange_ns = 0;
-  uint64_t experts_ns = 0;
-  uint64_t combine_ns = 0;
-};
+// the sum into dx dispatch's). The CUDA layer enqueues without waiting and leaves them. The
+// SDK's struct, so the plugin hands them to loom_moe_stats as they are.
+using PhaseTimes = loom::sdk::MoePhases;
 
 struct LayerStats {
   double aux_loss = 0.0;
