@@ -79,18 +79,6 @@ HWY_INLINE FiniteStats Stats(const float* x, int64_t n, bool absmax_only) {
   return f;
 }
 
-// One group's codes, N elements at a time, each the reference's int_encode.
-//
-// round_half_even(a / s) comes from t = a * (1 / s), because a division costs several
-// multiplies. With 1 / s a normal float, t and the rounded quotient differ by at most
-// 3.01 * 2^-24 * |t| (two roundings against one). t is clamped to the code range [lo, hi]
-// first (a quotient beyond it clamps to the same end), so |t| <= B = max(|lo|, |hi|), and
-// when t lies more than B * 2^-22 inside (r - 0.5, r + 0.5) around r = round(t), the quotient
-// rounds to r as well. A vector with a lane nearer a half-integer takes the division.
-//
-// Adding 1.5 * 2^23 rounds t half to even onto the integer grid (the sum's ulp is 1 and the
-// constant is even), and the sum's low bits are then r in two's complement: its low byte is
-// the code, symmetric or not (asymmetric "exact" adds z to it: round(t) + z).
 // A span's groups as the encoder sees them: group g is x[g * len, min((g + 1) * len, n)),
 // with scale[g], inv[g] (1 / s where that is a normal float, else 0: every vector of the
 // group then takes the division) and zero[g].
@@ -102,6 +90,19 @@ struct SpanGroups {
   const int32_t* zero;
 };
 
+// The codes, N elements at a time, each the reference's int_encode.
+//
+// round_half_even(a / s) comes from t = a * (1 / s), because a division costs several
+// multiplies. With 1 / s a normal float, t and the rounded quotient differ by at most
+// 3.01 * 2^-24 * |t| (two roundings against one). t is clamped to the code range [lo, hi]
+// first (a quotient beyond it clamps to the same end), so |t| <= B = max(|lo|, |hi|), and
+// when t lies more than B * 2^-22 inside (r - 0.5, r + 0.5) around r = round(t), the quotient
+// rounds to r as well. A vector with a lane nearer a half-integer takes the division.
+//
+// Adding 1.5 * 2^23 rounds t half to even onto the integer grid (the sum's ulp is 1 and the
+// constant is even), and the sum's low bits are then r in two's complement: its low byte is
+// the code, symmetric or not (asymmetric "exact" adds z to it: round(t) + z).
+//
 // One group's encoder in registers. kShift (asymmetric, not "exact"): a = x + z * s.
 // kZero (asymmetric "exact"): the code is round(t) + z, so t is clamped to [-z, qmax - z].
 template <bool kShift, bool kZero>
