@@ -310,6 +310,8 @@ HWY_INLINE bool SpanParams(const float* x, int64_t count, int64_t len, const Int
       z = hn::Round(hn::Div(hn::Neg(l), s));
       z = hn::IfThenElse(hn::Lt(z, zero_v), zero_v, z);  // std::max(z, 0)
       z = hn::IfThenElse(hn::Lt(qmax, z), qmax, z);      // std::min(z, qmax)
+      // A NaN z (a group with a NaN: the span is refused) must not reach the conversion.
+      z = hn::IfThenElseZero(hn::IsFinite(z), z);
     }
     const auto r = hn::Div(one, s);
     const auto usable = hn::And(hn::IsFinite(r), hn::Ge(hn::Abs(r), min_normal));
