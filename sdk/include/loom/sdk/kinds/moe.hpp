@@ -43,13 +43,12 @@ namespace loom::sdk {
 //   backward's stats, since 1.7, must be the full size); saved and workspace present, 256-byte
 //   aligned and at least that plan's sizes; every tensor of x's dtype, contiguous and on x's
 //   device. A 1.6 caller's backward args reach the class as a full struct, stats NULL. The
-//   plan's buffer sizes
-//   are for the call's tokens: under expert parallelism the rows other ranks send are the
-//   class's to fit in the saved_bytes it is given. Before dispatch and combine: x [tokens, M],
-//   rows [R, M] of x's dtype, the routing (host expert indices -1 .. E-1), top_k and
-//   counts_count equal to the plan's top_k and local_experts; that rows holds every row the
-//   routing sends is the class's to check. Before reduce_gradients: every tensor float32,
-//   contiguous, on one device.
+//   plan's buffer sizes are for the call's tokens: under expert parallelism the rows other
+//   ranks send are the class's to fit in the saved_bytes it is given. Before dispatch and
+//   combine: x [tokens, M], rows [R, M] of x's dtype, the routing (host expert indices -1 ..
+//   E-1), top_k and counts_count equal to the plan's top_k and local_experts; that rows holds
+//   every row the routing sends is the class's to check. Before reduce_gradients: every
+//   tensor float32, contiguous, on one device.
 struct Moe {
   static constexpr const char* kKind = LOOM_KIND_MOE;
   using sdk_kind = Moe;
