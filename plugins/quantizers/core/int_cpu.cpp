@@ -491,6 +491,7 @@ HWY_INLINE void WeightOnlyTile(const float* x, int64_t mb, const IntWeight* w, c
   const IntScheme& q = w->q;
   const int64_t K = gs.cols;
   const int64_t half = K / 2;
+  const int64_t stride = weight_only_row_stride(K);
   const auto vh = hn::Set(di, static_cast<int32_t>(1u << (q.bits - 1)));
   const auto mask4 = hn::Set(du8, uint8_t{0x0F});
   hn::Vec<DF> total[R];
@@ -523,8 +524,8 @@ HWY_INLINE void WeightOnlyTile(const float* x, int64_t mb, const IntWeight* w, c
         const auto hi =
             hn::ConvertTo(d, Centre(hn::PromoteTo(di, hn::ShiftRight<4>(b)), q.symmetric, vh, vz));
         for (int r = 0; r < R; ++r) {
-          const float* e = xe + (mb + r) * half + j;
-          const float* o = xo + (mb + r) * half + j;
+          const float* e = xe + (mb + r) * stride + j;
+          const float* o = xo + (mb + r) * stride + j;
           acc[r] = hn::MulAdd(lo, hn::LoadU(d, e), acc[r]);
           acc_hi[r] = hn::MulAdd(hi, hn::LoadU(d, o), acc_hi[r]);
         }
@@ -629,11 +630,12 @@ void WeightOnlyCols(const float* x, int64_t m, const IntWeight* w, const float* 
 // x's even and odd columns, for the 4-bit path: xe[r, j] = x[r, 2j], xo[r, j] = x[r, 2j + 1].
 void Deinterleave(const float* x, int64_t m, int64_t k, float* xe, float* xo) {
   const int64_t half = k / 2;
+  const int64_t stride = weight_only_row_stride(k);
   for (int64_t r = 0; r < m; ++r) {
     const float* row = x + r * k;
     for (int64_t j = 0; j < half; ++j) {
-      xe[r * half + j] = row[2 * j];
-      xo[r * half + j] = row[2 * j + 1];
+      xe[r * stride + j] = row[2 * j];
+      xo[r * stride + j] = row[2 * j + 1];
     }
   }
 }
@@ -806,7 +808,9 @@ void int8_dot_exact(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, in
       });
 }
 
-int64_t weight_only_workspace_floats(int64_t m, int64_t k) { return m * k; }
+int64_t weight_only_workspace_floats(int64_t m, int64_t k) {
+  return 2 * m * weight_only_row_stride(k);
+}
 
 void matmul_weight_only(const float* x, int64_t m, const IntWeight& w, const float* bias, float* y,
                         float* workspace) {
@@ -820,12 +824,13 @@ void matmul_weight_only(const float* x, int64_t m, const IntWeight& w, const flo
   const float* xo = nullptr;
   if (nibbles && m > 0) {
     if (workspace == nullptr) {
-      own.resize(static_cast<std::size_t>(m * K));
+      own.resize(static_cast<std::size_t>(weight_only_workspace_floats(m, K)));
       workspace = own.data();
     }
-    HWY_DYNAMIC_DISPATCH(Deinterleave)(x, m, K, workspace, workspace + m * (K / 2));
     xe = workspace;
-    xo = workspace + m * (K / 2);
+    xo = workspace + m * weight_only_row_stride(K);
+    HWY_DYNAMIC_DISPATCH(Deinterleave)
+    (x, m, K, workspace, workspace + m * weight_only_row_stride(K));
   }
   if (m == 0) return;
   // About 64 K weights per block (a block of kColBlock columns at K = 4096): few enough

@@ -43,6 +43,11 @@ void matmul_weight_only(const float* x, int64_t m, const IntWeight& w, const flo
                         float* workspace);
 int64_t weight_only_workspace_floats(int64_t m, int64_t k);
 
+// Floats between rows of the 4-bit path's even and odd halves of x: K / 2 and a cache line
+// more. At the usual K, K / 2 floats is a power of two, so a block's rows would all map to
+// one L1 set and its 2 R streams fill the set's ways.
+inline int64_t weight_only_row_stride(int64_t k) { return k / 2 + 16; }
+
 // Widens W's codes to one int8 per element, [N, K] row-major: the symmetric code itself, or
 // q - z (asymmetric; needs bits <= 7 so it fits). The W4A8 path's weight for the INT8 GEMM.
 void widen_to_int8(const IntWeight& w, int8_t* out);
