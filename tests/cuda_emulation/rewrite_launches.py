@@ -98,6 +98,34 @@ def cooperative_names(funcs):
     return coop
 
 
+def included_headers(src_path, text):
+    """The text of each .cuh that `#include "..."` names, found beside src_path or under one
+    of its parent folders (plugins/common/x.cuh from plugins/moe/core/y.cu), recursively."""
+    import os
+    seen, out, todo = set(), [], [(src_path, text)]
+    while todo:
+        path, body = todo.pop()
+        for inc in re.findall(r'^\s*#\s*include\s+"([^"]+\.cuh)"', body, re.M):
+            d = os.path.dirname(os.path.abspath(path))
+            while True:
+                cand = os.path.join(d, inc)
+                if os.path.isfile(cand):
+                    break
+                parent = os.path.dirname(d)
+                if parent == d:
+                    cand = None
+                    break
+                d = parent
+            if cand is None or cand in seen:
+                continue
+            seen.add(cand)
+            with open(cand, encoding="utf-8") as f:
+                h = blank_comments_and_strings(f.read())
+            out.append(h)
+            todo.append((cand, h))
+    return out
+
+
 def main():
     if len(sys.argv) != 3:
         raise SystemExit(__doc__)
@@ -106,6 +134,9 @@ def main():
         src = f.read()
     text = blank_comments_and_strings(src)
     funcs = functions(text)
+    for header in included_headers(src_path, src):
+        for name, defs in functions(header).items():
+            funcs.setdefault(name, []).extend(defs)
     kernels = {n for n, defs in funcs.items() if any(k for k, _ in defs)}
     coop = cooperative_names(funcs)
     out, pos, modes = [], 0, {}

@@ -357,9 +357,9 @@ TEST(XtcPlugin, RefusesActivationsAndOtherDtypes) {
   Weight w(4, 8, 6);
   EXPECT_EQ(w.lay_out(q, LOOM_QUANTIZER_ACTIVATION), LOOM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(q.error.find("xtc quantizes weights only"), std::string::npos) << q.error;
-  EXPECT_EQ(w.lay_out(q, LOOM_QUANTIZER_WEIGHT, DLDataType{kDLBfloat, 16, 1}),
+  EXPECT_EQ(w.lay_out(q, LOOM_QUANTIZER_WEIGHT, DLDataType{kDLFloat, 64, 1}),
             LOOM_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(q.error.find("float32"), std::string::npos) << q.error;
+  EXPECT_NE(q.error.find("bfloat16"), std::string::npos) << q.error;
   // A format of another group size is refused by name.
   ASSERT_EQ(w.lay_out(q), 0) << q.error;
   w.format.group_size = 4;

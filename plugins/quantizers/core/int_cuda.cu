@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/float16_io_cuda.cuh"
+#include "float_stage.hpp"
 #include "int_cuda.hpp"
 
 namespace loom::quant::cuda {
@@ -385,6 +387,24 @@ void int8_gemm_simple(const int8_t* xq, const int8_t* wq, int64_t m, int64_t n, 
   int8_gemm_kernel<<<stride_blocks(m * n), kThreads, 0, as_stream(stream)>>>(xq, wq, m, n, k, k0,
                                                                              kg, acc);
   check_launch("INT8 GEMM kernel");
+}
+
+void widen_floats(int device, const void* src, f16::Storage s, float* dst, int64_t n,
+                  void* stream) {
+  if (n <= 0) return;
+  loom::sdk::CudaDeviceGuard guard(device);
+  f16::widen_kernel<<<f16::grid_for(n), 256, 0, as_stream(stream)>>>(src, static_cast<int>(s), dst,
+                                                                     n);
+  check_launch("widen_kernel");
+}
+
+void narrow_floats(int device, const float* src, f16::Storage s, void* dst, int64_t n,
+                   void* stream) {
+  if (n <= 0) return;
+  loom::sdk::CudaDeviceGuard guard(device);
+  f16::narrow_kernel<<<f16::grid_for(n), 256, 0, as_stream(stream)>>>(src, static_cast<int>(s), dst,
+                                                                      n, 0);
+  check_launch("narrow_kernel");
 }
 
 }  // namespace loom::quant::cuda

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "float_stage.hpp"
 #include "int_cuda.hpp"
 #include "xtc_cuda.hpp"
 
@@ -59,6 +60,11 @@ void binary_matmul(const float*, int64_t, const uint8_t*, const float*, const Gr
 }
 int64_t ternary_matmul(const float*, int64_t, const uint8_t*, const float*, const GroupedShape&,
                        const float*, float*, void*, int device, void*) {
+  refuse(device);
+}
+
+void widen_floats(int device, const void*, f16::Storage, float*, int64_t, void*) { refuse(device); }
+void narrow_floats(int device, const float*, f16::Storage, void*, int64_t, void*) {
   refuse(device);
 }
 

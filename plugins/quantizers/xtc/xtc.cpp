@@ -15,6 +15,7 @@
 #include <string>
 
 #include <loom/quantizers/binary.hpp>
+#include "float_stage.hpp"
 #include "ternary.hpp"
 #include "xtc_cuda.hpp"
 
@@ -114,13 +115,24 @@ class Xtc : public loom::sdk::Quantizer {
     f.group_size = s.group_size;
     f.scale_dtype = DLDataType{kDLFloat, 32, 1};
     a.flags = LOOM_QUANTIZER_HAS_MATMUL;
-    a.workspace_bytes = loom::quant::xtc_cuda_workspace_bytes(s);
-    a.matmul_workspace_bytes = loom::quant::xtc_cuda_workspace_bytes(s);
+    a.workspace_bytes = own_bytes(s);
+    a.matmul_workspace_bytes = own_bytes(s);
+    if (loom::quant::is_16bit(a.dtype)) {
+      // The float32 copies of a 16-bit call, after the kernels' own region: the weight for
+      // quantize and dequantize; x [m, K], bias [N] and y [m, N] for the matmul.
+      namespace f16 = loom::quant::f16;
+      a.workspace_bytes += f16::staging_bytes(s.numel());
+      a.matmul_workspace_bytes += f16::staging_bytes(a.matmul_rows * s.cols) +
+                                  f16::staging_bytes(s.rows) +
+                                  f16::staging_bytes(a.matmul_rows * s.rows);
+    }
   }
 
   void quantize(const loom_quantizer_quantize_args& a, const loom_quantizer_layout_args& l) {
     const GroupedShape s = shape_of(l.shape[0], l.shape[1]);
-    const auto* w = static_cast<const float*>(loom::sdk::quant_matrix(a.x, "x"));
+    (void)loom::sdk::quant_matrix(a.x, "x");
+    loom::quant::FloatStage stage(a.workspace, own_bytes(s));
+    const float* w = stage.in(a.x, a.stream);
     const loom::sdk::QuantTensors q =
         loom::sdk::quant_tensors(a.packed, a.scales, nullptr, l, a.x->device);
     auto* scales = static_cast<float*>(q.scales);
@@ -158,7 +170,9 @@ class Xtc : public loom::sdk::Quantizer {
 
   void dequantize(const loom_quantizer_quantize_args& a, const loom_quantizer_layout_args& l) {
     const GroupedShape s = shape_of(l.shape[0], l.shape[1]);
-    auto* w = static_cast<float*>(loom::sdk::quant_matrix(a.x, "x"));
+    (void)loom::sdk::quant_matrix(a.x, "x");
+    loom::quant::FloatStage stage(a.workspace, own_bytes(s));
+    float* w = stage.out(a.x);
     const loom::sdk::QuantTensors q =
         loom::sdk::quant_tensors(a.packed, a.scales, nullptr, l, a.x->device);
     const auto* scales = static_cast<const float*>(q.scales);
@@ -177,17 +191,20 @@ class Xtc : public loom::sdk::Quantizer {
       bad = loom::quant::ternary_dequantize(q.codes, scales, s, w);
     }
     if (bad >= 0) invalid_code(bad, s);
+    loom::quant::FloatStage::finish(w, a.x, a.stream);
   }
 
   void matmul(const loom_quantizer_matmul_args& a, const loom_quantizer_layout_args& l) {
     const GroupedShape s = shape_of(l.shape[0], l.shape[1]);
-    const auto* x = static_cast<const float*>(loom::sdk::quant_matrix(a.x, "x"));
+    (void)loom::sdk::quant_matrix(a.x, "x");
     const int64_t m = a.x->shape[0];
+    loom::quant::FloatStage stage(a.workspace, own_bytes(s));
+    const float* x = stage.in(a.x, a.stream);
+    const float* bias = stage.in(a.bias, a.stream);
+    float* y = stage.out(a.y);
     const loom::sdk::QuantTensors q =
         loom::sdk::quant_tensors(a.packed, a.scales, nullptr, l, a.x->device);
     const auto* scales = static_cast<const float*>(q.scales);
-    const float* bias = a.bias != nullptr ? loom::sdk::data_as<const float>(*a.bias) : nullptr;
-    auto* y = loom::sdk::data_as<float>(*a.y);
     int64_t bad = -1;
     if (on_cuda(a.x->device)) {
       const int dev = a.x->device.device_id;
@@ -203,6 +220,7 @@ class Xtc : public loom::sdk::Quantizer {
       bad = loom::quant::ternary_matmul(x, m, q.codes, scales, s, bias, y);
     }
     if (bad >= 0) invalid_code(bad, s);
+    loom::quant::FloatStage::finish(y, a.y, a.stream);
   }
 
  private:
@@ -215,10 +233,16 @@ class Xtc : public loom::sdk::Quantizer {
   }
 
   static void check_dtype(const DLDataType& t, const char* what) {
-    if (t.code != kDLFloat || t.bits != 32 || t.lanes != 1) {
+    if (!loom::sdk::is_quantizer_float(t)) {
       fail_argument(std::string(what) + " has dtype " + loom::sdk::dtype_string(t) +
-                    "; xtc takes float32 weights and activations");
+                    "; xtc takes float32, bfloat16 or float16 weights and activations");
     }
+  }
+
+  // The CUDA kernels' own workspace (group sums); the float32 staging of a 16-bit call
+  // follows it.
+  static uint64_t own_bytes(const GroupedShape& s) {
+    return (loom::quant::xtc_cuda_workspace_bytes(s) + 255u) / 256u * 256u;
   }
 
   [[noreturn]] static void invalid_code(int64_t e, const GroupedShape& s) {

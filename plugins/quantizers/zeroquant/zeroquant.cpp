@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 
+#include "float_stage.hpp"
 #include "int8_gemm.hpp"
 #include "int_kernels.hpp"
 #include "quant_core.hpp"
@@ -149,13 +150,16 @@ class ZeroQuant : public loom::sdk::Quantizer {
   explicit ZeroQuant(Context& ctx) : p_(read_params(ctx)) {}
 
   void layout(loom_quantizer_layout_args& a) {
-    if (a.dtype.code != kDLFloat || a.dtype.bits != 32 || a.dtype.lanes != 1) {
-      throw Error(LOOM_ERR_INVALID_ARGUMENT,
-                  "zeroquant layout: dtype " + loom::sdk::dtype_string(a.dtype) +
-                      " is not float32 (zeroquant quantizes float32 tensors)");
+    if (!loom::sdk::is_quantizer_float(a.dtype)) {
+      throw Error(LOOM_ERR_INVALID_ARGUMENT, "zeroquant layout: dtype " +
+                                                 loom::sdk::dtype_string(a.dtype) +
+                                                 " is not float32, bfloat16 or float16");
     }
     const int64_t rows = a.shape[0];
     const int64_t k = a.shape[1];
+    // A 16-bit x is quantized from (and dequantized to) a float32 copy in the workspace.
+    const bool staged = lq::is_16bit(a.dtype);
+    if (staged) a.workspace_bytes = lq::f16::staging_bytes(rows * k);
     loom_quant_format& f = *a.format;
     f.scheme = LOOM_QUANT_INT;
     f.packing = LOOM_QUANT_PACK_LSB_FIRST;
@@ -195,14 +199,12 @@ class ZeroQuant : public loom::sdk::Quantizer {
     }
     if ((a.flags & LOOM_QUANTIZER_HAS_MATMUL) != 0) {
       const int64_t m = a.matmul_rows;
-      const lq::IntWeight w = weight_of(nullptr, nullptr, nullptr, rows, k);
-      if (p_.activation_bits == 8) {
-        a.flags |= LOOM_QUANTIZER_INT8_ACTIVATIONS;
-        // The same regions on the CPU and on CUDA (carve_int8_workspace).
-        a.matmul_workspace_bytes = m == 0 ? 0 : align256(lq::int8_matmul_workspace_bytes(m, w));
-      } else {
-        a.matmul_workspace_bytes =
-            align256(static_cast<uint64_t>(lq::weight_only_workspace_floats(m, k)) * 4u);
+      if (p_.activation_bits == 8) a.flags |= LOOM_QUANTIZER_INT8_ACTIVATIONS;
+      a.matmul_workspace_bytes = matmul_own_bytes(m, rows, k);
+      if (staged) {
+        // x [m, K], y [m, N] and bias [N] in float32, after the scheme's own regions.
+        a.matmul_workspace_bytes += lq::f16::staging_bytes(m * k) +
+                                    lq::f16::staging_bytes(m * rows) + lq::f16::staging_bytes(rows);
       }
     }
   }
@@ -211,7 +213,8 @@ class ZeroQuant : public loom::sdk::Quantizer {
     const DLTensor& x = *a.x;
     const int64_t rows = x.shape[0];
     const int64_t k = x.shape[1];
-    const float* xs = as_float(a.x);
+    lq::FloatStage stage(a.workspace, 0);
+    const float* xs = stage.in(a.x, a.stream);
     uint8_t* packed = as_bytes_mut(a.packed);
     float* scales = as_float_mut(a.scales);
     uint8_t* zeros = as_bytes_mut(a.zero_points);
@@ -271,11 +274,14 @@ class ZeroQuant : public loom::sdk::Quantizer {
     w.gs = lq::Groups::of(x.shape[0], x.shape[1], l.format->group_size);
     w.q = q;
     w.packing = LOOM_QUANT_PACK_LSB_FIRST;
+    lq::FloatStage stage(a.workspace, 0);
+    float* xs = stage.out(a.x);
     if (on_cuda(x)) {
-      lq::zq_cuda_dequantize(x.device.device_id, w, as_float_mut(a.x), a.stream);
+      lq::zq_cuda_dequantize(x.device.device_id, w, xs, a.stream);
     } else {
-      lq::dequantize_int(w, as_float_mut(a.x));
+      lq::dequantize_int(w, xs);
     }
+    lq::FloatStage::finish(xs, a.x, a.stream);
   }
 
   void matmul(const loom_quantizer_matmul_args& a, const loom_quantizer_layout_args& l) {
@@ -285,12 +291,22 @@ class ZeroQuant : public loom::sdk::Quantizer {
     const int64_t k = l.format->shape[1];
     const lq::IntWeight w =
         weight_of(as_bytes(a.packed), as_float(a.scales), as_bytes(a.zero_points), n, k);
-    const float* xs = as_float(a.x);
-    float* y = as_float_mut(a.y);
-    const float* bias = as_float(a.bias);
+    // A 16-bit call's float32 x, bias and y follow the scheme's regions for m rows.
+    lq::FloatStage stage(a.workspace, matmul_own_bytes(m, n, k));
+    const float* xs = stage.in(a.x, a.stream);
+    const float* bias = stage.in(a.bias, a.stream);
+    float* y = stage.out(a.y);
+    run_matmul(x, xs, m, w, bias, y, a.workspace, a.stream);
+    lq::FloatStage::finish(y, a.y, a.stream);
+  }
+
+ private:
+  void run_matmul(const DLTensor& x, const float* xs, int64_t m, const lq::IntWeight& w,
+                  const float* bias, float* y, void* workspace, void* stream) const {
+    const int64_t k = w.gs.cols;
     if (on_cuda(x)) {
       const int64_t bad = lq::zq_cuda_matmul(x.device.device_id, xs, m, w, bias, y,
-                                             p_.activation_bits == 8, a.workspace, a.stream);
+                                             p_.activation_bits == 8, workspace, stream);
       if (bad >= 0) throw non_finite_x(bad, k, nullptr);
       return;
     }
@@ -302,17 +318,27 @@ class ZeroQuant : public loom::sdk::Quantizer {
       }
       int64_t bad = -1;
       try {
-        bad = lq::int8_matmul(xs, m, w, bias, y, a.workspace);
+        bad = lq::int8_matmul(xs, m, w, bias, y, workspace);
       } catch (const std::runtime_error& e) {
         throw Error(LOOM_ERR_INTERNAL, std::string("zeroquant matmul: ") + e.what());
       }
       if (bad >= 0) throw non_finite_x(bad, k, xs);
       return;
     }
-    lq::matmul_weight_only(xs, m, w, bias, y, static_cast<float*>(a.workspace));
+    lq::matmul_weight_only(xs, m, w, bias, y, static_cast<float*>(workspace));
   }
 
- private:
+  // The matmul workspace of the scheme itself for m rows of a weight [n, k] (the same regions
+  // on the CPU and on CUDA: carve_int8_workspace).
+  uint64_t matmul_own_bytes(int64_t m, int64_t n, int64_t k) const {
+    if (p_.activation_bits == 8) {
+      return m == 0 ? 0
+                    : align256(lq::int8_matmul_workspace_bytes(
+                          m, weight_of(nullptr, nullptr, nullptr, n, k)));
+    }
+    return align256(static_cast<uint64_t>(lq::weight_only_workspace_floats(m, k)) * 4u);
+  }
+
   static std::string index_text(int64_t i, int64_t cols) {
     const int64_t c = cols > 0 ? cols : 1;
     return "[" + std::to_string(i / c) + ", " + std::to_string(i % c) + "]";
