@@ -2,16 +2,15 @@
 // in float32, so a 16-bit tensor is widened into float32 on the way in (exact) and rounded
 // back on the way out (to nearest, ties to even: common/half.hpp's rule, the same bits on the
 // host and on CUDA). One pattern for the quantizer and moe families (docs/sdk.md, "16-bit
-// tensors"): the staging buffers are regions of the call's workspace, which layout / plan size
-// for the dtype, so a 16-bit call allocates nothing. The CUDA kernels are in
-// float16_io_cuda.cuh.
+// tensors"): float16_stage.hpp carves the float32 copies from the call's workspace, which
+// layout / plan size for the dtype, so a 16-bit call allocates nothing. The CUDA kernels are
+// in float16_io_cuda.cuh.
 #pragma once
 
 #include <loom/sdk/tensor.hpp>
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "half.hpp"
 #include "parallel_for.hpp"
@@ -80,24 +79,24 @@ inline void widen(const void* src, Storage s, float* dst, int64_t n) {
   }
 }
 
-// dst's n elements = src rounded to dst's storage. With `add`, dst = round(widen(dst) + src)
-// instead: a gradient added into a 16-bit buffer, one rounding per call.
-inline void narrow(const float* src, Storage s, void* dst, int64_t n, bool add = false) {
+// dst's n elements = src rounded to dst's storage.
+inline void narrow(const float* src, Storage s, void* dst, int64_t n) {
   if (s == Storage::kF32) {
     auto* f = static_cast<float*>(dst);
     detail::blocks(n, [&](std::size_t b, std::size_t e) {
-      for (std::size_t i = b; i < e; ++i) f[i] = add ? f[i] + src[i] : src[i];
+      for (std::size_t i = b; i < e; ++i) f[i] = src[i];
     });
     return;
   }
   auto* h = static_cast<uint16_t*>(dst);
-  const bool bf = s == Storage::kBF16;
+  if (s == Storage::kBF16) {
+    detail::blocks(n, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) h[i] = half::f32_to_bf16(src[i]);
+    });
+    return;
+  }
   detail::blocks(n, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
-      float v = src[i];
-      if (add) v += bf ? half::bf16_to_f32(h[i]) : half::f16_to_f32(h[i]);
-      h[i] = bf ? half::f32_to_bf16(v) : half::f32_to_f16(v);
-    }
+    for (std::size_t i = b; i < e; ++i) h[i] = half::f32_to_f16(src[i]);
   });
 }
 

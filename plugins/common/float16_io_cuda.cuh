@@ -27,13 +27,12 @@ __global__ void widen_kernel(const void* src, int storage, float* dst, int64_t n
   }
 }
 
-// dst[i] = src[i] rounded to dst's storage; with add != 0, round(widen(dst[i]) + src[i]).
-__global__ void narrow_kernel(const float* src, int storage, void* dst, int64_t n, int add) {
+// dst[i] = src[i] rounded to dst's storage.
+__global__ void narrow_kernel(const float* src, int storage, void* dst, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    float v = src[i];
-    if (add != 0) v += widen_one(dst, storage, i);
+    const float v = src[i];
     if (storage == static_cast<int>(Storage::kF32)) {
       static_cast<float*>(dst)[i] = v;
     } else {

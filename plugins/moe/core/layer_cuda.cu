@@ -9,6 +9,7 @@
 #include <loom/moe/dispatch.hpp>
 #include <loom/moe/moe_cuda.hpp>
 #include <loom/moe/moe_math.hpp>
+#include "common/float16_io_cuda.cuh"
 #include "cuda_util.cuh"
 #include "layer_layout.hpp"
 
@@ -417,6 +418,26 @@ void combine_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t
   combine_rows(send.as<const float>(), tokens, model_dim, k, slot.as<const int64_t>(),
                route_weights, y, false, dev.stream);
   LOOM_MOE_CUDA(cudaStreamSynchronize(st));
+}
+
+void widen_floats(int device, const void* src, loom::plugins::float16::Storage s, float* dst,
+                  int64_t n, void* stream) {
+  if (n <= 0) return;
+  loom::sdk::CudaDeviceGuard guard(device);
+  namespace f16 = loom::plugins::float16;
+  f16::widen_kernel<<<f16::grid_for(n), 256, 0, as_stream(stream)>>>(src, static_cast<int>(s), dst,
+                                                                     n);
+  check_launch("widen_kernel");
+}
+
+void narrow_floats(int device, const float* src, loom::plugins::float16::Storage s, void* dst,
+                   int64_t n, void* stream) {
+  if (n <= 0) return;
+  loom::sdk::CudaDeviceGuard guard(device);
+  namespace f16 = loom::plugins::float16;
+  f16::narrow_kernel<<<f16::grid_for(n), 256, 0, as_stream(stream)>>>(src, static_cast<int>(s), dst,
+                                                                      n);
+  check_launch("narrow_kernel");
 }
 
 }  // namespace loom::moe::cuda

@@ -74,4 +74,11 @@ void free_on(int, void*) noexcept {}
 DeviceScope::DeviceScope(int) { refuse(); }
 DeviceScope::~DeviceScope() { (void)previous_, (void)changed_; }  // never constructed
 
+void widen_floats(int, const void*, loom::plugins::float16::Storage, float*, int64_t, void*) {
+  refuse();
+}
+void narrow_floats(int, const float*, loom::plugins::float16::Storage, void*, int64_t, void*) {
+  refuse();
+}
+
 }  // namespace loom::moe::cuda

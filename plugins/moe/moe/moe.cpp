@@ -10,6 +10,7 @@
 #include <loom/sdk/no_cuda.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -23,9 +24,12 @@
 #include <loom/moe/layer.hpp>
 #include <loom/moe/moe_cuda.hpp>
 
+#include "common/float16_stage.hpp"
+
 namespace {
 
 namespace moe = loom::moe;
+namespace f16 = loom::plugins::float16;
 using loom::sdk::Context;
 
 [[noreturn]] void fail(const std::string& message) {
@@ -241,8 +245,10 @@ class MoeLayer : public loom::sdk::Moe {
   }
 
   void plan(loom_moe_plan_args& a) {
-    if (!(a.dtype.code == kDLFloat && a.dtype.bits == 32 && a.dtype.lanes == 1)) {
-      fail("dtype " + loom::sdk::dtype_string(a.dtype) + " is not supported: moe runs float32");
+    f16::Storage storage{};
+    if (!f16::storage_of(a.dtype, &storage)) {
+      fail("dtype " + loom::sdk::dtype_string(a.dtype) +
+           " is not supported: moe takes float32, bfloat16 or float16");
     }
     const moe::LayerConfig c =
         config(a.tokens, a.model_dim, a.hidden_dim, a.num_experts, a.training != 0, "plan: ");
@@ -258,7 +264,8 @@ class MoeLayer : public loom::sdk::Moe {
     a.capacity = moe::expert_capacity(c.gate, a.tokens);
     a.max_expert_rows = moe::max_expert_rows(c);
     a.saved_bytes = moe::saved_bytes(c, sizeof(float));
-    a.workspace_bytes = moe::workspace_bytes(c, sizeof(float));
+    a.workspace_bytes = own_workspace(c);
+    if (storage != f16::Storage::kF32) a.workspace_bytes += staging_bytes(c);
   }
 
   void forward(const loom_moe_forward_args& a, const loom_moe_plan_args& p) {
@@ -271,12 +278,15 @@ class MoeLayer : public loom::sdk::Moe {
     c.gate.first_token = a.first_token;
     moe::ForwardCall<float> call;
     call.tokens = a.tokens;
-    call.x = static_cast<const float*>(loom::sdk::first_element(*a.x));
-    call.w = weights(a.weights, p, a.x->device, "weights");
+    // A 16-bit call runs the float32 layer on copies at the start of the workspace (the
+    // core's part follows them).
+    f16::FloatStage stage = float_stage(a.workspace, 0);
+    call.x = stage.in(a.x, a.stream);
+    call.w = staged_weights(*a.weights, stage, a.stream);
     call.expert_bias = a.expert_bias != nullptr
                            ? static_cast<float*>(loom::sdk::first_element(*a.expert_bias))
                            : nullptr;
-    call.y = static_cast<float*>(loom::sdk::first_element(*a.y));
+    call.y = stage.out(a.y);
     call.route_experts = a.route_experts != nullptr
                              ? static_cast<int32_t*>(loom::sdk::first_element(*a.route_experts))
                              : nullptr;
@@ -285,8 +295,9 @@ class MoeLayer : public loom::sdk::Moe {
                              : nullptr;
     call.saved = a.saved;
     call.saved_bytes = a.saved_bytes;
-    call.workspace = a.workspace;
-    call.workspace_bytes = a.workspace_bytes;
+    const uint64_t staged = f16::is_16bit(a.x->dtype) ? staging_bytes(c) : 0;
+    call.workspace = static_cast<char*>(a.workspace) + staged;
+    call.workspace_bytes = a.workspace_bytes - staged;
     moe::LayerStats stats;
     if (a.stats != nullptr) stats.load = a.stats->load;
     moe::PhaseTimes times;
@@ -298,6 +309,7 @@ class MoeLayer : public loom::sdk::Moe {
         moe::layer_forward<float>(c, *exchange_, call, stats);
       }
     });
+    stage.finish(call.y, a.y, a.stream);
     if (a.stats != nullptr) {
       a.stats->aux_loss = stats.aux_loss;
       a.stats->dropped = stats.dropped;
@@ -316,23 +328,26 @@ class MoeLayer : public loom::sdk::Moe {
     c.gate.first_token = a.first_token;
     moe::BackwardCall<float> call;
     call.tokens = a.tokens;
-    call.x = static_cast<const float*>(loom::sdk::first_element(*a.x));
-    call.w = weights(a.weights, p, a.x->device, "weights");
-    call.dy = static_cast<const float*>(loom::sdk::first_element(*a.dy));
-    call.dx = static_cast<float*>(loom::sdk::first_element(*a.dx));
-    const loom::sdk::MoeLayerView g = loom::sdk::moe_weights(a.grads, p, a.x->device, "grads");
-    call.g.gate_w = static_cast<float*>(g.gate_w);
-    call.g.experts = {static_cast<float*>(g.w1), static_cast<float*>(g.b1),
-                      static_cast<float*>(g.w2), static_cast<float*>(g.b2)};
-    call.g.residual = {static_cast<float*>(g.res_w1), static_cast<float*>(g.res_b1),
-                       static_cast<float*>(g.res_w2), static_cast<float*>(g.res_b2)};
-    call.g.coef_w = static_cast<float*>(g.coef_w);
-    call.g.coef_b = static_cast<float*>(g.coef_b);
+    f16::FloatStage stage = float_stage(a.workspace, 0);
+    call.x = stage.in(a.x, a.stream);
+    call.w = staged_weights(*a.weights, stage, a.stream);
+    call.dy = stage.in(a.dy, a.stream);
+    call.dx = stage.out(a.dx);
+    // 16-bit gradients are added in float32 and rounded once, at the end of the call.
+    const TensorList grads = tensors(*a.grads);
+    float* g[kWeightTensors] = {};
+    for (int i = 0; i < kWeightTensors; ++i) g[i] = stage.inout(grads[i], a.stream);
+    call.g.gate_w = g[0];
+    call.g.experts = {g[1], g[2], g[3], g[4]};
+    call.g.residual = {g[5], g[6], g[7], g[8]};
+    call.g.coef_w = g[9];
+    call.g.coef_b = g[10];
     call.aux_loss_coef = a.aux_loss_coef;
     call.saved = a.saved;
     call.saved_bytes = a.saved_bytes;
-    call.workspace = a.workspace;
-    call.workspace_bytes = a.workspace_bytes;
+    const uint64_t staged = f16::is_16bit(a.x->dtype) ? staging_bytes(c) : 0;
+    call.workspace = static_cast<char*>(a.workspace) + staged;
+    call.workspace_bytes = a.workspace_bytes - staged;
     moe::PhaseTimes times;
     call.times = &times;
     run([&] {
@@ -342,65 +357,82 @@ class MoeLayer : public loom::sdk::Moe {
         moe::layer_backward<float>(c, *exchange_, call);
       }
     });
+    stage.finish(call.dx, a.dx, a.stream);
+    for (int i = 0; i < kWeightTensors; ++i) {
+      if (grads[i] != nullptr) stage.finish(g[i], grads[i], a.stream);
+    }
     loom::sdk::set_moe_phases(a.stats, times);
   }
 
-  // rows (expert layout) = the routed rows of x, weighted when route_weights is given.
+  // rows (expert layout) = the routed rows of x, weighted when route_weights is given. A
+  // 16-bit call gathers float32 copies (one rounding of each weighted row, as the layer's).
   void dispatch(const loom_moe_dispatch_args& a) {
+    const int64_t cap = staged_rows(a);
+    f16::FloatStage stage = float_stage(a.workspace, 0);
+    const float* x = stage.in(a.x, a.stream);
+    float* rows = stage.out(a.rows, cap * a.model_dim);
+    const auto* weights =
+        a.route_weights != nullptr
+            ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+            : nullptr;
     if (on_cuda(a.x->device)) {
       const int64_t experts =
           checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
         moe::cuda::dispatch_alone(
-            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
-            static_cast<const float*>(loom::sdk::first_element(*a.x)),
-            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
-            a.route_weights != nullptr
-                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
-                : nullptr,
-            static_cast<float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0], a.counts,
-            cuda_device(a.x->device, a.stream));
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim, x,
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)), weights, rows,
+            cap, a.counts, cuda_device(a.x->device, a.stream));
       });
-      return;
+    } else {
+      Routing r = routing(a, cap);
+      std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
+      moe::gather_rows<float>(x, a.tokens, a.model_dim, r.k, r.slot.data(), r.weights, send.data());
+      run([&] {
+        exchange_->forward(r.plan, send.data(), rows,
+                           a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device,
+                           a.stream);
+      });
+      const std::vector<int64_t> local = local_counts(r.plan);
+      for (size_t e = 0; e < local.size(); ++e) a.counts[e] = local[e];
     }
-    Routing r = routing(a);
-    std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
-    moe::gather_rows<float>(static_cast<const float*>(loom::sdk::first_element(*a.x)), a.tokens,
-                            a.model_dim, r.k, r.slot.data(), r.weights, send.data());
-    run([&] {
-      exchange_->forward(r.plan, send.data(), loom::sdk::first_element(*a.rows),
-                         a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device, a.stream);
-    });
-    const std::vector<int64_t> local = local_counts(r.plan);
-    for (size_t e = 0; e < local.size(); ++e) a.counts[e] = local[e];
+    // Only the rows written are rounded back; the rest of `rows` stays the caller's.
+    int64_t used = 0;
+    for (int64_t e = 0; e < a.counts_count; ++e) used += a.counts[e];
+    stage.finish(rows, a.rows, a.stream, used * a.model_dim);
   }
 
   // y = the rows brought back to their tokens and summed per token (weighted when given).
   void combine(const loom_moe_dispatch_args& a) {
+    const int64_t cap = staged_rows(a);
+    f16::FloatStage stage = float_stage(a.workspace, 0);
+    const float* rows = stage.in(a.rows, a.stream, cap * a.model_dim);
+    float* y = stage.out(a.x);
+    const auto* weights =
+        a.route_weights != nullptr
+            ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
+            : nullptr;
     if (on_cuda(a.x->device)) {
       const int64_t experts =
           checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
       run([&] {
         moe::cuda::combine_alone(
-            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim,
-            static_cast<const float*>(loom::sdk::first_element(*a.rows)), a.rows->shape[0],
-            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)),
-            a.route_weights != nullptr
-                ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
-                : nullptr,
-            static_cast<float*>(loom::sdk::first_element(*a.x)),
+            *exchange_, static_cast<int>(experts), a.top_k, a.tokens, a.model_dim, rows, cap,
+            static_cast<const int32_t*>(loom::sdk::first_element(*a.route_experts)), weights, y,
             cuda_device(a.x->device, a.stream));
       });
-      return;
+    } else {
+      Routing r = routing(a, cap);
+      std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
+      run([&] {
+        exchange_->reverse(r.plan, rows, send.data(),
+                           a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device,
+                           a.stream);
+      });
+      moe::combine_rows<float>(send.data(), a.tokens, a.model_dim, r.k, r.slot.data(), r.weights, y,
+                               false);
     }
-    Routing r = routing(a);
-    std::vector<float> send(static_cast<size_t>(r.send_rows * a.model_dim));
-    run([&] {
-      exchange_->reverse(r.plan, loom::sdk::first_element(*a.rows), send.data(),
-                         a.model_dim * static_cast<int64_t>(sizeof(float)), a.x->device, a.stream);
-    });
-    moe::combine_rows<float>(send.data(), a.tokens, a.model_dim, r.k, r.slot.data(), r.weights,
-                             static_cast<float*>(loom::sdk::first_element(*a.x)), false);
+    stage.finish(y, a.x, a.stream);
   }
 
   void reduce_gradients(const loom_moe_reduce_args& a) {
@@ -416,7 +448,8 @@ class MoeLayer : public loom::sdk::Moe {
     moe::Exchange::Plan plan;
   };
 
-  Routing routing(const loom_moe_dispatch_args& a) {
+  // `have`: the rows of `rows` this call may use.
+  Routing routing(const loom_moe_dispatch_args& a, int64_t have) {
     const int64_t experts = checked_experts(a.num_experts != 0 ? a.num_experts : num_experts_, "");
     Routing r;
     r.k = a.top_k;
@@ -439,7 +472,6 @@ class MoeLayer : public loom::sdk::Moe {
                     ? static_cast<const float*>(loom::sdk::first_element(*a.route_weights))
                     : nullptr;
     run([&] { r.plan = exchange_->plan(r.counts.data(), static_cast<int>(experts)); });
-    const int64_t have = a.rows->shape[0];
     if (status == 0 && have < r.plan.recv_rows) {
       status = r.plan.recv_rows - have;
       error = "moe: rows has " + std::to_string(have) + " rows but the routing sends " +
@@ -450,6 +482,65 @@ class MoeLayer : public loom::sdk::Moe {
     run([&] { stop = exchange_->agree_ep(status, error, "rows"); });
     if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
     return r;
+  }
+
+  // ---- 16-bit calls: the float32 layer on copies staged at the start of the workspace
+  // (common/float16_stage.hpp), in a region plan sizes (staging_bytes) before the core's.
+  static constexpr int kWeightTensors = 11;
+  using TensorList = std::array<const DLTensor*, kWeightTensors>;
+
+  static TensorList tensors(const loom_moe_weights& w) {
+    return {w.gate_w, w.w1,     w.b1,     w.w2,     w.b2,    w.res_w1,
+            w.res_b1, w.res_w2, w.res_b2, w.coef_w, w.coef_b};
+  }
+
+  static uint64_t own_workspace(const moe::LayerConfig& c) {
+    return (moe::workspace_bytes(c, sizeof(float)) + 255u) / 256u * 256u;
+  }
+
+  // The staging of the largest call of a plan: backward's x, dy, dx, weights and gradients,
+  // or dispatch's / combine's x and rows.
+  static uint64_t staging_bytes(const moe::LayerConfig& c) {
+    const int64_t e = c.gate.num_experts, el = c.local_experts, m = c.model_dim, h = c.hidden_dim;
+    uint64_t weights = f16::staging_bytes(e * m) + 2 * f16::staging_bytes(el * h * m) +
+                       f16::staging_bytes(el * h) + f16::staging_bytes(el * m);
+    if (c.residual) {
+      weights += 2 * f16::staging_bytes(h * m) + f16::staging_bytes(h) + f16::staging_bytes(m) +
+                 f16::staging_bytes(2 * m) + f16::staging_bytes(2);
+    }
+    const uint64_t tokens = f16::staging_bytes(c.max_tokens * m);
+    const uint64_t layer = 3 * tokens + 2 * weights;
+    const uint64_t alone = tokens + f16::staging_bytes(moe::max_expert_rows(c) * m);
+    return std::max(layer, alone);
+  }
+
+  static f16::FloatStage float_stage(void* workspace, uint64_t offset) {
+    return f16::FloatStage(workspace, offset,
+                           f16::DeviceConvert{moe::cuda::widen_floats, moe::cuda::narrow_floats});
+  }
+
+  static moe::LayerWeights<float> staged_weights(const loom_moe_weights& w, f16::FloatStage& stage,
+                                                 void* stream) {
+    const TensorList t = tensors(w);
+    const float* f[kWeightTensors] = {};
+    for (int i = 0; i < kWeightTensors; ++i) f[i] = stage.in(t[i], stream);
+    moe::LayerWeights<float> out;
+    out.gate_w = f[0];
+    out.experts = {f[1], f[2], f[3], f[4]};
+    out.residual = {f[5], f[6], f[7], f[8]};
+    out.coef_w = f[9];
+    out.coef_b = f[10];
+    return out;
+  }
+
+  // The rows of a dispatch / combine's `rows` that are used: all of them in float32; in 16
+  // bits at most the plan's max_expert_rows, the float32 copy the workspace stages (a routing
+  // that sends more is refused on every rank, as for a short `rows`).
+  int64_t staged_rows(const loom_moe_dispatch_args& a) const {
+    const int64_t have = a.rows->shape[0];
+    if (!f16::is_16bit(a.x->dtype)) return have;
+    const moe::LayerConfig c = config(a.tokens, a.model_dim, 1, a.num_experts, false, "dispatch: ");
+    return std::min(have, moe::max_expert_rows(c));
   }
 
   static std::vector<int64_t> local_counts(const moe::Exchange::Plan& p) {
@@ -501,20 +592,6 @@ class MoeLayer : public loom::sdk::Moe {
                                  std::to_string(c.gate.num_experts) + " experts and k " +
                                  std::to_string(c.gate.k) + " do not fit 64-bit buffer sizes");
     }
-  }
-
-  static moe::LayerWeights<float> weights(const loom_moe_weights* w, const loom_moe_plan_args& p,
-                                          DLDevice device, const char* what) {
-    const loom::sdk::MoeLayerView v = loom::sdk::moe_weights(w, p, device, what);
-    moe::LayerWeights<float> out;
-    out.gate_w = static_cast<const float*>(v.gate_w);
-    out.experts = {static_cast<const float*>(v.w1), static_cast<const float*>(v.b1),
-                   static_cast<const float*>(v.w2), static_cast<const float*>(v.b2)};
-    out.residual = {static_cast<const float*>(v.res_w1), static_cast<const float*>(v.res_b1),
-                    static_cast<const float*>(v.res_w2), static_cast<const float*>(v.res_b2)};
-    out.coef_w = static_cast<const float*>(v.coef_w);
-    out.coef_b = static_cast<const float*>(v.coef_b);
-    return out;
   }
 
   // Host memory runs on the host path; CUDA memory on the CUDA one (moe_cuda_stub.cpp without

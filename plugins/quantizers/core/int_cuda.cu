@@ -403,7 +403,7 @@ void narrow_floats(int device, const float* src, f16::Storage s, void* dst, int6
   if (n <= 0) return;
   loom::sdk::CudaDeviceGuard guard(device);
   f16::narrow_kernel<<<f16::grid_for(n), 256, 0, as_stream(stream)>>>(src, static_cast<int>(s), dst,
-                                                                      n, 0);
+                                                                      n);
   check_launch("narrow_kernel");
 }
 

@@ -131,7 +131,7 @@ class Xtc : public loom::sdk::Quantizer {
   void quantize(const loom_quantizer_quantize_args& a, const loom_quantizer_layout_args& l) {
     const GroupedShape s = shape_of(l.shape[0], l.shape[1]);
     (void)loom::sdk::quant_matrix(a.x, "x");
-    loom::quant::FloatStage stage(a.workspace, own_bytes(s));
+    auto stage = loom::quant::float_stage(a.workspace, own_bytes(s));
     const float* w = stage.in(a.x, a.stream);
     const loom::sdk::QuantTensors q =
         loom::sdk::quant_tensors(a.packed, a.scales, nullptr, l, a.x->device);
@@ -171,7 +171,7 @@ class Xtc : public loom::sdk::Quantizer {
   void dequantize(const loom_quantizer_quantize_args& a, const loom_quantizer_layout_args& l) {
     const GroupedShape s = shape_of(l.shape[0], l.shape[1]);
     (void)loom::sdk::quant_matrix(a.x, "x");
-    loom::quant::FloatStage stage(a.workspace, own_bytes(s));
+    auto stage = loom::quant::float_stage(a.workspace, own_bytes(s));
     float* w = stage.out(a.x);
     const loom::sdk::QuantTensors q =
         loom::sdk::quant_tensors(a.packed, a.scales, nullptr, l, a.x->device);
@@ -191,14 +191,14 @@ class Xtc : public loom::sdk::Quantizer {
       bad = loom::quant::ternary_dequantize(q.codes, scales, s, w);
     }
     if (bad >= 0) invalid_code(bad, s);
-    loom::quant::FloatStage::finish(w, a.x, a.stream);
+    stage.finish(w, a.x, a.stream);
   }
 
   void matmul(const loom_quantizer_matmul_args& a, const loom_quantizer_layout_args& l) {
     const GroupedShape s = shape_of(l.shape[0], l.shape[1]);
     (void)loom::sdk::quant_matrix(a.x, "x");
     const int64_t m = a.x->shape[0];
-    loom::quant::FloatStage stage(a.workspace, own_bytes(s));
+    auto stage = loom::quant::float_stage(a.workspace, own_bytes(s));
     const float* x = stage.in(a.x, a.stream);
     const float* bias = stage.in(a.bias, a.stream);
     float* y = stage.out(a.y);
@@ -220,7 +220,7 @@ class Xtc : public loom::sdk::Quantizer {
       bad = loom::quant::ternary_matmul(x, m, q.codes, scales, s, bias, y);
     }
     if (bad >= 0) invalid_code(bad, s);
-    loom::quant::FloatStage::finish(y, a.y, a.stream);
+    stage.finish(y, a.y, a.stream);
   }
 
  private:

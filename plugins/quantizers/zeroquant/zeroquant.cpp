@@ -213,7 +213,7 @@ class ZeroQuant : public loom::sdk::Quantizer {
     const DLTensor& x = *a.x;
     const int64_t rows = x.shape[0];
     const int64_t k = x.shape[1];
-    lq::FloatStage stage(a.workspace, 0);
+    auto stage = lq::float_stage(a.workspace, 0);
     const float* xs = stage.in(a.x, a.stream);
     uint8_t* packed = as_bytes_mut(a.packed);
     float* scales = as_float_mut(a.scales);
@@ -274,14 +274,14 @@ class ZeroQuant : public loom::sdk::Quantizer {
     w.gs = lq::Groups::of(x.shape[0], x.shape[1], l.format->group_size);
     w.q = q;
     w.packing = LOOM_QUANT_PACK_LSB_FIRST;
-    lq::FloatStage stage(a.workspace, 0);
+    auto stage = lq::float_stage(a.workspace, 0);
     float* xs = stage.out(a.x);
     if (on_cuda(x)) {
       lq::zq_cuda_dequantize(x.device.device_id, w, xs, a.stream);
     } else {
       lq::dequantize_int(w, xs);
     }
-    lq::FloatStage::finish(xs, a.x, a.stream);
+    stage.finish(xs, a.x, a.stream);
   }
 
   void matmul(const loom_quantizer_matmul_args& a, const loom_quantizer_layout_args& l) {
@@ -292,12 +292,12 @@ class ZeroQuant : public loom::sdk::Quantizer {
     const lq::IntWeight w =
         weight_of(as_bytes(a.packed), as_float(a.scales), as_bytes(a.zero_points), n, k);
     // A 16-bit call's float32 x, bias and y follow the scheme's regions for m rows.
-    lq::FloatStage stage(a.workspace, matmul_own_bytes(m, n, k));
+    auto stage = lq::float_stage(a.workspace, matmul_own_bytes(m, n, k));
     const float* xs = stage.in(a.x, a.stream);
     const float* bias = stage.in(a.bias, a.stream);
     float* y = stage.out(a.y);
     run_matmul(x, xs, m, w, bias, y, a.workspace, a.stream);
-    lq::FloatStage::finish(y, a.y, a.stream);
+    stage.finish(y, a.y, a.stream);
   }
 
  private:

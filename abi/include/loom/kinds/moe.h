@@ -81,7 +81,8 @@ typedef struct loom_moe_plan_args {
   int32_t layer;       /* 0 .. num_layers - 1 */
   int32_t num_layers;
   uint32_t training; /* 1: capacity_factor and noise; 0: eval_capacity_factor, no noise */
-  DLDataType dtype;  /* of x, y and every weight: float32 */
+  DLDataType dtype;  /* of x, y and every weight: float32, bfloat16 or float16 (a plugin
+                      * refuses one it does not take, naming it) */
   /* out */
   uint32_t flags;        /* LOOM_MOE_* */
   int32_t experts;       /* E as resolved */
@@ -189,7 +190,8 @@ LOOM_CHECK_STRUCT_SIZE(loom_moe_forward_args, LOOM_MOE_FORWARD_ARGS_SIZE);
 
 /* The adjoint of the forward whose `saved` is passed (same scalars, x and weights). dx is
  * written; every gradient in `grads` (same shapes as `weights`; the residual ones only with
- * LOOM_MOE_RESIDUAL) is ADDED to. aux_loss_coef scales the aux loss's gradient: the caller's
+ * LOOM_MOE_RESIDUAL) is ADDED to. With a 16-bit dtype the gradients are either all of that
+ * dtype or all float32 (16-bit weights, float32 gradients: the mixed-precision layout). aux_loss_coef scales the aux loss's gradient: the caller's
  * loss is task + aux_loss_coef * aux_loss. */
 typedef struct loom_moe_backward_args {
   uint32_t struct_size;

@@ -55,7 +55,8 @@ typedef struct loom_quantizer_layout_args {
   int32_t role;         /* loom_quantizer_role */
   int32_t ndim;         /* 2 */
   const int64_t* shape; /* [N, K] or [M, K]; the format's shape points here */
-  DLDataType dtype;     /* of the float side: float32 */
+  DLDataType dtype;     /* of the float side: float32, bfloat16 or float16 (a plugin refuses
+                         * one it does not take, naming it) */
   uint32_t reserved2;
   /* The activation rows of the matmul to size its workspace for (0: no matmul planned). */
   int64_t matmul_rows;
@@ -110,7 +111,7 @@ typedef struct loom_quantizer_quantize_args {
 LOOM_CHECK_STRUCT_SIZE(loom_quantizer_quantize_args, LOOM_QUANTIZER_QUANTIZE_ARGS_SIZE);
 
 /* y [M, N] = x [M, K] . W^T (+ bias [N]), W [N, K] given packed with its weight format, float
- * x, y and bias of one dtype (float32). With
+ * x, y and bias of one dtype (layout's). With
  * LOOM_QUANTIZER_INT8_ACTIVATIONS the result is that of x quantized per token (symmetric
  * INT8, scale max|x_m| / 127) times the decoded W, accumulated exactly in int32 and scaled in
  * the epilogue; otherwise that of float x times the decoded W. Either way W is never expanded

@@ -11,6 +11,7 @@
 #include <loom/sdk/tensor.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -87,14 +88,16 @@ struct MoeLayerView {
   void* res_b2 = nullptr;  // [M]
   void* coef_w = nullptr;  // [2, M]
   void* coef_b = nullptr;  // [2]
+  DLDataType dtype{};      // of every tensor: the plan's, or float32 (gradients, see below)
 };
 
 // Checks a loom_moe_weights against a plan (experts, local_experts, model_dim, hidden_dim,
 // dtype, flags) on `device`: every tensor's shape, dtype, contiguity and device, the residual
 // ones present exactly when the plan has LOOM_MOE_RESIDUAL. `what` ("weights", "grads")
-// prefixes the names in messages.
+// prefixes the names in messages. With `float32_too` (gradients) a 16-bit plan's tensors may
+// all be float32 instead, as gate_w's dtype says: 16-bit weights with float32 gradients.
 inline MoeLayerView moe_weights(const loom_moe_weights* w, const loom_moe_plan_args& plan,
-                                DLDevice device, std::string_view what) {
+                                DLDevice device, std::string_view what, bool float32_too = false) {
   const std::string p(what);
   if (w == nullptr) fail_argument(p + " is NULL");
   if (w->struct_size < LOOM_MOE_WEIGHTS_SIZE) {
@@ -102,8 +105,14 @@ inline MoeLayerView moe_weights(const loom_moe_weights* w, const loom_moe_plan_a
                   std::to_string(LOOM_MOE_WEIGHTS_SIZE));
   }
   const int64_t e = plan.experts, el = plan.local_experts, m = plan.model_dim, h = plan.hidden_dim;
-  const DLDataType t = plan.dtype;
+  DLDataType t = plan.dtype;
+  const DLDataType f32{kDLFloat, 32, 1};
+  if (float32_too && w->gate_w != nullptr && plan.dtype.bits == 16 &&
+      std::memcmp(&w->gate_w->dtype, &f32, sizeof f32) == 0) {
+    t = f32;
+  }
   MoeLayerView v;
+  v.dtype = t;
   v.gate_w = expect_moe_tensor(w->gate_w, {e, m}, t, device, p + ".gate_w", "[experts, model_dim]");
   v.w1 = expect_moe_tensor(w->w1, {el, h, m}, t, device, p + ".w1",
                            "[local_experts, hidden_dim, model_dim]");

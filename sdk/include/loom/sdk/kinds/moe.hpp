@@ -41,8 +41,8 @@ namespace loom::sdk {
 //   routing outputs int32 / float32 [tokens, k]; stats (struct size at least 1.5's, load_count
 //   = E), whose outputs it zeroes (the phase times where the caller's struct has them; a
 //   backward's stats, since 1.7, must be the full size); saved and workspace present, 256-byte
-//   aligned and at least that plan's sizes; every tensor of x's dtype, contiguous and on x's
-//   device. A 1.6 caller's backward args reach the class as a full struct, stats NULL. The
+//   aligned and at least that plan's sizes; every tensor of x's dtype (the gradients may
+//   all be float32 instead when x is 16-bit), contiguous and on x's device. A 1.6 caller's backward args reach the class as a full struct, stats NULL. The
 //   plan's buffer sizes are for the call's tokens: under expert parallelism the rows other
 //   ranks send are the class's to fit in the saved_bytes it is given. Before dispatch and
 //   combine: x [tokens, M], rows [R, M] of x's dtype, the routing (host expert indices -1 ..
@@ -266,7 +266,7 @@ struct MoeTable {
           moe_weights(a.weights, p, x.device, "weights");
           check_tokens(a.dy, p, a.tokens, x.device, "dy");
           check_tokens(a.dx, p, a.tokens, x.device, "dx");
-          moe_weights(a.grads, p, x.device, "grads");
+          moe_weights(a.grads, p, x.device, "grads", true);
           check_buffer(a.saved, a.saved_bytes, p.saved_bytes, "saved");
           check_buffer(a.workspace, a.workspace_bytes, p.workspace_bytes, "workspace");
           if (a.stats != nullptr) {

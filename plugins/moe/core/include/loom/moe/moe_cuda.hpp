@@ -14,6 +14,10 @@
 #include <loom/moe/exchange_cuda.hpp>  // have_cuda() and the exchange's runtime calls
 #include <loom/moe/layer.hpp>
 
+namespace loom::plugins::float16 {
+enum class Storage : uint8_t;  // plugins/common/float16_io.hpp
+}  // namespace loom::plugins::float16
+
 namespace loom::moe::cuda {
 
 // A cuBLAS handle for one device, created on first use.
@@ -74,5 +78,13 @@ void experts_backward(Activation act, int local_experts, const int64_t* rows, in
                       int64_t hidden_dim, const float* in, const float* pre, const float* dout,
                       const ExpertWeights<float>& w, const ExpertGrads<float>& g, float* h,
                       float* dh, float* din, const Device& dev);
+
+// A 16-bit tensor widened to float32, and float32 rounded back to nearest even
+// (plugins/common/float16_io.hpp's rule), on device `device` and `stream`: the plugin's 16-bit
+// calls stage through the workspace with these (common/float16_stage.hpp).
+void widen_floats(int device, const void* src, loom::plugins::float16::Storage s, float* dst,
+                  int64_t n, void* stream);
+void narrow_floats(int device, const float* src, loom::plugins::float16::Storage s, void* dst,
+                   int64_t n, void* stream);
 
 }  // namespace loom::moe::cuda
