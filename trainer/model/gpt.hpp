@@ -22,6 +22,9 @@
 //    the tied head it takes, e.g. a quantizer's matmul on packed codes.
 //  - Distillation (linear_hook.hpp): Gpt::set_distillation adds a teacher's soft targets and
 //    hidden states to a training forward's loss and their gradients to its backward.
+//  - bf16 (Gpt<float>::set_bf16): parameters() are then fp32 master weights the forward
+//    never reads; every forward first rounds them to bf16 into the weights the blocks hold,
+//    and rounds each activation a layer writes (see set_bf16).
 #pragma once
 
 #include <cmath>
@@ -32,9 +35,11 @@
 #include <numbers>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "bf16.hpp"
 #include "layers.hpp"
 #include "linear_hook.hpp"
 #include "model.hpp"
@@ -50,6 +55,18 @@ struct ParamRef {
   T* grad;
   size_t numel;
 };
+
+// bf16 mode: rounds the n activations at p to bf16 in place (a no-op when off, and for any
+// scalar type but float: only Gpt<float> has a bf16 mode).
+template <typename T>
+void round_activations(bool on, T* p, size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!on) return;
+    layers::parallel_for(n, 4096, [&](size_t lo, size_t hi) { round_bf16_span(p + lo, hi - lo); });
+  } else {
+    (void)on, (void)p, (void)n;
+  }
+}
 
 // A position-wise layer over rows of C features (the MLP slot of a Block).
 template <typename T>
@@ -84,9 +101,14 @@ class DenseMlp final : public MlpT<T> {
       dg_.resize(n);
     }
     linear(LinearSlot::kMlpFc, h_.data(), x, fc_w_, fc_b_, rows, C_, 4 * C_);
+    round_activations(bf16_, h_.data(), n);
     layers::gelu_forward(g_.data(), h_.data(), n);
+    round_activations(bf16_, g_.data(), n);
     linear(LinearSlot::kMlpProj, y, g_.data(), proj_w_, proj_b_, rows, 4 * C_, C_);
   }
+
+  // bf16 mode: the activations it keeps for backward (h, gelu(h)) are rounded to bf16.
+  void set_bf16(bool on) { bf16_ = on; }
 
   // The linear hook the next forward uses (nullptr: the float sgemm) and the layer it is.
   void set_linear(LinearHookT<T>* hook, int layer) {
@@ -124,6 +146,7 @@ class DenseMlp final : public MlpT<T> {
   std::vector<T> h_, g_, dg_;  // pre-activation, GELU output (dh in backward), dg
   LinearHookT<T>* hook_ = nullptr;
   int layer_ = 0;
+  bool bf16_ = false;
 };
 
 template <typename T>
@@ -165,6 +188,14 @@ class Block {
     if (auto* d = dynamic_cast<DenseMlp<T>*>(mlp_.get())) d->set_linear(hook, layer);
   }
 
+  // bf16 mode: every activation the block writes (the LayerNorms' outputs, qkv, the attention
+  // output, the matmuls' outputs, x_mid, y; a dense MLP's h and gelu(h)) is rounded to bf16.
+  // The attention probabilities and the LayerNorm statistics stay fp32.
+  void set_bf16(bool on) {
+    bf16_ = on;
+    if (auto* d = dynamic_cast<DenseMlp<T>*>(mlp_.get())) d->set_bf16(on);
+  }
+
   // x, y: [B, Tn, C] (y != x). Keeps x's address: x must stay unchanged until backward.
   void forward(const T* x, T* y, int B, int Tn) {
     const size_t N = static_cast<size_t>(B) * Tn;
@@ -184,14 +215,22 @@ class Block {
     const int n = static_cast<int>(N);
     T* s = stats_.data();
     layers::layernorm_forward(ln1_.data(), s, s + N, x, p_.ln1_w.value, p_.ln1_b.value, n, C_);
+    round_activations(bf16_, ln1_.data(), nc);
     linear(LinearSlot::kQkv, qkv_.data(), ln1_.data(), p_.qkv_w, p_.qkv_b, n, C_, 3 * C_);
+    round_activations(bf16_, qkv_.data(), 3 * nc);
     layers::attention_forward(atty_.data(), att_.data(), qkv_.data(), B, Tn, C_, NH_);
+    round_activations(bf16_, atty_.data(), nc);
     linear(LinearSlot::kAttnProj, tmp_.data(), atty_.data(), p_.proj_w, p_.proj_b, n, C_, C_);
+    round_activations(bf16_, tmp_.data(), nc);
     layers::residual_forward(mid_.data(), x, tmp_.data(), nc);
+    round_activations(bf16_, mid_.data(), nc);
     layers::layernorm_forward(ln2_.data(), s + 2 * N, s + 3 * N, mid_.data(), p_.ln2_w.value,
                               p_.ln2_b.value, n, C_);
+    round_activations(bf16_, ln2_.data(), nc);
     mlp_->forward(ln2_.data(), tmp_.data(), n);
+    round_activations(bf16_, tmp_.data(), nc);
     layers::residual_forward(y, mid_.data(), tmp_.data(), nc);
+    round_activations(bf16_, y, nc);
   }
 
   // dy: gradient of y; writes dx (the gradient of x); adds into the parameter grads.
@@ -241,6 +280,7 @@ class Block {
   std::unique_ptr<MlpT<T>> mlp_;
   LinearHookT<T>* hook_ = nullptr;
   int layer_ = 0;
+  bool bf16_ = false;
   const T* x_ = nullptr;
   std::vector<T> ln1_, ln2_, qkv_, att_, atty_, mid_, tmp_, stats_;
 };
@@ -379,6 +419,33 @@ class Gpt {
   }
   RouterHookT<T>* router() { return router_.get(); }
 
+  // bf16 mode (float only), before the first forward: parameters() become fp32 master
+  // weights (their current values), the only copy an optimizer or a checkpoint sees. Every
+  // forward then first writes the master weights rounded to bf16 (nearest even) into the
+  // weights the layers read, so the forward and backward run on bf16 weights and the
+  // gradients (fp32) land in the same grad buffers. Each layer boundary's activations (the
+  // embedding, every block's output and the activations it keeps for backward, the final
+  // LayerNorm) are rounded to bf16; matmuls accumulate in fp32 (sgemm), and the logits, the
+  // loss and every gradient stay fp32. A replaced MLP (an MoE layer) and the router weights
+  // keep their own storage: the MoE layer rounds at its plugin's boundary itself.
+  void set_bf16(bool on) {
+    if (!std::is_same_v<T, float> && on) {
+      throw std::invalid_argument("loom::trainer::Model: bf16 mode is for float models");
+    }
+    if (on == bf16_) return;
+    bf16_ = on;
+    if (on) {
+      master_ = values_;
+    } else {
+      values_ = master_;
+      master_.clear();
+      master_.shrink_to_fit();
+    }
+    for (auto& b : blocks_) b->set_bf16(on);
+    rebuild_params();
+  }
+  bool bf16() const { return bf16_; }
+
   // Called during each training backward once a block's gradients are final (l, from the last
   // block down) and at its end (-1: every other gradient). Empty: not called.
   void set_grad_ready(std::function<void(int)> ready) { grad_ready_ = std::move(ready); }
@@ -403,6 +470,7 @@ class Gpt {
   // block_backward); no router, no linear hook.
   void block_forward(int l, const T* x, T* y, int B, int Tn) {
     check_layer(l);
+    refresh_weights();
     blocks_[static_cast<size_t>(l)]->set_linear(nullptr, l);
     blocks_[static_cast<size_t>(l)]->forward(x, y, B, Tn);
   }
@@ -419,6 +487,7 @@ class Gpt {
     std::vector<ParamRef<T>> out{p.ln1_w,  p.ln1_b,  p.qkv_w, p.qkv_b,
                                  p.proj_w, p.proj_b, p.ln2_w, p.ln2_b};
     for (auto& r : b->mlp().parameters()) out.push_back(r);
+    for (auto& r : out) r = to_master(r);
     return out;
   }
 
@@ -537,6 +606,28 @@ class Gpt {
     }
     params_.push_back(lnf_w_);
     params_.push_back(lnf_b_);
+    for (auto& p : params_) p = to_master(p);
+  }
+
+  // In bf16 mode, a parameter of the contiguous buffer as the outside sees it: its master
+  // weights. Parameters in their own storage (a replaced MLP's, the router weights) as they are.
+  ParamRef<T> to_master(ParamRef<T> p) {
+    if (bf16_ && p.value >= values_.data() && p.value < values_.data() + values_.size()) {
+      p.value = master_.data() + (p.value - values_.data());
+    }
+    return p;
+  }
+
+  // bf16 mode: the weights the layers read, from the master weights (once per forward).
+  void refresh_weights() {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!bf16_) return;
+      const float* m = master_.data();
+      float* v = values_.data();
+      layers::parallel_for(values_.size(), 4096, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) v[i] = round_bf16(m[i]);
+      });
+    }
   }
 
   void check_inputs(const int32_t* tokens, const int32_t* targets, bool need_targets, int B,
@@ -584,7 +675,9 @@ class Gpt {
       logits_.resize(N * V);
       probs_.resize(N * V);
     }
+    refresh_weights();
     layers::encoder_forward(resid_[0].data(), tokens, wte_.value, wpe_.value, B, Tn, C);
+    round_activations(bf16_, resid_[0].data(), nc);
     last_B_ = B;
     last_T_ = Tn;
     kept_.assign(blocks_.size(), Tn);
@@ -599,10 +692,13 @@ class Gpt {
       } else {
         blocks_[l]->forward(resid_[l].data(), resid_[l + 1].data(), B, Tn);
       }
+      // A routed layer's scatter of gated rows wrote new values; the rest are bf16 already.
+      if (router_) round_activations(bf16_, resid_[l + 1].data(), nc);
       layer_tokens_ += static_cast<int64_t>(B) * kept_[l];
     }
     layers::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + N,
                               resid_.back().data(), lnf_w_.value, lnf_b_.value, n, C);
+    round_activations(bf16_, lnf_.data(), nc);
     if (hook != nullptr && hook->handles(-1, LinearSlot::kHead)) {
       hook->forward(-1, LinearSlot::kHead, lnf_.data(), logits_.data(), n, C, V, nullptr);
     } else {
@@ -847,6 +943,8 @@ class Gpt {
 
   ModelConfig cfg_;
   std::vector<T> values_, grads_;
+  bool bf16_ = false;
+  std::vector<T> master_;  // bf16 mode: the fp32 master weights (parameters() point here)
   std::vector<ParamRef<T>> params_;
   ParamRef<T> wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<std::unique_ptr<Block<T>>> blocks_;

@@ -125,6 +125,12 @@ void Model::set_grad_ready(std::function<void(int)> ready) {
   impl_->gpt.set_grad_ready(std::move(ready));
 }
 
+void Model::set_bf16(bool on) {
+  impl_->gpt.set_bf16(on);
+  impl_->sync();
+}
+bool Model::bf16() const { return impl_->gpt.bf16(); }
+
 void Model::set_linear_hook(LinearHook* hook) { impl_->gpt.set_linear_hook(hook); }
 void Model::set_distillation(const Distillation* d) { impl_->gpt.set_distillation(d); }
 const DistillationTerms& Model::distillation_terms() const {

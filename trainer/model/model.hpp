@@ -130,6 +130,13 @@ class Model {
   void set_distillation(const Distillation* d);
   const DistillationTerms& distillation_terms() const;
 
+  // bf16 mode (docs/trainer.md, "bf16 mode"): parameters() become the fp32 master weights,
+  // which every forward rounds to bf16 into the weights the layers read; the activations at
+  // the layers' boundaries are rounded to bf16; gradients, logits and loss stay fp32. Call it
+  // before the first forward and before building views of parameters() (it moves them).
+  void set_bf16(bool on);
+  bool bf16() const;
+
   // Layer l's output of the last forward [batch, seq, dim] (l = -1: the embedding).
   const float* layer_output(int l) const;
   // Block l alone, no router and no hook: y = block(x), x and y [batch, seq, dim] (x must stay

@@ -1,26 +1,19 @@
 #include "gradient_buckets_feature.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cstring>
 #include <iomanip>
 #include <ostream>
 #include <string>
 
+#include "bf16.hpp"
+
 namespace loom::trainer {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// fp32 -> bf16, round to nearest even; NaN stays a quiet NaN.
-uint16_t to_bf16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffU) > 0x7f800000U) return static_cast<uint16_t>((x >> 16) | 0x40);
-  return static_cast<uint16_t>((x + 0x7fffU + ((x >> 16) & 1U)) >> 16);
-}
-float from_bf16(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
 loom_comm_stats stats_of(const loom::sdk::InstanceRef<loom_comm_v1>& comm) {
   loom_comm_stats s{};
