@@ -177,9 +177,9 @@ int check(const Args& args) {
         for (size_t i = 0; i < c.moe_layers.size(); ++i) {
           try {
             for (const bool training : {true, false}) {
-              const loom_moe_plan_args p =
-                  MoeLayer::plan_layer(mi, who, c.moe_layers[i], c.model.layers, c.model.dim,
-                                       hidden, c.moe_experts[i], tokens, training);
+              const loom_moe_plan_args p = MoeLayer::plan_layer(
+                  mi, who, c.moe_layers[i], c.model.layers, c.model.dim, hidden, c.moe_experts[i],
+                  tokens, training, c.precision == "bf16");
               if (training && ep_size > 1 && p.experts % ep_size != 0) {
                 mp.push_back(c.moe_experts_at + ": [moe] experts: layer " +
                              std::to_string(c.moe_layers[i]) + " has " + std::to_string(p.experts) +

@@ -444,6 +444,7 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
   t.integer("train_tokens", c.train_tokens, 0, int64_t{1} << 62);
   t.integer("train_layer_tokens", c.train_layer_tokens, 0, int64_t{1} << 62);
   t.str("lr_unit", c.lr_unit);
+  t.str("precision", c.precision);
   t.str("decay", c.decay);
   t.number("clip_grad_norm", c.clip_grad_norm, 0.0, 1e30);
   t.integer("eval_interval", c.eval_interval, 0, kBig);
@@ -464,6 +465,12 @@ TrainConfig read_config(const std::string& path, std::vector<std::string>& probl
     errors.add(t.at("decay") + ": [train] decay: '" + c.decay +
                "' is not one of cosine, linear, constant" +
                loom_text::did_you_mean(c.decay, decays));
+  }
+  c.precision_at = t.at("precision");
+  const std::vector<std::string> precisions{"fp32", "bf16"};
+  if (std::find(precisions.begin(), precisions.end(), c.precision) == precisions.end()) {
+    errors.add(c.precision_at + ": [train] precision: '" + c.precision +
+               "' is not one of fp32, bf16" + loom_text::did_you_mean(c.precision, precisions));
   }
   const std::vector<std::string> units{"steps", "tokens", "layer_tokens"};
   if (std::find(units.begin(), units.end(), c.lr_unit) == units.end()) {

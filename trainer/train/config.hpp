@@ -92,6 +92,10 @@ struct TrainConfig {
   // stays in steps). See lr_at_tokens.
   // "layer_tokens": it follows the layer tokens consumed (the sum over layers of the tokens
   // each processed; a router's kept counts), see lr_at_layer_tokens.
+  // "fp32" | "bf16": the model's precision (docs/trainer.md, "bf16 mode"): bf16 weights and
+  // activations in the forward and backward, fp32 master weights in the optimizer.
+  std::string precision = "fp32";
+  std::string precision_at;  // FILE:LINE:COL of the key
   std::string lr_unit = "steps";
   std::string lr_unit_at;       // FILE:LINE:COL of lr_unit, for the warning below
   std::string train_tokens_at;  // FILE:LINE:COL of train_tokens, for the warning below

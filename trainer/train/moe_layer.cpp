@@ -9,6 +9,9 @@
 #include <stdexcept>
 #include <utility>
 
+#include "bf16.hpp"
+#include "plugin_precision.hpp"
+
 namespace loom::trainer {
 
 namespace {
@@ -72,22 +75,23 @@ void* MoeBuffer::get(uint64_t n) {
 }
 void MoeBuffer::Free::operator()(void* q) const { std::free(q); }
 
-// A CPU fp32 DLTensor over a vector, with its own shape.
+// A CPU DLTensor (fp32 unless told) over a vector, with its own shape.
 struct MoeLayer::Tensor {
   std::vector<int64_t> shape;
   DLTensor t{};
-  Tensor(const float* data, std::vector<int64_t> dims) : shape(std::move(dims)) {
-    t.data = const_cast<float*>(data);
+  Tensor(const void* data, std::vector<int64_t> dims, DLDataType dtype = kF32)
+      : shape(std::move(dims)) {
+    t.data = const_cast<void*>(data);
     t.device = {kDLCPU, 0};
     t.ndim = static_cast<int32_t>(shape.size());
-    t.dtype = kF32;
+    t.dtype = dtype;
     t.shape = shape.data();
   }
 };
 
 loom_moe_plan_args MoeLayer::plan_layer(loom_instance* inst, const std::string& who, int layer,
                                         int num_layers, int dim, int hidden, int experts,
-                                        int64_t tokens, bool training) {
+                                        int64_t tokens, bool training, bool bf16) {
   void* obj = nullptr;
   const void* table = nullptr;
   if (loom_instance_table(inst, LOOM_KIND_MOE, LOOM_MOE_V1_MIN_SIZE, &obj, &table) != LOOM_OK) {
@@ -106,7 +110,7 @@ loom_moe_plan_args MoeLayer::plan_layer(loom_instance* inst, const std::string& 
   p.layer = layer;
   p.num_layers = num_layers;
   p.training = training ? 1u : 0u;
-  p.dtype = kF32;
+  p.dtype = plugin_dtype(bf16);
   char msg[1024] = {0};
   if (loom_instance_take_status(inst, vt->plan(obj, &p), msg, sizeof(msg)) != LOOM_OK) {
     throw std::runtime_error(who + ": plan (layer " + std::to_string(layer) +
@@ -137,10 +141,10 @@ MoeLayer::MoeLayer(loom_instance* inst, const MoeLayerOptions& o) : inst_(inst),
     throw std::runtime_error(o.who + ": plugin '" + loom_instance_plugin(inst) +
                              "' lacks forward, backward or reduce_gradients");
   }
-  train_plan_ =
-      plan_layer(inst, o.who, o.layer, o.num_layers, o.dim, o.hidden, o.experts, o.tokens, true);
-  eval_plan_ =
-      plan_layer(inst, o.who, o.layer, o.num_layers, o.dim, o.hidden, o.experts, o.tokens, false);
+  train_plan_ = plan_layer(inst, o.who, o.layer, o.num_layers, o.dim, o.hidden, o.experts, o.tokens,
+                           true, o.bf16);
+  eval_plan_ = plan_layer(inst, o.who, o.layer, o.num_layers, o.dim, o.hidden, o.experts, o.tokens,
+                          false, o.bf16);
   const int64_t E = train_plan_.experts, El = train_plan_.local_experts;
   const int64_t M = o.dim, H = o.hidden;
   const int first = train_plan_.ep_rank * train_plan_.local_experts;
@@ -207,24 +211,57 @@ loom_moe_weights MoeLayer::weights(bool grads, std::vector<std::unique_ptr<Tenso
                               &w.res_b1, &w.res_w2, &w.res_b2, &w.coef_w, &w.coef_b};
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
-    keep.push_back(std::make_unique<Tensor>(grads ? p.grad.data() : p.value.data(), p.shape));
+    if (grads || !o_.bf16) {  // gradients: always fp32, the master weights' own
+      keep.push_back(std::make_unique<Tensor>(grads ? p.grad.data() : p.value.data(), p.shape));
+    } else if (kPluginsTakeBf16) {
+      keep.push_back(std::make_unique<Tensor>(round16_[i].data(), p.shape, kPluginBf16));
+    } else {
+      keep.push_back(std::make_unique<Tensor>(round32_[i].data(), p.shape));
+    }
     *slots[i] = &keep.back()->t;
   }
   return w;
 }
 
+void MoeLayer::round_weights() {
+  if (!o_.bf16) return;
+  round32_.resize(kPluginsTakeBf16 ? 0 : params_.size());
+  round16_.resize(kPluginsTakeBf16 ? params_.size() : 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::vector<float>& v = params_[i].value;
+    if (kPluginsTakeBf16) {
+      round16_[i].resize(v.size());
+      for (size_t k = 0; k < v.size(); ++k) round16_[i][k] = to_bf16(v[k]);
+    } else {
+      round32_[i].resize(v.size());
+      for (size_t k = 0; k < v.size(); ++k) round32_[i][k] = round_bf16(v[k]);
+    }
+  }
+}
+
+const void* MoeLayer::plugin_rows(const float* x, int rows, std::vector<uint16_t>& out) const {
+  if (!o_.bf16 || !kPluginsTakeBf16) return x;
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(o_.dim);
+  out.resize(n);
+  for (size_t i = 0; i < n; ++i) out[i] = x != nullptr ? to_bf16(x[i]) : uint16_t{0};
+  return out.data();
+}
+
 void MoeLayer::forward(const float* x, float* y, int rows) {
   if (rows > train_plan_.tokens) {  // a larger batch than planned: plan again
     train_plan_ = plan_layer(inst_, o_.who, o_.layer, o_.num_layers, o_.dim, o_.hidden, o_.experts,
-                             rows, true);
+                             rows, true, o_.bf16);
     eval_plan_ = plan_layer(inst_, o_.who, o_.layer, o_.num_layers, o_.dim, o_.hidden, o_.experts,
-                            rows, false);
+                            rows, false, o_.bf16);
   }
   const loom_moe_plan_args& p = training_ ? train_plan_ : eval_plan_;
+  round_weights();
   std::vector<std::unique_ptr<Tensor>> keep;
   const loom_moe_weights w = weights(false, keep);
-  Tensor xt(x, {rows, o_.dim});
-  Tensor yt(y, {rows, o_.dim});
+  // bf16 mode: x is bf16 already (the block rounds it), and so is y after the block rounds it.
+  const DLDataType dt = plugin_dtype(o_.bf16);
+  Tensor xt(plugin_rows(x, rows, x16_), {rows, o_.dim}, dt);
+  Tensor yt(dt.bits == 16 ? plugin_rows(nullptr, rows, y16_) : y, {rows, o_.dim}, dt);
   Tensor bt(bias_.data(), {static_cast<int64_t>(bias_.size())});
   loom_moe_stats stats{};
   stats.struct_size = LOOM_MOE_STATS_SIZE;
@@ -255,6 +292,9 @@ void MoeLayer::forward(const float* x, float* y, int rows) {
   a.workspace_bytes = ws_bytes;
   const auto t0 = std::chrono::steady_clock::now();
   check(vt_->forward(obj_, &a), training_ ? "forward" : "forward (evaluation)");
+  if (dt.bits == 16) {
+    for (size_t i = 0; i < y16_.size(); ++i) y[i] = from_bf16(y16_[i]);
+  }
   if (training_) add_phases(stats, seconds_since(t0));
   saved_training_ = training_;
   saved_rows_ = rows;
@@ -276,9 +316,11 @@ void MoeLayer::backward(const float* x, const float* dy, float* dx, int rows) {
   std::vector<std::unique_ptr<Tensor>> keep;
   const loom_moe_weights w = weights(false, keep);
   const loom_moe_weights g = weights(true, keep);
-  Tensor xt(x, {rows, o_.dim});
-  Tensor dyt(dy, {rows, o_.dim});
-  Tensor dxt(dx_.data(), {rows, o_.dim});
+  // The weights round_weights() made for the forward (the optimizer has not stepped since).
+  const DLDataType dt = plugin_dtype(o_.bf16);
+  Tensor xt(plugin_rows(x, rows, x16_), {rows, o_.dim}, dt);
+  Tensor dyt(plugin_rows(dy, rows, dy16_), {rows, o_.dim}, dt);
+  Tensor dxt(dt.bits == 16 ? plugin_rows(nullptr, rows, dx16_) : dx_.data(), {rows, o_.dim}, dt);
   loom_moe_backward_args a{};
   a.struct_size = LOOM_MOE_BACKWARD_ARGS_SIZE;
   a.seed = o_.seed;
@@ -309,6 +351,9 @@ void MoeLayer::backward(const float* x, const float* dy, float* dx, int rows) {
   const auto t0 = std::chrono::steady_clock::now();
   check(vt_->backward(obj_, &a), "backward");
   add_phases(stats, seconds_since(t0));
+  if (dt.bits == 16) {
+    for (size_t i = 0; i < n; ++i) dx_[i] = from_bf16(dx16_[i]);
+  }
   for (size_t i = 0; i < n; ++i) dx[i] += dx_[i];  // the seam adds into dx
 }
 

@@ -41,6 +41,9 @@ struct MoeLayerOptions {
   int64_t tokens = 0;  // the most rows one forward passes (this rank)
   uint64_t seed = 0;   // the run's seed: initialisation and the routing's counter
   double aux_loss_coef = 0.01;
+  // bf16 mode ([train] precision = "bf16"): the plugin reads the weights rounded to bf16 (the
+  // fp32 values stay the master weights), in the dtype plugin_precision.hpp chooses.
+  bool bf16 = false;
 };
 
 // 256-byte aligned bytes that grow on demand.
@@ -66,7 +69,7 @@ class MoeLayer final : public Mlp {
   // The plan of one layer, as `loom check` asks it. Throws std::runtime_error naming `who`.
   static loom_moe_plan_args plan_layer(loom_instance* inst, const std::string& who, int layer,
                                        int num_layers, int dim, int hidden, int experts,
-                                       int64_t tokens, bool training);
+                                       int64_t tokens, bool training, bool bf16 = false);
 
   // The step the next forwards belong to (1-based) and this rank's first row in the step's
   // global batch (the routing's noise counter).
@@ -110,6 +113,10 @@ class MoeLayer final : public Mlp {
   struct Tensor;
   void check(loom_status* st, const char* what);
   loom_moe_weights weights(bool grads, std::vector<std::unique_ptr<Tensor>>& keep);
+  // bf16 mode: the weights the plugin reads, rounded from the master weights (each forward).
+  void round_weights();
+  // bf16 mode with kPluginsTakeBf16: the rows at `x` as bf16 in `out` (a tensor's storage).
+  const void* plugin_rows(const float* x, int rows, std::vector<uint16_t>& out) const;
 
   loom_instance* inst_;
   void* obj_ = nullptr;
@@ -124,6 +131,11 @@ class MoeLayer final : public Mlp {
   std::vector<Param> params_;  // gate, w1, b1, w2, b2[, res_w1, res_b1, res_w2, res_b2, coef_w,
                                // coef_b]
   std::vector<float> bias_, dx_;
+  // bf16 mode: the rounded weights (one per parameter; float32 or bf16 storage as the plugin
+  // takes them) and the bf16 rows of the plugin calls' activations.
+  std::vector<std::vector<float>> round32_;
+  std::vector<std::vector<uint16_t>> round16_;
+  std::vector<uint16_t> x16_, y16_, dy16_, dx16_;
   PhaseSeconds phases_;
   void add_phases(const loom_moe_stats& s, double call_seconds);
   MoeBuffer saved_, workspace_;

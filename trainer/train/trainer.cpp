@@ -79,6 +79,8 @@ void Trainer::setup() {
   // 0: the pool's own default (LOOM_NUM_THREADS, else the cores over this machine's ranks).
   set_num_threads(c_.threads);
   model_.emplace(c_.model, c_.seed);
+  // Before the features: the MoE layers and the optimizer's views take the master weights.
+  model_->set_bf16(c_.precision == "bf16");
   open_features();
   numel_ = model_->num_parameters();
   build_groups();

@@ -19,6 +19,11 @@ void Trainer::print_banner() const {
             << loom_instance_plugin(opt_) << "', " << c_.steps << " steps of " << c_.batch_size
             << " x " << c_.seq_len << " tokens; run dir " << run_dir_.string() << std::endl;
   std::cout << "loom train: CPU " << loom::trainer::cpu_description() << std::endl;
+  if (model_->bf16()) {
+    std::cout << "loom train: precision bf16: bf16 weights and activations, fp32 master "
+                 "weights, gradients and loss"
+              << std::endl;
+  }
   for (const BannerPart part : {BannerPart::kData, BannerPart::kModel, BannerPart::kSchedule}) {
     for (const auto& f : features_) f->banner(part, std::cout);
   }
@@ -275,6 +280,7 @@ void Trainer::finish() {
         {"layer_tokens", st_.layer_tokens},
         {"ranks", world_},
         {"optimizer", loom_instance_plugin(opt_)},
+        {"precision", c_.precision},
         {"parameters", numel_},
         {"comm_bytes_sent", sent},
         {"comm_rounds", rounds},

@@ -233,7 +233,9 @@ class TrainerRepro : public ::testing::Test {
   // 2 ranks the head GEMM (64 x 256) and attention's (sequence, head) pairs still split.
   // Metrics every step (each step's loss is compared); evaluations and checkpoints every 100
   // steps (the last two, 200 and 300, are kept and compared).
-  static std::string config(const std::string& name, const std::string& manifest, int threads) {
+  // `train`: more [train] keys (e.g. precision).
+  static std::string config(const std::string& name, const std::string& manifest, int threads,
+                            const std::string& train = "") {
     const fs::path p = dir_ / (name + ".toml");
     std::ofstream(p) << "[manifest]\npath = \"" << manifest << "\"\n"
                      << "[model]\ncontext = 32\nlayers = 1\nheads = 2\ndim = 32\n"
@@ -242,7 +244,8 @@ class TrainerRepro : public ::testing::Test {
                      << "lr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 10\n"
                      << "eval_interval = 100\neval_batches = 2\ncheckpoint_interval = 100\n"
                      << "log_interval = 1\nthreads = " << threads << "\n"
-                     << "plot = \"none\"\nrun_dir = \"runs/" << name << "\"\n";
+                     << "plot = \"none\"\nrun_dir = \"runs/" << name << "\"\n"
+                     << train;
     return p.string();
   }
 
@@ -257,14 +260,15 @@ class TrainerRepro : public ::testing::Test {
 
   // `one` fresh runs at 1 thread per rank, then `two` at 2 threads, each compared with the
   // first: all must be identical.
-  static void expect_identical_runs(int ranks, const std::string& manifest, int one, int two) {
+  static void expect_identical_runs(int ranks, const std::string& manifest, int one, int two,
+                                    const std::string& train_keys = "") {
     const auto start = std::chrono::steady_clock::now();
     Snapshot ref;
     std::vector<std::string> differing;
     for (int i = 0; i < one + two; ++i) {
       const int threads = i < one ? 1 : 2;
       const std::string name = "r" + std::to_string(ranks) + "_t" + std::to_string(threads);
-      const Result r = train(ranks, config(name, manifest, threads));
+      const Result r = train(ranks, config(name, manifest, threads, train_keys));
       ASSERT_EQ(r.code, 0) << "run " << i + 1 << " (" << threads << " threads)\n" << r.out;
       const fs::path run = dir_ / "runs" / name;
       Snapshot s = snapshot(run);
@@ -465,6 +469,11 @@ TEST_F(TrainerGradientBuckets, Bf16OnTheWireHalvesTheBytes) {
 
 TEST_F(TrainerRepro, OneRankRunsAreBitIdenticalAtOneAndTwoThreads) {
   expect_identical_runs(1, "adam.toml", 4, 16);
+}
+
+// bf16 mode (bf16 weights and activations, fp32 master weights): the same bytes every run too.
+TEST_F(TrainerRepro, Bf16RunsAreBitIdenticalAtOneAndTwoThreads) {
+  expect_identical_runs(1, "adam.toml", 2, 4, "precision = \"bf16\"\n");
 }
 
 TEST_F(TrainerRepro, TwoRanksRunsAreBitIdenticalAtOneAndTwoThreads) {

@@ -27,6 +27,7 @@ MoeFeature::MoeFeature(loom_session* session, const TrainConfig& c, Model& model
     o.tokens = static_cast<int64_t>(local_batch) * c_.seq_len;
     o.seed = c_.seed;
     o.aux_loss_coef = c_.moe_aux_loss_coef;
+    o.bf16 = c_.precision == "bf16";
     auto layer = std::make_unique<MoeLayer>(inst_, o);
     if (i == 0) ep_ = layer->plan().ep_size;
     if (layer->plan().ep_size != ep_) {
