@@ -79,7 +79,9 @@ TEST(Bf16, InfinitiesOverflowAndNaNs) {
   // Every bf16 survives the round trip, and round_bf16_span rounds each element.
   for (uint32_t h = 0; h < 0x10000U; ++h) {
     const float f = lt::from_bf16(static_cast<uint16_t>(h));
-    if (!std::isnan(f)) EXPECT_EQ(lt::to_bf16(f), h);
+    if (!std::isnan(f)) {
+      EXPECT_EQ(lt::to_bf16(f), h);
+    }
   }
   std::vector<float> v{1.0f + 0x1p-8f, 3.14159265f, -inf, 1e-40f};
   lt::round_bf16_span(v.data(), v.size());
