@@ -10,13 +10,17 @@
 #include <utility>
 
 #include "bf16.hpp"
-#include "plugin_precision.hpp"
 
 namespace loom::trainer {
 
 namespace {
 
 constexpr DLDataType kF32{kDLFloat, 32, 1};
+constexpr DLDataType kBf16{kDLBfloat, 16, 1};
+
+// The dtype of the activations and weights the plugin gets: bf16 in bf16 mode (it computes in
+// fp32 and rounds its outputs), else fp32. The weight gradients are fp32 either way.
+DLDataType plugin_dtype(bool bf16) { return bf16 ? kBf16 : kF32; }
 
 // A normal stream keyed by (seed, layer, tensor, expert): splitmix64 to seed, xorshift64* and
 // Box-Muller to draw (the same on every platform).
@@ -213,10 +217,8 @@ loom_moe_weights MoeLayer::weights(bool grads, std::vector<std::unique_ptr<Tenso
     Param& p = params_[i];
     if (grads || !o_.bf16) {  // gradients: always fp32, the master weights' own
       keep.push_back(std::make_unique<Tensor>(grads ? p.grad.data() : p.value.data(), p.shape));
-    } else if (kPluginsTakeBf16) {
-      keep.push_back(std::make_unique<Tensor>(round16_[i].data(), p.shape, kPluginBf16));
     } else {
-      keep.push_back(std::make_unique<Tensor>(round32_[i].data(), p.shape));
+      keep.push_back(std::make_unique<Tensor>(round16_[i].data(), p.shape, kBf16));
     }
     *slots[i] = &keep.back()->t;
   }
@@ -225,22 +227,16 @@ loom_moe_weights MoeLayer::weights(bool grads, std::vector<std::unique_ptr<Tenso
 
 void MoeLayer::round_weights() {
   if (!o_.bf16) return;
-  round32_.resize(kPluginsTakeBf16 ? 0 : params_.size());
-  round16_.resize(kPluginsTakeBf16 ? params_.size() : 0);
+  round16_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::vector<float>& v = params_[i].value;
-    if (kPluginsTakeBf16) {
-      round16_[i].resize(v.size());
-      for (size_t k = 0; k < v.size(); ++k) round16_[i][k] = to_bf16(v[k]);
-    } else {
-      round32_[i].resize(v.size());
-      for (size_t k = 0; k < v.size(); ++k) round32_[i][k] = round_bf16(v[k]);
-    }
+    round16_[i].resize(v.size());
+    for (size_t k = 0; k < v.size(); ++k) round16_[i][k] = to_bf16(v[k]);
   }
 }
 
 const void* MoeLayer::plugin_rows(const float* x, int rows, std::vector<uint16_t>& out) const {
-  if (!o_.bf16 || !kPluginsTakeBf16) return x;
+  if (!o_.bf16) return x;
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(o_.dim);
   out.resize(n);
   for (size_t i = 0; i < n; ++i) out[i] = x != nullptr ? to_bf16(x[i]) : uint16_t{0};

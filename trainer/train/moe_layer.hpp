@@ -41,8 +41,8 @@ struct MoeLayerOptions {
   int64_t tokens = 0;  // the most rows one forward passes (this rank)
   uint64_t seed = 0;   // the run's seed: initialisation and the routing's counter
   double aux_loss_coef = 0.01;
-  // bf16 mode ([train] precision = "bf16"): the plugin reads the weights rounded to bf16 (the
-  // fp32 values stay the master weights), in the dtype plugin_precision.hpp chooses.
+  // bf16 mode ([train] precision = "bf16"): the plugin gets bf16 tensors, the weights rounded
+  // from the fp32 master weights, and fp32 weight gradients.
   bool bf16 = false;
 };
 
@@ -115,7 +115,7 @@ class MoeLayer final : public Mlp {
   loom_moe_weights weights(bool grads, std::vector<std::unique_ptr<Tensor>>& keep);
   // bf16 mode: the weights the plugin reads, rounded from the master weights (each forward).
   void round_weights();
-  // bf16 mode with kPluginsTakeBf16: the rows at `x` as bf16 in `out` (a tensor's storage).
+  // bf16 mode: the rows at `x` as bf16 in `out` (a tensor's storage); else x itself.
   const void* plugin_rows(const float* x, int rows, std::vector<uint16_t>& out) const;
 
   loom_instance* inst_;
@@ -131,9 +131,8 @@ class MoeLayer final : public Mlp {
   std::vector<Param> params_;  // gate, w1, b1, w2, b2[, res_w1, res_b1, res_w2, res_b2, coef_w,
                                // coef_b]
   std::vector<float> bias_, dx_;
-  // bf16 mode: the rounded weights (one per parameter; float32 or bf16 storage as the plugin
-  // takes them) and the bf16 rows of the plugin calls' activations.
-  std::vector<std::vector<float>> round32_;
+  // bf16 mode: the rounded weights (one per parameter) and the bf16 rows of the plugin calls'
+  // activations.
   std::vector<std::vector<uint16_t>> round16_;
   std::vector<uint16_t> x16_, y16_, dy16_, dx16_;
   PhaseSeconds phases_;

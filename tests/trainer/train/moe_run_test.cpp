@@ -383,8 +383,8 @@ TEST_F(MoeRun, InterruptedAndResumedMatchesUninterruptedBitForBit) {
       << dense.out;
 }
 
-// bf16 mode ([train] precision = "bf16"): the MoE layers' plugin reads bf16-rounded weights
-// (float32 tensors until the kind takes kDLBfloat, trainer/train/plugin_precision.hpp); the run
+// bf16 mode ([train] precision = "bf16"): the MoE layers' plugin gets bf16 tensors (the weights
+// rounded from the fp32 master weights, x, y, dy and dx) and fp32 weight gradients; the run
 // trains, its first loss is within 1% of fp32's (and not the same bits), and stopped after step
 // 12 and resumed it matches the uninterrupted run bit for bit.
 TEST_F(MoeRun, Bf16TrainsNearFp32AndResumesBitForBit) {
