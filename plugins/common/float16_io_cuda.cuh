@@ -5,6 +5,8 @@
 // branch for every thread of a launch.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "float16_io.hpp"

@@ -21,7 +21,8 @@ COOP_TOKENS = re.compile(
     r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot\w*|__any_sync|__all_sync|"
     r"__match\w*|__shared__|__activemask)\b")
 IDENT = re.compile(r"[A-Za-z_]\w*")
-LAUNCH = re.compile(r"(\b[A-Za-z_]\w*(?:\s*<[^<>;]*>)?)(\s*)<<<(.*?)>>>(\s*)\(", re.S)
+LAUNCH = re.compile(r"(\b(?:[A-Za-z_]\w*::)*[A-Za-z_]\w*(?:\s*<[^<>;]*>)?)(\s*)<<<(.*?)>>>(\s*)\(",
+                    re.S)
 
 
 def blank_comments_and_strings(src):
@@ -145,7 +146,7 @@ def main():
             continue
         end = matching(text, m.end(), "(", ")")
         name = m.group(1)
-        base = IDENT.match(name).group(0)
+        base = IDENT.findall(name.split("<")[0])[-1]  # ns::kernel<T> -> kernel
         if base not in kernels:
             print(f"{src_path}: kernel {base} is not defined in this file: "
                   "launched cooperatively", file=sys.stderr)

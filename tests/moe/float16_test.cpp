@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -97,9 +98,12 @@ struct Buf {
     for (size_t i = 0; i < dims.size(); ++i) n *= (shape[i] = dims[i]);
     host.assign(static_cast<size_t>(n) * dtype.bits / 8 + 256, 0);
 #if LOOM_TEST_CUDA
-    if (cuda) EXPECT_EQ(cudaMalloc(&dev, host.size()), cudaSuccess);
+    if (cuda) {
+      EXPECT_EQ(cudaMalloc(&dev, host.size()), cudaSuccess);
+      EXPECT_EQ(cudaMemset(dev, 0, host.size()), cudaSuccess);
+    }
 #endif
-    t.data = cuda ? dev : aligned();
+    t.data = aligned();
     t.device = cuda ? DLDevice{kDLCUDA, 0} : DLDevice{kDLCPU, 0};
     t.ndim = static_cast<int32_t>(dims.size());
     t.dtype = dtype;
@@ -112,8 +116,10 @@ struct Buf {
   }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
+  // 256-byte aligned, as saved and workspace must be
   void* aligned() {
-    return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host.data()) + 255) / 256 * 256);
+    const auto base = reinterpret_cast<uintptr_t>(cuda ? dev : static_cast<void*>(host.data()));
+    return reinterpret_cast<void*>((base + 255) / 256 * 256);
   }
   size_t bytes() const { return host.size() - 256; }
   // values (representable in the dtype) stored in it
@@ -130,7 +136,7 @@ struct Buf {
   void put(const void* src) {
 #if LOOM_TEST_CUDA
     if (cuda) {
-      EXPECT_EQ(cudaMemcpy(dev, src, bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(aligned(), src, bytes(), cudaMemcpyHostToDevice), cudaSuccess);
       return;
     }
 #endif
@@ -141,7 +147,7 @@ struct Buf {
 #if LOOM_TEST_CUDA
     if (cuda) {
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(b.data(), dev, b.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(b.data(), aligned(), b.size(), cudaMemcpyDeviceToHost), cudaSuccess);
       return b;
     }
 #endif
@@ -347,9 +353,20 @@ Outcome run(Moe& m, const Inputs& in, DLDataType dtype, DLDataType gdtype, bool 
     o.error = "dispatch: " + m.error;
     return o;
   }
+  // the rows dispatch wrote (the rest of `rows` is left as it was)
+  int64_t used = 0;
+  for (const int64_t c : counts) used += c;
   o.rows = rows.values();
-  if (dtype.bits == 16) o.rows16 = rows.halves();
-  if (combine_rows != nullptr) rows.set(*combine_rows);
+  o.rows.resize(static_cast<size_t>(used * M));
+  if (dtype.bits == 16) {
+    o.rows16 = rows.halves();
+    o.rows16.resize(o.rows.size());
+  }
+  if (combine_rows != nullptr) {
+    std::vector<float> all(static_cast<size_t>(R * M), 0.0f);
+    std::copy(combine_rows->begin(), combine_rows->end(), all.begin());
+    rows.set(all);
+  }
   d.x = &back.t;
   d.route_weights = nullptr;
   if ((o.rc = m.take(m.t->combine(m.obj, &d))) != 0) {

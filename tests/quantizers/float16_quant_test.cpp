@@ -77,8 +77,8 @@ struct Quantizer {
   }
 };
 
-// Bytes on the host or on the device (cudaMalloc gives 256-byte alignment; the host buffer is
-// aligned by hand).
+// Bytes on the host or on the device, each with 256 spare bytes to align the start (workspaces
+// must be 256-byte aligned).
 struct Mem {
   bool cuda = false;
   std::vector<unsigned char> host;
@@ -87,8 +87,8 @@ struct Mem {
   Mem(std::size_t n, bool on_cuda) : cuda(on_cuda), host(n + 256, 0xEE), bytes(n) {
 #if LOOM_TEST_CUDA
     if (cuda) {
-      EXPECT_EQ(cudaMalloc(&dev, n == 0 ? 1 : n), cudaSuccess);
-      EXPECT_EQ(cudaMemset(dev, 0xEE, n == 0 ? 1 : n), cudaSuccess);
+      EXPECT_EQ(cudaMalloc(&dev, n + 256), cudaSuccess);
+      EXPECT_EQ(cudaMemset(dev, 0xEE, n + 256), cudaSuccess);
     }
 #endif
   }
@@ -103,14 +103,15 @@ struct Mem {
   }
   Mem(const Mem&) = delete;
   Mem& operator=(const Mem&) = delete;
+  // 256-byte aligned, as workspaces must be
   void* data() {
-    if (cuda) return dev;
-    return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host.data()) + 255) / 256 * 256);
+    const auto base = reinterpret_cast<uintptr_t>(cuda ? dev : static_cast<void*>(host.data()));
+    return reinterpret_cast<void*>((base + 255) / 256 * 256);
   }
   void put(const void* src) {
 #if LOOM_TEST_CUDA
     if (cuda) {
-      EXPECT_EQ(cudaMemcpy(dev, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(data(), src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
       return;
     }
 #endif
@@ -122,7 +123,7 @@ struct Mem {
 #if LOOM_TEST_CUDA
     if (cuda) {
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(out.data(), dev, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(out.data(), data(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
       return out;
     }
 #endif
