@@ -1,9 +1,14 @@
-// The experts on CUDA: one cuBLAS GEMM pair per expert segment on the caller's stream (row-
-// major operands passed as their column-major transposes), bias, activation and column sums
-// in small kernels (sums in row order, so the bias gradients are deterministic).
+// The experts on CUDA: each GEMM of the expert MLPs is one cuBLAS grouped call over every
+// expert segment (cublasGemmGroupedBatchedEx, one problem per expert with rows; row-major
+// operands passed as their column-major transposes), and bias, activation and column sums
+// are one kernel each over all segments (sums in row order, so the bias gradients are
+// deterministic). The pointer arrays and segment offsets go to the device in one copy per
+// call, into the instance's scratch (Blas::scratch).
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include <loom/moe/moe_cuda.hpp>
 #include "cuda_util.cuh"
@@ -26,14 +31,73 @@ int blas_int(int64_t v) {
   return static_cast<int>(v);
 }
 
-// Row-major C[m, n] = alpha op(A) op(B) + beta C.
-void gemm(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc) {
-  blas_check(cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                         blas_int(n), blas_int(m), blas_int(k), &alpha, b, blas_int(ldb), a,
-                         blas_int(lda), &beta, c, blas_int(ldc)),
-             "cublasSgemm");
+// One product per expert segment: row-major C_e[m_e, n] = alpha op(A_e) op(B_e) + beta C_e
+// with inner size k_e; n, the leading dimensions, alpha and beta are shared.
+struct Grouped {
+  Grouped(bool op_a, bool op_b, int64_t cols, int64_t ld_a, int64_t ld_b, int64_t ld_c,
+          float add = 0.0f)
+      : ta(op_a), tb(op_b), n(cols), lda(ld_a), ldb(ld_b), ldc(ld_c), beta(add) {}
+  bool ta, tb;
+  int64_t n, lda, ldb, ldc;
+  float alpha = 1.0f, beta;
+  std::vector<int> m, k;
+  std::vector<const void*> a, b;
+  std::vector<void*> c;
+  void add(int64_t rows, int64_t inner, const float* pa, const float* pb, float* pc) {
+    m.push_back(blas_int(rows));
+    k.push_back(blas_int(inner));
+    a.push_back(pa);
+    b.push_back(pb);
+    c.push_back(pc);
+  }
+};
+
+// The pointer arrays of `g` copied to `dev_ptrs` (3 * count entries), then one grouped call.
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B as its A.
+void run_grouped(cublasHandle_t h, const Grouped& g, const void** dev_ptrs, cudaStream_t st) {
+  const size_t count = g.m.size();
+  if (count == 0) return;
+  std::vector<const void*> host;
+  host.reserve(3 * count);
+  host.insert(host.end(), g.b.begin(), g.b.end());
+  host.insert(host.end(), g.a.begin(), g.a.end());
+  host.insert(host.end(), g.c.begin(), g.c.end());
+  LOOM_MOE_CUDA(cudaMemcpyAsync(dev_ptrs, host.data(), host.size() * sizeof(void*),
+                                cudaMemcpyHostToDevice, st));
+  const std::vector<cublasOperation_t> opa(count, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N),
+      opb(count, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
+  const std::vector<int> n(count, blas_int(g.n)), lda(count, blas_int(g.ldb)),
+      ldb(count, blas_int(g.lda)), ldc(count, blas_int(g.ldc)), ones(count, 1);
+  const std::vector<float> alpha(count, g.alpha), beta(count, g.beta);
+  blas_check(cublasGemmGroupedBatchedEx(
+                 h, opa.data(), opb.data(), n.data(), g.m.data(), g.k.data(), alpha.data(),
+                 dev_ptrs, CUDA_R_32F, lda.data(), dev_ptrs + count, CUDA_R_32F, ldb.data(),
+                 beta.data(), const_cast<void* const*>(dev_ptrs + 2 * count), CUDA_R_32F,
+                 ldc.data(), static_cast<int>(count), ones.data(), CUBLAS_COMPUTE_32F),
+             "cublasGemmGroupedBatchedEx");
+}
+
+// The segments of the experts' rows on the device: offsets[e] .. offsets[e + 1] are expert
+// e's (local_experts + 1 entries), and room for the pointer arrays of one grouped call.
+struct Segments {
+  const int64_t* offsets = nullptr;
+  const void** ptrs = nullptr;
+  int64_t total = 0;  // rows of all experts
+};
+
+Segments upload_segments(int local_experts, const int64_t* rows, const Device& dev) {
+  std::vector<int64_t> off(static_cast<size_t>(local_experts) + 1, 0);
+  for (int e = 0; e < local_experts; ++e) off[e + 1] = off[e] + std::max<int64_t>(rows[e], 0);
+  const size_t off_bytes = (off.size() * sizeof(int64_t) + 255) / 256 * 256;
+  const size_t ptr_bytes = 3 * static_cast<size_t>(local_experts) * sizeof(void*);
+  char* base = static_cast<char*>(dev.blas->scratch(dev.device, off_bytes + ptr_bytes));
+  LOOM_MOE_CUDA(cudaMemcpyAsync(base, off.data(), off.size() * sizeof(int64_t),
+                                cudaMemcpyHostToDevice, as_stream(dev.stream)));
+  Segments s;
+  s.offsets = reinterpret_cast<const int64_t*>(base);
+  s.ptrs = reinterpret_cast<const void**>(base + off_bytes);
+  s.total = off.back();
+  return s;
 }
 
 __device__ float act_f(int act, float x) {
@@ -55,12 +119,27 @@ __device__ float act_g(int act, float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 
-// y[r, c] += b[c]; with h: h = act(y)
-__global__ void bias_act_kernel(float* y, const float* b, int64_t n, int64_t width, float* h,
-                                int act) {
+// The expert of row r: the segment whose [offsets[e], offsets[e + 1]) holds it.
+__device__ int segment_of(const int64_t* offsets, int experts, int64_t r) {
+  int lo = 0, hi = experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// y[r, c] += b[e(r), c] over all segments; with h: h = act(y)
+__global__ void bias_act_kernel(float* y, const float* b, const int64_t* offsets, int experts,
+                                int64_t n, int64_t width, float* h, int act) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * width;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    y[i] += b[i % width];
+    const int64_t r = i / width;
+    y[i] += b[segment_of(offsets, experts, r) * width + i % width];
     if (h != nullptr) h[i] = act_f(act, y[i]);
   }
 }
@@ -79,13 +158,15 @@ __global__ void act_grad_kernel(const float* pre, float* dh, int64_t n, int act)
   }
 }
 
-// g[c] += sum over rows r (ascending) of d[r, c]
-__global__ void colsum_kernel(float* g, const float* d, int64_t n, int64_t width) {
-  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < width;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float acc = g[c];
-    for (int64_t r = 0; r < n; ++r) acc += d[r * width + c];
-    g[c] = acc;
+// g[e, c] += sum over expert e's rows r (ascending) of d[r, c], for every segment e
+__global__ void colsum_kernel(float* g, const float* d, const int64_t* offsets, int experts,
+                              int64_t width) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < experts * width;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i / width, c = i % width;
+    float acc = g[i];
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) acc += d[r * width + c];
+    g[i] = acc;
   }
 }
 
@@ -98,14 +179,29 @@ cublasHandle_t handle_on(const Device& dev) {
 }  // namespace
 
 Blas::~Blas() {
-  if (handle_ != nullptr) {
+  if (handle_ != nullptr || scratch_ != nullptr) {
     int previous = 0;
     if (cudaGetDevice(&previous) == cudaSuccess) {
       (void)cudaSetDevice(device_);
-      (void)cublasDestroy(static_cast<cublasHandle_t>(handle_));
+      if (handle_ != nullptr) (void)cublasDestroy(static_cast<cublasHandle_t>(handle_));
+      if (scratch_ != nullptr) (void)cudaFree(scratch_);
       (void)cudaSetDevice(previous);
     }
   }
+}
+
+void* Blas::scratch(int device, size_t bytes) {
+  (void)handle(device);  // the same one-device rule
+  if (bytes > scratch_bytes_) {
+    // cudaFree waits for the device, so no enqueued work still reads the old block.
+    if (scratch_ != nullptr) LOOM_MOE_CUDA(cudaFree(scratch_));
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    const size_t grown = std::max<size_t>(bytes, 4096);
+    LOOM_MOE_CUDA(cudaMalloc(&scratch_, grown));
+    scratch_bytes_ = grown;
+  }
+  return scratch_;
 }
 
 void* Blas::handle(int device) {
@@ -128,25 +224,28 @@ void experts_forward(Activation act, int local_experts, const int64_t* rows, int
                      int64_t hidden_dim, const float* in, const ExpertWeights<float>& w, float* pre,
                      float* h, float* out, const Device& dev) {
   const int64_t M = model_dim, H = hidden_dim;
-  cublasHandle_t bh = nullptr;
+  const Segments seg = upload_segments(local_experts, rows, dev);
+  if (seg.total == 0) return;
+  const cudaStream_t st = as_stream(dev.stream);
+  cublasHandle_t bh = handle_on(dev);
+  Grouped g1{false, true, H, M, M, H};  // pre = in . w1^T; then h = act(pre + b1)
+  Grouped g2{false, true, M, H, H, M};  // out = h . w2^T; then out += b2
   int64_t off = 0;
   for (int e = 0; e < local_experts; ++e) {
     const int64_t n = rows[e];
     if (n <= 0) continue;
-    if (bh == nullptr) bh = handle_on(dev);
-    float* p = pre + off * H;
-    float* hh = h + off * H;
-    float* o = out + off * M;
-    gemm(bh, false, true, n, H, M, 1.0f, in + off * M, M, w.w1 + e * H * M, M, 0.0f, p, H);
-    bias_act_kernel<<<blocks_for(n * H), kThreads, 0, as_stream(dev.stream)>>>(
-        p, w.b1 + e * H, n, H, hh, static_cast<int>(act));
-    check_launch("bias_act");
-    gemm(bh, false, true, n, M, H, 1.0f, hh, H, w.w2 + e * M * H, H, 0.0f, o, M);
-    bias_act_kernel<<<blocks_for(n * M), kThreads, 0, as_stream(dev.stream)>>>(o, w.b2 + e * M, n,
-                                                                               M, nullptr, 0);
-    check_launch("bias");
+    g1.add(n, M, in + off * M, w.w1 + e * H * M, pre + off * H);
+    g2.add(n, H, h + off * H, w.w2 + e * M * H, out + off * M);
     off += n;
   }
+  run_grouped(bh, g1, seg.ptrs, st);
+  bias_act_kernel<<<blocks_for(seg.total * H), kThreads, 0, st>>>(
+      pre, w.b1, seg.offsets, local_experts, seg.total, H, h, static_cast<int>(act));
+  check_launch("bias_act");
+  run_grouped(bh, g2, seg.ptrs, st);
+  bias_act_kernel<<<blocks_for(seg.total * M), kThreads, 0, st>>>(
+      out, w.b2, seg.offsets, local_experts, seg.total, M, nullptr, 0);
+  check_launch("bias");
 }
 
 void experts_backward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
@@ -154,34 +253,40 @@ void experts_backward(Activation act, int local_experts, const int64_t* rows, in
                       const ExpertWeights<float>& w, const ExpertGrads<float>& g, float* h,
                       float* dh, float* din, const Device& dev) {
   const int64_t M = model_dim, H = hidden_dim;
-  cublasHandle_t bh = nullptr;
+  const Segments seg = upload_segments(local_experts, rows, dev);
+  if (seg.total == 0) return;
+  const cudaStream_t st = as_stream(dev.stream);
+  cublasHandle_t bh = handle_on(dev);
+  Grouped dh_of{false, false, H, M, H, H};     // dh = dout . w2
+  Grouped gw2{true, false, H, M, H, H, 1.0f};  // g.w2 += dout^T . h
+  Grouped gw1{true, false, M, H, M, M, 1.0f};  // g.w1 += dh^T . in
+  Grouped din_of{false, false, M, H, M, M};    // din = dh . w1
   int64_t off = 0;
   for (int e = 0; e < local_experts; ++e) {
     const int64_t n = rows[e];
     if (n <= 0) continue;
-    if (bh == nullptr) bh = handle_on(dev);
-    const float* a = in + off * M;
-    const float* p = pre + off * H;
-    const float* d = dout + off * M;
-    float* hh = h + off * H;
-    float* dhh = dh + off * H;
-    const cudaStream_t st = as_stream(dev.stream);
-    act_kernel<<<blocks_for(n * H), kThreads, 0, st>>>(p, hh, n * H, static_cast<int>(act));
-    check_launch("act");
-    gemm(bh, false, false, n, H, M, 1.0f, d, M, w.w2 + e * M * H, H, 0.0f, dhh, H);
-    gemm(bh, true, false, M, H, n, 1.0f, d, M, hh, H, 1.0f, g.w2 + e * M * H, H);
-    colsum_kernel<<<blocks_for(M), kThreads, 0, st>>>(g.b2 + e * M, d, n, M);
-    check_launch("colsum");
-    act_grad_kernel<<<blocks_for(n * H), kThreads, 0, st>>>(p, dhh, n * H, static_cast<int>(act));
-    check_launch("act_grad");
-    gemm(bh, true, false, H, M, n, 1.0f, dhh, H, a, M, 1.0f, g.w1 + e * H * M, M);
-    colsum_kernel<<<blocks_for(H), kThreads, 0, st>>>(g.b1 + e * H, dhh, n, H);
-    check_launch("colsum");
-    if (din != nullptr) {
-      gemm(bh, false, false, n, M, H, 1.0f, dhh, H, w.w1 + e * H * M, M, 0.0f, din + off * M, M);
-    }
+    dh_of.add(n, M, dout + off * M, w.w2 + e * M * H, dh + off * H);
+    gw2.add(M, n, dout + off * M, h + off * H, g.w2 + e * M * H);
+    gw1.add(H, n, dh + off * H, in + off * M, g.w1 + e * H * M);
+    if (din != nullptr) din_of.add(n, H, dh + off * H, w.w1 + e * H * M, din + off * M);
     off += n;
   }
+  act_kernel<<<blocks_for(seg.total * H), kThreads, 0, st>>>(pre, h, seg.total * H,
+                                                             static_cast<int>(act));
+  check_launch("act");
+  run_grouped(bh, dh_of, seg.ptrs, st);
+  run_grouped(bh, gw2, seg.ptrs, st);
+  colsum_kernel<<<blocks_for(local_experts * M), kThreads, 0, st>>>(g.b2, dout, seg.offsets,
+                                                                    local_experts, M);
+  check_launch("colsum");
+  act_grad_kernel<<<blocks_for(seg.total * H), kThreads, 0, st>>>(pre, dh, seg.total * H,
+                                                                  static_cast<int>(act));
+  check_launch("act_grad");
+  run_grouped(bh, gw1, seg.ptrs, st);
+  colsum_kernel<<<blocks_for(local_experts * H), kThreads, 0, st>>>(g.b1, dh, seg.offsets,
+                                                                    local_experts, H);
+  check_launch("colsum");
+  run_grouped(bh, din_of, seg.ptrs, st);
 }
 
 }  // namespace loom::moe::cuda

@@ -14,8 +14,9 @@ namespace {
 
 bool have_cuda() { return false; }
 
-Blas::~Blas() { (void)handle_, (void)device_; }  // never holds a handle here
+Blas::~Blas() { (void)handle_, (void)device_, (void)scratch_, (void)scratch_bytes_; }
 void* Blas::handle(int) { refuse(); }
+void* Blas::scratch(int, size_t) { refuse(); }
 
 void layer_forward(const LayerConfig&, Exchange&, const ForwardCall<float>&, LayerStats&,
                    const Device&) {

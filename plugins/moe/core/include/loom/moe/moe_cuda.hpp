@@ -9,6 +9,7 @@
 // loom::sdk::Error (UNAVAILABLE for the device, INVALID_ARGUMENT for bad input).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <loom/moe/exchange_cuda.hpp>  // have_cuda() and the exchange's runtime calls
@@ -20,7 +21,8 @@ enum class Storage : uint8_t;  // plugins/common/float16_io.hpp
 
 namespace loom::moe::cuda {
 
-// A cuBLAS handle for one device, created on first use.
+// A cuBLAS handle for one device, created on first use, and the device scratch the experts'
+// grouped GEMMs read their pointer arrays and segment offsets from.
 class Blas {
  public:
   Blas() = default;
@@ -28,10 +30,16 @@ class Blas {
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
   void* handle(int device);  // cublasHandle_t
+  // At least `bytes` of device memory on `device`, kept for later calls (grown as needed;
+  // work is enqueued on one stream per instance, so a later call's copy into it runs after
+  // the earlier call's kernels read it).
+  void* scratch(int device, size_t bytes);
 
  private:
   void* handle_ = nullptr;
   int device_ = -1;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
 };
 
 struct Device {
