@@ -9,6 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <vector>
+
+#include "bf16.hpp"
 
 namespace loom::trainer {
 
@@ -46,7 +49,20 @@ DLTensor tensor(void* data, DLDataType dtype, int32_t ndim, int64_t* shape) {
 }
 
 constexpr DLDataType kF32{kDLFloat, 32, 1};
+constexpr DLDataType kBf16{kDLBfloat, 16, 1};
 constexpr DLDataType kU8{kDLUInt, 8, 1};
+
+// bf16 mode: n floats as bf16 in `out` (its storage); NULL stays NULL.
+const void* bf16_copy(const float* v, size_t n, std::vector<uint16_t>& out) {
+  if (v == nullptr) return nullptr;
+  out.resize(n);
+  for (size_t i = 0; i < n; ++i) out[i] = to_bf16(v[i]);
+  return out.data();
+}
+
+void widen_bf16(const std::vector<uint16_t>& h, float* out) {
+  for (size_t i = 0; i < h.size(); ++i) out[i] = from_bf16(h[i]);
+}
 
 uint64_t dtype_bytes(DLDataType d) { return (static_cast<uint64_t>(d.bits) * d.lanes + 7) / 8; }
 
@@ -60,7 +76,8 @@ struct PluginPacked final : PackedWeight {
 
 class PluginQuantizer final : public WeightQuantizer {
  public:
-  PluginQuantizer(loom_instance* inst, std::string who) : inst_(inst), who_(std::move(who)) {
+  PluginQuantizer(loom_instance* inst, std::string who, bool bf16)
+      : inst_(inst), who_(std::move(who)), bf16_(bf16) {
     void* obj = nullptr;
     const void* table = nullptr;
     if (loom_instance_table(inst, LOOM_KIND_QUANTIZER, LOOM_QUANTIZER_V1_MIN_SIZE, &obj, &table) !=
@@ -128,7 +145,10 @@ class PluginQuantizer final : public WeightQuantizer {
     p->zeros.resize(static_cast<size_t>(la.zero_point_count) *
                     dtype_bytes(p->format.zero_point_dtype));
     p->bytes = p->packed.size() + p->scales.size() + p->zeros.size();
-    DLTensor x = tensor(const_cast<float*>(w), kF32, 2, p->shape);
+    // bf16 mode: the plugin quantizes the weights' bf16 rounding, as the model reads them.
+    const size_t n = static_cast<size_t>(rows * cols);
+    DLTensor x = bf16_ ? tensor(const_cast<void*>(bf16_copy(w, n, x16_)), kBf16, 2, p->shape)
+                       : tensor(const_cast<float*>(w), kF32, 2, p->shape);
     DLTensor pk = tensor(p->packed.data(), kU8, 1, &p->packed_len);
     DLTensor sc = tensor(p->scales.data(), p->format.scale_dtype, 1, &p->scale_count);
     DLTensor zp = tensor(p->zeros.data(), p->format.zero_point_dtype, 1, &p->zero_count);
@@ -149,7 +169,8 @@ class PluginQuantizer final : public WeightQuantizer {
   void unpack(const PackedWeight& base, float* w) override {
     auto& p = const_cast<PluginPacked&>(static_cast<const PluginPacked&>(base));
     loom_quantizer_layout_args la = layout(p, 0, "");
-    DLTensor x = tensor(w, kF32, 2, p.shape);
+    if (bf16_) y16_.resize(static_cast<size_t>(p.rows * p.cols));
+    DLTensor x = bf16_ ? tensor(y16_.data(), kBf16, 2, p.shape) : tensor(w, kF32, 2, p.shape);
     DLTensor pk = tensor(p.packed.data(), kU8, 1, &p.packed_len);
     DLTensor sc = tensor(p.scales.data(), p.format.scale_dtype, 1, &p.scale_count);
     DLTensor zp = tensor(p.zeros.data(), p.format.zero_point_dtype, 1, &p.zero_count);
@@ -164,6 +185,7 @@ class PluginQuantizer final : public WeightQuantizer {
     qa.workspace = ws_.get(la.workspace_bytes);
     qa.workspace_bytes = la.workspace_bytes;
     check(vt_->dequantize(obj_, &qa), "dequantize");
+    if (bf16_) widen_bf16(y16_, w);
   }
 
   void matmul(const PackedWeight& base, const float* x, float* y, int m,
@@ -173,9 +195,15 @@ class PluginQuantizer final : public WeightQuantizer {
     int64_t xs[2] = {m, p.cols};
     int64_t ys[2] = {m, p.rows};
     int64_t bs[1] = {p.rows};
-    DLTensor xt = tensor(const_cast<float*>(x), kF32, 2, xs);
-    DLTensor yt = tensor(y, kF32, 2, ys);
-    DLTensor bt = tensor(const_cast<float*>(bias), kF32, 1, bs);
+    const DLDataType dt = bf16_ ? kBf16 : kF32;
+    const size_t nx = static_cast<size_t>(m) * static_cast<size_t>(p.cols);
+    const size_t ny = static_cast<size_t>(m) * static_cast<size_t>(p.rows);
+    if (bf16_) y16_.resize(ny);
+    DLTensor xt = tensor(const_cast<void*>(bf16_ ? bf16_copy(x, nx, x16_) : x), dt, 2, xs);
+    DLTensor yt = tensor(bf16_ ? static_cast<void*>(y16_.data()) : y, dt, 2, ys);
+    DLTensor bt =
+        tensor(const_cast<void*>(bf16_ ? bf16_copy(bias, static_cast<size_t>(p.rows), b16_) : bias),
+               dt, 1, bs);
     DLTensor pk = tensor(p.packed.data(), kU8, 1, &p.packed_len);
     DLTensor sc = tensor(p.scales.data(), p.format.scale_dtype, 1, &p.scale_count);
     DLTensor zp = tensor(p.zeros.data(), p.format.zero_point_dtype, 1, &p.zero_count);
@@ -191,6 +219,7 @@ class PluginQuantizer final : public WeightQuantizer {
     ma.workspace = mws_.get(la.matmul_workspace_bytes);
     ma.workspace_bytes = la.matmul_workspace_bytes;
     check(vt_->matmul(obj_, &ma), "matmul");
+    if (bf16_) widen_bf16(y16_, y);
   }
 
  private:
@@ -200,7 +229,7 @@ class PluginQuantizer final : public WeightQuantizer {
     la.role = LOOM_QUANTIZER_WEIGHT;
     la.ndim = 2;
     la.shape = p.shape;
-    la.dtype = kF32;
+    la.dtype = bf16_ ? kBf16 : kF32;
     la.matmul_rows = rows;
     // The format this instance gives the shape (pack keeps it; a weight read from a file
     // keeps the file's, which the plugin checks against this one).
@@ -225,6 +254,8 @@ class PluginQuantizer final : public WeightQuantizer {
   void* obj_ = nullptr;
   const loom_quantizer_v1* vt_ = nullptr;
   Scratch ws_, mws_;
+  bool bf16_ = false;  // bf16 mode: the float side of every call in bf16 (docs/trainer.md)
+  std::vector<uint16_t> x16_, y16_, b16_;
   loom_quant_format laid_{};
 };
 
@@ -237,8 +268,9 @@ ParamTensor* find_param(std::vector<ParamTensor>& params, const std::string& nam
 
 }  // namespace
 
-std::unique_ptr<WeightQuantizer> plugin_quantizer(loom_instance* inst, const std::string& who) {
-  return std::make_unique<PluginQuantizer>(inst, who);
+std::unique_ptr<WeightQuantizer> plugin_quantizer(loom_instance* inst, const std::string& who,
+                                                  bool bf16) {
+  return std::make_unique<PluginQuantizer>(inst, who, bf16);
 }
 
 const std::vector<std::string>& default_quant_tensors() {

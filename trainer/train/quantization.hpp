@@ -43,8 +43,11 @@ class WeightQuantizer {
 // A loom.quantizer/1 instance (found by the caller) as a WeightQuantizer: layout, quantize,
 // dequantize and matmul through its table; `who` prefixes every error (the config key).
 // Throws std::runtime_error naming `who` when the instance is not a quantizer or has no
-// matmul for the weights it makes.
-std::unique_ptr<WeightQuantizer> plugin_quantizer(loom_instance* inst, const std::string& who);
+// matmul for the weights it makes. With bf16 (the trainer's bf16 mode) the float side of
+// every call is bf16: the weights' bf16 rounding is quantized, and dequantized weights and
+// matmul outputs come back rounded to bf16.
+std::unique_ptr<WeightQuantizer> plugin_quantizer(loom_instance* inst, const std::string& who,
+                                                  bool bf16 = false);
 
 // The default [quantization] tensors: every block's four linear weights.
 const std::vector<std::string>& default_quant_tensors();

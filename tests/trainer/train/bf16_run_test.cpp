@@ -44,6 +44,9 @@ class TrainerBf16 : public ::testing::Test {
     ASSERT_EQ(loom::trainer::test_run::prepare_dataset(dir_, LOOM_DATA_EXE), 0)
         << slurp(dir_ / "prepare.log");
     std::ofstream(dir_ / "adam.toml") << "[optimizer.main]\nplugin = \"adam\"\n";
+    std::ofstream(dir_ / "adam_w8.toml")
+        << "[optimizer.main]\nplugin = \"adam\"\n"
+        << "[quantizer.w8]\nplugin = \"zeroquant\"\nactivation_bits = 0\n";
   }
   static void TearDownTestSuite() {
     std::error_code ec;
@@ -60,11 +63,14 @@ class TrainerBf16 : public ::testing::Test {
     r.out = slurp(log);
     return r;
   }
+  // With `quant`, a [quantization] table over the manifest's zeroquant instance w8.
   static std::string config(const std::string& name, const std::string& precision, int steps,
-                            int checkpoint_interval) {
+                            int checkpoint_interval, const std::string& quant = "") {
     const fs::path p = dir_ / (name + ".toml");
-    std::ofstream(p) << "[manifest]\npath = \"adam.toml\"\ncomm = \"\"\n"
+    std::ofstream(p) << "[manifest]\npath = \"" << (quant.empty() ? "adam" : "adam_w8")
+                     << ".toml\"\ncomm = \"\"\n"
                      << "[model]\ncontext = 32\nlayers = 2\nheads = 2\ndim = 32\n"
+                     << (quant.empty() ? "" : "[quantization]\n" + quant)
                      << "[data]\ndataset = \"data.bin\"\n"
                      << "[train]\nsteps = " << steps << "\nbatch_size = 8\nseq_len = 32\n"
                      << "lr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 10\n"
@@ -153,6 +159,25 @@ TEST_F(TrainerBf16, InterruptedAndResumedMatchesUninterrupted) {
     EXPECT_EQ(x, slurp(dir_ / "runs/part/checkpoints/step_00000024" / f)) << f;
   }
   EXPECT_EQ(summary("full")["final_eval_loss"], summary("part")["final_eval_loss"]);
+}
+
+// Quantization-aware training in bf16 mode: the quantizer (zeroquant, weight-only INT8) gets
+// bf16 tensors; the run trains, near the fp32 QAT run and not the same bits, and its final
+// evaluation runs through the quantizer's matmul.
+TEST_F(TrainerBf16, QuantizationAwareTrainingHandsTheQuantizerBf16) {
+  const std::string qat = "quantizer = \"w8\"\nqat = true\n";
+  const auto fp = train(config("qat_fp32", "fp32", 40, 0, qat), "--fresh");
+  ASSERT_EQ(fp.code, 0) << fp.out;
+  const auto bf = train(config("qat_bf16", "bf16", 40, 0, qat), "--fresh");
+  ASSERT_EQ(bf.code, 0) << bf.out;
+  const auto sf = summary("qat_fp32"), sb = summary("qat_bf16");
+  EXPECT_TRUE(bool(sb["qat"]));
+  const auto mb = metrics("qat_bf16", "train");
+  ASSERT_EQ(mb.size(), 40U);
+  EXPECT_LT(mean_loss(mb, 31, 41), mean_loss(mb, 1, 11));
+  const double ef = sf["final_eval_loss"], eb = sb["final_eval_loss"];
+  EXPECT_NE(ef, eb);
+  EXPECT_NEAR(eb, ef, 0.05 * ef);
 }
 
 }  // namespace

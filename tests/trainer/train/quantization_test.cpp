@@ -4,6 +4,7 @@
 // fake quantization with the straight-through estimator, layer-by-layer distillation, the
 // tensor selection, and the [quantization] keys' errors at FILE:LINE:COL.
 #include <gtest/gtest.h>
+#include <loom/embed.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16.hpp"
 #include "config.hpp"
 #include "quantization.hpp"
 
@@ -334,4 +336,45 @@ TEST(QuantConfig, KeysAreReadAndBadValuesNamedAtTheirPlace) {
             f + ":9:11: [quantization] teacher: no procedure uses it (set lkd_steps or kd = true)");
   EXPECT_EQ(error_of(cfg, kBase + "[quantization]\nquantizer = \"q\"\nlkd_lr = -1.0\n"),
             f + ":9:10: [quantization] lkd_lr: -1 is out of range [0, 10]");
+}
+
+// bf16 mode's quantizer (plugin_quantizer with bf16, over the bundled zeroquant): the plugin
+// gets bf16 tensors, so packing W is packing its bf16 rounding, and the decoded weight and the
+// matmul's output are the fp32 calls' on the rounded inputs, rounded to bf16.
+TEST(QuantPlugin, Bf16ModeHandsTheQuantizerBf16Tensors) {
+  loom_open_options o{};
+  o.struct_size = LOOM_OPEN_OPTIONS_SIZE;
+  o.log_level = -1;
+  loom_session* s = nullptr;
+  ASSERT_EQ(loom_open_string("[quantizer.w8]\nplugin = \"zeroquant\"\nactivation_bits = 0\n",
+                             "bf16.toml", &o, &s),
+            0)
+      << loom_last_error();
+  loom_instance* qi = nullptr;
+  ASSERT_EQ(loom_find_instance(s, "quantizer", "w8", &qi), 0) << loom_last_error();
+  const auto q32 = loom::trainer::plugin_quantizer(qi, "w8");
+  const auto q16 = loom::trainer::plugin_quantizer(qi, "w8", true);
+  const int64_t n = 8, k = 32;
+  const int m = 3;
+  auto rounded = [](std::vector<float> v) {
+    for (auto& x : v) x = loom::trainer::round_bf16(x);
+    return v;
+  };
+  std::vector<float> w(n * k), x(m * k), b(n);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(0.37f * static_cast<float>(i)) * 0.2f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.11f * static_cast<float>(i));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * static_cast<float>(i);
+  const auto wr = rounded(w), xr = rounded(x), br = rounded(b);
+  const auto p32 = q32->pack("w", wr.data(), n, k);
+  const auto p16 = q16->pack("w", w.data(), n, k);
+  std::vector<float> u32(w.size()), u16(w.size());
+  q32->unpack(*p32, u32.data());
+  q16->unpack(*p16, u16.data());
+  EXPECT_EQ(u16, rounded(u32));
+  EXPECT_NE(u16, u32);  // the rounding is real
+  std::vector<float> y32(m * n), y16(m * n);
+  q32->matmul(*p32, xr.data(), y32.data(), m, br.data());
+  q16->matmul(*p16, x.data(), y16.data(), m, b.data());
+  EXPECT_EQ(y16, rounded(y32));
+  loom_close(s);
 }

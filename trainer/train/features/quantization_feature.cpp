@@ -15,7 +15,7 @@ QuantizationFeature::QuantizationFeature(loom_session* session, const TrainConfi
   if (loom_find_instance(session, "quantizer", c_.quantizer.c_str(), &qi) != LOOM_OK) {
     throw ConfigError(who_ + ": " + loom_last_error());
   }
-  quant_ = plugin_quantizer(qi, who_);
+  quant_ = plugin_quantizer(qi, who_, c_.precision == "bf16");
   plugin_ = loom_instance_plugin(qi);
   names_ = quantized_tensor_names(c_);
   if (!c_.weights.empty()) {
