@@ -1,15 +1,16 @@
 // loom-bench-quant [--quant-shape N,K] [--group-size G] [--gemm-sizes 2048]
 //                  [--trainer-shapes] [--decode-shape N,K] [--decode-batches 1,4,16]
-//                  [--reps R] [--only quant,gemm,decode] [--device cpu|cuda|all]
+//                  [--reps R] [--only quant,gemm,decode] [--dtype fp32|bf16]
+//                  [--device cpu|cuda|all]
 //                  [--cuda-gemm-sizes 8192] [--torch-peer SCRIPT [--python PATH]]
 //                  [--plugin-path DIRS]
 //
 // The quantizers through the host, as a program that loads them sees them (loom_open_string,
 // the loom.quantizer/1 table), each against its reference measured back to back in the same
 // run; every figure is the best of R repetitions, ours and the reference interleaved:
-//   quant:  group quantization of a float32 weight W [N, K] (zeroquant INT8 and INT4, xtc
-//           ternary, groups of G along K) against a memory roof of the same traffic: the
-//           weight read once and the packed codes plus scales written once, on libloom's pool
+//   quant:  group quantization of a float32 (or --dtype bf16) weight W [N, K] (zeroquant INT8
+//           and INT4, xtc ternary, groups of G along K) against a memory roof of the same traffic:
+//           the weight read once and the packed codes plus scales written once, on libloom's pool
 //           (each 64 KiB block of W read, and its share of the output written with the router
 //           core's non-temporal stores, loom::routers::stream_copy_bytes).
 //   gemm:   zeroquant's W8A8 and W4A8 matmuls (x quantized per token, INT8 x INT8 -> INT32,
@@ -242,7 +243,8 @@ struct Packed {
   Buffer codes, scales, zeros, workspace, matmul_workspace;
 };
 
-void lay_out(const Quantizer& q, int64_t n, int64_t k, int64_t matmul_rows, Packed& p) {
+void lay_out(const Quantizer& q, int64_t n, int64_t k, int64_t matmul_rows, Packed& p,
+             DLDataType dtype = kF32) {
   p.shape[0] = n;
   p.shape[1] = k;
   p.format = loom_quant_format{};
@@ -252,7 +254,7 @@ void lay_out(const Quantizer& q, int64_t n, int64_t k, int64_t matmul_rows, Pack
   p.layout.role = LOOM_QUANTIZER_WEIGHT;
   p.layout.ndim = 2;
   p.layout.shape = p.shape;
-  p.layout.dtype = kF32;
+  p.layout.dtype = dtype;
   p.layout.matmul_rows = matmul_rows;
   p.layout.format = &p.format;
   q.check(q.t->layout(q.obj, &p.layout), "layout");
@@ -268,8 +270,8 @@ std::size_t scale_bytes(const Packed& p) {
   return static_cast<std::size_t>(p.layout.scale_count) * (p.format.scale_dtype.bits / 8);
 }
 
-double quantize_seconds(const Quantizer& q, const float* w, Packed& p) {
-  View x(const_cast<float*>(w), {p.shape[0], p.shape[1]}, kF32);
+double quantize_seconds(const Quantizer& q, const void* w, Packed& p) {
+  View x(const_cast<void*>(w), {p.shape[0], p.shape[1]}, p.layout.dtype);
   View codes(p.codes.get(), {static_cast<int64_t>(p.layout.packed_bytes)}, kU8);
   View scales(p.scales.get(), {p.layout.scale_count}, p.format.scale_dtype);
   View zeros(p.zeros.get(), {p.layout.zero_point_count}, p.format.zero_point_dtype);
@@ -384,7 +386,8 @@ struct Options {
   std::vector<int64_t> decode_batches = {1, 4, 16};
   std::vector<std::string> only = {"quant", "gemm", "decode"};
   std::string device = "cpu";
-  std::string peer;  // bench/peers/quant_peers.py, run first (--torch-peer)
+  std::string dtype = "fp32";  // of the quantized weight (quant)
+  std::string peer;            // bench/peers/quant_peers.py, run first (--torch-peer)
   std::string python = "/usr/bin/python3";
   std::vector<int64_t> cuda_gemm_sizes = {8192};
   std::string plugin_path;
@@ -448,6 +451,16 @@ TorchPeer g_peer;  // filled by --torch-peer before our rows
 void run_quant(const Options& o, std::vector<std::string>& table) {
   const int64_t n = o.quant_n, k = o.quant_k;
   const auto w = random_floats(static_cast<std::size_t>(n * k), 1, 0.05f);
+  // --dtype bf16: W stored in bfloat16 (the float32 values rounded), half the bytes to read.
+  const bool bf16 = o.dtype == "bf16";
+  std::vector<uint16_t> w16(bf16 ? w.size() : 0);
+  for (std::size_t i = 0; i < w16.size(); ++i) {
+    uint32_t u = 0;
+    std::memcpy(&u, &w[i], 4);
+    w16[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  const void* wp = bf16 ? static_cast<const void*>(w16.data()) : w.data();
+  const DLDataType dtype = bf16 ? DLDataType{kDLBfloat, 16, 1} : kF32;
   const std::string g = std::to_string(o.group);
   struct Spec {
     const char* name;
@@ -464,24 +477,23 @@ void run_quant(const Options& o, std::vector<std::string>& table) {
     if (!opened->ok) continue;
     const Quantizer& q = opened->q;
     Packed p;
-    lay_out(q, n, k, 0, p);
-    const std::size_t read = static_cast<std::size_t>(n * k) * 4;
+    lay_out(q, n, k, 0, p, dtype);
+    const std::size_t read = static_cast<std::size_t>(n * k) * (bf16 ? 2 : 4);
     const std::size_t written = p.layout.packed_bytes + scale_bytes(p) +
                                 static_cast<std::size_t>(p.layout.zero_point_count);
     Buffer roof_dst(written);
     std::vector<double> cpu;
-    const auto best = best_of(o.reps,
-                              {[&] { return quantize_seconds(q, w.data(), p); },
-                               [&] {
-                                 return roof_seconds(reinterpret_cast<const char*>(w.data()), read,
-                                                     roof_dst.get(), written);
-                               }},
-                              &cpu);
+    const auto best = best_of(
+        o.reps,
+        {[&] { return quantize_seconds(q, wp, p); },
+         [&] { return roof_seconds(static_cast<const char*>(wp), read, roof_dst.get(), written); }},
+        &cpu);
     const double gbs = static_cast<double>(read + written) / best[0] / 1e9;
     const double roof = static_cast<double>(read + written) / best[1] / 1e9;
     Json row{{"kind", "quant"},
              {"quantizer", spec.name},
              {"bits", p.format.bits},
+             {"dtype", bf16 ? "bfloat16" : "float32"},
              {"rows", n},
              {"cols", k},
              {"group_size", o.group},
@@ -504,11 +516,11 @@ void run_quant(const Options& o, std::vector<std::string>& table) {
     emit(row);
     char line[256];
     std::snprintf(line, sizeof line,
-                  "quant  %-16s %5lldx%-5lld g%-4lld %8.2f GB/s  roof %8.2f  ratio %5.2f "
+                  "quant  %-16s %s %5lldx%-5lld g%-4lld %8.2f GB/s  roof %8.2f  ratio %5.2f "
                   "(cpu time %5.2f)  torch x%.1f",
-                  spec.name, static_cast<long long>(n), static_cast<long long>(k),
-                  static_cast<long long>(o.group), gbs, roof, gbs / roof, cpu[1] / cpu[0],
-                  vs_torch);
+                  spec.name, bf16 ? "bf16" : "fp32", static_cast<long long>(n),
+                  static_cast<long long>(k), static_cast<long long>(o.group), gbs, roof, gbs / roof,
+                  cpu[1] / cpu[0], vs_torch);
     table.emplace_back(line);
   }
 }
@@ -792,6 +804,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "Repetitions; the best is reported")
       ->check(loom_cli::integer_in(1, 1000))
       ->type_name("R");
+  app.add_option("--dtype", o.dtype, "The quantized weight's dtype (quant): fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--only", o.only, "Parts to run: quant, gemm, decode")
       ->delimiter(',')
       ->check(CLI::IsMember({"quant", "gemm", "decode"}))

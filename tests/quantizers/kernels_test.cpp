@@ -96,6 +96,92 @@ TEST(QuantKernels, QuantizeAndDequantizeMatchTheReferenceBitForBit) {
   });
 }
 
+// A 16-bit x (bfloat16 and float16) quantizes exactly as its float32 widening, for groups of
+// whole vectors (the span path), odd groups and odd widths, on every target; a NaN or an
+// infinity is found at its index.
+TEST(QuantKernels, SixteenBitInputIsItsFloat32Widening) {
+  auto to16 = [](float f, bool bf) {
+    uint32_t u = 0;
+    std::memcpy(&u, &f, 4);
+    if (bf) return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    // float16 of a value in range: through the bits of the nearest (the samples are < 8)
+    const float a = std::fabs(f);
+    int e = 0;
+    const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+    const int shift = e >= -13 ? 11 : 11 - (-13 - e);
+    const float q = std::nearbyint(std::ldexp(m, shift));  // ties to even (default mode)
+    const float back = std::ldexp(q, e - shift);
+    uint16_t h = 0;
+    if (back != 0.0f) {
+      int be = 0;
+      const float bm = std::frexp(back, &be);
+      if (be >= -13) {
+        h = static_cast<uint16_t>(((be + 14) << 10) |
+                                  (static_cast<uint32_t>(std::ldexp(bm, 11)) & 0x3ffu));
+      } else {
+        h = static_cast<uint16_t>(std::ldexp(back, 24));
+      }
+    }
+    return static_cast<uint16_t>(h | (std::signbit(f) ? 0x8000u : 0u));
+  };
+  auto from16 = [](uint16_t h, bool bf) {
+    if (bf) {
+      const uint32_t u = static_cast<uint32_t>(h) << 16;
+      float f = 0;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    const float v = e == 0 ? std::ldexp(static_cast<float>(m), -24)
+                           : std::ldexp(static_cast<float>(m | 0x400), e - 25);
+    return (h & 0x8000u) != 0 ? -v : v;
+  };
+  on_every_target([&] {
+    for (const bool bf : {true, false}) {
+      for (const int64_t cols : {int64_t{256}, int64_t{70}}) {
+        for (const int64_t group : {int64_t{0}, int64_t{16}, int64_t{7}}) {
+          for (const uint32_t bits : {8u, 4u, 3u}) {
+            SCOPED_TRACE(std::string(bf ? "bf16" : "f16") + " cols " + std::to_string(cols) +
+                         " group " + std::to_string(group) + " bits " + std::to_string(bits));
+            const int64_t rows = 5;
+            const auto x = sample(rows, cols, 23);
+            std::vector<uint16_t> h(x.size());
+            std::vector<float> wide(x.size());
+            for (std::size_t i = 0; i < x.size(); ++i) {
+              h[i] = to16(x[i], bf);
+              wide[i] = from16(h[i], bf);
+            }
+            const IntScheme q{bits, bits != 3, Range::kExact};
+            const Groups gs = Groups::of(rows, cols, group);
+            const std::size_t bytes = loom::quant::packed_size(rows * cols, bits);
+            std::vector<uint8_t> p32(bytes, 1), p16(bytes, 2), z32(gs.count(), 3),
+                z16(gs.count(), 4);
+            std::vector<float> s32(gs.count(), -1), s16(gs.count(), -2);
+            ASSERT_EQ(loom::quant::quantize_int(wide.data(), gs, q, LOOM_QUANT_PACK_LSB_FIRST,
+                                                p32.data(), s32.data(), z32.data()),
+                      -1);
+            ASSERT_EQ(loom::quant::quantize_int16(h.data(), bf, gs, q, LOOM_QUANT_PACK_LSB_FIRST,
+                                                  p16.data(), s16.data(), z16.data()),
+                      -1);
+            EXPECT_EQ(p16, p32);
+            EXPECT_EQ(0, std::memcmp(s16.data(), s32.data(), s32.size() * sizeof(float)));
+            if (!q.symmetric) EXPECT_EQ(z16, z32);
+            // NaN, then infinity, at an element of the last row
+            for (const uint16_t bad : {bf ? uint16_t{0x7fc1} : uint16_t{0x7e01},
+                                       bf ? uint16_t{0xff80} : uint16_t{0xfc00}}) {
+              auto hb = h;
+              hb[static_cast<std::size_t>(4 * cols + 5)] = bad;
+              EXPECT_EQ(loom::quant::quantize_int16(hb.data(), bf, gs, q, LOOM_QUANT_PACK_LSB_FIRST,
+                                                    p16.data(), s16.data(), z16.data()),
+                        4 * cols + 5);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 // The fast kernel divides by multiplying with 1 / s and takes the division only where a code
 // could differ: here one element in 32 lies within an ulp of a half-integer multiple of its
 // group's scale (the ties the reciprocal can move), the rest anywhere in the group's range.

@@ -16,7 +16,16 @@
 #include <limits>
 #include <vector>
 
+#include "common/half.hpp"
 #include "int_kernels.hpp"
+
+#ifndef LOOM_QUANT_INT_CPU_SOURCES
+#define LOOM_QUANT_INT_CPU_SOURCES
+namespace loom::quant {
+// The storage of quantize's x (QuantizeRows' `source`).
+constexpr int32_t kSourceF32 = 0, kSourceBf16 = 1, kSourceF16 = 2;
+}  // namespace loom::quant
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace loom::quant {
@@ -336,8 +345,31 @@ HWY_INLINE bool SpanParams(const float* x, int64_t count, int64_t len, const Int
 // parameters N at a time (SpanParams); others one at a time. 8-bit codes, and 4-bit codes
 // when every group starts on a byte, are written straight into `packed`; other widths go
 // through a row of bytes and pack_codes.
-bool QuantizeRows(const float* x, const Groups* gs, const IntScheme* q, int32_t packing,
-                  uint8_t* packed, float* scales, uint8_t* zeros, int64_t r0, int64_t r1) {
+// A 16-bit x row widened to float32 in `out`, exactly: bf16 is float32's top half (vectors);
+// float16 through common/half.hpp's conversion (one element at a time: it is the rare case).
+HWY_INLINE void WidenRow(const uint16_t* src, int32_t source, int64_t n, float* out) {
+  if (source != kSourceBf16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = loom::plugins::half::f16_to_f32(src[i]);
+    return;
+  }
+  const DF d;
+  const hn::Rebind<uint16_t, DF> d16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto w = hn::ShiftLeft<16>(hn::PromoteTo(DU32(), hn::LoadU(d16, src + i)));
+    hn::StoreU(hn::BitCast(d, w), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = loom::plugins::half::bf16_to_f32(src[i]);
+}
+
+// `source`: x's storage, kSourceF32 (x is float*), or kSourceBf16 / kSourceF16 (x holds 16-bit
+// patterns): each row is then widened into a buffer of its own first.
+bool QuantizeRows(const void* xv, int32_t source, const Groups* gs, const IntScheme* q,
+                  int32_t packing, uint8_t* packed, float* scales, uint8_t* zeros, int64_t r0,
+                  int64_t r1) {
+  const auto* x = static_cast<const float*>(xv);
+  std::vector<float> wide(source == kSourceF32 ? 0 : static_cast<std::size_t>(gs->cols));  // a span
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   const bool bytes = q->bits == 8;
   const bool nibbles = q->bits == 4 && gs->cols % 2 == 0 && gs->group % 2 == 0;
@@ -350,13 +382,29 @@ bool QuantizeRows(const float* x, const Groups* gs, const IntScheme* q, int32_t 
     const float* row = x + r * gs->cols;
     for (int64_t g0 = 0; g0 < gs->groups_per_row; g0 += span) {
       const int64_t g1 = std::min(gs->groups_per_row, g0 + span);
+      const int64_t c0 = gs->begin(g0);
+      // The span's elements as float32: x's own, or a 16-bit span widened into L1.
+      const float* at = row + c0;
+      if (source != kSourceF32) {
+        const auto* x16 = static_cast<const uint16_t*>(xv) + r * gs->cols;
+        WidenRow(x16 + c0, source, gs->end(g1 - 1) - c0, wide.data());
+        at = wide.data();
+        // The next span comes from memory while this one is encoded from cache.
+        const int64_t ahead16 = r * gs->cols + gs->end(g1 - 1);
+        const int64_t ahead_n =
+            std::min<int64_t>(gs->end(g1 - 1) - c0, gs->rows * gs->cols - ahead16);
+        const auto* next =
+            reinterpret_cast<const char*>(static_cast<const uint16_t*>(xv) + ahead16);
+        for (int64_t b = 0; b < ahead_n * 2; b += 64) hwy::Prefetch(next + b);
+      }
       if (vector_params) {
-        if (!SpanParams(row + g0 * gs->group, g1 - g0, gs->group, *q, scale, inv, zero)) {
+        if (!SpanParams(at, g1 - g0, gs->group, *q, scale, inv, zero)) {
           return false;
         }
       } else {
         for (int64_t g = g0; g < g1; ++g) {
-          const FiniteStats f = Stats(row + gs->begin(g), gs->end(g) - gs->begin(g), q->symmetric);
+          const FiniteStats f =
+              Stats(at + (gs->begin(g) - c0), gs->end(g) - gs->begin(g), q->symmetric);
           if (!f.finite) return false;
           const GroupParams p = int_group_params(f.st, *q);
           scale[g - g0] = p.scale;
@@ -373,10 +421,11 @@ bool QuantizeRows(const float* x, const Groups* gs, const IntScheme* q, int32_t 
           zeros[r * gs->groups_per_row + g] = static_cast<uint8_t>(zero[g - g0]);
         }
       }
-      const int64_t c0 = gs->begin(g0);
-      const SpanGroups sg{row + c0, g1 - g0, gs->group, gs->end(g1 - 1) - c0, scale, inv, zero};
+      const SpanGroups sg{at, g1 - g0, gs->group, gs->end(g1 - 1) - c0, scale, inv, zero};
       const int64_t next = r * gs->cols + c0 + span * gs->group;  // the next span's start
-      const float* ahead = next + span * gs->group <= gs->rows * gs->cols ? x + next : nullptr;
+      const float* ahead = source == kSourceF32 && next + span * gs->group <= gs->rows * gs->cols
+                               ? x + next
+                               : nullptr;
       uint8_t* out = bytes ? packed + r * gs->cols + c0
                            : (nibbles ? packed + (r * gs->cols + c0) / 2 : codes.data() + c0);
       Encode(sg, *q, nibbles, packing, out, ahead);
@@ -739,23 +788,46 @@ std::size_t row_grain(int64_t cols, uint32_t bits) {
 
 }  // namespace
 
-int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32_t packing,
-                     uint8_t* packed, float* scales, uint8_t* zeros) {
+namespace {
+
+// quantize_int over x of `source` storage; false when a row is not finite.
+bool quantize_any(const void* x, int32_t source, const Groups& gs, const IntScheme& q,
+                  int32_t packing, uint8_t* packed, float* scales, uint8_t* zeros) {
   const uint64_t total = static_cast<uint64_t>(gs.rows) * static_cast<uint64_t>(gs.cols);
   const uint64_t bytes = packed_size(total, q.bits);
-  if (bytes == 0) return -1;
+  if (bytes == 0) return true;
   packed[bytes - 1] = 0;
   std::atomic<bool> bad{false};
   loom::plugins::parallel_for(
       static_cast<std::size_t>(gs.rows), row_grain(gs.cols, q.bits),
       [&](std::size_t b, std::size_t e) {
-        if (!HWY_DYNAMIC_DISPATCH(QuantizeRows)(x, &gs, &q, packing, packed, scales, zeros,
+        if (!HWY_DYNAMIC_DISPATCH(QuantizeRows)(x, source, &gs, &q, packing, packed, scales, zeros,
                                                 static_cast<int64_t>(b), static_cast<int64_t>(e))) {
           bad.store(true, std::memory_order_relaxed);
         }
       });
-  if (!bad.load()) return -1;
-  return first_non_finite(x, static_cast<int64_t>(total));
+  return !bad.load();
+}
+
+}  // namespace
+
+int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32_t packing,
+                     uint8_t* packed, float* scales, uint8_t* zeros) {
+  if (quantize_any(x, kSourceF32, gs, q, packing, packed, scales, zeros)) return -1;
+  return first_non_finite(x, gs.rows * gs.cols);
+}
+
+int64_t quantize_int16(const uint16_t* x, bool bf16, const Groups& gs, const IntScheme& q,
+                       int32_t packing, uint8_t* packed, float* scales, uint8_t* zeros) {
+  if (quantize_any(x, bf16 ? kSourceBf16 : kSourceF16, gs, q, packing, packed, scales, zeros)) {
+    return -1;
+  }
+  // The first non-finite element: an all-ones exponent (bf16 0x7f80, float16 0x7c00).
+  const uint16_t exp = bf16 ? 0x7f80u : 0x7c00u;
+  for (int64_t i = 0; i < gs.rows * gs.cols; ++i) {
+    if ((x[i] & exp) == exp) return i;
+  }
+  return -1;
 }
 
 void dequantize_int(const IntWeight& w, float* x) {

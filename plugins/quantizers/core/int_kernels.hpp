@@ -27,6 +27,12 @@ struct IntWeight {
 int64_t quantize_int(const float* x, const Groups& gs, const IntScheme& q, int32_t packing,
                      uint8_t* packed, float* scales, uint8_t* zeros);
 
+// quantize_int of a 16-bit x (bf16 true: bfloat16, else float16, raw patterns): exactly the
+// output of quantize_int on x widened to float32, each row widened in cache as it is quantized
+// (no float32 copy of x in memory).
+int64_t quantize_int16(const uint16_t* x, bool bf16, const Groups& gs, const IntScheme& q,
+                       int32_t packing, uint8_t* packed, float* scales, uint8_t* zeros);
+
 // reference_dequantize's output, computed fast.
 void dequantize_int(const IntWeight& w, float* x);
 

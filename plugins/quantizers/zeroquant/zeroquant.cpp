@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 
+#include "common/half.hpp"
 #include "float_stage.hpp"
 #include "int8_gemm.hpp"
 #include "int_kernels.hpp"
@@ -213,8 +214,13 @@ class ZeroQuant : public loom::sdk::Quantizer {
     const DLTensor& x = *a.x;
     const int64_t rows = x.shape[0];
     const int64_t k = x.shape[1];
+    // On the CPU the kernel widens a 16-bit x row by row itself; CUDA stages it (float_stage).
+    const bool device = on_cuda(x);
+    const lq::f16::Storage storage = lq::f16::storage_or_f32(x.dtype);
+    const bool direct16 = !device && storage != lq::f16::Storage::kF32;
+    const auto* x16 = static_cast<const uint16_t*>(lq::f16::data_of(x));
     auto stage = lq::float_stage(a.workspace, 0);
-    const float* xs = stage.in(a.x, a.stream);
+    const float* xs = direct16 ? nullptr : stage.in(a.x, a.stream);
     uint8_t* packed = as_bytes_mut(a.packed);
     float* scales = as_float_mut(a.scales);
     uint8_t* zeros = as_bytes_mut(a.zero_points);
@@ -222,14 +228,17 @@ class ZeroQuant : public loom::sdk::Quantizer {
     const lq::IntScheme q = weight ? p_.scheme : lq::IntScheme{8, true, lq::Range::kExact};
     const lq::Groups gs = lq::Groups::of(rows, k, l.format->group_size);
     int64_t bad = -1;
-    if (on_cuda(x)) {
+    if (device) {
       // With first_bad the check's outcome stays on the device: nothing waits for it here.
       int64_t* first_bad =
           a.first_bad != nullptr ? loom::sdk::expect_first_bad(a.first_bad, x.device) : nullptr;
       bad = lq::zq_cuda_quantize(x.device.device_id, xs, gs, q, packed, scales, zeros, a.stream,
                                  first_bad);
     } else {
-      bad = lq::quantize_int(xs, gs, q, LOOM_QUANT_PACK_LSB_FIRST, packed, scales, zeros);
+      bad = direct16
+                ? lq::quantize_int16(x16, storage == lq::f16::Storage::kBF16, gs, q,
+                                     LOOM_QUANT_PACK_LSB_FIRST, packed, scales, zeros)
+                : lq::quantize_int(xs, gs, q, LOOM_QUANT_PACK_LSB_FIRST, packed, scales, zeros);
       if (bad < 0) bad = overflowed_group(scales, gs, rows * k);
       if (loom::sdk::set_first_bad(a, bad)) return;
     }
@@ -242,8 +251,11 @@ class ZeroQuant : public loom::sdk::Quantizer {
     }
     if (bad >= 0) {
       float v = 0.0f;
-      if (on_cuda(x)) {
+      if (device) {
         lq::zq_cuda_read_float(x.device.device_id, xs + bad, &v);
+      } else if (direct16) {
+        v = storage == lq::f16::Storage::kBF16 ? loom::plugins::half::bf16_to_f32(x16[bad])
+                                               : loom::plugins::half::f16_to_f32(x16[bad]);
       } else {
         v = xs[bad];
       }
