@@ -191,8 +191,9 @@ LOOM_CHECK_STRUCT_SIZE(loom_moe_forward_args, LOOM_MOE_FORWARD_ARGS_SIZE);
 /* The adjoint of the forward whose `saved` is passed (same scalars, x and weights). dx is
  * written; every gradient in `grads` (same shapes as `weights`; the residual ones only with
  * LOOM_MOE_RESIDUAL) is ADDED to. With a 16-bit dtype the gradients are either all of that
- * dtype or all float32 (16-bit weights, float32 gradients: the mixed-precision layout). aux_loss_coef scales the aux loss's gradient: the caller's
- * loss is task + aux_loss_coef * aux_loss. */
+ * dtype or all float32 (16-bit weights, float32 gradients: the mixed-precision layout).
+ * aux_loss_coef scales the aux loss's gradient: the caller's loss is task + aux_loss_coef *
+ * aux_loss. */
 typedef struct loom_moe_backward_args {
   uint32_t struct_size;
   uint32_t reserved;

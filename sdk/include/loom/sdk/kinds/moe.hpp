@@ -42,9 +42,10 @@ namespace loom::sdk {
 //   = E), whose outputs it zeroes (the phase times where the caller's struct has them; a
 //   backward's stats, since 1.7, must be the full size); saved and workspace present, 256-byte
 //   aligned and at least that plan's sizes; every tensor of x's dtype (the gradients may
-//   all be float32 instead when x is 16-bit), contiguous and on x's device. A 1.6 caller's backward args reach the class as a full struct, stats NULL. The
-//   plan's buffer sizes are for the call's tokens: under expert parallelism the rows other
-//   ranks send are the class's to fit in the saved_bytes it is given. Before dispatch and
+//   all be float32 instead when x is 16-bit), contiguous and on x's device. A 1.6 caller's
+//   backward args reach the class as a full struct, stats NULL. The plan's buffer sizes are
+//   for the call's tokens: under expert parallelism the rows other ranks send are the
+//   class's to fit in the saved_bytes it is given. Before dispatch and
 //   combine: x [tokens, M], rows [R, M] of x's dtype, the routing (host expert indices -1 ..
 //   E-1), top_k and counts_count equal to the plan's top_k and local_experts; that rows holds
 //   every row the routing sends is the class's to check. Before reduce_gradients: every
