@@ -438,4 +438,54 @@ TEST(MoeFloat16, SixteenBitLayersAreTheFloat32LayerRounded) {
   }
 }
 
+// A 16-bit dispatch or combine stages x and rows in its workspace: without one, or with one too
+// short, it is refused by name before any work (float32 needs none).
+TEST(MoeFloat16, DispatchWithoutItsStagingWorkspaceIsRefused) {
+  if (kCuda && !have_device()) GTEST_SKIP() << "no CUDA device";
+  Session s(kParams);
+  Moe m(s);
+  loom_moe_plan_args p{};
+  p.struct_size = LOOM_MOE_PLAN_ARGS_SIZE;
+  p.tokens = S;
+  p.model_dim = M;
+  p.hidden_dim = 1;
+  p.num_layers = 1;
+  p.dtype = kBF16;
+  ASSERT_EQ(m.take(m.t->plan(m.obj, &p)), 0) << m.error;
+  Buf x({S, M}, kBF16, kCuda), rows({p.max_expert_rows, M}, kBF16, kCuda), re({S, K}, kI32, kCuda),
+      ws({static_cast<int64_t>(p.workspace_bytes)}, DLDataType{kDLUInt, 8, 1}, kCuda);
+  x.set(std::vector<float>(static_cast<size_t>(S * M), 0.5f));
+  std::vector<int32_t> route(static_cast<size_t>(S * K));
+  for (size_t i = 0; i < route.size(); ++i) route[i] = static_cast<int32_t>(i % E);
+  re.put(route.data());
+  std::vector<int64_t> counts(E);
+  loom_moe_dispatch_args d{};
+  d.struct_size = LOOM_MOE_DISPATCH_ARGS_SIZE;
+  d.tokens = S;
+  d.model_dim = M;
+  d.top_k = K;
+  d.x = &x.t;
+  d.rows = &rows.t;
+  d.route_experts = &re.t;
+  d.counts = counts.data();
+  d.counts_count = E;
+  for (const bool combine : {false, true}) {
+    SCOPED_TRACE(combine ? "combine" : "dispatch");
+    auto call = [&] {
+      return m.take(combine ? m.t->combine(m.obj, &d) : m.t->dispatch(m.obj, &d));
+    };
+    d.workspace = nullptr;
+    d.workspace_bytes = 0;
+    EXPECT_EQ(call(), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(m.error.find("workspace"), std::string::npos) << m.error;
+    EXPECT_NE(m.error.find("is NULL"), std::string::npos) << m.error;
+    d.workspace = ws.t.data;
+    d.workspace_bytes = 256;
+    EXPECT_EQ(call(), LOOM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(m.error.find("has 256 bytes"), std::string::npos) << m.error;
+    d.workspace_bytes = p.workspace_bytes;
+    EXPECT_EQ(call(), 0) << m.error;
+  }
+}
+
 }  // namespace

@@ -368,6 +368,7 @@ class MoeLayer : public loom::sdk::Moe {
   // 16-bit call gathers float32 copies (one rounding of each weighted row, as the layer's).
   void dispatch(const loom_moe_dispatch_args& a) {
     const int64_t cap = staged_rows(a);
+    check_staging(a, cap, "dispatch");
     f16::FloatStage stage = float_stage(a.workspace, 0);
     const float* x = stage.in(a.x, a.stream);
     float* rows = stage.out(a.rows, cap * a.model_dim);
@@ -405,6 +406,7 @@ class MoeLayer : public loom::sdk::Moe {
   // y = the rows brought back to their tokens and summed per token (weighted when given).
   void combine(const loom_moe_dispatch_args& a) {
     const int64_t cap = staged_rows(a);
+    check_staging(a, cap, "combine");
     f16::FloatStage stage = float_stage(a.workspace, 0);
     const float* rows = stage.in(a.rows, a.stream, cap * a.model_dim);
     float* y = stage.out(a.x);
@@ -510,8 +512,43 @@ class MoeLayer : public loom::sdk::Moe {
     }
     const uint64_t tokens = f16::staging_bytes(c.max_tokens * m);
     const uint64_t layer = 3 * tokens + 2 * weights;
-    const uint64_t alone = tokens + f16::staging_bytes(moe::max_expert_rows(c) * m);
+    const uint64_t alone = tokens + f16::staging_bytes(alone_rows(c) * m);
     return std::max(layer, alone);
+  }
+
+  // The rows a 16-bit dispatch or combine stages: the most either capacity (training or
+  // evaluation) lets the routing send, so the workspace of any plan of these tokens holds them.
+  static int64_t alone_rows(moe::LayerConfig c) {
+    c.gate.training = true;
+    const int64_t train = moe::max_expert_rows(c);
+    c.gate.training = false;
+    return std::max(train, moe::max_expert_rows(c));
+  }
+
+  // A 16-bit dispatch / combine stages x and `cap` rows in the workspace (the SDK checks no
+  // workspace for these calls): one too short, misaligned or NULL is refused on every rank of
+  // the group together, before any exchange, as a short `rows` is.
+  void check_staging(const loom_moe_dispatch_args& a, int64_t cap, const char* call) {
+    int64_t status = 0;
+    std::string error;
+    if (f16::is_16bit(a.x->dtype)) {
+      const uint64_t need =
+          f16::staging_bytes(a.tokens * a.model_dim) + f16::staging_bytes(cap * a.model_dim);
+      const bool aligned = reinterpret_cast<uintptr_t>(a.workspace) % 256 == 0;
+      if (a.workspace == nullptr || a.workspace_bytes < need || !aligned) {
+        status = a.workspace_bytes < need ? static_cast<int64_t>(need - a.workspace_bytes) : -1;
+        error = std::string("moe ") + call + ": a " + loom::sdk::dtype_string(a.x->dtype) +
+                " call stages x and rows in float32 in its workspace, which needs " +
+                std::to_string(need) +
+                " bytes, 256-byte aligned (the plan's workspace_bytes); it " +
+                (a.workspace == nullptr ? std::string("is NULL")
+                                        : "has " + std::to_string(a.workspace_bytes) + " bytes" +
+                                              (aligned ? "" : ", misaligned"));
+      }
+    }
+    std::string stop;
+    run([&] { stop = exchange_->agree_ep(status, error, "bytes of workspace"); });
+    if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
   }
 
   static f16::FloatStage float_stage(void* workspace, uint64_t offset) {
@@ -534,13 +571,13 @@ class MoeLayer : public loom::sdk::Moe {
   }
 
   // The rows of a dispatch / combine's `rows` that are used: all of them in float32; in 16
-  // bits at most the plan's max_expert_rows, the float32 copy the workspace stages (a routing
-  // that sends more is refused on every rank, as for a short `rows`).
+  // bits at most alone_rows, the float32 copy the workspace stages (a routing that sends more
+  // is refused on every rank, as for a short `rows`).
   int64_t staged_rows(const loom_moe_dispatch_args& a) const {
     const int64_t have = a.rows->shape[0];
     if (!f16::is_16bit(a.x->dtype)) return have;
     const moe::LayerConfig c = config(a.tokens, a.model_dim, 1, a.num_experts, false, "dispatch: ");
-    return std::min(have, moe::max_expert_rows(c));
+    return std::min(have, alone_rows(c));
   }
 
   static std::vector<int64_t> local_counts(const moe::Exchange::Plan& p) {

@@ -251,6 +251,8 @@ typedef struct loom_moe_dispatch_args {
   const DLTensor* route_weights; /* float32 [tokens, k], or NULL */
   int64_t* counts;               /* out (dispatch): host int64 [local_experts] */
   int64_t counts_count;
+  /* A 16-bit x's float32 staging (the plan's workspace_bytes, 256-byte aligned); float32 calls
+   * may pass NULL. */
   void* workspace;
   uint64_t workspace_bytes;
   void* stream;
