@@ -57,6 +57,22 @@ struct Grouped {
 void run_grouped(cublasHandle_t h, const Grouped& g, const void** dev_ptrs, cudaStream_t st) {
   const size_t count = g.m.size();
   if (count == 0) return;
+  const std::vector<cublasOperation_t> opa(count, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N),
+      opb(count, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
+  const std::vector<int> n(count, blas_int(g.n)), lda(count, blas_int(g.ldb)),
+      ldb(count, blas_int(g.lda)), ldc(count, blas_int(g.ldc)), ones(count, 1);
+  const std::vector<float> alpha(count, g.alpha), beta(count, g.beta);
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION < 120500
+  // cuBLAS before 12.5 has no grouped GEMM: the same products, one call each.
+  (void)dev_ptrs, (void)st, (void)ones;
+  for (size_t i = 0; i < count; ++i) {
+    blas_check(
+        cublasSgemm(h, opa[i], opb[i], n[i], g.m[i], g.k[i], &alpha[i],
+                    static_cast<const float*>(g.b[i]), lda[i], static_cast<const float*>(g.a[i]),
+                    ldb[i], &beta[i], static_cast<float*>(g.c[i]), ldc[i]),
+        "cublasSgemm");
+  }
+#else
   std::vector<const void*> host;
   host.reserve(3 * count);
   host.insert(host.end(), g.b.begin(), g.b.end());
@@ -64,17 +80,13 @@ void run_grouped(cublasHandle_t h, const Grouped& g, const void** dev_ptrs, cuda
   host.insert(host.end(), g.c.begin(), g.c.end());
   LOOM_MOE_CUDA(cudaMemcpyAsync(dev_ptrs, host.data(), host.size() * sizeof(void*),
                                 cudaMemcpyHostToDevice, st));
-  const std::vector<cublasOperation_t> opa(count, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N),
-      opb(count, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
-  const std::vector<int> n(count, blas_int(g.n)), lda(count, blas_int(g.ldb)),
-      ldb(count, blas_int(g.lda)), ldc(count, blas_int(g.ldc)), ones(count, 1);
-  const std::vector<float> alpha(count, g.alpha), beta(count, g.beta);
   blas_check(cublasGemmGroupedBatchedEx(
                  h, opa.data(), opb.data(), n.data(), g.m.data(), g.k.data(), alpha.data(),
                  dev_ptrs, CUDA_R_32F, lda.data(), dev_ptrs + count, CUDA_R_32F, ldb.data(),
                  beta.data(), const_cast<void* const*>(dev_ptrs + 2 * count), CUDA_R_32F,
                  ldc.data(), static_cast<int>(count), ones.data(), CUBLAS_COMPUTE_32F),
              "cublasGemmGroupedBatchedEx");
+#endif
 }
 
 // The segments of the experts' rows on the device: offsets[e] .. offsets[e + 1] are expert
@@ -85,12 +97,19 @@ struct Segments {
   int64_t total = 0;  // rows of all experts
 };
 
+// Bytes of the segments' offsets (256-byte aligned), and of the scratch with the pointers.
+size_t offsets_bytes(int local_experts) {
+  return ((static_cast<size_t>(local_experts) + 1) * sizeof(int64_t) + 255) / 256 * 256;
+}
+size_t segments_bytes(int local_experts) {
+  return offsets_bytes(local_experts) + 3 * static_cast<size_t>(local_experts) * sizeof(void*);
+}
+
 Segments upload_segments(int local_experts, const int64_t* rows, const Device& dev) {
   std::vector<int64_t> off(static_cast<size_t>(local_experts) + 1, 0);
   for (int e = 0; e < local_experts; ++e) off[e + 1] = off[e] + std::max<int64_t>(rows[e], 0);
-  const size_t off_bytes = (off.size() * sizeof(int64_t) + 255) / 256 * 256;
-  const size_t ptr_bytes = 3 * static_cast<size_t>(local_experts) * sizeof(void*);
-  char* base = static_cast<char*>(dev.blas->scratch(dev.device, off_bytes + ptr_bytes));
+  const size_t off_bytes = offsets_bytes(local_experts);
+  char* base = static_cast<char*>(dev.blas->scratch(dev.device, segments_bytes(local_experts)));
   LOOM_MOE_CUDA(cudaMemcpyAsync(base, off.data(), off.size() * sizeof(int64_t),
                                 cudaMemcpyHostToDevice, as_stream(dev.stream)));
   Segments s;
@@ -218,6 +237,11 @@ void* Blas::handle(int device) {
     device_ = device;
   }
   return handle_;
+}
+
+void reserve_experts(const Device& dev, int local_experts) {
+  const loom::sdk::CudaDeviceGuard guard(dev.device);
+  (void)dev.blas->scratch(dev.device, segments_bytes(std::max(local_experts, 1)));
 }
 
 void experts_forward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,

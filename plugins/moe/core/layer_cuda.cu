@@ -173,6 +173,7 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
     for (int32_t e : choice) ++load[static_cast<size_t>(e)];
     aux = aux_loss<float>(cfg.gate, probs.data(), choice.data(), S);
     send_rows = build_slots(route.data(), S, k, E, send_counts.data(), slot.data());
+    reserve_experts(dev, cfg.local_experts);  // no allocation between the exchanges
   } catch (const std::exception& e) {
     error = e.what();
     status = -1;
@@ -276,6 +277,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
     need(layout.empty(), layout);
     R = hdr[0].recv_rows;
     check_sizes(cfg, S, R, call.saved_bytes, call.workspace_bytes);
+    reserve_experts(dev, cfg.local_experts);  // no allocation between the exchanges
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -18,6 +18,7 @@ Blas::~Blas() { (void)handle_, (void)device_, (void)scratch_, (void)scratch_byte
 void* Blas::handle(int) { refuse(); }
 void* Blas::scratch(int, size_t) { refuse(); }
 
+void reserve_experts(const Device&, int) { refuse(); }
 void layer_forward(const LayerConfig&, Exchange&, const ForwardCall<float>&, LayerStats&,
                    const Device&) {
   refuse();

@@ -78,6 +78,10 @@ void combine_rows(const float* rows, int64_t tokens, int64_t model_dim, int k, c
                   const float* weights, float* y, bool accumulate, void* stream);
 void combine_weight_grad(const float* rows, const float* dy, int64_t tokens, int64_t model_dim,
                          int k, const int64_t* slot, float* dweights, void* stream);
+// Reserves the device scratch experts_forward / experts_backward use for up to
+// `local_experts` experts (Blas::scratch), so a layer allocates before its exchanges, where
+// a failure can still stop every rank together, and not between them.
+void reserve_experts(const Device& dev, int local_experts);
 // rows: host counts per local expert
 void experts_forward(Activation act, int local_experts, const int64_t* rows, int64_t model_dim,
                      int64_t hidden_dim, const float* in, const ExpertWeights<float>& w, float* pre,
