@@ -379,12 +379,13 @@ bool QuantizeRows(const void* xv, int32_t source, const Groups* gs, const IntSch
   float scale[kSpan], inv[kSpan];
   int32_t zero[kSpan];
   for (int64_t r = r0; r < r1; ++r) {
-    const float* row = x + r * gs->cols;
+    // (a 16-bit x is widened span by span below: no float row then)
+    const float* row = source == kSourceF32 ? x + r * gs->cols : nullptr;
     for (int64_t g0 = 0; g0 < gs->groups_per_row; g0 += span) {
       const int64_t g1 = std::min(gs->groups_per_row, g0 + span);
       const int64_t c0 = gs->begin(g0);
       // The span's elements as float32: x's own, or a 16-bit span widened into L1.
-      const float* at = row + c0;
+      const float* at = source == kSourceF32 ? row + c0 : nullptr;
       if (source != kSourceF32) {
         const auto* x16 = static_cast<const uint16_t*>(xv) + r * gs->cols;
         WidenRow(x16 + c0, source, gs->end(g1 - 1) - c0, wide.data());
