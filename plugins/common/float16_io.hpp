@@ -35,8 +35,6 @@ inline bool storage_of(DLDataType t, Storage* out) {
   return true;
 }
 
-inline std::size_t storage_bytes(Storage s) { return s == Storage::kF32 ? 4 : 2; }
-
 // Bytes of a float32 staging region of n elements, 256-byte aligned like every workspace
 // region.
 inline uint64_t staging_bytes(int64_t n) {
