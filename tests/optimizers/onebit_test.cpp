@@ -229,7 +229,9 @@ TEST(Onebit, Bf16WarmupEqualsAdamOnTheBf16AverageAtHalfTheBytes) {
   // Half the bytes of the same warmup with fp32 on the wire (same sizes, same algorithm).
   EXPECT_EQ(2 * info.bytes_sent, info32.bytes_sent);
   EXPECT_EQ(info.rounds, info32.rounds);
-  if (w.size == 1) EXPECT_EQ(info.bytes_sent, 0u);
+  if (w.size == 1) {
+    EXPECT_EQ(info.bytes_sent, 0u);
+  }
 }
 
 // ------------------------------------------------------------- checkpoints
@@ -452,7 +454,9 @@ TEST(OnebitShard, Bf16WarmupMatchesTheUnshardedBf16Warmup) {
   bf.struct_size = fp.struct_size = LOOM_OPTIMIZER_COMM_INFO_SIZE;
   ASSERT_EQ(loom_optimizer_get_comm_info(w.opt("shard"), &bf), 0);
   ASSERT_EQ(loom_optimizer_get_comm_info(w.opt("shard32"), &fp), 0);
-  if (w.size > 1) EXPECT_LT(bf.bytes_sent, fp.bytes_sent);
+  if (w.size > 1) {
+    EXPECT_LT(bf.bytes_sent, fp.bytes_sent);
+  }
 }
 
 // 1-bit LAMB sharded: the warmup is the unsharded warmup (the trust ratios from per-tensor

@@ -165,7 +165,9 @@ TEST(QuantKernels, SixteenBitInputIsItsFloat32Widening) {
                       -1);
             EXPECT_EQ(p16, p32);
             EXPECT_EQ(0, std::memcmp(s16.data(), s32.data(), s32.size() * sizeof(float)));
-            if (!q.symmetric) EXPECT_EQ(z16, z32);
+            if (!q.symmetric) {
+              EXPECT_EQ(z16, z32);
+            }
             // NaN, then infinity, at an element of the last row
             for (const uint16_t bad : {bf ? uint16_t{0x7fc1} : uint16_t{0x7e01},
                                        bf ? uint16_t{0xff80} : uint16_t{0xfc00}}) {

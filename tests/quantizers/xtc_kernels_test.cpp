@@ -78,7 +78,9 @@ TEST(XtcKernels, BinaryQuantizeMatchesReferenceBitForBit) {
       expect_bits_equal(sc, sc_ref);
       // The unused bits of the last byte are 0.
       const uint64_t used = static_cast<uint64_t>(s.numel()) % 8;
-      if (used != 0) EXPECT_EQ(p.back() >> used, 0);
+      if (used != 0) {
+        EXPECT_EQ(p.back() >> used, 0);
+      }
     }
   });
 }
@@ -341,7 +343,9 @@ TEST(XtcKernels, PackedBytesAreTheFormatsLsbFirstStream) {
   for (uint64_t i = 0; i < n; ++i) {
     ASSERT_EQ(cb[i], w[i] >= 0.0f ? 1 : 0) << i;
     ASSERT_LE(ct[i], 2) << i;
-    if (ct[i] != 0) ASSERT_EQ(ct[i], w[i] > 0.0f ? 1 : 2) << i;
+    if (ct[i] != 0) {
+      ASSERT_EQ(ct[i], w[i] > 0.0f ? 1 : 2) << i;
+    }
   }
   std::vector<uint8_t> repacked(pt.size(), 0);
   loom::quant::pack_codes(ct.data(), 0, n, 2, LOOM_QUANT_PACK_LSB_FIRST, repacked.data());

@@ -240,7 +240,9 @@ TEST(XtcPlugin, QuantizeMatchesTheReferenceAndRoundTrips) {
           ASSERT_EQ(back[i], w.w[i] >= 0.0f ? alpha : -alpha) << i;
         } else {
           ASSERT_TRUE(back[i] == 0.0f || std::fabs(back[i]) == alpha) << i;
-          if (back[i] != 0.0f) ASSERT_EQ(back[i] > 0.0f, w.w[i] > 0.0f) << i;
+          if (back[i] != 0.0f) {
+            ASSERT_EQ(back[i] > 0.0f, w.w[i] > 0.0f) << i;
+          }
         }
       }
     }

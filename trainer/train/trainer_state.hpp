@@ -17,8 +17,11 @@ namespace loom::trainer {
 // Little-endian fields appended to, and read from, a byte buffer (the state files' layout).
 template <class T>
 void put(std::vector<uint8_t>& b, const T& v) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  b.insert(b.end(), p, p + sizeof(T));
+  // resize + memcpy, not insert: GCC 12 reports a false -Wstringop-overflow in the inlined
+  // insert of a range into an empty vector
+  const size_t at = b.size();
+  b.resize(at + sizeof(T));
+  std::memcpy(b.data() + at, &v, sizeof(T));
 }
 template <class T>
 T take(const std::vector<uint8_t>& b, size_t& off, const std::string& file) {
