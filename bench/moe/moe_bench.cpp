@@ -453,36 +453,28 @@ void run_cuda(const Options& o) {
   const loom::moe::cuda::Device dev{0, stream, &blas};
   const int64_t S = o.tokens, M = o.model_dim;
   const int E = o.experts, k = o.k;
-  // Routing as the device layer runs it: the probabilities on the device, the O(S k)
-  // bookkeeping (top-k, capacity, weights, slots) on the host by the host's functions, the
+  // Routing as the device layer runs it: the probabilities, the top-k, capacity, weights and
+  // slots on the device (route_on_device waits for them and brings back the O(E) counts), the
   // rows gathered and combined on the device.
   Routing host(o);
   const DevMem x = upload(host.x), gate_w = upload(host.gate_w);
   DevMem probs(static_cast<std::size_t>(S * E) * 4), rows(static_cast<std::size_t>(S * k * M) * 4),
       y(static_cast<std::size_t>(S * M) * 4), weights(static_cast<std::size_t>(S * k) * 4),
-      slot(static_cast<std::size_t>(S * k) * 8);
-  std::vector<float> hp(static_cast<std::size_t>(S * E)), hw(static_cast<std::size_t>(S * k));
-  std::vector<int32_t> choice(static_cast<std::size_t>(S * k)), route(choice.size());
-  std::vector<int64_t> hslot(choice.size()), counts(static_cast<std::size_t>(E));
+      slot(static_cast<std::size_t>(S * k) * 8), choice(static_cast<std::size_t>(S * k) * 4),
+      route(static_cast<std::size_t>(S * k) * 4),
+      scratch(static_cast<std::size_t>(loom::moe::cuda::route_scratch_words(E, k, S)) * 8);
+  loom::moe::cuda::RouteSummary summary;
   int64_t kept = 0, capacity = 0;
   double gate_s = 0, dispatch_s = 0, combine_s = 0;
   auto routing = [&] {
     const auto t0 = Clock::now();
     loom::moe::cuda::gate_probs(host.cfg, x.f(), S, M, gate_w.f(), probs.f(), stream);
-    LOOM_CUDA_OK(
-        cudaMemcpyAsync(hp.data(), probs.p, hp.size() * 4, cudaMemcpyDeviceToHost, stream));
-    sync();
-    loom::moe::top_k_choices<float>(host.cfg, hp.data(), S, nullptr, choice.data());
     capacity = loom::moe::expert_capacity(host.cfg, S);
-    loom::moe::apply_capacity<float>(host.cfg, hp.data(), choice.data(), S, capacity, route.data());
-    loom::moe::combine_weights<float>(host.cfg, hp.data(), route.data(), S, hw.data());
-    (void)loom::moe::aux_loss<float>(host.cfg, hp.data(), choice.data(), S);
-    kept = loom::moe::build_slots(route.data(), S, k, E, counts.data(), hslot.data());
-    LOOM_CUDA_OK(
-        cudaMemcpyAsync(slot.p, hslot.data(), hslot.size() * 8, cudaMemcpyHostToDevice, stream));
-    LOOM_CUDA_OK(
-        cudaMemcpyAsync(weights.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice, stream));
-    sync();
+    loom::moe::cuda::route_on_device(
+        host.cfg, probs.f(), S, nullptr, capacity,
+        {choice.as<int32_t>(), route.as<int32_t>(), weights.f(), slot.as<int64_t>()},
+        scratch.as<int64_t>(), summary, stream);
+    kept = summary.send_rows;
     const auto t1 = Clock::now();
     loom::moe::cuda::gather_rows(x.f(), S, M, k, slot.as<int64_t>(), nullptr, rows.f(), stream);
     sync();

@@ -1,12 +1,12 @@
-// The MoE layer on CUDA (moe_cuda.hpp): the gate's probabilities, gather, experts, combine,
-// PR-MoE and every adjoint on the device; top-k, capacity, slots and the gate's dlogits on
-// the host with the host path's own functions (O(S k) and O(S E) values cross the bus).
+// The MoE layer on CUDA (moe_cuda.hpp): the gate, the routing (routing_cuda.cu), gather,
+// experts, combine, PR-MoE and every adjoint on the device. The host gets the O(E) counts that
+// size the exchange and the expert GEMMs, once per call.
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <loom/moe/dispatch.hpp>
 #include <loom/moe/moe_cuda.hpp>
 #include <loom/moe/moe_math.hpp>
 #include "common/float16_io_cuda.cuh"
@@ -145,14 +145,10 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
   auto sv = carve_saved<float>(cfg, S, 0, call.saved);
   auto wv = carve_work<float>(cfg, S, 0, call.workspace);
 
-  std::vector<float> probs, bias;
-  std::vector<int32_t> choice(static_cast<size_t>(std::max<int64_t>(S, 0) * k)),
-      route(choice.size());
-  std::vector<float> weights(choice.size());
-  std::vector<int64_t> load(static_cast<size_t>(E), 0), slot(choice.size());
+  RouteSummary routed;
+  std::vector<float> bias;
   std::vector<int64_t> send_counts(static_cast<size_t>(E), 0);
-  int64_t capacity = 0, dropped = 0, send_rows = 0;
-  double aux = 0.0;
+  int64_t capacity = 0;
   // Local checks and routing; a rank that fails them still takes part in the counts
   // exchange (sending nothing) and in the agreement after it, so the expert-parallel group
   // stops together instead of waiting in the row exchange.
@@ -161,18 +157,14 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
   try {
     check_sizes(cfg, S, 0, call.saved_bytes, call.workspace_bytes);
     gate_probs(cfg.gate, call.x, S, M, call.w.gate_w, sv.probs, dev.stream);
-    to_host(probs, sv.probs, S * E, st);
-    if (call.expert_bias != nullptr) to_host(bias, call.expert_bias, E, st);
-    LOOM_MOE_CUDA(cudaStreamSynchronize(st));
-    top_k_choices<float>(cfg.gate, probs.data(), S, bias.empty() ? nullptr : bias.data(),
-                         choice.data());
     capacity = expert_capacity(cfg.gate, S);
-    dropped =
-        apply_capacity<float>(cfg.gate, probs.data(), choice.data(), S, capacity, route.data());
-    combine_weights<float>(cfg.gate, probs.data(), route.data(), S, weights.data());
-    for (int32_t e : choice) ++load[static_cast<size_t>(e)];
-    aux = aux_loss<float>(cfg.gate, probs.data(), choice.data(), S);
-    send_rows = build_slots(route.data(), S, k, E, send_counts.data(), slot.data());
+    const bool update_bias =
+        cfg.gate.training && cfg.bias_update_rate > 0.0 && call.expert_bias != nullptr;
+    if (update_bias) to_host(bias, call.expert_bias, E, st);  // read before the wait below
+    route_on_device(cfg.gate, sv.probs, S, call.expert_bias, capacity,
+                    RouteBuffers{sv.choice, sv.route, sv.weights, sv.slot}, wv.route_scratch,
+                    routed, dev.stream);
+    send_counts = routed.send_counts;
     reserve_experts(dev, cfg.local_experts);  // no allocation between the exchanges
   } catch (const std::exception& e) {
     error = e.what();
@@ -199,17 +191,13 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
   if (!stop.empty()) throw loom::sdk::Error(LOOM_ERR_INVALID_ARGUMENT, stop);
   if (cfg.gate.training && cfg.bias_update_rate > 0.0 && call.expert_bias != nullptr) {
     // The load over every rank (the data-parallel copies too), so each copy's bias moves alike.
-    std::vector<int64_t> total = load;
+    std::vector<int64_t> total = routed.load;
     ex.sum_world(total.data(), E);
     update_expert_bias(bias.data(), total.data(), E, cfg.bias_update_rate);
     to_device(call.expert_bias, bias.data(), E, st);
   }
   sv = carve_saved<float>(cfg, S, plan.recv_rows, call.saved);
   wv = carve_work<float>(cfg, S, plan.recv_rows, call.workspace);
-  to_device(sv.choice, choice.data(), S * k, st);
-  to_device(sv.route, route.data(), S * k, st);
-  to_device(sv.weights, weights.data(), S * k, st);
-  to_device(sv.slot, slot.data(), S * k, st);
   to_device(sv.send_counts, send_counts.data(), E, st);
   to_device(sv.recv_counts, plan.recv_counts.data(), E, st);
 
@@ -241,14 +229,14 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
                                   cudaMemcpyDeviceToDevice, st));
   }
   const SavedHeader hdr =
-      detail::make_header(cfg, S, send_rows, plan.recv_rows, capacity, sizeof(float));
+      detail::make_header(cfg, S, routed.send_rows, plan.recv_rows, capacity, sizeof(float));
   to_device(sv.hdr, &hdr, 1, st);
   LOOM_MOE_CUDA(cudaStreamSynchronize(st));
-  stats.aux_loss = aux;
-  stats.dropped = dropped;
+  stats.aux_loss = routed.aux_loss;
+  stats.dropped = routed.dropped;
   stats.expert_rows = plan.recv_rows;
   stats.capacity = capacity;
-  if (stats.load != nullptr) std::copy(load.begin(), load.end(), stats.load);
+  if (stats.load != nullptr) std::copy(routed.load.begin(), routed.load.end(), stats.load);
 }
 
 void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<float>& call,
@@ -264,9 +252,17 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
   // Local checks, then one agreement over the expert-parallel group before its row exchange.
   std::string error;
   int64_t R = 0;
+  Exchange::Plan plan;
+  plan.num_experts = E;
+  plan.local_experts = cfg.local_experts;
+  plan.ep = cfg.ep_size;
   try {
+    // The header and the forward's counts (their place depends on S only) in one wait.
     std::vector<SavedHeader> hdr;
     to_host(hdr, static_cast<const SavedHeader*>(call.saved), 1, st);
+    const auto sv0 = carve_saved<float>(cfg, S, 0, const_cast<void*>(call.saved));
+    to_host(plan.send_counts, sv0.send_counts, E, st);
+    to_host(plan.recv_counts, sv0.recv_counts, E, st);
     LOOM_MOE_CUDA(cudaStreamSynchronize(st));
     need(hdr[0].magic == kSavedMagic && hdr[0].elem == sizeof(float),
          "saved was not written by this layer's forward");
@@ -295,14 +291,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
   }
   combine_weight_grad(sv.out_send, dmoe, S, M, k, sv.slot, wv.dweights, dev.stream);
   gather_rows(dmoe, S, M, k, sv.slot, sv.weights, wv.rows_send, dev.stream);
-  Exchange::Plan plan;
-  plan.num_experts = E;
-  plan.local_experts = cfg.local_experts;
-  plan.ep = cfg.ep_size;
   plan.recv_rows = R;
-  to_host(plan.send_counts, sv.send_counts, E, st);
-  to_host(plan.recv_counts, sv.recv_counts, E, st);
-  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
   const auto row_bytes = static_cast<int64_t>(M * sizeof(float));
   ex.forward(plan, wv.rows_send, wv.recv_a, row_bytes, where, dev.stream);
   const std::vector<int64_t> rows = local_rows(cfg, plan.recv_counts.data());
@@ -312,16 +301,8 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
   ex.reverse(plan, wv.recv_b, wv.rows_send, row_bytes, where, dev.stream);
   combine_rows(wv.rows_send, S, M, k, sv.slot, nullptr, call.dx, false, dev.stream);
 
-  std::vector<float> probs, dweights, dlogits(static_cast<size_t>(S * E));
-  std::vector<int32_t> choice, route;
-  to_host(probs, sv.probs, S * E, st);
-  to_host(dweights, wv.dweights, S * k, st);
-  to_host(choice, sv.choice, S * k, st);
-  to_host(route, sv.route, S * k, st);
-  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
-  gate_dlogits<float>(cfg.gate, S, probs.data(), choice.data(), route.data(), dweights.data(),
-                      call.aux_loss_coef, dlogits.data());
-  to_device(wv.dlogits, dlogits.data(), S * E, st);
+  gate_dlogits(cfg.gate, S, sv.probs, sv.choice, sv.route, wv.dweights, call.aux_loss_coef,
+               wv.dlogits, wv.route_scratch, dev.stream);
   gate_input_grads(cfg.gate, call.x, S, M, call.w.gate_w, wv.dlogits, call.dx, call.g.gate_w,
                    dev.stream);
   if (cfg.residual && S > 0) {
@@ -341,30 +322,42 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
 namespace {
 
 struct AloneRouting {
-  std::vector<int64_t> slot;
-  int64_t send_rows = 0;
+  std::unique_ptr<loom::sdk::CudaScratch> slot;  // [S k] slots, then alone_slots' scratch
+  std::unique_ptr<loom::sdk::CudaScratch> send;  // the rows this rank sends
   Exchange::Plan plan;
 };
 
-AloneRouting alone_routing(Exchange& ex, int E, int k, int64_t S, const int32_t* route_experts,
-                           int64_t row_capacity, cudaStream_t st) {
-  std::vector<int32_t> route;
-  to_host(route, route_experts, S * k, st);
-  LOOM_MOE_CUDA(cudaStreamSynchronize(st));
+// The slots of a caller's routing, built on the device; the buffers are allocated here,
+// before the counts exchange, so that a failure stops every rank of the group together.
+AloneRouting alone_routing(Exchange& ex, int E, int k, int64_t S, int64_t model_dim,
+                           const int32_t* route_experts, int64_t row_capacity, cudaStream_t st) {
   AloneRouting r;
-  std::vector<int64_t> counts(static_cast<size_t>(E));
-  r.slot.resize(static_cast<size_t>(S * k));
-  // A bad route or too few rows on one rank stops every rank of the group together (after
-  // the counts exchange, before the rows').
+  std::vector<int64_t> counts(static_cast<size_t>(E), 0);
   std::string error;
   int64_t status = 0;
   try {
-    r.send_rows = build_slots(route.data(), S, k, E, counts.data(), r.slot.data());
-  } catch (const std::invalid_argument& e) {
-    error = "moe: " + std::string(e.what()) + " (route_experts)";
+    const int64_t pairs = std::max<int64_t>(S * k, 1);
+    r.slot = std::make_unique<loom::sdk::CudaScratch>(
+        static_cast<size_t>(pairs + 2 * E + 1) * sizeof(int64_t), st);
+    int64_t* slot = r.slot->as<int64_t>();
+    const AloneSlots a = alone_slots(route_experts, S, k, E, slot, slot + pairs, st);
+    if (a.bad_pair >= 0) {
+      error = "moe: route_experts[" + std::to_string(a.bad_pair / k) + ", " +
+              std::to_string(a.bad_pair % k) + "] = " + std::to_string(a.bad_value) +
+              " is outside [-1, " + std::to_string(E) + ")";
+      status = -1;
+    } else {
+      r.send = std::make_unique<loom::sdk::CudaScratch>(
+          static_cast<size_t>(std::max<int64_t>(a.send_rows, 1) * model_dim) * sizeof(float), st);
+      counts = a.counts;
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
     status = -1;
-    std::fill(counts.begin(), counts.end(), 0);
   }
+  if (status != 0) std::fill(counts.begin(), counts.end(), 0);
+  // A bad route or too few rows on one rank stops every rank of the group together (after
+  // the counts exchange, before the rows').
   r.plan = ex.plan(counts.data(), E);
   if (status == 0 && r.plan.recv_rows > row_capacity) {
     status = r.plan.recv_rows - row_capacity;
@@ -384,15 +377,11 @@ void dispatch_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_
                     float* rows, int64_t row_capacity, int64_t* local_counts, const Device& dev) {
   const loom::sdk::CudaDeviceGuard guard(dev.device);
   const cudaStream_t st = as_stream(dev.stream);
-  const AloneRouting r = alone_routing(ex, num_experts, k, tokens, route_experts, row_capacity, st);
-  const size_t pairs = static_cast<size_t>(tokens * k);
-  loom::sdk::CudaScratch slot(std::max<size_t>(pairs, 1) * sizeof(int64_t), st);
-  loom::sdk::CudaScratch send(
-      static_cast<size_t>(std::max<int64_t>(r.send_rows, 1) * model_dim) * sizeof(float), st);
-  to_device(slot.as<int64_t>(), r.slot.data(), tokens * k, st);
-  gather_rows(x, tokens, model_dim, k, slot.as<const int64_t>(), route_weights, send.as<float>(),
-              dev.stream);
-  ex.forward(r.plan, send.as<void>(), rows, model_dim * static_cast<int64_t>(sizeof(float)),
+  const AloneRouting r =
+      alone_routing(ex, num_experts, k, tokens, model_dim, route_experts, row_capacity, st);
+  gather_rows(x, tokens, model_dim, k, r.slot->as<const int64_t>(), route_weights,
+              r.send->as<float>(), dev.stream);
+  ex.forward(r.plan, r.send->as<void>(), rows, model_dim * static_cast<int64_t>(sizeof(float)),
              DLDevice{kDLCUDA, dev.device}, dev.stream);
   for (int le = 0; le < r.plan.local_experts; ++le) {
     int64_t n = 0;
@@ -409,15 +398,11 @@ void combine_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t
                    const float* route_weights, float* y, const Device& dev) {
   const loom::sdk::CudaDeviceGuard guard(dev.device);
   const cudaStream_t st = as_stream(dev.stream);
-  const AloneRouting r = alone_routing(ex, num_experts, k, tokens, route_experts, row_capacity, st);
-  const size_t pairs = static_cast<size_t>(tokens * k);
-  loom::sdk::CudaScratch slot(std::max<size_t>(pairs, 1) * sizeof(int64_t), st);
-  loom::sdk::CudaScratch send(
-      static_cast<size_t>(std::max<int64_t>(r.send_rows, 1) * model_dim) * sizeof(float), st);
-  to_device(slot.as<int64_t>(), r.slot.data(), tokens * k, st);
-  ex.reverse(r.plan, rows, send.as<void>(), model_dim * static_cast<int64_t>(sizeof(float)),
+  const AloneRouting r =
+      alone_routing(ex, num_experts, k, tokens, model_dim, route_experts, row_capacity, st);
+  ex.reverse(r.plan, rows, r.send->as<void>(), model_dim * static_cast<int64_t>(sizeof(float)),
              DLDevice{kDLCUDA, dev.device}, dev.stream);
-  combine_rows(send.as<const float>(), tokens, model_dim, k, slot.as<const int64_t>(),
+  combine_rows(r.send->as<const float>(), tokens, model_dim, k, r.slot->as<const int64_t>(),
                route_weights, y, false, dev.stream);
   LOOM_MOE_CUDA(cudaStreamSynchronize(st));
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include <loom/moe/layer.hpp>
+#include <loom/moe/moe_cuda.hpp>  // route_scratch_words
 
 namespace loom::moe::detail {
 
@@ -129,6 +130,7 @@ struct WorkView {
   T* dmoe;
   T* dres;
   T* dz;
+  int64_t* route_scratch;  // the CUDA routing's (moe_cuda.hpp); the host layer leaves it unused
   uint64_t bytes;
 };
 
@@ -179,6 +181,7 @@ WorkView<T> carve_work(const LayerConfig& cfg, int64_t S, int64_t R, void* base)
   v.dmoe = c.take<T>(res * S * M);
   v.dres = c.take<T>(res * S * M);
   v.dz = c.take<T>(res * S * 2);
+  v.route_scratch = c.take<int64_t>(cuda::route_scratch_words(cfg.gate.num_experts, cfg.gate.k, S));
   v.recv_a = c.take<T>(R * M);
   v.recv_b = c.take<T>(R * M);
   v.h = c.take<T>(R * H);

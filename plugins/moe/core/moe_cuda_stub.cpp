@@ -41,6 +41,15 @@ void gate_input_grads(const GateConfig&, const float*, int64_t, int64_t, const f
                       float*, float*, void*) {
   refuse();
 }
+void route_on_device(const GateConfig&, const float*, int64_t, const float*, int64_t,
+                     const RouteBuffers&, int64_t*, RouteSummary&, void*) {
+  refuse();
+}
+void gate_dlogits(const GateConfig&, int64_t, const float*, const int32_t*, const int32_t*,
+                  const float*, double, float*, int64_t*, void*) {
+  refuse();
+}
+AloneSlots alone_slots(const int32_t*, int64_t, int, int, int64_t*, int64_t*, void*) { refuse(); }
 void gather_rows(const float*, int64_t, int64_t, int, const int64_t*, const float*, float*, void*) {
   refuse();
 }

@@ -190,6 +190,25 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   return r;
 }
 
+// The flags of the calling thread's warp (the threads of the block that exist), as a bit mask.
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  if (mask != 0xffffffffu) {
+    emu::report("kernel %s: __ballot_sync with a partial mask (not emulated)", emu::g_kernel);
+    std::abort();
+  }
+  const unsigned tid = threadIdx.x;
+  emu::g_slots[tid] = predicate != 0 ? 1u : 0u;
+  __syncthreads();
+  const unsigned first = tid - tid % 32u;
+  unsigned bits = 0;
+  for (unsigned t = first; t < first + 32u && t < blockDim.x; ++t) {
+    if (emu::g_slots[t] != 0) bits |= 1u << (t - first);
+  }
+  __syncthreads();
+  return bits;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+
 struct alignas(16) float4 {
   float x, y, z, w;
 };
@@ -206,6 +225,11 @@ inline uint32_t __float_as_uint(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
+}
+inline long long __double_as_longlong(double d) {
+  long long v;
+  std::memcpy(&v, &d, 8);
+  return v;
 }
 inline float __uint_as_float(uint32_t u) {
   float f;
@@ -230,6 +254,14 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
 }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+  std::atomic_ref<unsigned long long> a(*p);
+  unsigned long long old = a.load();
+  while (v < old && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
 }
 
 namespace emu {

@@ -2,15 +2,16 @@
 // header (as <loom/moe/moe_cuda.hpp>); the core's other headers are private to it.
 //
 // The CUDA half of the MoE core behind a plain C++ interface (the plugin, compiled by the host
-// compiler, calls it). Tensors, `saved` and the workspace are device memory on `stream`; the
-// routing's bookkeeping (top-k, capacity, slots: O(S k) integers) runs on the host with the
-// very functions of the host path over probabilities the device computed with the host's
-// rounding, so both choose the same experts. CUDA builds only; failures throw
-// loom::sdk::Error (UNAVAILABLE for the device, INVALID_ARGUMENT for bad input).
+// compiler, calls it). Tensors, `saved` and the workspace are device memory on `stream`. The
+// whole layer runs there, the routing too, with the host path's rounding, so both choose the
+// same experts; the host sees only O(E) counts per call, which size the exchange and the
+// expert GEMMs. CUDA builds only; failures throw loom::sdk::Error (UNAVAILABLE for the
+// device, INVALID_ARGUMENT for bad input).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <loom/moe/exchange_cuda.hpp>  // have_cuda() and the exchange's runtime calls
 #include <loom/moe/layer.hpp>
@@ -64,6 +65,52 @@ void dispatch_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_
 void combine_alone(Exchange& ex, int num_experts, int k, int64_t tokens, int64_t model_dim,
                    const float* rows, int64_t row_capacity, const int32_t* route_experts,
                    const float* route_weights, float* y, const Device& dev);
+
+// The routing on the device (routing_cuda.cu), bit-identical to the host's functions
+// (gating.hpp: top_k_choices, apply_capacity, combine_weights, aux_loss; dispatch.hpp:
+// build_slots): from gate_probs' probabilities [S, E] and bias [E] (device, or null) it
+// writes, on device, each token's choices, its route after capacity, its combine weights and
+// its slots [S, k]. `scratch` is device memory of route_scratch_words int64 words (the
+// layer's workspace holds them). It then
+// waits for the stream and returns what the host needs, O(E) numbers: the rows per expert
+// (the exchange's counts and the expert GEMMs' sizes), the choices per expert, the drops and
+// the aux loss.
+struct RouteBuffers {
+  int32_t* choice;
+  int32_t* route;
+  float* weights;
+  int64_t* slot;
+};
+struct RouteSummary {
+  std::vector<int64_t> send_counts;  // [E] kept rows per expert
+  std::vector<int64_t> load;         // [E] choices per expert, before capacity
+  int64_t send_rows = 0;
+  int64_t dropped = 0;
+  double aux_loss = 0.0;
+};
+// order and places [S k] each, keys [S], per bucket [E k] three times, per expert [E] twice,
+// and the summary [2 E + 2]
+inline int64_t route_scratch_words(int num_experts, int k, int64_t tokens) {
+  const int64_t E = num_experts;
+  return 2 * tokens * k + tokens + 3 * E * k + 2 * E + (2 * E + 2);
+}
+void route_on_device(const GateConfig& cfg, const float* probs, int64_t tokens, const float* bias,
+                     int64_t capacity, const RouteBuffers& out, int64_t* scratch,
+                     RouteSummary& summary, void* stream);
+// The host's gate_dlogits on the device (enqueued, no wait); scratch: num_experts * k words.
+void gate_dlogits(const GateConfig& cfg, int64_t tokens, const float* probs, const int32_t* choice,
+                  const int32_t* route, const float* dweights, double aux_loss_coef, float* dlogits,
+                  int64_t* scratch, void* stream);
+// dispatch / combine alone: build_slots over a caller's route_experts [S, k] (device), slots
+// [S, k] on device; scratch: 2 * num_experts + 1 words. Waits for the stream.
+struct AloneSlots {
+  std::vector<int64_t> counts;  // [E] rows per expert
+  int64_t send_rows = 0;
+  int64_t bad_pair = -1;  // the first pair outside [-1, E), or -1
+  int32_t bad_value = 0;
+};
+AloneSlots alone_slots(const int32_t* route, int64_t tokens, int k, int num_experts, int64_t* slot,
+                       int64_t* scratch, void* stream);
 
 // The kernels, for the layer and the tests (device pointers, launched on `stream`).
 void gate_probs(const GateConfig& cfg, const float* x, int64_t tokens, int64_t model_dim,

@@ -80,6 +80,11 @@ inline T gumbel_score(T p, uint32_t word) {
   if (!(p > T(0))) return std::numeric_limits<T>::lowest();
   return log_fixed(p) + static_cast<T>(gumbel(word));
 }
+// float, callable on the device too (the device routing scores with it).
+LOOM_MOE_HD inline float gumbel_score(float p, uint32_t word) {
+  if (!(p > 0.0f)) return -3.40282347e+38f;  // numeric_limits<float>::lowest()
+  return log_fixed(p) + gumbel(word);
+}
 
 // The jitter factor U(1 - eps, 1 + eps) from a random word.
 LOOM_MOE_HD inline float jitter_factor(uint32_t word, float eps) {
