@@ -1,7 +1,8 @@
 // The xtc kernels (plugins/quantizers/core/binary.*, ternary.*) directly: the Highway
 // quantizers against the scalar reference bit for bit on every SIMD target this CPU has,
 // round trips, the packed matmuls against the reference and against dequantize-then-matmul,
-// and the bad-input reports (first non-finite weight, first invalid ternary code).
+// 16-bit weights against their float32 widening, and the bad-input reports (first
+// non-finite weight, first invalid ternary code).
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <loom/quantizers/binary.hpp>
+#include "../common/float16_reference.hpp"
 #include "quant_core.hpp"
 #include "ternary.hpp"
 
@@ -296,6 +298,55 @@ TEST(XtcKernels, ReportTheFirstNonFiniteWeight) {
         EXPECT_EQ(loom::quant::binary_quantize_ref(w.data(), s, p.data(), sc.data()), at);
         EXPECT_EQ(loom::quant::ternary_quantize(w.data(), s, 0.7f, p.data(), sc.data()), at);
         EXPECT_EQ(loom::quant::ternary_quantize_ref(w.data(), s, 0.7f, p.data(), sc.data()), at);
+      }
+    }
+  });
+}
+
+// A bf16 or float16 weight quantized in place (binary_quantize16, ternary_quantize16: each
+// group or span widened in L1) gives the codes, scales and first bad element of the float32
+// kernels on its widening, on every target, for every shape.
+TEST(XtcKernels, SixteenBitWeightsAreTheirFloat32Widening) {
+  for_each_target([] {
+    for (const bool bf : {true, false}) {
+      for (const GroupedShape& s : kShapes) {
+        SCOPED_TRACE(std::string(bf ? "bf16 " : "f16 ") + name(s));
+        auto w = weights(s.numel(), 8);
+        for (auto& v : w) v *= 20.0f;  // float16's normal range
+        const std::vector<uint16_t> h = loom_test::to16(w, bf);
+        const std::vector<float> wide = loom_test::to32(h, bf);
+        for (const bool ternary : {false, true}) {
+          const int bits = ternary ? 2 : 1;
+          const auto bytes = loom::quant::packed_bytes_of(s, bits);
+          std::vector<uint8_t> p32(bytes, 0xAA), p16(bytes, 0x55);
+          std::vector<float> s32(static_cast<size_t>(s.groups())), s16(s32.size());
+          const int64_t b32 =
+              ternary ? loom::quant::ternary_quantize(wide.data(), s, 0.7f, p32.data(), s32.data())
+                      : loom::quant::binary_quantize(wide.data(), s, p32.data(), s32.data());
+          const int64_t b16 =
+              ternary
+                  ? loom::quant::ternary_quantize16(h.data(), bf, s, 0.7f, p16.data(), s16.data())
+                  : loom::quant::binary_quantize16(h.data(), bf, s, p16.data(), s16.data());
+          EXPECT_EQ(b16, b32);
+          ASSERT_EQ(p16, p32) << (ternary ? "ternary" : "binary");
+          expect_bits_equal(s16, s32);
+        }
+      }
+    }
+    // A NaN and an infinity (all-ones exponents) are found at their index.
+    const GroupedShape s{9, 37, 16};
+    for (const bool bf : {true, false}) {
+      for (const uint16_t bad :
+           {bf ? uint16_t{0x7fc1} : uint16_t{0x7e01}, bf ? uint16_t{0xff80} : uint16_t{0xfc00}}) {
+        for (const int64_t at : {int64_t{0}, int64_t{5 * 37 + 36}, int64_t{9 * 37 - 1}}) {
+          std::vector<uint16_t> h = loom_test::to16(weights(s.numel(), 9), bf);
+          h[static_cast<size_t>(at)] = bad;
+          std::vector<uint8_t> p(loom::quant::packed_bytes_of(s, 2));
+          std::vector<float> sc(static_cast<size_t>(s.groups()));
+          EXPECT_EQ(loom::quant::binary_quantize16(h.data(), bf, s, p.data(), sc.data()), at);
+          EXPECT_EQ(loom::quant::ternary_quantize16(h.data(), bf, s, 0.7f, p.data(), sc.data()),
+                    at);
+        }
       }
     }
   });

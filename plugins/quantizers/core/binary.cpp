@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include <loom/quantizers/binary.hpp>
+#include "widen-inl.h"
 #include "xtc_simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -20,27 +22,36 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Rows [r0, r1) (r0 a multiple of 8, so the rows' bits start on a byte): per group the scale
 // and, in the same pass, the codes stored or ORed into the zeroed bytes. Returns the first
-// non-finite element, or -1.
-int64_t BinaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, uint8_t* packed,
-                           float* scales, int64_t r0, int64_t r1) {
+// non-finite element, or -1. The weight is w (float32), or w16 (bf16 or float16 patterns,
+// `bf16` says which): each group is then widened into L1 first, exactly, so the codes and
+// scales are those of the float32 widening.
+int64_t BinaryQuantizeRows(const float* HWY_RESTRICT w, const uint16_t* w16, bool bf16,
+                           const GroupedShape* sp, uint8_t* packed, float* scales, int64_t r0,
+                           int64_t r1) {
   const GroupedShape& s = *sp;
   const int64_t gpr = s.groups_per_row();
   const uint64_t b0 = static_cast<uint64_t>(r0 * s.cols) / 8;
   const uint64_t b1 = (static_cast<uint64_t>(r1 * s.cols) + 7) / 8;
   std::memset(packed + b0, 0, b1 - b0);
+  std::vector<float> wide(w16 != nullptr ? static_cast<std::size_t>(std::min(s.group_size, s.cols))
+                                         : 0);
   int64_t bad = -1;
   for (int64_t r = r0; r < r1; ++r) {
-    const float* row = w + r * s.cols;
     for (int64_t g = 0; g < gpr; ++g) {
       const int64_t c0 = g * s.group_size;
       const int64_t n = std::min(s.group_size, s.cols - c0);
-      const float sum =
-          BinarySumAndCodes(row + c0, n, packed, static_cast<uint64_t>(r * s.cols + c0));
+      const float* at = w16 == nullptr ? w + r * s.cols + c0 : wide.data();
+      if (w16 != nullptr) {
+        const int64_t e = r * s.cols + c0;
+        WidenRow(w16 + e, bf16, n, wide.data());
+        PrefetchRow16(w16 + e + n, std::min(n, s.numel() - e - n));  // the next group
+      }
+      const float sum = BinarySumAndCodes(at, n, packed, static_cast<uint64_t>(r * s.cols + c0));
       if (!std::isfinite(sum) && (bad < 0 || bad >= s.numel())) {
         // A non-finite weight, or finite ones whose |w| sum overflows (group numel() + g).
-        const int64_t at = FirstNonFinite(row + c0, n);
-        if (at >= 0) {
-          bad = r * s.cols + c0 + at;
+        const int64_t at_bad = FirstNonFinite(at, n);
+        if (at_bad >= 0) {
+          bad = r * s.cols + c0 + at_bad;
         } else if (bad < 0) {
           bad = s.numel() + r * gpr + g;
         }
@@ -196,7 +207,15 @@ void binary_matmul_ref(const float* x, int64_t m, const uint8_t* packed, const f
 int64_t binary_quantize(const float* w, const GroupedShape& s, uint8_t* packed, float* scales) {
   if (s.numel() == 0) return -1;
   return first_bad_over_rows(s, 8, [&](int64_t r0, int64_t r1) {
-    return HWY_DYNAMIC_DISPATCH(BinaryQuantizeRows)(w, &s, packed, scales, r0, r1);
+    return HWY_DYNAMIC_DISPATCH(BinaryQuantizeRows)(w, nullptr, false, &s, packed, scales, r0, r1);
+  });
+}
+
+int64_t binary_quantize16(const uint16_t* w, bool bf16, const GroupedShape& s, uint8_t* packed,
+                          float* scales) {
+  if (s.numel() == 0) return -1;
+  return first_bad_over_rows(s, 8, [&](int64_t r0, int64_t r1) {
+    return HWY_DYNAMIC_DISPATCH(BinaryQuantizeRows)(nullptr, w, bf16, &s, packed, scales, r0, r1);
   });
 }
 

@@ -16,8 +16,8 @@
 #include <limits>
 #include <vector>
 
-#include "common/half.hpp"
 #include "int_kernels.hpp"
+#include "widen-inl.h"
 
 #ifndef LOOM_QUANT_INT_CPU_SOURCES
 #define LOOM_QUANT_INT_CPU_SOURCES
@@ -345,24 +345,6 @@ HWY_INLINE bool SpanParams(const float* x, int64_t count, int64_t len, const Int
 // parameters N at a time (SpanParams); others one at a time. 8-bit codes, and 4-bit codes
 // when every group starts on a byte, are written straight into `packed`; other widths go
 // through a row of bytes and pack_codes.
-// A 16-bit x row widened to float32 in `out`, exactly: bf16 is float32's top half (vectors);
-// float16 through common/half.hpp's conversion (one element at a time: it is the rare case).
-HWY_INLINE void WidenRow(const uint16_t* src, int32_t source, int64_t n, float* out) {
-  if (source != kSourceBf16) {
-    for (int64_t i = 0; i < n; ++i) out[i] = loom::plugins::half::f16_to_f32(src[i]);
-    return;
-  }
-  const DF d;
-  const hn::Rebind<uint16_t, DF> d16;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto w = hn::ShiftLeft<16>(hn::PromoteTo(DU32(), hn::LoadU(d16, src + i)));
-    hn::StoreU(hn::BitCast(d, w), d, out + i);
-  }
-  for (; i < n; ++i) out[i] = loom::plugins::half::bf16_to_f32(src[i]);
-}
-
 // `source`: x's storage, kSourceF32 (x is float*), or kSourceBf16 / kSourceF16 (x holds 16-bit
 // patterns): each row is then widened into a buffer of its own first.
 bool QuantizeRows(const void* xv, int32_t source, const Groups* gs, const IntScheme* q,
@@ -388,15 +370,13 @@ bool QuantizeRows(const void* xv, int32_t source, const Groups* gs, const IntSch
       const float* at = source == kSourceF32 ? row + c0 : nullptr;
       if (source != kSourceF32) {
         const auto* x16 = static_cast<const uint16_t*>(xv) + r * gs->cols;
-        WidenRow(x16 + c0, source, gs->end(g1 - 1) - c0, wide.data());
+        WidenRow(x16 + c0, source == kSourceBf16, gs->end(g1 - 1) - c0, wide.data());
         at = wide.data();
         // The next span comes from memory while this one is encoded from cache.
         const int64_t ahead16 = r * gs->cols + gs->end(g1 - 1);
         const int64_t ahead_n =
             std::min<int64_t>(gs->end(g1 - 1) - c0, gs->rows * gs->cols - ahead16);
-        const auto* next =
-            reinterpret_cast<const char*>(static_cast<const uint16_t*>(xv) + ahead16);
-        for (int64_t b = 0; b < ahead_n * 2; b += 64) hwy::Prefetch(next + b);
+        PrefetchRow16(static_cast<const uint16_t*>(xv) + ahead16, ahead_n);
       }
       if (vector_params) {
         if (!SpanParams(at, g1 - g0, gs->group, *q, scale, inv, zero)) {

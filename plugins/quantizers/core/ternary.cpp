@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "ternary.hpp"
+#include "widen-inl.h"
 #include "xtc_simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -31,9 +33,12 @@ HWY_INLINE int FirstInvalid(uint32_t word, int count) {
 
 // Rows [r0, r1) (r0 a multiple of 8): per group Delta (one pass), then alpha and the codes
 // (a second pass), stored or ORed into the zeroed bytes. Returns the first non-finite
-// element, or -1.
-int64_t TernaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp, float threshold,
-                            uint8_t* packed, float* scales, int64_t r0, int64_t r1) {
+// element, or -1. The weight is w (float32), or w16 (bf16 or float16 patterns, `bf16` says
+// which): each span is then widened into L1 first, exactly, so the codes and scales are those
+// of the float32 widening.
+int64_t TernaryQuantizeRows(const float* HWY_RESTRICT w, const uint16_t* w16, bool bf16,
+                            const GroupedShape* sp, float threshold, uint8_t* packed, float* scales,
+                            int64_t r0, int64_t r1) {
   const GroupedShape& s = *sp;
   const int64_t gpr = s.groups_per_row();
   const uint64_t b0 = static_cast<uint64_t>(r0 * s.cols) * 2 / 8;
@@ -45,10 +50,20 @@ int64_t TernaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp,
   constexpr int64_t kSpan = 64;
   const int64_t span = std::clamp<int64_t>(4096 / s.group_size, 1, kSpan);
   float delta[kSpan];
+  std::vector<float> wide(w16 != nullptr ? static_cast<std::size_t>(s.cols) : 0);
   for (int64_t r = r0; r < r1; ++r) {
-    const float* row = w + r * s.cols;
+    const float* row = w16 == nullptr ? w + r * s.cols : nullptr;
     for (int64_t g0 = 0; g0 < gpr; g0 += span) {
       const int64_t g1 = std::min(gpr, g0 + span);
+      if (w16 != nullptr) {
+        // The span's elements [g0 * group, end) into wide, so that row + c0 is element c0.
+        const int64_t cs = g0 * s.group_size;
+        const int64_t ce = std::min(s.cols, g1 * s.group_size);
+        const int64_t e = r * s.cols + cs;
+        WidenRow(w16 + e, bf16, ce - cs, wide.data());
+        PrefetchRow16(w16 + r * s.cols + ce, std::min(ce - cs, s.numel() - (r * s.cols + ce)));
+        row = wide.data() - cs;
+      }
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t c0 = g * s.group_size;
         const int64_t n = std::min(s.group_size, s.cols - c0);
@@ -71,7 +86,7 @@ int64_t TernaryQuantizeRows(const float* HWY_RESTRICT w, const GroupedShape* sp,
         int64_t kept = 0;
         // While this span is in L1, the next one (this row's or the next row's) is fetched.
         const int64_t next = r * s.cols + c0 + span * s.group_size;
-        const float* ahead = next + n <= s.rows * s.cols ? w + next : nullptr;
+        const float* ahead = w16 == nullptr && next + n <= s.rows * s.cols ? w + next : nullptr;
         const float kept_sum =
             TernaryKeptAndCodes(row + c0, n, delta[g - g0], packed,
                                 static_cast<uint64_t>(r * s.cols + c0), &kept, ahead);
@@ -271,7 +286,17 @@ int64_t ternary_quantize(const float* w, const GroupedShape& s, float threshold,
                          float* scales) {
   if (s.numel() == 0) return -1;
   return first_bad_over_rows(s, 8, [&](int64_t r0, int64_t r1) {
-    return HWY_DYNAMIC_DISPATCH(TernaryQuantizeRows)(w, &s, threshold, packed, scales, r0, r1);
+    return HWY_DYNAMIC_DISPATCH(TernaryQuantizeRows)(w, nullptr, false, &s, threshold, packed,
+                                                     scales, r0, r1);
+  });
+}
+
+int64_t ternary_quantize16(const uint16_t* w, bool bf16, const GroupedShape& s, float threshold,
+                           uint8_t* packed, float* scales) {
+  if (s.numel() == 0) return -1;
+  return first_bad_over_rows(s, 8, [&](int64_t r0, int64_t r1) {
+    return HWY_DYNAMIC_DISPATCH(TernaryQuantizeRows)(nullptr, w, bf16, &s, threshold, packed,
+                                                     scales, r0, r1);
   });
 }
 

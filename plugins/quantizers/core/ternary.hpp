@@ -31,6 +31,10 @@ int64_t ternary_matmul_ref(const float* x, int64_t m, const uint8_t* packed, con
 
 int64_t ternary_quantize(const float* w, const GroupedShape& s, float threshold, uint8_t* packed,
                          float* scales);
+// w holds bf16 (bf16 true) or float16 patterns: the codes, scales and first bad element of
+// ternary_quantize on their float32 widening, without a float32 copy of w.
+int64_t ternary_quantize16(const uint16_t* w, bool bf16, const GroupedShape& s, float threshold,
+                           uint8_t* packed, float* scales);
 int64_t ternary_dequantize(const uint8_t* packed, const float* scales, const GroupedShape& s,
                            float* w);
 int64_t ternary_matmul(const float* x, int64_t m, const uint8_t* packed, const float* scales,

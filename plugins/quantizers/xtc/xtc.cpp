@@ -131,8 +131,12 @@ class Xtc : public loom::sdk::Quantizer {
   void quantize(const loom_quantizer_quantize_args& a, const loom_quantizer_layout_args& l) {
     const GroupedShape s = shape_of(l.shape[0], l.shape[1]);
     (void)loom::sdk::quant_matrix(a.x, "x");
+    // On the CPU the kernels widen a 16-bit x a span at a time themselves; CUDA stages it.
+    namespace f16 = loom::quant::f16;
+    const f16::Storage storage = f16::storage_or_f32(a.x->dtype);
+    const bool direct16 = !on_cuda(a.x->device) && storage != f16::Storage::kF32;
     auto stage = loom::quant::float_stage(a.workspace, own_bytes(s));
-    const float* w = stage.in(a.x, a.stream);
+    const float* w = direct16 ? nullptr : stage.in(a.x, a.stream);
     const loom::sdk::QuantTensors q =
         loom::sdk::quant_tensors(a.packed, a.scales, nullptr, l, a.x->device);
     auto* scales = static_cast<float*>(q.scales);
@@ -148,9 +152,15 @@ class Xtc : public loom::sdk::Quantizer {
                 : loom::quant::cuda::ternary_quantize(w, s, threshold_, q.codes, scales,
                                                       a.workspace, dev, a.stream, first_bad);
     } else {
-      bad = mode_ == Mode::kBinary
-                ? loom::quant::binary_quantize(w, s, q.codes, scales)
-                : loom::quant::ternary_quantize(w, s, threshold_, q.codes, scales);
+      const auto* w16 = static_cast<const uint16_t*>(f16::data_of(*a.x));
+      const bool bf16 = storage == f16::Storage::kBF16;
+      if (mode_ == Mode::kBinary) {
+        bad = direct16 ? loom::quant::binary_quantize16(w16, bf16, s, q.codes, scales)
+                       : loom::quant::binary_quantize(w, s, q.codes, scales);
+      } else {
+        bad = direct16 ? loom::quant::ternary_quantize16(w16, bf16, s, threshold_, q.codes, scales)
+                       : loom::quant::ternary_quantize(w, s, threshold_, q.codes, scales);
+      }
       if (loom::sdk::set_first_bad(a, bad)) return;
     }
     if (bad >= s.numel()) {

@@ -113,6 +113,10 @@ void binary_matmul_ref(const float* x, int64_t m, const uint8_t* packed, const f
 // --- Binary: fast CPU kernels (Highway, run-time dispatch, over the host pool) --------------
 
 int64_t binary_quantize(const float* w, const GroupedShape& s, uint8_t* packed, float* scales);
+// w holds bf16 (bf16 true) or float16 patterns: the codes, scales and first bad element of
+// binary_quantize on their float32 widening, without a float32 copy of w.
+int64_t binary_quantize16(const uint16_t* w, bool bf16, const GroupedShape& s, uint8_t* packed,
+                          float* scales);
 void binary_dequantize(const uint8_t* packed, const float* scales, const GroupedShape& s, float* w);
 // From bit masks: never expands W to floats in memory.
 void binary_matmul(const float* x, int64_t m, const uint8_t* packed, const float* scales,
