@@ -106,6 +106,53 @@ def test_forward_and_backward_match_reference(k, cf, residual):
             torch.testing.assert_close(got[n], want[n], atol=ATOL, rtol=RTOL, msg=n)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_layers_are_the_float32_layer_rounded(dtype):
+    # The plugin computes a 16-bit layer in float32 on the widened values and rounds its
+    # outputs once: y and dx are the float32 layer's (on the rounded x and weights) rounded,
+    # bit for bit, the routing is the same, and with float32 parameters (mixed precision)
+    # the gradients are the float32 layer's exactly.
+    torch.manual_seed(21)
+    S, M, H, E = 16, 8, 12, 4
+    with session(num_experts=E, k=2, capacity_factor=0.75, min_capacity=0,
+                 use_residual="true", bias_update_rate=0.01) as s:
+        inst = s.instance("moe", "m")
+        ref = loom.torch.MoE(inst, M, H, seed=5, keep_routing=True)
+        pure = loom.torch.MoE(inst, M, H, seed=5, keep_routing=True)
+        mixed = loom.torch.MoE(inst, M, H, seed=5, keep_routing=True)
+        with torch.no_grad():
+            for n, p in ref.named_parameters():
+                p.copy_(p.to(dtype).float())  # values every dtype holds exactly
+        pure.load_state_dict(ref.state_dict())
+        mixed.load_state_dict(ref.state_dict())
+        pure.to(dtype)
+        assert pure.w1.dtype == dtype and pure.expert_bias.dtype == torch.float32
+        x16 = torch.randn(S, M).to(dtype)
+        dy16 = torch.randn(S, M).to(dtype)
+        x32 = x16.float().requires_grad_(True)
+        y32, aux32 = ref(x32)
+        (y32 * dy16.float()).sum().add(0.2 * aux32).backward()
+        for mod in (pure, mixed):
+            x = x16.clone().requires_grad_(True)
+            y, aux = mod(x)
+            assert y.dtype == dtype and aux.dtype == torch.float32
+            assert torch.equal(mod.last_route_experts, ref.last_route_experts)
+            assert torch.equal(mod.expert_bias, ref.expert_bias)
+            assert float(aux) == float(aux32)
+            assert torch.equal(y, y32.to(dtype))
+            (y.float() * dy16.float()).sum().add(0.2 * aux).backward()
+            assert x.grad.dtype == dtype and torch.equal(x.grad, x32.grad.to(dtype))
+            for n, p in ref.named_parameters():
+                g = getattr(mod, n).grad
+                if mod is mixed:
+                    assert g.dtype == torch.float32 and torch.equal(g, p.grad), n
+                else:  # 16-bit gradients: the float32 sums, rounded
+                    assert g.dtype == dtype and torch.equal(g, p.grad.to(dtype)), n
+        with pytest.raises(loom.InvalidArgumentError, match="all x's dtype, or all float32"):
+            mixed.w1.data = mixed.w1.data.to(dtype)
+            mixed(x16)
+
+
 def test_aux_coefficient_reaches_backward_and_zero_without_aux():
     torch.manual_seed(5)
     with session(num_experts=4, k=2) as s:
@@ -191,7 +238,7 @@ def test_bad_inputs_are_clear():
         mod = loom.torch.MoE(s.instance("moe", "m"), 4, 8)
         with pytest.raises(loom.InvalidArgumentError, match="model_dim"):
             mod(torch.zeros(3, 5))
-        with pytest.raises(loom.InvalidArgumentError, match="float32"):
+        with pytest.raises(loom.InvalidArgumentError, match="float32, bfloat16 or float16"):
             mod(torch.zeros(3, 4, dtype=torch.float64))
     with pytest.raises(loom.InvalidArgumentError, match="k = 3 is more than num_experts = 2"):
         session(num_experts=2, k=3)

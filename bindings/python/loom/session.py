@@ -828,7 +828,7 @@ class Instance(CurriculumCalls, QuantizerCalls):
             t = weights.get(name)
             if t is None:
                 continue
-            b = borrow(t, f"{what}['{name}']", dtypes=("float32", "bfloat16"))
+            b = borrow(t, f"{what}['{name}']", dtypes=("float32", "bfloat16", "float16"))
             held.append(b)
             setattr(w, name, b.pointer)
         return w, held
@@ -854,8 +854,8 @@ class Instance(CurriculumCalls, QuantizerCalls):
             dict: {"aux_loss", "dropped", "expert_rows", "load" (list of E ints, or None)}.
         """
         obj, table = self._moe()
-        bx = borrow(x, "x", dtypes=("float32", "bfloat16"))
-        by = borrow(y, "y", dtypes=("float32", "bfloat16"))
+        bx = borrow(x, "x", dtypes=("float32", "bfloat16", "float16"))
+        by = borrow(y, "y", dtypes=("float32", "bfloat16", "float16"))
         w, held = self._moe_weights(weights, "weights")
         bb = borrow(expert_bias, "expert_bias") if expert_bias is not None else None
         bre = (borrow(route_experts, "route_experts", dtypes=("int32",))
@@ -900,9 +900,9 @@ class Instance(CurriculumCalls, QuantizerCalls):
         to every tensor of ``grads`` (same names and shapes as ``weights``). The caller's
         loss is task + aux_loss_coef * aux_loss."""
         obj, table = self._moe()
-        bx = borrow(x, "x", dtypes=("float32", "bfloat16"))
-        bdy = borrow(dy, "dy", dtypes=("float32", "bfloat16"))
-        bdx = borrow(dx, "dx", dtypes=("float32", "bfloat16"))
+        bx = borrow(x, "x", dtypes=("float32", "bfloat16", "float16"))
+        bdy = borrow(dy, "dy", dtypes=("float32", "bfloat16", "float16"))
+        bdx = borrow(dx, "dx", dtypes=("float32", "bfloat16", "float16"))
         w, held = self._moe_weights(weights, "weights")
         g, held_g = self._moe_weights(grads, "grads")
         a = _abi.MoeBackwardArgs()
@@ -928,8 +928,9 @@ class Instance(CurriculumCalls, QuantizerCalls):
         obj, table = self._moe()
         if not getattr(table, which):
             raise UnimplementedError(f"moe.{self.name} (plugin '{self.plugin}') has no {which}")
-        bx = borrow(x, "x" if which == "dispatch" else "y", dtypes=("float32", "bfloat16"))
-        br = borrow(rows, "rows", dtypes=("float32", "bfloat16"))
+        floats = ("float32", "bfloat16", "float16")
+        bx = borrow(x, "x" if which == "dispatch" else "y", dtypes=floats)
+        br = borrow(rows, "rows", dtypes=floats)
         be = borrow(route_experts, "route_experts", dtypes=("int32",))
         bw = borrow(route_weights, "route_weights") if route_weights is not None else None
         if len(be.shape) != 2:

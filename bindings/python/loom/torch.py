@@ -749,6 +749,10 @@ _MOE_EXPERT_NAMES = ("w1", "b1", "w2", "b2")
 _MOE_RESIDUAL_NAMES = ("res_w1", "res_b1", "res_w2", "res_b2", "coef_w", "coef_b")
 
 
+# x's dtypes the moe plugin takes, by the plan's name for them
+_MOE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
 class _MoEFunction(torch.autograd.Function):
     """(y, aux) = the layer's forward over x and the weights; in backward the plugin's
     backward with aux_loss_coef = the gradient that reached aux (so a loss of
@@ -759,7 +763,9 @@ class _MoEFunction(torch.autograd.Function):
     def forward(ctx, x, module, call, *weights):  # type: ignore[override]
         names = call["names"]
         xd = x.detach()
-        wd = {n: w.detach() for n, w in zip(names, weights)}
+        # float32 parameters with a 16-bit x: the layer reads their rounding to x's dtype
+        # (and its backward hands back float32 gradients, the plugin's mixed layout)
+        wd = {n: w.detach().to(xd.dtype) for n, w in zip(names, weights)}
         y = torch.empty_like(xd, memory_format=torch.contiguous_format)
         saved, saved_at = _buffer(call["saved_bytes"], x.device)
         ws, ws_at = _buffer(call["workspace_bytes"], x.device)
@@ -777,7 +783,8 @@ class _MoEFunction(torch.autograd.Function):
         ctx.module, ctx.call = module, call
         ctx.saved, ctx.saved_at = saved, saved_at
         ctx.save_for_backward(xd, *[wd[n] for n in names])
-        aux = torch.tensor(stats["aux_loss"], dtype=x.dtype, device=x.device)
+        aux = torch.tensor(stats["aux_loss"], dtype=torch.float32, device=x.device)
+        ctx.grad_dtype = weights[0].dtype if weights else xd.dtype
         return y, aux
 
     @staticmethod
@@ -786,7 +793,8 @@ class _MoEFunction(torch.autograd.Function):
         x, *weights = ctx.saved_tensors
         names = call["names"]
         wd = dict(zip(names, weights))
-        grads = {n: torch.zeros_like(w, memory_format=torch.contiguous_format)
+        grads = {n: torch.zeros_like(w, dtype=ctx.grad_dtype,
+                                     memory_format=torch.contiguous_format)
                  for n, w in wd.items()}
         if dy is None:
             dy = torch.zeros_like(x)
@@ -809,8 +817,12 @@ class MoE(torch.nn.Module):
     gating with capacity, noise, random token selection, PR-MoE, aux-loss-free balancing)
     as a ``torch.nn.Module`` whose weights are this module's Parameters.
 
-    ``forward(x)`` returns ``(y, aux)``: ``y`` has x's shape, ``aux`` is the layer's
-    load-balancing loss (a 0-dim tensor, before any coefficient). Add it to the loss with
+    ``forward(x)`` returns ``(y, aux)``: ``y`` has x's shape and dtype, ``aux`` is the
+    layer's load-balancing loss (a 0-dim float32 tensor, before any coefficient). x may be
+    float32, bfloat16 or float16: with parameters of x's dtype (``module.bfloat16()``) the
+    gradients are of that dtype too; with float32 parameters and a 16-bit x the layer reads
+    the parameters rounded to x's dtype and their gradients stay float32 (mixed precision:
+    float32 masters, 16-bit compute). Add aux to the loss with
     your coefficient, ``loss = task + 0.01 * aux``: autograd hands the plugin's backward
     the gradient that reaches ``aux`` as its ``aux_loss_coef``, so the coefficient is
     whatever you multiplied by (0 when aux is not used). The gate, the experts and (PR-MoE)
@@ -939,22 +951,29 @@ class MoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, step: Optional[int] = None,
                 first_token: Optional[int] = None) -> tuple:
-        """``x``: ``[..., model_dim]`` float32 (the tokens of this rank, flattened over the
-        leading dimensions). Returns ``(y, aux)``."""
+        """``x``: ``[..., model_dim]`` float32, bfloat16 or float16 (the tokens of this
+        rank, flattened over the leading dimensions). Returns ``(y, aux)``."""
         if x.dim() < 1 or x.shape[-1] != self.model_dim:
             raise InvalidArgumentError(
                 f"loom.torch.MoE: x must be [..., {self.model_dim}] (model_dim), not shape "
                 f"{list(x.shape)}")
-        if x.dtype != torch.float32:
+        if x.dtype not in _MOE_DTYPES:
             raise InvalidArgumentError(
-                f"loom.torch.MoE: x is {x.dtype}; the moe plugin runs float32 (convert the "
-                "input, the module's parameters are float32)")
+                f"loom.torch.MoE: x is {x.dtype}; the moe plugin takes float32, bfloat16 or "
+                "float16")
+        first_dtype = getattr(self, self._names[0]).dtype
         for n in self._names:
             p = getattr(self, n)
-            if p.dtype != x.dtype or p.device != x.device:
+            if p.device != x.device or p.dtype != first_dtype or \
+                    p.dtype not in (x.dtype, torch.float32):
                 raise InvalidArgumentError(
                     f"loom.torch.MoE: parameter {n} is {p.dtype} on {p.device}, x is "
-                    f"{x.dtype} on {x.device}")
+                    f"{x.dtype} on {x.device} (the parameters are all x's dtype, or all "
+                    "float32, on x's device)")
+        if self.expert_bias is not None and self.expert_bias.dtype != torch.float32:
+            raise InvalidArgumentError(
+                f"loom.torch.MoE: expert_bias is {self.expert_bias.dtype}; the balancing "
+                "state stays float32")
         lead = x.shape[:-1]
         flat = x.reshape(-1, self.model_dim)
         if not flat.is_contiguous():
@@ -966,7 +985,7 @@ class MoE(torch.nn.Module):
                                       hidden_dim=self.hidden_dim,
                                       num_experts=self.num_experts_planned,
                                       layer=self.layer_index, num_layers=self.num_layers,
-                                      training=self.training)
+                                      training=self.training, dtype=_MOE_DTYPES[x.dtype])
         route_e = route_w = None
         if self.keep_routing:
             route_e = torch.empty((tokens, self.top_k), dtype=torch.int32, device=x.device)
@@ -982,6 +1001,15 @@ class MoE(torch.nn.Module):
         self.last_stats = stats
         self.last_route_experts, self.last_route_weights = route_e, route_w
         return y.reshape(*lead, self.model_dim), aux
+
+    def _apply(self, fn, *args, **kwargs):  # type: ignore[override]
+        # module.to(dtype) / .bfloat16() convert the parameters; the balancing state stays
+        # float32 (rounding it would lose the small steps it moves by)
+        bias = self.expert_bias
+        out = super()._apply(fn, *args, **kwargs)
+        if bias is not None and self.expert_bias.dtype != torch.float32:
+            self.expert_bias = bias.to(device=self.expert_bias.device)
+        return out
 
     def extra_repr(self) -> str:
         return (f"moe.{self.instance.name}: experts={self.num_experts} "
