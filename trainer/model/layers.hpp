@@ -124,21 +124,29 @@ inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const doub
 }
 
 // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, row-major, split over the pool along
-// the larger of m and n (blocks of 64 rows/columns).
+// the larger of m and n into blocks of 64 rows/columns, one sgemm call per block whatever the
+// thread count: OpenBLAS may pick another kernel (and so another rounding) for another block
+// shape (its Haswell/Zen kernels do), so the blocks, not the threads, fix the bits.
 template <typename T>
 void par_gemm(bool ta, bool tb, int m, int n, int k, T alpha, const T* a, int lda, const T* b,
               int ldb, T beta, T* c, int ldc) {
   constexpr size_t kGrain = 64;
   if (m >= n) {
     parallel_for(static_cast<size_t>(m), kGrain, [&](size_t lo, size_t hi) {
-      const T* ab = ta ? a + lo : a + lo * static_cast<size_t>(lda);
-      gemm(ta, tb, static_cast<int>(hi - lo), n, k, alpha, ab, lda, b, ldb, beta,
-           c + lo * static_cast<size_t>(ldc), ldc);
+      for (size_t r = lo; r < hi; r += kGrain) {
+        const size_t e = std::min(hi, r + kGrain);
+        const T* ab = ta ? a + r : a + r * static_cast<size_t>(lda);
+        gemm(ta, tb, static_cast<int>(e - r), n, k, alpha, ab, lda, b, ldb, beta,
+             c + r * static_cast<size_t>(ldc), ldc);
+      }
     });
   } else {
     parallel_for(static_cast<size_t>(n), kGrain, [&](size_t lo, size_t hi) {
-      const T* bb = tb ? b + lo * static_cast<size_t>(ldb) : b + lo;
-      gemm(ta, tb, m, static_cast<int>(hi - lo), k, alpha, a, lda, bb, ldb, beta, c + lo, ldc);
+      for (size_t q = lo; q < hi; q += kGrain) {
+        const size_t e = std::min(hi, q + kGrain);
+        const T* bb = tb ? b + q * static_cast<size_t>(ldb) : b + q;
+        gemm(ta, tb, m, static_cast<int>(e - q), k, alpha, a, lda, bb, ldb, beta, c + q, ldc);
+      }
     });
   }
 }

@@ -121,7 +121,10 @@ TEST_F(TrainerBf16, TrainsWithinAToleranceOfFp32) {
   const double f1 = mf[0]["loss"], b1 = mb[0]["loss"];
   EXPECT_NE(f1, b1) << "bf16 rounding should change the bits";
   EXPECT_NEAR(b1, f1, 0.005 * f1);
-  // The end: the held-out loss within 3% of fp32's (1.5% apart when written).
+  // The end: the held-out loss no more than 3% above fp32's, and within 6% of it either way.
+  // The two trajectories drift apart chaotically, and the drift depends on the CPU's OpenBLAS
+  // kernels: bf16 ended 1.5% above fp32 on the machine this was written on, 3.2% below on
+  // an AVX-512 EPYC whose OpenBLAS runs its Zen kernels.
   const double ef = sf["final_eval_loss"], eb = sb["final_eval_loss"];
   std::string curves;
   const auto vf = metrics("fp32", "eval"), vb = metrics("bf16", "eval");
@@ -130,7 +133,8 @@ TEST_F(TrainerBf16, TrainsWithinAToleranceOfFp32) {
               ", bf16 " + vb[i]["eval_loss"].dump();
   }
   std::cout << "final eval loss: fp32 " << ef << ", bf16 " << eb << curves << "\n";
-  EXPECT_NEAR(eb, ef, 0.03 * ef) << curves;
+  EXPECT_LE(eb, 1.03 * ef) << curves;
+  EXPECT_NEAR(eb, ef, 0.06 * ef) << curves;
   // The checkpoints hold fp32 master weights, as fp32 runs' do: same names and sizes.
   const std::string ck = "checkpoints/step_00000400/model.rank0.safetensors";
   EXPECT_EQ(fs::file_size(dir_ / "runs/fp32" / ck), fs::file_size(dir_ / "runs/bf16" / ck));
