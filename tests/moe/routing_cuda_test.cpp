@@ -1,12 +1,15 @@
 // The routing on the device (routing_cuda.cu) against the host's functions (gating.hpp,
 // dispatch.hpp), bit for bit: choices, routes after capacity, combine weights, slots, loads,
 // drops, the aux loss and the gate's dlogits, over every drop and noise policy, ties, a
-// collapsed gate that overflows one expert's capacity, and more tokens than one block ranks
-// at a time. Skips without a CUDA device (the CUDA emulation provides one).
+// collapsed gate that overflows one expert's capacity, more tokens than one block ranks at a
+// time, and NaN probabilities (an overflowed gate). Skips without a CUDA device (the CUDA
+// emulation provides one).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -63,9 +66,21 @@ struct Case {
   std::string name;
   GateConfig cfg;
   int64_t tokens;
-  bool twins;        // every odd token repeats the one before it (equal probabilities)
-  float bias_first;  // added to expert 0's score (a large one collapses the gate onto it)
+  bool twins;             // every odd token repeats the one before it (equal probabilities)
+  float bias_first;       // added to expert 0's score (a large one collapses the gate onto it)
+  bool overflow = false;  // every fifth token has an infinite feature (NaN probabilities)
 };
+
+// Equal bits, or NaN on both sides (a GPU's NaN payload is not the CPU's).
+template <class T>
+void expect_same(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
+    ASSERT_TRUE(both_nan || std::memcmp(&got[i], &want[i], sizeof(T)) == 0)
+        << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+  }
+}
 
 GateConfig gate(int E, int k, bool training) {
   GateConfig c;
@@ -107,6 +122,11 @@ std::vector<Case> cases() {
   c.cfg.noise = NoisePolicy::RSample;  // not applied outside training
   out.push_back(c);
   out.push_back({"no_tokens", gate(4, 2, true), 0, false, 0.0f});
+  c = {"top2_probs_with_nan_probabilities", gate(4, 2, true), 300, false, 0.0f, true};
+  out.push_back(c);
+  c = {"top1_rts_with_nan_probabilities", gate(3, 1, true), 280, false, 0.0f, true};
+  c.cfg.use_rts = true;
+  out.push_back(c);
   return out;
 }
 
@@ -123,6 +143,9 @@ TEST_F(MoeRoutingCuda, DeviceRoutingIsTheHostRoutingBitForBit) {
       for (int64_t s = 1; s < S; s += 2) {
         std::copy(x.begin() + (s - 1) * M, x.begin() + s * M, x.begin() + s * M);
       }
+    }
+    if (tc.overflow) {
+      for (int64_t s = 0; s < S; s += 5) x[static_cast<size_t>(s * M)] = INFINITY;
     }
     const auto w = moe_test::random_vec<float>(E * M, 32u, 1.5);
     std::vector<float> bias = moe_test::random_vec<float>(E, 33u, 0.05);
@@ -158,16 +181,20 @@ TEST_F(MoeRoutingCuda, DeviceRoutingIsTheHostRoutingBitForBit) {
         cfg, dprobs.p, S, dbias.p, capacity,
         loom::moe::cuda::RouteBuffers{dchoice.p, droute.p, dweights.p, dslot.p}, scratch.p, sum,
         stream_);
-    EXPECT_EQ(dprobs.read(), probs);
+    if (tc.overflow) {
+      EXPECT_TRUE(std::isnan(probs[0])) << "an infinite feature gives NaN probabilities";
+    }
+    expect_same(dprobs.read(), probs, "probs");
     EXPECT_EQ(dchoice.read(), choice);
     EXPECT_EQ(droute.read(), route);
-    EXPECT_EQ(dweights.read(), weights);
+    expect_same(dweights.read(), weights, "weights");
     EXPECT_EQ(dslot.read(), slot);
     EXPECT_EQ(sum.send_counts, counts);
     EXPECT_EQ(sum.load, load);
     EXPECT_EQ(sum.send_rows, rows);
     EXPECT_EQ(sum.dropped, dropped);
-    EXPECT_EQ(sum.aux_loss, aux);  // summed in the host's order: the same double
+    // summed in the host's order: the same double
+    expect_same(std::vector<double>{sum.aux_loss}, std::vector<double>{aux}, "aux");
 
     // the gate's adjoint from the same routing
     const auto dweight = moe_test::random_vec<float>(S * k, 34u, 1.0);
@@ -178,7 +205,7 @@ TEST_F(MoeRoutingCuda, DeviceRoutingIsTheHostRoutingBitForBit) {
     loom::moe::cuda::gate_dlogits(cfg, S, dprobs.p, dchoice.p, droute.p, ddw.p, 0.01, ddl.p,
                                   scratch.p, stream_);
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    EXPECT_EQ(ddl.read(), dlogits);
+    expect_same(ddl.read(), dlogits, "dlogits");
   }
 }
 

@@ -230,8 +230,9 @@ int64_t apply_capacity(const GateConfig& cfg, const T* probs, const int32_t* cho
           return key[static_cast<size_t>(a)] < key[static_cast<size_t>(c)];
         });
       } else if (cfg.drop_policy == DropPolicy::Probs) {
-        std::stable_sort(first, last,
-                         [&](int64_t a, int64_t c) { return probs[a * E + e] > probs[c * E + e]; });
+        std::stable_sort(first, last, [&](int64_t a, int64_t c) {
+          return kept_before(probs[a * E + e], probs[c * E + e]);
+        });
       }
       for (auto it = first; it != last; ++it) {
         const int64_t i = *it * k + j;

@@ -2,6 +2,8 @@
 // feature order with one accumulator; the softmax per token with exp_fixed; --fmad=false),
 // and the gradients the gate sends to x and gate_w (one thread per output element, sums in
 // the host's order).
+#include <cmath>
+
 #include <loom/sdk/random.hpp>
 
 #include <loom/moe/gating.hpp>
@@ -55,8 +57,9 @@ __global__ void gate_softmax_kernel(GateArgs a) {
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < a.tokens;
        s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float* p = a.probs + s * a.E;
-    float mx = p[0];
-    for (int e = 1; e < a.E; ++e) mx = p[e] > mx ? p[e] : mx;
+    // std::max(mx, p[e]) from -inf, as the host: a NaN logit is passed over
+    float mx = -INFINITY;
+    for (int e = 0; e < a.E; ++e) mx = mx < p[e] ? p[e] : mx;
     float sum = 0.0f;
     for (int e = 0; e < a.E; ++e) {
       p[e] = exp_fixed(p[e] - mx);

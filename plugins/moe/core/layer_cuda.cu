@@ -242,7 +242,6 @@ void layer_forward(const LayerConfig& cfg, Exchange& ex, const ForwardCall<float
 void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<float>& call,
                     const Device& dev) {
   const int64_t S = call.tokens;
-  check_sizes(cfg, S, 0, call.saved_bytes, call.workspace_bytes);
   const loom::sdk::CudaDeviceGuard guard(dev.device);
   const cudaStream_t st = as_stream(dev.stream);
   const int E = cfg.gate.num_experts;
@@ -257,6 +256,7 @@ void layer_backward(const LayerConfig& cfg, Exchange& ex, const BackwardCall<flo
   plan.local_experts = cfg.local_experts;
   plan.ep = cfg.ep_size;
   try {
+    check_sizes(cfg, S, 0, call.saved_bytes, call.workspace_bytes);
     // The header and the forward's counts (their place depends on S only) in one wait.
     std::vector<SavedHeader> hdr;
     to_host(hdr, static_cast<const SavedHeader*>(call.saved), 1, st);

@@ -209,7 +209,7 @@ __global__ void capacity_kernel(Scratch v, const float* probs, const int32_t* ch
           const float ps = probs[s * E + e];
           for (int64_t m = 0; m < n; ++m) {
             const float pm = probs[members[m] * E + e];
-            rank += (pm > ps || (!(ps > pm) && m < p)) ? 1 : 0;
+            rank += (kept_before(pm, ps) || (!kept_before(ps, pm) && m < p)) ? 1 : 0;
           }
         }
       }

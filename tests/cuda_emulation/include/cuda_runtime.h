@@ -191,6 +191,8 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
 }
 
 // The flags of the calling thread's warp (the threads of the block that exist), as a bit mask.
+// Emulated with two block barriers, so here it is a block-wide barrier (on a GPU only the
+// warp's lanes meet): call it where every thread of the block does, as Loom's kernels do.
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
   if (mask != 0xffffffffu) {
     emu::report("kernel %s: __ballot_sync with a partial mask (not emulated)", emu::g_kernel);

@@ -86,6 +86,14 @@ LOOM_MOE_HD inline float gumbel_score(float p, uint32_t word) {
   return log_fixed(p) + gumbel(word);
 }
 
+// Capacity's "probs" order: a goes before b when its probability is higher; a NaN (an
+// overflowed gate) goes after every number, so the order stays a strict weak one and the
+// host's stable sort and the device's ranks agree.
+template <class T>
+LOOM_MOE_HD inline bool kept_before(T a, T b) {
+  return a > b || (!(a != a) && b != b);
+}
+
 // The jitter factor U(1 - eps, 1 + eps) from a random word.
 LOOM_MOE_HD inline float jitter_factor(uint32_t word, float eps) {
   const float u = static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
