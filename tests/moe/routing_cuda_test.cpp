@@ -16,6 +16,7 @@
 #include <loom/moe/dispatch.hpp>
 #include <loom/moe/gating.hpp>
 #include <loom/moe/moe_cuda.hpp>
+#include "cuda_support.hpp"
 #include "reference.hpp"
 
 namespace {
@@ -24,43 +25,8 @@ using loom::moe::DropPolicy;
 using loom::moe::GateConfig;
 using loom::moe::NoisePolicy;
 
-class MoeRoutingCuda : public ::testing::Test {
- protected:
-  void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(const std::vector<T>& host) : n(host.size()) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)),
-              cudaSuccess);
-    if (n > 0) {
-      EXPECT_EQ(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  explicit Dev(size_t count) : Dev(std::vector<T>(count)) {}
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> read() const {
-    std::vector<T> out(n);
-    if (n > 0) {
-      EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-    return out;
-  }
-};
+class MoeRoutingCuda : public moe_test::CudaTest {};
+using moe_test::Dev;
 
 struct Case {
   std::string name;

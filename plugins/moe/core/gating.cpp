@@ -255,19 +255,8 @@ void combine_weights(const GateConfig& cfg, const T* probs, const int32_t* route
   const int E = cfg.num_experts;
   const int k = cfg.k;
   for (int64_t s = 0; s < tokens; ++s) {
-    const T* ps = probs + s * E;
-    const int32_t* r = route + s * k;
-    T* w = weights + s * k;
-    if (k == 1) {
-      w[0] = r[0] < 0 ? T(0) : (cfg.normalize_top1 ? T(1) : ps[r[0]]);
-      continue;
-    }
-    T denom = T(0);
-    for (int j = 0; j < k; ++j) {
-      if (r[j] >= 0) denom = denom + ps[r[j]];
-    }
-    denom = std::max(denom, weight_eps<T>());
-    for (int j = 0; j < k; ++j) w[j] = r[j] < 0 ? T(0) : ps[r[j]] / denom;
+    token_weights(probs + s * E, route + s * k, k, cfg.normalize_top1, weight_eps<T>(),
+                  weights + s * k);
   }
 }
 
@@ -350,39 +339,10 @@ void gate_dlogits(const GateConfig& cfg, int64_t tokens, const T* probs, const i
   sdk::parallel_for(static_cast<size_t>(tokens), 64, [&](size_t lo, size_t hi) {
     for (size_t si = lo; si < hi; ++si) {
       const auto s = static_cast<int64_t>(si);
-      const T* ps = probs + s * E;
-      const int32_t* r = route + s * k;
-      const T* dw = dweights + s * k;
       T* dp = dlogits + s * E;
       for (int e = 0; e < E; ++e) dp[e] = aux_grad[static_cast<size_t>(e)];
-      if (k == 1) {
-        if (r[0] >= 0 && !cfg.normalize_top1) dp[r[0]] += dw[0];
-      } else {
-        T raw = T(0);
-        bool any = false;
-        for (int j = 0; j < k; ++j) {
-          if (r[j] >= 0) {
-            raw = raw + ps[r[j]];
-            any = true;
-          }
-        }
-        if (any) {
-          const T denom = std::max(raw, weight_eps<T>());
-          T dot = T(0);
-          for (int j = 0; j < k; ++j) {
-            if (r[j] >= 0) dot += dw[j] * ps[r[j]];
-          }
-          const bool clamped = !(raw > weight_eps<T>());
-          for (int j = 0; j < k; ++j) {
-            if (r[j] < 0) continue;
-            dp[r[j]] += dw[j] / denom;
-            if (!clamped) dp[r[j]] -= dot / (denom * denom);
-          }
-        }
-      }
-      T dot = T(0);
-      for (int e = 0; e < E; ++e) dot += ps[e] * dp[e];
-      for (int e = 0; e < E; ++e) dp[e] = ps[e] * (dp[e] - dot);
+      token_dlogits(probs + s * E, route + s * k, dweights + s * k, E, k, cfg.normalize_top1,
+                    weight_eps<T>(), dp);
     }
   });
 }

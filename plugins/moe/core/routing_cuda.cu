@@ -224,19 +224,7 @@ __global__ void weights_kernel(const float* probs, const int32_t* route, float* 
                                int64_t tokens, int E, int k, bool normalize_top1) {
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < tokens;
        s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float* ps = probs + s * E;
-    const int32_t* r = route + s * k;
-    float* w = weights + s * k;
-    if (k == 1) {
-      w[0] = r[0] < 0 ? 0.0f : (normalize_top1 ? 1.0f : ps[r[0]]);
-      continue;
-    }
-    float denom = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      if (r[j] >= 0) denom = denom + ps[r[j]];
-    }
-    denom = denom < FLT_EPSILON ? FLT_EPSILON : denom;
-    for (int j = 0; j < k; ++j) w[j] = r[j] < 0 ? 0.0f : ps[r[j]] / denom;
+    token_weights(probs + s * E, route + s * k, k, normalize_top1, FLT_EPSILON, weights + s * k);
   }
 }
 
@@ -288,42 +276,13 @@ __global__ void dlogits_kernel(const int64_t* count, const float* probs, const i
                                bool normalize_top1, double coef) {
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < tokens;
        s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float* ps = probs + s * E;
-    const int32_t* r = route + s * k;
-    const float* dw = dweights + s * k;
     float* dp = dlogits + s * E;
     for (int e = 0; e < E; ++e) {
       dp[e] = static_cast<float>(coef * static_cast<double>(E) * load_share(count, e, k, tokens) /
                                  static_cast<double>(tokens));
     }
-    if (k == 1) {
-      if (r[0] >= 0 && !normalize_top1) dp[r[0]] += dw[0];
-    } else {
-      float raw = 0.0f;
-      bool any = false;
-      for (int j = 0; j < k; ++j) {
-        if (r[j] >= 0) {
-          raw = raw + ps[r[j]];
-          any = true;
-        }
-      }
-      if (any) {
-        const float denom = raw < FLT_EPSILON ? FLT_EPSILON : raw;
-        float dot = 0.0f;
-        for (int j = 0; j < k; ++j) {
-          if (r[j] >= 0) dot += dw[j] * ps[r[j]];
-        }
-        const bool clamped = !(raw > FLT_EPSILON);
-        for (int j = 0; j < k; ++j) {
-          if (r[j] < 0) continue;
-          dp[r[j]] += dw[j] / denom;
-          if (!clamped) dp[r[j]] -= dot / (denom * denom);
-        }
-      }
-    }
-    float dot = 0.0f;
-    for (int e = 0; e < E; ++e) dot += ps[e] * dp[e];
-    for (int e = 0; e < E; ++e) dp[e] = ps[e] * (dp[e] - dot);
+    token_dlogits(probs + s * E, route + s * k, dweights + s * k, E, k, normalize_top1, FLT_EPSILON,
+                  dp);
   }
 }
 

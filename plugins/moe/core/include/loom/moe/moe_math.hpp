@@ -94,6 +94,60 @@ LOOM_MOE_HD inline bool kept_before(T a, T b) {
   return a > b || (!(a != a) && b != b);
 }
 
+// One token's combine weights from its probabilities ps [E] and route r [k] (gating.hpp
+// combine_weights): k = 1: p (1 with normalize_top1); k >= 2: p_j / max(kept sum, eps); 0
+// where dropped. The host and the device run this same code.
+template <class T>
+LOOM_MOE_HD inline void token_weights(const T* ps, const int32_t* r, int k, bool normalize_top1,
+                                      T eps, T* w) {
+  if (k == 1) {
+    w[0] = r[0] < 0 ? T(0) : (normalize_top1 ? T(1) : ps[r[0]]);
+    return;
+  }
+  T denom = T(0);
+  for (int j = 0; j < k; ++j) {
+    if (r[j] >= 0) denom = denom + ps[r[j]];
+  }
+  denom = denom < eps ? eps : denom;  // std::max(denom, eps)
+  for (int j = 0; j < k; ++j) w[j] = r[j] < 0 ? T(0) : ps[r[j]] / denom;
+}
+
+// One token's gradient with respect to its gate logits (gating.hpp gate_dlogits): dp [E]
+// holds the aux loss's part on entry; the combine weights' part (from dw [k]) is added and
+// the softmax's adjoint applied. The host and the device run this same code.
+template <class T>
+LOOM_MOE_HD inline void token_dlogits(const T* ps, const int32_t* r, const T* dw, int E, int k,
+                                      bool normalize_top1, T eps, T* dp) {
+  if (k == 1) {
+    if (r[0] >= 0 && !normalize_top1) dp[r[0]] += dw[0];
+  } else {
+    T raw = T(0);
+    bool any = false;
+    for (int j = 0; j < k; ++j) {
+      if (r[j] >= 0) {
+        raw = raw + ps[r[j]];
+        any = true;
+      }
+    }
+    if (any) {
+      const T denom = raw < eps ? eps : raw;
+      T dot = T(0);
+      for (int j = 0; j < k; ++j) {
+        if (r[j] >= 0) dot += dw[j] * ps[r[j]];
+      }
+      const bool clamped = !(raw > eps);
+      for (int j = 0; j < k; ++j) {
+        if (r[j] < 0) continue;
+        dp[r[j]] += dw[j] / denom;
+        if (!clamped) dp[r[j]] -= dot / (denom * denom);
+      }
+    }
+  }
+  T dot = T(0);
+  for (int e = 0; e < E; ++e) dot += ps[e] * dp[e];
+  for (int e = 0; e < E; ++e) dp[e] = ps[e] * (dp[e] - dot);
+}
+
 // The jitter factor U(1 - eps, 1 + eps) from a random word.
 LOOM_MOE_HD inline float jitter_factor(uint32_t word, float eps) {
   const float u = static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
